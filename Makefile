@@ -1,0 +1,34 @@
+# Every target that needs the environment depends on .venv/.installed, so a fresh clone needs
+# nothing but Python 3.11 and pip: `make demo` and `make test` do all set-up.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test demo lint proto clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The CPU wheel of torch lies on this machine's disk: install it first so the project's
+	# resolution never pulls a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[dev,ray]"
+	touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+demo: install
+	$(BIN)/kvmesh demo
+
+lint: install
+	$(BIN)/ruff check .
+
+proto: install
+	$(BIN)/python -m kvmesh.protogen
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,192 @@
+"""The block-hash chain: byte-identical to vLLM v1's prefix-caching hashes.
+
+A block's hash is ``H((parent_hash, tuple(block_token_ids), extra_keys_or_None))`` and only
+FULL blocks are hashed. Block 0's parent is ``none_hash(algo, seed) = H(seed)``. Every worker
+and every service replica of one cluster must agree on ``algo`` and ``seed``, otherwise the
+index silently finds nothing (the service checks the root hash at registration for that).
+
+Algorithms (the names vLLM uses for ``--prefix-caching-hash-algo``):
+
+- ``sha256``: pickle at the highest protocol, SHA-256 (32 bytes)
+- ``sha256_cbor``: canonical CBOR, SHA-256 (32 bytes); the default, reproducible anywhere
+- ``xxhash``: pickle at the highest protocol, xxh3_128 (16 bytes)
+- ``xxhash_cbor``: canonical CBOR, xxh3_128 (16 bytes)
+
+Extra keys, in this order, are tagged tuples: ``("lora", name, path)`` on every block of a
+LoRA request, ``("mm", identifier, offset - block_start)`` for every multimodal item whose
+token range overlaps the block, ``("cache_salt", salt)`` on block 0 only. No keys -> ``None``.
+
+The CBOR algorithms do not call cbor2 per block: the input always has the fixed shape
+``[bytes, [uint...], null | [...]]``, so the encoder below writes those bytes directly and
+encodes each token id once per sequence (not once per block). Tests cross-check it against
+``cbor2.dumps(x, canonical=True)`` on random inputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import cbor2
+import xxhash
+
+DEFAULT_SEED = "vllm-none-hash"
+DEFAULT_ALGO = "sha256_cbor"
+ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+
+Lora = tuple[str, str]
+MMItem = tuple[str, int, int]  # (identifier, offset, length) in prompt token positions
+Extra = tuple[tuple[Any, ...], ...] | None
+
+
+def _check_algo(algo: str) -> None:
+    if algo not in ALGOS:
+        raise ValueError(f"unknown hash algo {algo!r}; valid: {', '.join(ALGOS)}")
+
+
+def _digest(algo: str) -> Callable[[bytes], bytes]:
+    if algo.startswith("sha256"):
+        return lambda data: hashlib.sha256(data).digest()
+    return xxhash.xxh3_128_digest
+
+
+def _serialize(algo: str, obj: Any) -> bytes:
+    if algo.endswith("_cbor"):
+        return cbor2.dumps(obj, canonical=True)
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def hash_value(algo: str, obj: Any) -> bytes:
+    """H(obj) with the reference serializer (cbor2 / pickle): the slow, obviously-right path."""
+    _check_algo(algo)
+    return _digest(algo)(_serialize(algo, obj))
+
+
+def none_hash(algo: str = DEFAULT_ALGO, seed: str | None = None) -> bytes:
+    """The root parent hash: ``H(seed)``; ``seed="0"`` matches vLLM run with PYTHONHASHSEED=0."""
+    return hash_value(algo, DEFAULT_SEED if seed is None else seed)
+
+
+# --- fast canonical CBOR for the fixed block shape ---------------------------------------
+
+def _head(major: int, n: int) -> bytes:
+    """CBOR initial byte(s) with the shortest argument, as canonical encoding requires."""
+    m = major << 5
+    if n < 24:
+        return bytes((m | n,))
+    if n < 1 << 8:
+        return bytes((m | 24, n))
+    if n < 1 << 16:
+        return bytes((m | 25,)) + n.to_bytes(2, "big")
+    if n < 1 << 32:
+        return bytes((m | 26,)) + n.to_bytes(4, "big")
+    return bytes((m | 27,)) + n.to_bytes(8, "big")
+
+
+# Encodings of token ids 0..65535 (every vocabulary in practice; larger ids fall back).
+_UINT = [_head(0, i) for i in range(1 << 16)]
+
+
+def _cbor_int(i: int) -> bytes:
+    if 0 <= i < len(_UINT):
+        return _UINT[i]
+    if i >= 0:
+        return _head(0, i)
+    return _head(1, -1 - i)
+
+
+def _cbor_tokens(token_ids: Sequence[int]) -> list[bytes]:
+    """Per-token CBOR encodings, computed once for a whole sequence."""
+    if token_ids and 0 <= min(token_ids) and max(token_ids) < len(_UINT):
+        return [_UINT[t] for t in token_ids]
+    return [_cbor_int(int(t)) for t in token_ids]
+
+
+_CBOR_NULL = b"\xf6"
+_CBOR_ARRAY3 = b"\x83"
+
+
+def _cbor_extra(extra: Extra) -> bytes:
+    # Extra keys are rare and tiny (a few tagged tuples): the reference encoder is fine here.
+    return _CBOR_NULL if extra is None else cbor2.dumps(extra, canonical=True)
+
+
+# --- the chain ----------------------------------------------------------------------------
+
+def hash_block(parent: bytes, tokens: Sequence[int], extra_keys: Extra, algo: str) -> bytes:
+    """One block's hash: ``H((parent, tuple(tokens), extra_keys))``."""
+    _check_algo(algo)
+    if algo.endswith("_cbor"):
+        data = b"".join((_CBOR_ARRAY3, _head(2, len(parent)), parent, _head(4, len(tokens)),
+                         *_cbor_tokens(tokens), _cbor_extra(extra_keys)))
+        return _digest(algo)(data)
+    return hash_value(algo, (parent, tuple(tokens), extra_keys))
+
+
+def extra_keys(block_start: int, block_end: int, *, salt: str | None = None,
+               lora: Lora | None = None, mm: Sequence[MMItem] = ()) -> Extra:
+    """The extra keys of the block covering token positions ``[block_start, block_end)``."""
+    keys: list[tuple[Any, ...]] = []
+    if lora is not None:
+        keys.append(("lora", lora[0], lora[1]))
+    for ident, offset, length in mm:
+        if offset < block_end and offset + length > block_start:
+            keys.append(("mm", ident, offset - block_start))
+    if salt and block_start == 0:
+        keys.append(("cache_salt", salt))
+    return tuple(keys) if keys else None
+
+
+def extend_block_hashes(hashes: list[bytes], token_ids: Sequence[int], block_size: int, *,
+                        algo: str = DEFAULT_ALGO, seed: str | None = None,
+                        salt: str | None = None, lora: Lora | None = None,
+                        mm: Sequence[MMItem] = ()) -> list[bytes]:
+    """Incremental hashing: append the hashes of the full blocks of ``token_ids`` that
+    ``hashes`` does not cover yet, and return just those.
+
+    ``hashes`` must be the chain of the same sequence so far (same algo/seed/salt/lora/mm);
+    a growing sequence therefore hashes each block exactly once.
+    """
+    _check_algo(algo)
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    first = len(hashes)
+    last = len(token_ids) // block_size
+    if last <= first:
+        return []
+    parent = hashes[-1] if hashes else none_hash(algo, seed)
+    new: list[bytes] = []
+    plain = salt is None and lora is None and not mm
+    if algo.endswith("_cbor"):
+        digest = _digest(algo)
+        enc = _cbor_tokens(token_ids[first * block_size:last * block_size])
+        tok_head = _head(4, block_size)
+        for i in range(last - first):
+            start = (first + i) * block_size
+            extra = None if plain else extra_keys(start, start + block_size,
+                                                  salt=salt, lora=lora, mm=mm)
+            data = b"".join((_CBOR_ARRAY3, _head(2, len(parent)), parent, tok_head,
+                             *enc[i * block_size:(i + 1) * block_size], _cbor_extra(extra)))
+            parent = digest(data)
+            new.append(parent)
+    else:
+        for b in range(first, last):
+            start = b * block_size
+            extra = None if plain else extra_keys(start, start + block_size,
+                                                  salt=salt, lora=lora, mm=mm)
+            parent = hash_value(algo, (parent, tuple(token_ids[start:start + block_size]), extra))
+            new.append(parent)
+    hashes.extend(new)
+    return new
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int, *, algo: str = DEFAULT_ALGO,
+                 seed: str | None = None, salt: str | None = None, lora: Lora | None = None,
+                 mm: Sequence[MMItem] = ()) -> list[bytes]:
+    """Hashes of the full blocks of ``token_ids``; a trailing partial block is not hashed."""
+    hashes: list[bytes] = []
+    extend_block_hashes(hashes, token_ids, block_size, algo=algo, seed=seed, salt=salt,
+                        lora=lora, mm=mm)
+    return hashes
