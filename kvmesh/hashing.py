@@ -85,23 +85,28 @@ def _head(major: int, n: int) -> bytes:
     return bytes((m | 27,)) + n.to_bytes(8, "big")
 
 
-# Encodings of token ids 0..65535 (every vocabulary in practice; larger ids fall back).
-_UINT = [_head(0, i) for i in range(1 << 16)]
-
-
-def _cbor_int(i: int) -> bytes:
-    if 0 <= i < len(_UINT):
-        return _UINT[i]
-    if i >= 0:
-        return _head(0, i)
-    return _head(1, -1 - i)
+# Encodings of token ids, indexed by id. Grown on demand up to every id below 2**18 (all
+# current vocabularies, Llama 3 and Qwen included); larger ids use the generic encoder.
+_UINT: list[bytes] = []
+_UINT_CAP = 1 << 18
 
 
 def _cbor_tokens(token_ids: Sequence[int]) -> list[bytes]:
     """Per-token CBOR encodings, computed once for a whole sequence."""
-    if token_ids and 0 <= min(token_ids) and max(token_ids) < len(_UINT):
-        return [_UINT[t] for t in token_ids]
-    return [_cbor_int(int(t)) for t in token_ids]
+    if not token_ids:
+        return []
+    lo, hi = min(token_ids), max(token_ids)
+    if lo < 0 or hi >= _UINT_CAP:
+        return [_cbor_int(int(t)) for t in token_ids]
+    if hi >= len(_UINT):
+        size = max(1 << 16, 1 << int(hi).bit_length())
+        _UINT.extend(_head(0, i) for i in range(len(_UINT), size))
+    table = _UINT
+    return [table[t] for t in token_ids]
+
+
+def _cbor_int(i: int) -> bytes:
+    return _head(0, i) if i >= 0 else _head(1, -1 - i)
 
 
 _CBOR_NULL = b"\xf6"
@@ -160,23 +165,27 @@ def extend_block_hashes(hashes: list[bytes], token_ids: Sequence[int], block_siz
     new: list[bytes] = []
     plain = salt is None and lora is None and not mm
     if algo.endswith("_cbor"):
-        digest = _digest(algo)
+        digest = hashlib.sha256 if algo == "sha256_cbor" else xxhash.xxh3_128
         enc = _cbor_tokens(token_ids[first * block_size:last * block_size])
+        head = _CBOR_ARRAY3 + _head(2, len(parent))  # every parent has the digest's length
         tok_head = _head(4, block_size)
+        join = b"".join
         for i in range(last - first):
-            start = (first + i) * block_size
-            extra = None if plain else extra_keys(start, start + block_size,
-                                                  salt=salt, lora=lora, mm=mm)
-            data = b"".join((_CBOR_ARRAY3, _head(2, len(parent)), parent, tok_head,
-                             *enc[i * block_size:(i + 1) * block_size], _cbor_extra(extra)))
-            parent = digest(data)
+            if plain:
+                tail = _CBOR_NULL
+            else:
+                start = (first + i) * block_size
+                tail = _cbor_extra(extra_keys(start, start + block_size,
+                                              salt=salt, lora=lora, mm=mm))
+            parent = digest(join((head, parent, tok_head,
+                                  *enc[i * block_size:(i + 1) * block_size], tail))).digest()
             new.append(parent)
     else:
         for b in range(first, last):
             start = b * block_size
             extra = None if plain else extra_keys(start, start + block_size,
                                                   salt=salt, lora=lora, mm=mm)
-            parent = hash_value(algo, (parent, tuple(token_ids[start:start + block_size]), extra))
+            parent = hash_block(parent, token_ids[start:start + block_size], extra, algo)
             new.append(parent)
     hashes.extend(new)
     return new
