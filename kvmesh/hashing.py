@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import cbor2
@@ -46,10 +47,12 @@ def _check_algo(algo: str) -> None:
         raise ValueError(f"unknown hash algo {algo!r}; valid: {', '.join(ALGOS)}")
 
 
+def _sha256_digest(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
 def _digest(algo: str) -> Callable[[bytes], bytes]:
-    if algo.startswith("sha256"):
-        return lambda data: hashlib.sha256(data).digest()
-    return xxhash.xxh3_128_digest
+    return _sha256_digest if algo.startswith("sha256") else xxhash.xxh3_128_digest
 
 
 def _serialize(algo: str, obj: Any) -> bytes:
@@ -180,12 +183,14 @@ def extend_block_hashes(hashes: list[bytes], token_ids: Sequence[int], block_siz
             parent = digest(join((head, parent, tok_head,
                                   *enc[i * block_size:(i + 1) * block_size], tail))).digest()
             new.append(parent)
-    else:
+    else:  # pickle: already one C call per block; only keep Python overhead out of the loop
+        ser = partial(pickle.dumps, protocol=pickle.HIGHEST_PROTOCOL)
+        digest = _digest(algo)
         for b in range(first, last):
             start = b * block_size
             extra = None if plain else extra_keys(start, start + block_size,
                                                   salt=salt, lora=lora, mm=mm)
-            parent = hash_block(parent, token_ids[start:start + block_size], extra, algo)
+            parent = digest(ser((parent, tuple(token_ids[start:start + block_size]), extra)))
             new.append(parent)
     hashes.extend(new)
     return new

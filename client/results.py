@@ -1,0 +1,59 @@
+"""What the kvmesh client returns: plain dataclasses, free of protobuf types.
+
+``RouteResult`` is the service's routing decision (best candidate first, plus the ranked
+alternatives a caller can fail over to); ``GenerateResult`` is a whole completed generation,
+never a partial one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One worker the service ranked for a request; lower ``cost`` is better."""
+
+    worker_id: str
+    address: str
+    matched_tokens: int
+    cost: float
+    tier: str = "TIER_UNSPECIFIED"
+    load: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RouteResult:
+    """The chosen worker (``candidates[0]``) and the full ranking.
+
+    ``matched_tokens`` is how much of the prompt the index says the chosen worker has cached;
+    ``degraded`` is true when the index was unreachable and the answer is load-only.
+    """
+
+    worker_id: str
+    address: str
+    matched_tokens: int
+    candidates: list[Candidate]
+    degraded: bool = False
+    prompt_tokens: int = 0
+    policy: str = ""
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """A finished generation on one worker.
+
+    ``num_cached_tokens`` is what the worker really served from its prefix cache and
+    ``ttft_s`` its measured time to first token; ``matched_tokens`` is what the index promised
+    for that worker when routing; ``attempts`` counts workers tried (1 = no failover).
+    """
+
+    worker_id: str
+    token_ids: list[int]
+    num_cached_tokens: int
+    ttft_s: float
+    finish_reason: str
+    prompt_tokens: int
+    address: str = ""
+    e2e_s: float = 0.0
+    matched_tokens: int = 0
+    attempts: int = 1

@@ -1,0 +1,147 @@
+"""The block-hash contract: byte-identical to vLLM v1's chained block hashes."""
+import hashlib
+import pickle
+
+import cbor2
+import pytest
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvmesh.hashing import (
+    ALGOS,
+    block_hashes,
+    extend_block_hashes,
+    extra_keys,
+    hash_block,
+    hash_value,
+    none_hash,
+)
+
+
+def vllm_style_chain(tokens, block_size, algo, seed="vllm-none-hash", **kw):
+    """The chain computed the way vLLM does it: serialize the whole tuple, then digest."""
+    ser = ((lambda x: cbor2.dumps(x, canonical=True)) if algo.endswith("_cbor")
+           else (lambda x: pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)))
+    dig = ((lambda b: hashlib.sha256(b).digest()) if algo.startswith("sha256")
+           else xxhash.xxh3_128_digest)
+    parent, out = dig(ser(seed)), []
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        extra = extra_keys(start, start + block_size, **kw)
+        parent = dig(ser((parent, tuple(tokens[start:start + block_size]), extra)))
+        out.append(parent)
+    return out
+
+
+def test_cbor_bytes_of_one_block_by_hand():
+    # none_hash: CBOR text string of 14 bytes has the initial byte 0x60 | 14 = 0x6e.
+    root = hashlib.sha256(b"\x6e" + b"vllm-none-hash").digest()
+    assert none_hash("sha256_cbor") == root
+    # [parent: bytes(32), [1, 2, 3, 30]: array(4) of uints, null]
+    # 0x83 array(3); 0x58 0x20 byte string, 1-byte length 32; 0x84 array(4);
+    # 0x01 0x02 0x03 small uints; 0x18 0x1e uint 30 needs a 1-byte argument; 0xf6 null.
+    data = b"\x83\x58\x20" + root + b"\x84\x01\x02\x03\x18\x1e\xf6"
+    assert data == cbor2.dumps((root, (1, 2, 3, 30), None), canonical=True)
+    assert block_hashes([1, 2, 3, 30], 4) == [hashlib.sha256(data).digest()]
+
+
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_known_answers_match_vllm_style_reference(algo):
+    tokens = list(range(100, 140))
+    got = block_hashes(tokens, 16, algo=algo)
+    assert got == vllm_style_chain(tokens, 16, algo)
+    assert len(got) == 2 and all(len(h) == (32 if algo.startswith("sha256") else 16) for h in got)
+
+
+# Pinned: tokens 100..139, block size 16, the last of the two full blocks' hashes, plain and
+# with salt "acme". A change here breaks every deployed index: bump the namespace, not these.
+PINNED = {
+    "sha256": ("f1a08810157991d5280c49952540afc2feab260cd65a24bb2e94951059393917",
+               "a390e2ef4f7e990b3089220f8d7ec82f07120d41a219f07fa4146fe4a3ba5981"),
+    "sha256_cbor": ("ce46e4cdf9f7c965a59bd3429627f27c1400980fc64be5e6706e1a9c55f39878",
+                    "8bc980b65e7d914db186aa3facfd4feb33427aa4bfc08420b9c8878dc27a7926"),
+    "xxhash": ("67edb92ea117524e7691a2f992b22c57", "ae68689a402a17da05e547cf3a6b2c1d"),
+    "xxhash_cbor": ("11df1ceeac9b4d902214867fd6f7aaa7", "c7ea68475cc97785d03e077a26f9ccde"),
+}
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_pinned_vectors(algo):
+    tokens = list(range(100, 140))
+    assert block_hashes(tokens, 16, algo=algo)[-1].hex() == PINNED[algo][0]
+    assert block_hashes(tokens, 16, algo=algo, salt="acme")[-1].hex() == PINNED[algo][1]
+
+
+def test_seed_reproduces_pythonhashseed():
+    assert none_hash("sha256", seed="0") == hashlib.sha256(
+        pickle.dumps("0", protocol=pickle.HIGHEST_PROTOCOL)).digest()
+    assert block_hashes([1] * 16, 16, seed="0") != block_hashes([1] * 16, 16)
+
+
+def test_unknown_algo_lists_valid_ones():
+    with pytest.raises(ValueError, match="sha256_cbor"):
+        block_hashes([1, 2], 1, algo="md5")
+    with pytest.raises(ValueError, match="xxhash"):
+        none_hash("blake3")
+
+
+def test_partial_blocks_are_never_hashed():
+    tokens = list(range(37))
+    assert len(block_hashes(tokens, 16)) == 2
+    assert block_hashes(tokens[:15], 16) == []
+    assert block_hashes(tokens + [5, 6], 16) == block_hashes(tokens, 16)
+
+
+def test_salt_changes_block_zero_input_only_but_every_hash():
+    assert extra_keys(0, 16, salt="tenant-a") == (("cache_salt", "tenant-a"),)
+    assert extra_keys(16, 32, salt="tenant-a") is None
+    tokens = list(range(64))
+    plain, salted = block_hashes(tokens, 16), block_hashes(tokens, 16, salt="tenant-a")
+    assert all(a != b for a, b in zip(plain, salted, strict=True))
+    assert block_hashes(tokens, 16, salt="") == plain  # an empty salt is no salt, as in vLLM
+
+
+def test_extra_key_order_and_mm_offsets():
+    keys = extra_keys(16, 32, salt="s", lora=("ad", "/p"), mm=[("img", 10, 10), ("aud", 40, 4)])
+    # lora first, then every overlapping mm item with offset relative to the block start.
+    assert keys == (("lora", "ad", "/p"), ("mm", "img", -6))
+    assert extra_keys(0, 16, salt="s", lora=("ad", "/p"))[-1] == ("cache_salt", "s")
+    assert extra_keys(0, 16, mm=[("img", 16, 4)]) is None  # touches, does not overlap
+
+
+token_lists = st.lists(
+    st.one_of(st.integers(0, 30), st.integers(0, 70_000), st.integers(0, 2**33)),
+    max_size=80)
+extras = st.fixed_dictionaries({}, optional={
+    "salt": st.text(max_size=8),
+    "lora": st.tuples(st.text(max_size=5), st.text(max_size=5)),
+    "mm": st.lists(st.tuples(st.text(max_size=3), st.integers(-10, 80), st.integers(1, 20)),
+                   max_size=3),
+})
+
+
+@settings(max_examples=150, deadline=None)
+@given(tokens=token_lists, block_size=st.integers(1, 9), algo=st.sampled_from(ALGOS), kw=extras)
+def test_fast_encoder_equals_reference(tokens, block_size, algo, kw):
+    assert block_hashes(tokens, block_size, algo=algo, **kw) == vllm_style_chain(
+        tokens, block_size, algo, **kw)
+
+
+@settings(max_examples=100, deadline=None)
+@given(tokens=token_lists, block_size=st.integers(1, 9), algo=st.sampled_from(ALGOS),
+       cuts=st.lists(st.integers(0, 80), max_size=4), kw=extras)
+def test_incremental_equals_one_shot(tokens, block_size, algo, cuts, kw):
+    chain: list[bytes] = []
+    for cut in sorted(cuts) + [len(tokens)]:
+        new = extend_block_hashes(chain, tokens[:cut], block_size, algo=algo, **kw)
+        assert chain[len(chain) - len(new):] == new
+    assert chain == block_hashes(tokens, block_size, algo=algo, **kw)
+
+
+@given(parent=st.binary(min_size=32, max_size=32), tokens=token_lists)
+def test_hash_block_equals_reference(parent, tokens):
+    for algo in ALGOS:
+        assert hash_block(parent, tokens, None, algo) == hash_value(
+            algo, (parent, tuple(tokens), None))
