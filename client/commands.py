@@ -1,0 +1,218 @@
+"""`kvmesh route | generate | stats`: the client verbs of the command line.
+
+Each verb talks to the metadata service given by ``--service ADDR[,ADDR...]`` (env
+``KVMESH_SERVICE``), authenticates with ``--token`` (env ``KVMESH_TOKEN``), prints a readable
+answer or, with ``--json``, one JSON document on stdout. Failures print one ``error: ...``
+line on stderr and exit 1 (2 for bad arguments); never a traceback.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from client.sync_client import KvmeshClient
+
+Service = Annotated[str, typer.Option("--service", envvar="KVMESH_SERVICE",
+                                      help="Metadata service replica(s): HOST:PORT[,HOST:PORT]")]
+Token = Annotated[str | None, typer.Option("--token", envvar="KVMESH_TOKEN",
+                                           help="Bearer token for the service and workers.")]
+Tokens = Annotated[str | None, typer.Option("--tokens", help="Prompt token ids: 1,2,3")]
+Text = Annotated[str | None, typer.Option("--text", help="Prompt text (byte-level tokens).")]
+Salt = Annotated[str | None, typer.Option("--salt", help="Cache salt (tenant isolation).")]
+Policy = Annotated[str | None, typer.Option("--policy", help="Routing policy override.")]
+Timeout = Annotated[float, typer.Option("--timeout", help="Per-call timeout, seconds.")]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+DEFAULT_SERVICE = "127.0.0.1:50051"
+
+
+def encode_text(text: str) -> list[int]:
+    """Byte-level tokens of ``text``: UTF-8 bytes -> ids 0..255, no BOS (the tiny model's
+    vocabulary, identical to ``worker.model.tokenizer.ByteTokenizer().encode(text)``).
+
+    Encoded here rather than imported from the worker, whose package loads torch (seconds)
+    for what is a one-line transformation.
+    """
+    return list(text.encode("utf-8"))
+
+
+def decode_bytes(token_ids: list[int]) -> str:
+    """Byte-level tokens back to text; ids outside 0..255 (special tokens) are dropped."""
+    return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _prompt(tokens: str | None, text: str | None) -> list[int]:
+    """The prompt from exactly one of ``--tokens`` / ``--text``; exit 2 otherwise."""
+    if (tokens is None) == (text is None):
+        raise _fail("give exactly one of --tokens 1,2,3 or --text \"...\"", 2)
+    if text is not None:
+        ids = encode_text(text)
+    else:
+        try:
+            ids = [int(t) for t in tokens.replace(" ", ",").split(",") if t.strip()]
+        except ValueError:
+            raise _fail(f"--tokens must be comma-separated integers, got {tokens!r}", 2) from None
+    if not ids:
+        raise _fail("the prompt is empty", 2)
+    return ids
+
+
+@contextmanager
+def _client(service: str, token: str | None, timeout: float) -> Iterator[KvmeshClient]:
+    """A connected client; any client failure becomes a one-line error and exit 1."""
+    from client.errors import KvmeshError
+    from client.sync_client import KvmeshClient
+
+    try:
+        with KvmeshClient(service, token, timeout=timeout) as kv:
+            yield kv
+    except KvmeshError as exc:
+        raise _fail(f"{exc.code.name}: {exc.message}") from None
+    except ValueError as exc:
+        raise _fail(str(exc), 2) from None
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+def route_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
+              service: Service = DEFAULT_SERVICE, token: Token = None, policy: Policy = None,
+              max_candidates: Annotated[int, typer.Option(help="0: all workers.")] = 0,
+              timeout: Timeout = 5.0, json_out: JsonOut = False) -> None:
+    """Ask the service which worker holds the longest prefix of a prompt."""
+    prompt = _prompt(tokens, text)
+    with _client(service, token, timeout) as kv:
+        result = kv.route(prompt, salt=salt, policy=policy, max_candidates=max_candidates)
+    if json_out:
+        _print_json(dataclasses.asdict(result))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    flag = " [bold red](degraded: index unreachable, load-only)[/]" if result.degraded else ""
+    console = Console()
+    console.print(f"[bold]{result.worker_id}[/] at {result.address}: "
+                  f"{result.matched_tokens}/{len(prompt)} prompt tokens cached "
+                  f"(policy {result.policy or 'default'}){flag}")
+    table = Table("rank", "worker", "address", "matched", "tier", "cost")
+    for rank, c in enumerate(result.candidates, 1):
+        table.add_row(str(rank), c.worker_id, c.address, str(c.matched_tokens),
+                      c.tier.removeprefix("TIER_").lower(), f"{c.cost:.1f}")
+    console.print(table)
+
+
+def generate_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
+                 service: Service = DEFAULT_SERVICE, token: Token = None,
+                 max_tokens: Annotated[int, typer.Option("--max-tokens")] = 16,
+                 temperature: Annotated[float, typer.Option("--temperature")] = 0.0,
+                 seed: Annotated[int | None, typer.Option("--seed")] = None,
+                 policy: Policy = None, timeout: Timeout = 5.0,
+                 json_out: JsonOut = False) -> None:
+    """Route a prompt and generate on the chosen worker (failing over if it is down)."""
+    prompt = _prompt(tokens, text)
+    with _client(service, token, timeout) as kv:
+        result = kv.generate(prompt, max_tokens=max_tokens, salt=salt,
+                             temperature=temperature, seed=seed, policy=policy)
+    out = dataclasses.asdict(result)
+    if text is not None:
+        out["text"] = decode_bytes(result.token_ids)
+    if json_out:
+        _print_json(out)
+        return
+    typer.echo(f"{result.worker_id} at {result.address}: {len(result.token_ids)} tokens "
+               f"({result.finish_reason}), {result.num_cached_tokens}/{result.prompt_tokens} "
+               f"prompt tokens cached, ttft {result.ttft_s * 1000:.1f} ms"
+               + (f", {result.attempts} attempts" if result.attempts > 1 else ""))
+    typer.echo(f"text: {out['text']!r}" if text is not None
+               else "tokens: " + ",".join(map(str, result.token_ids)))
+
+
+def _worker_details(kv: KvmeshClient, workers: list[dict[str, Any]]) -> None:
+    """Add each live worker's own ``WorkerService.Stats`` as ``worker_stats`` (None if down)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from client.errors import KvmeshError
+
+    def fetch(w: dict[str, Any]) -> dict[str, Any] | None:
+        if not w.get("alive") or not w.get("address"):
+            return None
+        try:
+            return kv.worker_stats(w["address"])
+        except KvmeshError:
+            return None
+
+    if workers:
+        with ThreadPoolExecutor(min(8, len(workers))) as pool:
+            for w, ws in zip(workers, pool.map(fetch, workers), strict=True):
+                w["worker_stats"] = ws
+
+
+def stats_cmd(service: Service = DEFAULT_SERVICE, token: Token = None,
+              workers: Annotated[bool, typer.Option(
+                  "--workers/--no-workers", help="Also ask each live worker for its cache "
+                  "stats (hit rate, cached blocks).")] = True,
+              timeout: Timeout = 5.0, json_out: JsonOut = False) -> None:
+    """Show the cluster: every worker's liveness, load, blocks and index entries."""
+    with _client(service, token, timeout) as kv:
+        data = kv.stats()
+        if workers:
+            kv.timeout = min(timeout, 2.0)
+            _worker_details(kv, data["workers"])
+    if json_out:
+        _print_json(data)
+        return
+    print_stats(data)
+
+
+def print_stats(data: dict[str, Any]) -> None:
+    """Render ``KvmeshClient.stats()`` output (optionally with ``worker_stats``) as tables."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"kvmesh workers (service {data.get('service', '?')})")
+    for col in ("worker", "address", "alive", "run/wait", "queued prefill", "blocks free/total",
+                "indexed", "cached blocks", "hit rate", "heartbeat"):
+        table.add_column(col, justify="left" if col in ("worker", "address") else "right")
+    for w in data["workers"]:
+        ws = w.get("worker_stats") or {}
+        cache = ws.get("cache") or {}
+        table.add_row(
+            w["worker_id"], w["address"], "[green]yes[/]" if w["alive"] else "[red]no[/]",
+            f"{w.get('running', 0)}/{w.get('waiting', 0)}",
+            str(w.get("queued_prefill_tokens", 0)),
+            f"{w.get('free_blocks', 0)}/{w.get('total_blocks', 0)}",
+            str(w.get("indexed_blocks", 0)),
+            str(cache["cached_blocks"]) if cache else "-",
+            f"{cache['hit_rate']:.1%}" if cache else "-",
+            f"{w.get('heartbeat_age_s', 0.0):.1f}s ago")
+    console.print(table)
+    if not data["workers"]:
+        console.print("no workers registered")
+    if data.get("degraded"):
+        console.print("[bold red]degraded: the service cannot reach its index (Redis)[/]")
+    counters = data.get("counters") or {}
+    if counters:
+        ctable = Table("counter", "value", title="service counters")
+        for name in sorted(counters):
+            value = counters[name]
+            ctable.add_row(name, f"{value:.0f}" if float(value).is_integer() else f"{value:.3f}")
+        console.print(ctable)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``route``, ``generate`` and ``stats`` verbs to ``app``."""
+    app.command("route")(route_cmd)
+    app.command("generate")(generate_cmd)
+    app.command("stats")(stats_cmd)

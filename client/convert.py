@@ -1,0 +1,202 @@
+"""Protobuf <-> plain Python for the kvmesh client: request building and result conversion.
+
+Shared by the sync and asyncio clients so both build identical requests and return identical
+results. Nothing here does I/O.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from client.errors import BrokenStream
+from client.results import Candidate, GenerateResult, RouteResult
+from kvmesh.v1 import index_pb2, worker_pb2
+
+LoraSpec = str | tuple[str, str] | Mapping[str, str] | index_pb2.Lora | None
+MmSpec = tuple[str, int, int] | Mapping[str, Any] | index_pb2.MultimodalItem
+
+
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The call metadata carrying ``token`` as ``authorization: Bearer <token>`` (or none)."""
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def _lora(spec: LoraSpec) -> index_pb2.Lora | None:
+    """A LoRA adapter given as a name, ``(name, path)``, a mapping or a ``Lora`` message."""
+    if spec is None or spec == "":
+        return None
+    if isinstance(spec, index_pb2.Lora):
+        return spec
+    if isinstance(spec, str):
+        return index_pb2.Lora(name=spec)
+    if isinstance(spec, Mapping):
+        return index_pb2.Lora(name=str(spec.get("name", "")), path=str(spec.get("path", "")))
+    name, path = spec
+    return index_pb2.Lora(name=name, path=path)
+
+
+def _mm(items: Iterable[MmSpec]) -> list[index_pb2.MultimodalItem]:
+    """Multimodal items given as ``(identifier, offset, length)``, mappings or messages."""
+    out = []
+    for item in items:
+        if isinstance(item, index_pb2.MultimodalItem):
+            out.append(item)
+        elif isinstance(item, Mapping):
+            out.append(index_pb2.MultimodalItem(identifier=str(item["identifier"]),
+                                                offset=int(item["offset"]),
+                                                length=int(item["length"])))
+        else:
+            ident, offset, length = item
+            out.append(index_pb2.MultimodalItem(identifier=ident, offset=int(offset),
+                                                length=int(length)))
+    return out
+
+
+def _token_list(token_ids: Iterable[int]) -> Iterable[int]:
+    """Token ids for a repeated int64 field; protobuf itself rejects non-integers (TypeError).
+
+    Passed through unconverted (a per-token ``int()`` triples the cost of an 8K prompt); a str
+    or bytes prompt is a caller bug, not a token list.
+    """
+    if isinstance(token_ids, str | bytes):
+        raise TypeError("token_ids must be a sequence of ints, not text; tokenize it first")
+    return token_ids
+
+
+def route_request(token_ids: Iterable[int], salt: str | None = None, lora: LoraSpec = None,
+                  mm: Iterable[MmSpec] = (), policy: str | None = None,
+                  max_candidates: int = 0, model: str | None = None) -> index_pb2.RouteRequest:
+    """Build a ``RouteRequest``; ``None`` means the service's default for every option."""
+    return index_pb2.RouteRequest(
+        token_ids=_token_list(token_ids), salt=salt or "", lora=_lora(lora), mm=_mm(mm),
+        model=model or "", policy=policy or "", max_candidates=max(0, int(max_candidates)))
+
+
+def generate_request(route: index_pb2.RouteRequest, max_tokens: int = 16,
+                     temperature: float = 0.0, seed: int | None = None,
+                     ignore_eos: bool = False,
+                     request_id: str | None = None) -> worker_pb2.GenerateRequest:
+    """Build the worker's ``GenerateRequest`` for the same prompt, salt, LoRA and mm items."""
+    sampling = worker_pb2.SamplingParams(max_tokens=int(max_tokens),
+                                         temperature=float(temperature), ignore_eos=ignore_eos)
+    if seed is not None:
+        sampling.seed = int(seed)
+    req = worker_pb2.GenerateRequest(request_id=request_id or uuid.uuid4().hex,
+                                     token_ids=route.token_ids, sampling=sampling,
+                                     salt=route.salt, mm=route.mm)
+    if route.HasField("lora"):
+        req.lora.CopyFrom(route.lora)
+    return req
+
+
+def message_to_dict(msg: Message) -> dict[str, Any]:
+    """Every field of ``msg`` (defaults included) as plain Python; enums become their names.
+
+    Unlike ``json_format.MessageToDict`` 64-bit integers stay ints, not strings.
+    """
+    out: dict[str, Any] = {}
+    for fd in msg.DESCRIPTOR.fields:
+        value = getattr(msg, fd.name)
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            out[fd.name] = {k: _plain(fd.message_type.fields_by_name["value"], v)
+                            for k, v in value.items()}
+        elif _is_repeated(fd):
+            out[fd.name] = [_plain(fd, v) for v in value]
+        else:
+            out[fd.name] = _plain(fd, value)
+    return out
+
+
+def _is_repeated(fd: FieldDescriptor) -> bool:
+    # ``is_repeated`` replaces the deprecated ``label`` in newer protobuf releases.
+    flag = getattr(fd, "is_repeated", None)
+    return bool(flag) if flag is not None else fd.label == FieldDescriptor.LABEL_REPEATED
+
+
+def _plain(fd: FieldDescriptor, value: Any) -> Any:
+    if fd.type == FieldDescriptor.TYPE_MESSAGE:
+        return message_to_dict(value)
+    if fd.type == FieldDescriptor.TYPE_ENUM:
+        return fd.enum_type.values_by_number[value].name if value in \
+            fd.enum_type.values_by_number else value
+    return value
+
+
+def candidate(c: index_pb2.Candidate) -> Candidate:
+    """A protobuf ``Candidate`` as the client's dataclass."""
+    return Candidate(worker_id=c.worker_id, address=c.address,
+                     matched_tokens=int(c.matched_tokens), cost=float(c.cost),
+                     tier=index_pb2.Tier.Name(c.tier) if c.tier in index_pb2.Tier.values()
+                     else str(c.tier),
+                     load=message_to_dict(c.load))
+
+
+def route_result(resp: index_pb2.RouteResponse) -> RouteResult:
+    """A ``RouteResponse`` as a ``RouteResult``; with no candidates the chosen fields are empty.
+
+    Callers that need a worker check ``candidates`` (the clients raise UNAVAILABLE then).
+    """
+    cands = [candidate(c) for c in resp.candidates]
+    best = cands[0] if cands else None
+    return RouteResult(worker_id=best.worker_id if best else "",
+                       address=best.address if best else "",
+                       matched_tokens=best.matched_tokens if best else 0,
+                       candidates=cands, degraded=resp.degraded,
+                       prompt_tokens=int(resp.prompt_tokens), policy=resp.policy)
+
+
+def stats_dict(resp: index_pb2.StatsResponse, service: str = "") -> dict[str, Any]:
+    """``IndexService.Stats`` as a dict: ``workers`` (load fields flattened into each worker),
+    ``counters``, ``degraded`` and ``service`` (the replica that answered)."""
+    workers = []
+    for w in resp.workers:
+        row = message_to_dict(w)
+        row.update(row.pop("load"))
+        workers.append(row)
+    return {"service": service, "degraded": resp.degraded, "workers": workers,
+            "counters": dict(resp.counters)}
+
+
+def worker_stats_dict(resp: worker_pb2.WorkerStatsResponse, address: str = "") -> dict[str, Any]:
+    """``WorkerService.Stats`` as a dict with nested ``load`` and ``cache`` dicts."""
+    out = message_to_dict(resp)
+    out["address"] = address
+    return out
+
+
+class StreamAssembler:
+    """Collects one Generate stream; ``result()`` only succeeds once ``finished`` arrived."""
+
+    def __init__(self, cand: Candidate, attempts: int) -> None:
+        self._cand = cand
+        self._attempts = attempts
+        self._tokens: list[int] = []
+        self._final: worker_pb2.GenerateResponse | None = None
+        self._start = time.perf_counter()
+
+    def feed(self, msg: worker_pb2.GenerateResponse) -> bool:
+        """Add one stream message; True once the final message was seen."""
+        if self._final is None:
+            self._tokens.extend(msg.token_ids)
+            if msg.finished:
+                self._final = msg
+        return self._final is not None
+
+    def result(self) -> GenerateResult:
+        """The complete result; raises ``BrokenStream`` if the stream ended early."""
+        final = self._final
+        if final is None:
+            raise BrokenStream(f"worker {self._cand.worker_id or self._cand.address} ended the "
+                               "stream before its final message")
+        return GenerateResult(
+            worker_id=final.worker_id or self._cand.worker_id, token_ids=self._tokens,
+            num_cached_tokens=int(final.num_cached_tokens), ttft_s=float(final.ttft_s),
+            finish_reason=final.finish_reason, prompt_tokens=int(final.prompt_tokens),
+            address=self._cand.address,
+            e2e_s=float(final.e2e_s) or time.perf_counter() - self._start,
+            matched_tokens=self._cand.matched_tokens, attempts=self._attempts)

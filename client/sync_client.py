@@ -1,0 +1,186 @@
+"""``KvmeshClient``: the blocking router-side client of a kvmesh cluster.
+
+Contract:
+
+* ``addresses`` are metadata-service replicas. Every service call goes to the replica that
+  last answered and, on UNAVAILABLE, fails over to the others in turn.
+* ``generate`` routes, then streams from the best candidate worker; if that worker is down,
+  exceeds the deadline or drops the stream, the whole request restarts on the next candidate.
+  A result is returned only when a worker finished the request; never a partial one.
+* ``token`` is sent as ``authorization: Bearer <token>`` on every call (service and workers).
+* Every other gRPC failure raises ``KvmeshError`` with the server's code and message.
+
+The client is thread-safe: channels (one per address, services and workers alike) are
+created once and shared.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+import grpc
+
+from client.convert import (
+    LoraSpec,
+    MmSpec,
+    StreamAssembler,
+    auth_metadata,
+    generate_request,
+    route_request,
+    route_result,
+    stats_dict,
+    worker_stats_dict,
+)
+from client.errors import SERVICE_RETRYABLE, WORKER_RETRYABLE, BrokenStream, KvmeshError
+from client.failover import (
+    CHANNEL_OPTIONS,
+    Failures,
+    ReplicaRing,
+    no_worker_error,
+    parse_addresses,
+)
+from client.results import GenerateResult, RouteResult
+from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+
+class _Conn(NamedTuple):
+    channel: grpc.Channel
+    index: index_pb2_grpc.IndexServiceStub
+    worker: worker_pb2_grpc.WorkerServiceStub
+
+
+class KvmeshClient:
+    """Blocking client: ``route``, ``generate``, ``stats``, ``worker_stats``.
+
+    ``timeout`` bounds each service call and ``worker_stats`` (seconds); ``generate_timeout``
+    bounds one attempt of a Generate stream on one worker.
+    """
+
+    def __init__(self, addresses: str | list[str], token: str | None = None, *,
+                 timeout: float = 5.0, generate_timeout: float = 120.0) -> None:
+        self._ring = ReplicaRing(parse_addresses(addresses))
+        self._metadata = auth_metadata(token)
+        self.timeout = timeout
+        self.generate_timeout = generate_timeout
+        self._conns: dict[str, _Conn] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def addresses(self) -> list[str]:
+        """The service replicas, in configured order."""
+        return list(self._ring.addresses)
+
+    def _conn(self, address: str) -> _Conn:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("KvmeshClient is closed")
+            conn = self._conns.get(address)
+            if conn is None:
+                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                conn = _Conn(channel, index_pb2_grpc.IndexServiceStub(channel),
+                             worker_pb2_grpc.WorkerServiceStub(channel))
+                self._conns[address] = conn
+            return conn
+
+    def _service_call(self, method: str, request: Any) -> tuple[str, Any]:
+        """Call ``IndexService.<method>``, failing over between replicas on UNAVAILABLE."""
+        failures = Failures("service replica")
+        for address in self._ring.order():
+            rpc = getattr(self._conn(address).index, method)
+            try:
+                response = rpc(request, timeout=self.timeout, metadata=self._metadata)
+            except grpc.RpcError as err:
+                if err.code() not in SERVICE_RETRYABLE:
+                    raise KvmeshError.from_rpc(err) from None
+                failures.add(address, err.code(), err.details() or "")
+                continue
+            self._ring.mark_good(address)
+            return address, response
+        raise failures.error()
+
+    def route(self, token_ids: Iterable[int], salt: str | None = None, lora: LoraSpec = None,
+              mm: Iterable[MmSpec] = (), policy: str | None = None,
+              max_candidates: int = 0) -> RouteResult:
+        """Ask the service which worker should serve this prompt (best candidate first).
+
+        Raises ``KvmeshError(UNAVAILABLE)`` when no worker can take it.
+        """
+        request = route_request(token_ids, salt, lora, mm, policy, max_candidates)
+        return self._route(request)
+
+    def _route(self, request: index_pb2.RouteRequest) -> RouteResult:
+        _, response = self._service_call("Route", request)
+        result = route_result(response)
+        if not result.candidates:
+            raise no_worker_error()
+        return result
+
+    def generate(self, token_ids: Iterable[int], max_tokens: int = 16, salt: str | None = None,
+                 temperature: float = 0.0, seed: int | None = None, *, lora: LoraSpec = None,
+                 mm: Iterable[MmSpec] = (), policy: str | None = None,
+                 ignore_eos: bool = False) -> GenerateResult:
+        """Route the prompt, then generate on the chosen worker, failing over to the next
+        candidate on UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED or a stream that ends early.
+
+        Returns only a finished generation; raises ``KvmeshError`` when every candidate failed
+        (code of the last failure) or on any other error.
+        """
+        rreq = route_request(token_ids, salt, lora, mm, policy)
+        routed = self._route(rreq)
+        greq = generate_request(rreq, max_tokens, temperature, seed, ignore_eos)
+        failures = Failures("candidate worker")
+        for attempt, cand in enumerate(routed.candidates, 1):
+            if not cand.address:
+                failures.add(cand.worker_id, grpc.StatusCode.UNAVAILABLE, "no address")
+                continue
+            assembler = StreamAssembler(cand, attempt)
+            call = self._conn(cand.address).worker.Generate(
+                greq, timeout=self.generate_timeout, metadata=self._metadata)
+            try:
+                for message in call:
+                    assembler.feed(message)
+                return assembler.result()
+            except grpc.RpcError as err:
+                try:  # the final message arrived before the transport failed: it is complete
+                    return assembler.result()
+                except BrokenStream:
+                    pass
+                if err.code() not in WORKER_RETRYABLE:
+                    raise KvmeshError.from_rpc(err) from None
+                failures.add(cand.address, err.code(), err.details() or "")
+            except BrokenStream as exc:
+                failures.add(cand.address, grpc.StatusCode.UNAVAILABLE, str(exc))
+            finally:
+                call.cancel()
+        raise failures.error()
+
+    def stats(self) -> dict[str, Any]:
+        """The service's view: ``workers`` (``worker_id``, ``address``, ``alive``, load fields,
+        ``indexed_blocks`` ...), ``counters``, ``degraded`` and the answering ``service``."""
+        address, response = self._service_call("Stats", index_pb2.StatsRequest())
+        return stats_dict(response, address)
+
+    def worker_stats(self, address: str) -> dict[str, Any]:
+        """One worker's own statistics (``WorkerService.Stats``): load, cache, precision."""
+        try:
+            response = self._conn(address).worker.Stats(
+                worker_pb2.WorkerStatsRequest(), timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as err:
+            raise KvmeshError.from_rpc(err) from None
+        return worker_stats_dict(response, address)
+
+    def close(self) -> None:
+        """Close every channel; further calls raise ``RuntimeError``. Idempotent."""
+        with self._lock:
+            self._closed = True
+            conns, self._conns = list(self._conns.values()), {}
+        for conn in conns:
+            conn.channel.close()
+
+    def __enter__(self) -> KvmeshClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

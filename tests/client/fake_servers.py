@@ -1,0 +1,127 @@
+"""In-test gRPC servers for the client tests: a scripted IndexService and WorkerService.
+
+The client is the unit under test, so these fakes only do what each test scripts: answer a
+fixed route, stream a fixed generation, fail in a chosen way, and record what they received.
+"""
+from __future__ import annotations
+
+import socket
+import time
+from concurrent import futures
+
+import grpc
+
+from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+
+def closed_port_address() -> str:
+    """A loopback address where nothing listens (connection refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def start_server(servicer: object, add) -> tuple[grpc.Server, str]:
+    """Serve ``servicer`` on a free loopback port; returns the server and its address."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    add(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+def _check_token(context: grpc.ServicerContext, token: str | None) -> None:
+    if token is None:
+        return
+    md = dict(context.invocation_metadata())
+    if md.get("authorization") != f"Bearer {token}":
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+
+class FakeIndex(index_pb2_grpc.IndexServiceServicer):
+    """Answers Route with ``candidates`` and Stats with ``stats``; records requests."""
+
+    def __init__(self, candidates: list[index_pb2.Candidate] | None = None,
+                 token: str | None = None) -> None:
+        self.candidates = candidates or []
+        self.token = token
+        self.degraded = False
+        self.error: tuple[grpc.StatusCode, str] | None = None
+        self.routes: list[index_pb2.RouteRequest] = []
+        self.metadata: list[dict[str, str]] = []
+        self.stats = index_pb2.StatsResponse()
+
+    def _enter(self, context: grpc.ServicerContext) -> None:
+        self.metadata.append(dict(context.invocation_metadata()))
+        _check_token(context, self.token)
+        if self.error is not None:
+            context.abort(*self.error)
+
+    def Route(self, request, context):
+        self._enter(context)
+        self.routes.append(request)
+        return index_pb2.RouteResponse(candidates=self.candidates, degraded=self.degraded,
+                                       prompt_tokens=len(request.token_ids), policy="kvmesh")
+
+    def Stats(self, request, context):
+        self._enter(context)
+        return self.stats
+
+
+class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
+    """Streams ``max_tokens`` tokens (100, 101, ...) in chunks of 2, then the final facts.
+
+    ``mode``: ``ok``; ``abort`` (one chunk, then UNAVAILABLE); ``truncate`` (one chunk, then a
+    clean end without the final message); ``hang`` (no answer until cancelled);
+    ``invalid`` (INVALID_ARGUMENT at once).
+    """
+
+    def __init__(self, worker_id: str, mode: str = "ok", cached: int = 0,
+                 token: str | None = None) -> None:
+        self.worker_id = worker_id
+        self.mode = mode
+        self.cached = cached
+        self.token = token
+        self.requests: list[worker_pb2.GenerateRequest] = []
+        self.metadata: list[dict[str, str]] = []
+
+    def Generate(self, request, context):
+        self.metadata.append(dict(context.invocation_metadata()))
+        _check_token(context, self.token)
+        self.requests.append(request)
+        if self.mode == "invalid":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt longer than the model")
+        if self.mode == "hang":
+            while context.is_active():
+                time.sleep(0.02)
+            return
+        tokens = [100 + i for i in range(request.sampling.max_tokens)]
+        for i in range(0, len(tokens), 2):
+            yield worker_pb2.GenerateResponse(token_ids=tokens[i:i + 2])
+            if self.mode == "abort":
+                context.abort(grpc.StatusCode.UNAVAILABLE, "worker shutting down")
+            if self.mode == "truncate":
+                return
+        yield worker_pb2.GenerateResponse(
+            finished=True, finish_reason="length", num_cached_tokens=self.cached,
+            prompt_tokens=len(request.token_ids), ttft_s=0.0125, e2e_s=0.05,
+            worker_id=self.worker_id)
+
+    def Stats(self, request, context):
+        self.metadata.append(dict(context.invocation_metadata()))
+        _check_token(context, self.token)
+        return worker_pb2.WorkerStatsResponse(
+            worker_id=self.worker_id, model="tiny",
+            load=index_pb2.WorkerLoad(running=1, free_blocks=90, total_blocks=128),
+            cache=worker_pb2.CacheStats(queries=100, hits=75, hit_rate=0.75, cached_blocks=30,
+                                        used_blocks=8, free_blocks=90, total_blocks=128),
+            requests_done=7, index_promised_tokens=64, index_served_tokens=48)
+
+
+def candidate(worker_id: str, address: str, matched: int = 0, cost: float = 1.0,
+              tier: int = index_pb2.TIER_GPU) -> index_pb2.Candidate:
+    """A route candidate with a small load."""
+    return index_pb2.Candidate(worker_id=worker_id, address=address, matched_tokens=matched,
+                               tier=tier, cost=cost,
+                               load=index_pb2.WorkerLoad(running=1, waiting=2, free_blocks=10,
+                                                         total_blocks=16))

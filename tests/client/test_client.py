@@ -1,0 +1,225 @@
+"""The kvmesh client (sync and asyncio flavours) against scripted loopback gRPC servers."""
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from client import AsyncKvmeshClient, GenerateResult, KvmeshError, RouteResult
+from client.failover import ReplicaRing, parse_addresses
+from kvmesh.v1 import index_pb2
+from tests.client.fake_servers import FakeIndex, FakeWorker, candidate, closed_port_address
+
+
+def test_parse_addresses_and_ring_order() -> None:
+    assert parse_addresses(" a:1, b:2 ,a:1,") == ["a:1", "b:2"]
+    assert parse_addresses(["a:1,b:2", "c:3"]) == ["a:1", "b:2", "c:3"]
+    with pytest.raises(ValueError):
+        parse_addresses(" , ")
+    ring = ReplicaRing(["a", "b", "c"])
+    assert ring.order() == ["a", "b", "c"]
+    ring.mark_good("b")
+    assert ring.order() == ["b", "c", "a"]
+
+
+def test_prompt_must_be_token_ids(make_client) -> None:
+    kv = make_client(closed_port_address())
+    for bad in ("hello", b"hi", [1, 2.5]):
+        with pytest.raises(TypeError):
+            kv.route(bad)
+
+
+def test_route_converts_response_and_sends_request(cluster, make_client) -> None:
+    index = FakeIndex([candidate("w1", "h1:1", matched=32, cost=5.5),
+                       candidate("w2", "h2:2", cost=40.0, tier=index_pb2.TIER_CPU)])
+    index.degraded = True
+    kv = make_client(cluster.index(index))
+    result = kv.route([1, 2, 3], salt="tenant-a", lora=("ad", "/p"), mm=[("img", 0, 2)],
+                      policy="prefix_only", max_candidates=2)
+    assert isinstance(result, RouteResult)
+    assert (result.worker_id, result.address, result.matched_tokens) == ("w1", "h1:1", 32)
+    assert result.degraded and result.prompt_tokens == 3 and result.policy == "kvmesh"
+    assert [c.worker_id for c in result.candidates] == ["w1", "w2"]
+    second = result.candidates[1]
+    assert second.tier == "TIER_CPU" and second.cost == 40.0
+    assert second.load["waiting"] == 2 and second.load["total_blocks"] == 16
+    sent = index.routes[-1]
+    assert list(sent.token_ids) == [1, 2, 3] and sent.salt == "tenant-a"
+    assert (sent.lora.name, sent.lora.path) == ("ad", "/p")
+    assert sent.mm[0].identifier == "img" and sent.mm[0].length == 2
+    assert sent.policy == "prefix_only" and sent.max_candidates == 2
+
+
+def test_token_sent_as_bearer_everywhere(cluster, make_client) -> None:
+    worker = FakeWorker("w1", token="s3cret")
+    index = FakeIndex([candidate("w1", cluster.worker(worker))], token="s3cret")
+    kv = make_client(cluster.index(index), token="s3cret")
+    kv.route([1])
+    kv.generate([1], max_tokens=2)
+    kv.stats()
+    assert all(md["authorization"] == "Bearer s3cret" for md in index.metadata + worker.metadata)
+    assert len(index.metadata) == 3 and len(worker.metadata) == 1
+
+
+def test_wrong_token_raises_unauthenticated(cluster, make_client) -> None:
+    kv = make_client(cluster.index(FakeIndex(token="right")), token="wrong")
+    with pytest.raises(KvmeshError) as info:
+        kv.route([1])
+    assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
+    assert info.value.message == "missing or wrong bearer token"
+
+
+def test_generate_returns_final_facts(cluster, make_client) -> None:
+    worker = FakeWorker("w1", cached=16)
+    kv = make_client(cluster.index(FakeIndex([candidate("w1", cluster.worker(worker), 16)])))
+    result = kv.generate(list(range(20)), max_tokens=5, salt="s", temperature=0.5, seed=7)
+    assert isinstance(result, GenerateResult)
+    assert result.token_ids == [100, 101, 102, 103, 104]
+    assert (result.worker_id, result.finish_reason) == ("w1", "length")
+    assert (result.num_cached_tokens, result.prompt_tokens, result.ttft_s) == (16, 20, 0.0125)
+    assert result.matched_tokens == 16 and result.attempts == 1
+    sent = worker.requests[-1]
+    assert list(sent.token_ids) == list(range(20)) and sent.salt == "s"
+    assert sent.sampling.max_tokens == 5 and sent.sampling.seed == 7
+    assert sent.sampling.temperature == pytest.approx(0.5) and sent.request_id
+
+
+def test_generate_fails_over_from_a_closed_port(cluster, make_client) -> None:
+    good = FakeWorker("w2")
+    index = FakeIndex([candidate("w1", closed_port_address()),
+                       candidate("w2", cluster.worker(good))])
+    result = make_client(cluster.index(index)).generate([1, 2], max_tokens=3)
+    assert result.worker_id == "w2" and result.attempts == 2
+    assert result.token_ids == [100, 101, 102]
+
+
+@pytest.mark.parametrize("mode", ["abort", "truncate"])
+def test_generate_restarts_a_broken_stream_on_the_next_candidate(cluster, make_client,
+                                                                 mode) -> None:
+    broken, good = FakeWorker("w1", mode=mode), FakeWorker("w2")
+    index = FakeIndex([candidate("w1", cluster.worker(broken)),
+                       candidate("w2", cluster.worker(good))])
+    result = make_client(cluster.index(index)).generate([1, 2], max_tokens=4)
+    # The tokens of the broken attempt are dropped: only the whole second run is returned.
+    assert result.worker_id == "w2" and result.token_ids == [100, 101, 102, 103]
+    assert len(broken.requests) == 1 and len(good.requests) == 1
+    assert broken.requests[0].request_id == good.requests[0].request_id
+
+
+def test_generate_fails_over_on_deadline(cluster, make_client) -> None:
+    slow, good = FakeWorker("w1", mode="hang"), FakeWorker("w2")
+    index = FakeIndex([candidate("w1", cluster.worker(slow)),
+                       candidate("w2", cluster.worker(good))])
+    kv = make_client(cluster.index(index), generate_timeout=0.3)
+    assert kv.generate([1], max_tokens=2).worker_id == "w2"
+
+
+def test_generate_raises_when_every_candidate_fails(cluster, make_client) -> None:
+    down = closed_port_address()
+    broken = FakeWorker("w2", mode="abort")
+    index = FakeIndex([candidate("w1", down), candidate("w2", cluster.worker(broken))])
+    with pytest.raises(KvmeshError) as info:
+        make_client(cluster.index(index)).generate([1])
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    assert down in info.value.message and "worker shutting down" in info.value.message
+
+
+def test_non_retryable_worker_error_is_raised_without_failover(cluster, make_client) -> None:
+    bad, good = FakeWorker("w1", mode="invalid"), FakeWorker("w2")
+    index = FakeIndex([candidate("w1", cluster.worker(bad)),
+                       candidate("w2", cluster.worker(good))])
+    with pytest.raises(KvmeshError) as info:
+        make_client(cluster.index(index)).generate([1])
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.message == "prompt longer than the model"
+    assert good.requests == []
+
+
+def test_no_candidates_is_unavailable(cluster, make_client) -> None:
+    kv = make_client(cluster.index(FakeIndex([])))
+    for call in (kv.route, kv.generate):
+        with pytest.raises(KvmeshError) as info:
+            call([1])
+        assert info.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_service_replica_failover_remembers_the_good_one(cluster, make_client) -> None:
+    sick = FakeIndex()
+    sick.error = (grpc.StatusCode.UNAVAILABLE, "replica draining")
+    good = FakeIndex([candidate("w1", "h:1")])
+    addresses = [closed_port_address(), cluster.index(sick), cluster.index(good)]
+    kv = make_client(",".join(addresses))
+    assert kv.route([1]).worker_id == "w1"
+    assert kv.route([2]).worker_id == "w1"
+    assert kv.stats()["service"] == addresses[2]
+    assert len(sick.metadata) == 1 and len(good.metadata) == 3
+
+
+def test_all_replicas_down_raises_unavailable(make_client) -> None:
+    kv = make_client([closed_port_address(), closed_port_address()])
+    with pytest.raises(KvmeshError) as info:
+        kv.stats()
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    assert "all 2 service replica(s) failed" in info.value.message
+
+
+def test_non_retryable_service_error_keeps_code_and_message(cluster, make_client) -> None:
+    first, second = FakeIndex(), FakeIndex([candidate("w1", "h:1")])
+    first.error = (grpc.StatusCode.INVALID_ARGUMENT, "salt longer than 4096 bytes")
+    kv = make_client([cluster.index(first), cluster.index(second)])
+    with pytest.raises(KvmeshError) as info:
+        kv.route([1], salt="x")
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.message == "salt longer than 4096 bytes"
+    assert str(info.value) == "INVALID_ARGUMENT: salt longer than 4096 bytes"
+    assert second.metadata == []
+
+
+def test_stats_and_worker_stats(cluster, make_client) -> None:
+    worker_address = cluster.worker(FakeWorker("w1"))
+    index = FakeIndex()
+    index.stats = index_pb2.StatsResponse(
+        workers=[index_pb2.WorkerInfo(
+            worker_id="w1", address=worker_address, model="tiny", alive=True,
+            load=index_pb2.WorkerLoad(running=2, waiting=1, queued_prefill_tokens=300,
+                                      free_blocks=5, total_blocks=64),
+            indexed_blocks=12, last_seq=9, heartbeat_age_s=0.4)],
+        counters={"routes": 10.0, "route_hits": 4.0})
+    kv = make_client(cluster.index(index))
+    stats = kv.stats()
+    (w,) = stats["workers"]
+    assert (w["worker_id"], w["address"], w["alive"]) == ("w1", worker_address, True)
+    assert (w["running"], w["waiting"], w["queued_prefill_tokens"]) == (2, 1, 300)
+    assert (w["free_blocks"], w["total_blocks"], w["indexed_blocks"]) == (5, 64, 12)
+    assert stats["counters"] == {"routes": 10.0, "route_hits": 4.0} and not stats["degraded"]
+    ws = kv.worker_stats(worker_address)
+    assert ws["worker_id"] == "w1" and ws["cache"]["hit_rate"] == 0.75
+    assert ws["load"]["total_blocks"] == 128 and ws["index_served_tokens"] == 48
+    with pytest.raises(KvmeshError) as info:
+        kv.worker_stats(closed_port_address())
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_closed_client_refuses_calls(cluster, make_client) -> None:
+    kv = make_client(cluster.index(FakeIndex([candidate("w1", "h:1")])))
+    kv.route([1])
+    kv.close()
+    kv.close()
+    with pytest.raises(RuntimeError):
+        kv.route([1])
+
+
+def test_async_client_serves_concurrent_generates_with_failover(cluster) -> None:
+    workers = [FakeWorker("w1", mode="abort"), FakeWorker("w2")]
+    index = FakeIndex([candidate(w.worker_id, cluster.worker(w)) for w in workers])
+    address = cluster.index(index)
+
+    async def main() -> list[GenerateResult]:
+        async with AsyncKvmeshClient([closed_port_address(), address]) as kv:
+            return await asyncio.gather(*(kv.generate([i], max_tokens=3) for i in range(8)))
+
+    results = asyncio.run(main())
+    assert {r.worker_id for r in results} == {"w2"}
+    assert all(r.token_ids == [100, 101, 102] and r.attempts == 2 for r in results)
+    assert len(workers[1].requests) == 8

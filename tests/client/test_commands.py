@@ -1,0 +1,113 @@
+"""`kvmesh route | generate | stats` through typer's CliRunner against loopback fakes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from client.cli import app
+from client.commands import decode_bytes, encode_text
+from kvmesh.v1 import index_pb2
+from tests.client.fake_servers import FakeIndex, FakeWorker, candidate, closed_port_address
+
+runner = CliRunner()
+WIDE = {"COLUMNS": "200"}
+
+
+@pytest.fixture
+def service(cluster):
+    """A fake service routing to two fake workers (the first holds the prefix)."""
+    w1, w2 = FakeWorker("w1", cached=2), FakeWorker("w2")
+    index = FakeIndex([candidate("w1", cluster.worker(w1), matched=2, cost=3.0),
+                       candidate("w2", cluster.worker(w2), cost=9.0)])
+    index.stats = index_pb2.StatsResponse(
+        workers=[index_pb2.WorkerInfo(worker_id="w1", address=index.candidates[0].address,
+                                      alive=True, indexed_blocks=12,
+                                      load=index_pb2.WorkerLoad(running=2, waiting=1,
+                                                                free_blocks=5,
+                                                                total_blocks=64)),
+                 index_pb2.WorkerInfo(worker_id="w2", address=index.candidates[1].address,
+                                      alive=False)],
+        counters={"routes_total": 42.0})
+    index.address = cluster.index(index)
+    index.workers = (w1, w2)
+    return index
+
+
+def test_text_is_byte_level() -> None:
+    ids = encode_text("héllo")
+    assert ids == list("héllo".encode()) and decode_bytes([*ids, 300]) == "héllo"
+
+
+def test_text_matches_the_worker_byte_tokenizer() -> None:
+    tokenizer = pytest.importorskip("worker.model.tokenizer")
+    assert encode_text("héllo, kv") == tokenizer.ByteTokenizer().encode("héllo, kv")
+
+
+def test_route_json(service) -> None:
+    result = runner.invoke(app, ["route", "--service", service.address, "--tokens", "1,2,3",
+                                 "--salt", "t1", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["worker_id"] == "w1" and out["matched_tokens"] == 2
+    assert [c["worker_id"] for c in out["candidates"]] == ["w1", "w2"]
+    assert list(service.routes[-1].token_ids) == [1, 2, 3] and service.routes[-1].salt == "t1"
+
+
+def test_route_table(service) -> None:
+    result = runner.invoke(app, ["route", "--service", service.address, "--tokens", "1,2"],
+                           env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert "w1" in result.stdout and "2/2 prompt tokens cached" in result.stdout
+
+
+def test_generate_text_json_with_env_token(cluster) -> None:
+    worker = FakeWorker("w1", token="tok")
+    index = FakeIndex([candidate("w1", cluster.worker(worker))], token="tok")
+    result = runner.invoke(app, ["generate", "--service", cluster.index(index), "--text", "hi",
+                                 "--max-tokens", "2", "--json"], env={"KVMESH_TOKEN": "tok"})
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["token_ids"] == [100, 101] and out["text"] == "de"
+    assert out["worker_id"] == "w1" and out["finish_reason"] == "length"
+    assert list(worker.requests[-1].token_ids) == encode_text("hi")
+
+
+def test_generate_human_output(service) -> None:
+    result = runner.invoke(app, ["generate", "--service", service.address, "--tokens", "1,2",
+                                 "--max-tokens", "3"])
+    assert result.exit_code == 0, result.output
+    assert "w1" in result.stdout and "tokens: 100,101,102" in result.stdout
+
+
+def test_stats_json_includes_worker_cache(service) -> None:
+    result = runner.invoke(app, ["stats", "--service", service.address, "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    w1, w2 = out["workers"]
+    assert (w1["worker_id"], w1["alive"], w1["indexed_blocks"]) == ("w1", True, 12)
+    assert w1["worker_stats"]["cache"]["hit_rate"] == 0.75
+    assert w2["alive"] is False and w2["worker_stats"] is None
+    assert out["counters"] == {"routes_total": 42.0}
+
+
+def test_stats_table(service) -> None:
+    result = runner.invoke(app, ["stats", "--service", service.address], env=WIDE)
+    assert result.exit_code == 0, result.output
+    for text in ("w1", "w2", "5/64", "2/1", "75.0%", "routes_total", "42"):
+        assert text in result.stdout
+
+
+def test_service_down_is_one_line_error() -> None:
+    result = runner.invoke(app, ["stats", "--service", closed_port_address()])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: UNAVAILABLE") and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.output and result.stdout == ""
+
+
+@pytest.mark.parametrize("args", [["--tokens", "1", "--text", "x"], [], ["--tokens", "1,a"]])
+def test_bad_prompt_arguments_exit_2(args) -> None:
+    result = runner.invoke(app, ["route", "--service", "127.0.0.1:1", *args])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ")

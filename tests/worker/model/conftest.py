@@ -1,0 +1,141 @@
+"""Fixtures for the model tests: tiny random HF checkpoints and a hand-driven paged runner."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+from worker.model import AttentionMetadata, LlamaModel, load_model
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 320
+
+
+@pytest.fixture(autouse=True, scope="package")
+def _one_thread():
+    """Tiny matmuls gain nothing from threads, and on shared cores extra threads spin."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def hf_config(arch: str, **overrides):
+    """A small random-model config with GQA (4 heads / 2 kv heads), fp32, eager attention."""
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+        rms_norm_eps=1e-6,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+    common.update(overrides)
+    cls = {
+        "LlamaForCausalLM": transformers.LlamaConfig,
+        "Qwen2ForCausalLM": transformers.Qwen2Config,
+        "MistralForCausalLM": transformers.MistralConfig,
+    }[arch]
+    if arch == "MistralForCausalLM":
+        common.setdefault("sliding_window", None)
+    cfg = cls(**common)
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def make_hf_model(arch: str, path: Path, seed: int = 0, **overrides):
+    """Build a seeded random HF model (norms and biases randomized too) and save it."""
+    torch.manual_seed(seed)
+    model_cls = getattr(transformers, arch)
+    model = model_cls(hf_config(arch, **overrides)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="session")
+def hf_pair(tmp_path_factory):
+    """``arch -> (hf_model, our_model)``, built lazily once per session."""
+    cache: dict[str, tuple] = {}
+
+    def get(arch: str, **overrides):
+        key = arch + repr(sorted(overrides.items()))
+        if key not in cache:
+            path = tmp_path_factory.mktemp(arch)
+            hf = make_hf_model(arch, path, **overrides)
+            ours, _ = load_model(path, device="cpu", dtype=torch.float32)
+            cache[key] = (hf, ours)
+        return cache[key]
+
+    return get
+
+
+@torch.no_grad()
+def hf_logits(hf, ids: Sequence[int]) -> torch.Tensor:
+    """All-position logits ``[n, vocab]`` of one unpadded prompt."""
+    return hf(torch.tensor([list(ids)])).logits[0].float()
+
+
+class PagedRunner:
+    """Drives `LlamaModel` step by step, managing block tables by hand (test stand-in for
+    the engine). Blocks are handed out in a shuffled order so tables are non-contiguous."""
+
+    def __init__(self, model: LlamaModel, num_blocks: int = 96, block_size: int = 4, seed: int = 0):
+        self.model = model
+        self.block_size = block_size
+        self.kv = model.allocate_kv_cache(num_blocks, block_size)
+        gen = torch.Generator().manual_seed(seed)
+        self.free = torch.randperm(num_blocks, generator=gen).tolist()
+        self.tables: dict[str, list[int]] = {}
+        self.computed: dict[str, int] = {}
+
+    def share_prefix(self, sid: str, src: str, num_blocks: int) -> int:
+        """Start ``sid`` with the first ``num_blocks`` full blocks of ``src`` (a cache hit);
+        returns the number of tokens served from the cache."""
+        assert self.computed[src] >= num_blocks * self.block_size
+        self.tables[sid] = list(self.tables[src][:num_blocks])
+        self.computed[sid] = num_blocks * self.block_size
+        return self.computed[sid]
+
+    def step(self, items: Sequence[tuple[str, Sequence[int]]]) -> list[torch.Tensor]:
+        """One forward over ``(sid, new_tokens)`` items; returns each item's logits
+        ``[n_i, vocab]``."""
+        seqs, ids = [], []
+        for sid, toks in items:
+            table = self.tables.setdefault(sid, [])
+            done = self.computed.setdefault(sid, 0)
+            while len(table) * self.block_size < done + len(toks):
+                table.append(self.free.pop())
+            seqs.append((table, done, len(toks)))
+            ids.extend(toks)
+        meta = AttentionMetadata.build(seqs, self.block_size, self.model.device)
+        hidden = self.model(torch.tensor(ids), meta.positions, meta, self.kv)
+        logits = self.model.compute_logits(hidden)
+        for sid, toks in items:
+            self.computed[sid] += len(toks)
+        return list(logits.split(meta.query_lens))
+
+
+@pytest.fixture
+def runner():
+    return PagedRunner
+
+
+def prompts(n: int, lengths: Sequence[int], seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB, (length,), generator=gen).tolist() for length in lengths[:n]]
