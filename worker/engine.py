@@ -1,0 +1,220 @@
+"""The engine: one model, one prefix-caching KV pool, continuous batching.
+
+``Engine.step()`` runs one batched forward over what the scheduler picked: decodes of
+running sequences and (chunks of) prefills of admitted ones. A prefill computes only the
+tokens after the verified cached prefix; the model attends to the cached blocks through the
+block table. Greedy output is therefore identical with and without cache hits (tests
+compare against Hugging Face transformers).
+
+Two ways in: the batch call ``generate(prompts, max_tokens, ...)``, and ``add_request`` +
+``step`` for a long-lived loop (``worker.async_engine.AsyncEngine`` drives that from
+asyncio).
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kvmesh.hashing import DEFAULT_ALGO, Lora, MMItem
+from worker.kv_cache import KVCacheManager, KVRequest
+from worker.model import AttentionMetadata, load_model
+from worker.sampler import sample
+from worker.scheduler import Scheduler, SchedulerConfig
+from worker.sequence import SamplingParams, Seq, SeqStatus
+
+DEFAULT_KV_BYTES_CPU = 256 << 20
+GPU_MEMORY_FRACTION = 0.85
+
+
+class RequestError(ValueError):
+    """A request the engine can never serve (bad token ids, too long, bigger than the pool).
+    ``too_large`` tells the caller to answer RESOURCE_EXHAUSTED instead of INVALID_ARGUMENT."""
+
+    def __init__(self, message: str, *, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.too_large = too_large
+
+
+@dataclass(frozen=True)
+class Completion:
+    token_ids: list[int]
+    num_cached_tokens: int
+    finish_reason: str  # "stop" (an EOS token) or "length" (max_tokens)
+    prompt_tokens: int
+    ttft_s: float
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one step produced for one sequence (``new_token_ids`` may be empty mid-prefill)."""
+
+    seq_id: str
+    new_token_ids: list[int]
+    finished: bool
+    seq: Seq
+
+
+class Engine:
+    def __init__(self, model: torch.nn.Module, config, *, block_size: int = 16,
+                 num_blocks: int | None = None, hash_algo: str = DEFAULT_ALGO,
+                 hash_seed: str | None = None, scheduler: SchedulerConfig | None = None,
+                 kv_cache_bytes: int | None = None) -> None:
+        self.model = model
+        self.config = config
+        self.block_size = block_size
+        self.device = model.device
+        if num_blocks is None:
+            num_blocks = self._blocks_for_budget(kv_cache_bytes)
+        self.kv = KVCacheManager(num_blocks, block_size, hash_algo=hash_algo,
+                                 hash_seed=hash_seed)
+        self.kv_cache = model.allocate_kv_cache(num_blocks, block_size)
+        self.scheduler = Scheduler(self.kv, scheduler)
+        self.eos = set(config.eos_token_ids)
+        self._ids = itertools.count()
+        self.requests_done = 0
+
+    @classmethod
+    def from_pretrained(cls, path_or_name: str | Path, block_size: int = 16,
+                        num_blocks: int | None = None, device: str | None = None,
+                        dtype: torch.dtype | None = None, hash_algo: str = DEFAULT_ALGO,
+                        hash_seed: str | None = None, **kwargs) -> Engine:
+        """Load ``"tiny"`` or a Hugging Face directory; ``num_blocks=None`` sizes the pool
+        from a memory budget (256 MiB on CPU, 85% of free GPU memory on CUDA)."""
+        model, config = load_model(path_or_name, device=device, dtype=dtype)
+        return cls(model, config, block_size=block_size, num_blocks=num_blocks,
+                   hash_algo=hash_algo, hash_seed=hash_seed, **kwargs)
+
+    def _blocks_for_budget(self, budget: int | None) -> int:
+        per_block = self.config.kv_cache_bytes_per_block(self.block_size, self.model.dtype)
+        if budget is None:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = int(free * GPU_MEMORY_FRACTION)
+            else:
+                budget = DEFAULT_KV_BYTES_CPU
+        return max(1, budget // per_block)
+
+    # --- requests -------------------------------------------------------------------
+
+    def validate(self, prompt: list[int], params: SamplingParams) -> None:
+        """Raise ``RequestError`` for a request that can never be served; changes nothing."""
+        if not prompt:
+            raise RequestError("the prompt is empty: send at least one token id")
+        vocab = self.config.vocab_size
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+        if params.max_tokens < 1:
+            raise RequestError(f"max_tokens must be >= 1, got {params.max_tokens}")
+        if params.temperature < 0:
+            raise RequestError(f"temperature must be >= 0, got {params.temperature}")
+        total = len(prompt) + params.max_tokens
+        ctx = self.config.max_position_embeddings
+        if total > ctx:
+            raise RequestError(f"prompt ({len(prompt)} tokens) + max_tokens "
+                               f"({params.max_tokens}) exceeds the model's context of {ctx}")
+        if not self.kv.can_ever_fit(total):
+            raise RequestError(
+                f"prompt + max_tokens = {total} tokens needs "
+                f"{self.kv.num_blocks_needed(total)} blocks; this worker's pool has only "
+                f"{self.kv.num_blocks}", too_large=True)
+
+    def add_request(self, prompt: list[int], params: SamplingParams | None = None, *,
+                    request_id: str | None = None, salt: str | None = None,
+                    lora: Lora | None = None, mm: tuple[MMItem, ...] = ()) -> Seq:
+        params = params or SamplingParams()
+        prompt = [int(t) for t in prompt]
+        self.validate(prompt, params)
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        seq = Seq(KVRequest(rid, list(prompt), salt=salt or None, lora=lora, mm=tuple(mm)),
+                  params, num_prompt_tokens=len(prompt))
+        if params.temperature > 0:
+            seq.generator = torch.Generator().manual_seed(
+                params.seed if params.seed is not None else torch.seed())
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, seq: Seq) -> None:
+        if seq.status is not SeqStatus.FINISHED:
+            self.scheduler.finish(seq, "abort")
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # --- the step -------------------------------------------------------------------
+
+    def step(self) -> list[StepOutput]:
+        work = self.scheduler.schedule()
+        if not work:
+            return []
+        tokens: list[int] = []
+        rows = []
+        for w in work:
+            tokens.extend(w.seq.req.token_ids[w.num_computed:w.num_computed + w.num_new_tokens])
+            rows.append((self.kv.get_block_ids(w.seq.req), w.num_computed, w.num_new_tokens))
+        meta = AttentionMetadata.build(rows, self.block_size, self.device)
+        input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        hidden = self.model(input_ids, meta.positions, meta, self.kv_cache)
+        # Only sequences whose every token is now computed produce a token this step.
+        done = [i for i, w in enumerate(work)
+                if w.num_computed + w.num_new_tokens == w.seq.num_tokens]
+        sampled: list[int] = []
+        if done:
+            logits = self.model.compute_logits(hidden[meta.last_token_indices[done]])
+            sampled = sample(logits, [work[i].seq for i in done])
+        now = time.perf_counter()
+        out: list[StepOutput] = []
+        new_tokens = dict(zip(done, sampled, strict=True))
+        for i, w in enumerate(work):
+            seq = w.seq
+            seq.req.num_computed_tokens = w.num_computed + w.num_new_tokens
+            if i not in new_tokens:
+                out.append(StepOutput(seq.seq_id, [], False, seq))
+                continue
+            token = new_tokens[i]
+            seq.req.token_ids.append(token)
+            if seq.first_token_at is None:
+                seq.first_token_at = now
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                seq.finished_at = now
+                self.scheduler.finish(seq, reason)
+                self.requests_done += 1
+            out.append(StepOutput(seq.seq_id, [token], reason is not None, seq))
+        return out
+
+    def _stop_reason(self, seq: Seq, token: int) -> str | None:
+        if token in self.eos and not seq.params.ignore_eos:
+            return "stop"
+        if len(seq.output_ids) >= seq.params.max_tokens:
+            return "length"
+        return None
+
+    # --- batch API ------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], max_tokens: int = 16,
+                 salt: str | None = None, temperature: float = 0.0, seed: int | None = None,
+                 lora: Lora | None = None, ignore_eos: bool = False) -> list[Completion]:
+        """Run ``prompts`` to completion as one continuously batched workload."""
+        params = SamplingParams(max_tokens, temperature, seed, ignore_eos)
+        for p in prompts:  # validate all first so a bad prompt leaves nothing queued
+            self.validate([int(t) for t in p], params)
+        seqs = [self.add_request(p, params, salt=salt, lora=lora) for p in prompts]
+        while any(s.status is not SeqStatus.FINISHED for s in seqs):
+            self.step()
+        return [Completion(s.output_ids, s.num_cached_tokens, s.finish_reason,
+                           s.num_prompt_tokens, s.ttft_s or 0.0) for s in seqs]
+
+    # --- reporting ------------------------------------------------------------------
+
+    def load(self) -> dict[str, int]:
+        """What the router's cost model reads (mirrors the proto's ``WorkerLoad``)."""
+        sched = self.scheduler
+        return {"running": len(sched.running), "waiting": len(sched.waiting),
+                "queued_prefill_tokens": sched.queued_prefill_tokens,
+                "free_blocks": self.kv.num_free_blocks, "total_blocks": self.kv.num_blocks,
+                "decode_tokens": sum(s.num_tokens for s in sched.running)}

@@ -1,0 +1,112 @@
+"""Continuous batching: which sequences run this step, and how many tokens each.
+
+Each step has a token budget (``max_batched_tokens``). Running sequences go first, in
+arrival order: a decode takes one token, an unfinished (chunked) prefill takes what the
+budget leaves. Then waiting sequences are admitted while the budget, ``max_seqs`` and free
+blocks allow; a long prompt is prefilled in chunks over several steps, so decodes of other
+sequences never stall behind it.
+
+When a running sequence cannot get a block, the most recently admitted running sequence is
+preempted by recompute: its blocks are freed (they stay cached, so re-admission is mostly a
+cache hit) and it goes back to the front of the waiting queue. Preemption never corrupts
+the pool: ``allocate_slots`` either succeeds whole or changes nothing.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from worker.kv_cache import KVCacheManager
+from worker.sequence import Seq, SeqStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batched_tokens: int = 2048
+    max_seqs: int = 64
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """``seq`` computes ``num_new_tokens`` tokens starting at ``num_computed`` this step."""
+
+    seq: Seq
+    num_computed: int
+    num_new_tokens: int
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, config: SchedulerConfig | None = None) -> None:
+        self.kv = kv
+        self.config = config or SchedulerConfig()
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Seq) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[Scheduled]:
+        """Pick this step's work and allocate its slots. The caller must run every returned
+        item and then call :meth:`finish_step` before scheduling again."""
+        budget = self.config.max_batched_tokens
+        out: list[Scheduled] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed, budget)
+            while self.kv.allocate_slots(seq.req, n) is None:
+                victim = self.running.pop()  # never scheduled yet: we go front to back
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            if seq.status is not SeqStatus.RUNNING:
+                break
+            out.append(Scheduled(seq, seq.req.num_computed_tokens, n))
+            budget -= n
+            i += 1
+        # Admit new work only when nothing was preempted: otherwise it would evict the
+        # blocks the preempted sequence is about to need again.
+        while (not preempted and self.waiting and budget > 0
+               and len(self.running) < self.config.max_seqs):
+            seq = self.waiting[0]
+            hits, num_hit = self.kv.get_computed_blocks(seq.req)
+            n = min(seq.num_tokens - num_hit, budget)
+            if self.kv.allocate_slots(seq.req, n, hits, num_hit) is None:
+                break
+            self.waiting.popleft()
+            seq.status = SeqStatus.RUNNING
+            if seq.num_cached_tokens < 0:
+                seq.num_cached_tokens = num_hit
+            seq.req.num_computed_tokens = num_hit
+            self.running.append(seq)
+            out.append(Scheduled(seq, num_hit, n))
+            budget -= n
+        return out
+
+    def _preempt(self, seq: Seq) -> None:
+        self.kv.preempt(seq.req)
+        seq.status = SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Seq, reason: str) -> None:
+        """Mark a running or waiting sequence finished and release its blocks."""
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.kv.free(seq.req)
+
+    @property
+    def queued_prefill_tokens(self) -> int:
+        """Prompt tokens not computed yet, over waiting and running sequences (router load)."""
+        return (sum(s.num_uncomputed for s in self.waiting)
+                + sum(s.num_uncomputed for s in self.running if s.num_uncomputed > 1))

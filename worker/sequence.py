@@ -1,0 +1,67 @@
+"""A request inside the engine: its KV view, sampling parameters, output and timing."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from worker.kv_cache import KVRequest
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """``temperature == 0`` is greedy (deterministic); ``seed`` makes sampling reproducible."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+@dataclass(eq=False)
+class Seq:
+    """One request. ``req.token_ids`` is the prompt followed by the generated tokens.
+
+    ``num_cached_tokens`` is fixed at first admission (what the prefix cache saved this
+    request); a re-admission after preemption does not change it.
+    """
+
+    req: KVRequest
+    params: SamplingParams
+    num_prompt_tokens: int
+    status: SeqStatus = SeqStatus.WAITING
+    num_cached_tokens: int = -1  # -1 until first admitted
+    finish_reason: str | None = None
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    generator: torch.Generator | None = None
+
+    @property
+    def seq_id(self) -> str:
+        return self.req.request_id
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.req.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.req.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_uncomputed(self) -> int:
+        """Tokens whose KV is not in the cache yet (the prompt's rest, or the last sample)."""
+        return self.num_tokens - self.req.num_computed_tokens
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.arrival
