@@ -1,0 +1,227 @@
+"""The block pool: every KV block of one tier, the free queue, and the prefix-cache map.
+
+Rules (vLLM v1 automatic prefix caching, plus token verification and head-placement of
+unhashed blocks):
+
+- All blocks exist from start-up. A block is either referenced (``ref_cnt > 0``, held by
+  running requests, never in the free queue) or free (``ref_cnt == 0``, in the free queue).
+- ``cached`` maps a block hash to the blocks holding it, by block id. Several blocks may hold
+  one hash (block tables are append-only, so a block computed twice is never merged), and a
+  free block may stay cached until it is handed out again.
+- Cached blocks are only dropped lazily: when :meth:`get_new_blocks` pops one from the head
+  of the free queue (an eviction) or on :meth:`reset_prefix_cache`.
+- :meth:`free_blocks` appends blocks reaching ``ref_cnt == 0`` to the tail in the order
+  given; callers pass a request's blocks in REVERSE, so a chain's last block sits nearest
+  the head and is evicted first. Blocks without a hash hold nothing reusable: they go to the
+  HEAD so they are handed out before any cached block.
+- Every cached block carries its :class:`BlockContent`; :meth:`get_cached_block` only
+  returns a block whose content matches the caller's tokens, so a hash collision is a miss.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from .block import BlockContent, Extra, FreeBlockQueue, KVCacheBlock
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, CacheSnapshot, KVEvent
+
+TIERS = ("gpu", "cpu")
+
+
+class BlockPool:
+    """All KV blocks of one tier and the map of which prefixes they hold."""
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True, tier: str = "gpu") -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        if tier not in TIERS:
+            raise ValueError(f"unknown tier {tier!r}; valid: {', '.join(TIERS)}")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.tier = tier
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.cached: dict[bytes, dict[int, KVCacheBlock]] = {}
+        self.num_cached_blocks = 0
+        self.evictions = 0
+        self._events: list[KVEvent] = []
+        self._seq = 0
+
+    # --- lookup -----------------------------------------------------------------------
+
+    def get_cached_block(self, block_hash: bytes, token_ids: Sequence[int],
+                         parent: KVCacheBlock | None = None,
+                         extra_keys: Extra = None) -> KVCacheBlock | None:
+        """A block holding ``block_hash`` whose content is exactly ``parent``'s prefix
+        followed by ``token_ids`` (with ``extra_keys``); ``None`` on a miss.
+
+        ``parent`` is the block already matched for the previous position of the chain
+        (``None`` for block 0). Blocks holding the hash with other content (a collision)
+        are skipped.
+        """
+        candidates = self.cached.get(block_hash)
+        if not candidates:
+            return None
+        parent_content = None if parent is None else parent.content
+        if parent is not None and parent_content is None:
+            return None  # the parent is not cached: nothing can follow it
+        tokens = tuple(token_ids)
+        for block in candidates.values():
+            content = block.content
+            if content is not None and content.extends(parent_content, tokens, extra_keys):
+                return block
+        return None
+
+    # --- caching ----------------------------------------------------------------------
+
+    def cache_full_blocks(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[bytes],
+                          token_ids: Sequence[int], num_cached_blocks: int,
+                          num_full_blocks: int, block_size: int,
+                          extra_keys: Sequence[Extra] | None = None) -> None:
+        """Cache ``blocks[num_cached_blocks:num_full_blocks]`` of one request.
+
+        ``blocks`` is the request's block table, ``block_hashes`` / ``token_ids`` its chain
+        and tokens (covering at least ``num_full_blocks`` blocks), ``extra_keys`` the extra
+        keys of the newly cached blocks (``None``: none). Blocks before ``num_cached_blocks``
+        must already be cached. Emits one ``BlockStored`` for the new blocks.
+        """
+        if not self.enable_caching or num_full_blocks <= num_cached_blocks:
+            return
+        if len(block_hashes) < num_full_blocks or len(token_ids) < num_full_blocks * block_size:
+            raise ValueError("block hashes / tokens do not cover the blocks to cache")
+        parent = blocks[num_cached_blocks - 1].content if num_cached_blocks else None
+        if num_cached_blocks and parent is None:
+            raise ValueError(f"block {num_cached_blocks - 1} of the chain is not cached")
+        for block in blocks[num_cached_blocks:num_full_blocks]:
+            if block.block_hash is not None:
+                raise ValueError(f"block {block.block_id} is already cached")
+        new_hashes: list[bytes] = []
+        for n, i in enumerate(range(num_cached_blocks, num_full_blocks)):
+            block = blocks[i]
+            block_hash = block_hashes[i]
+            tokens = tuple(token_ids[i * block_size:(i + 1) * block_size])
+            extra = None if extra_keys is None else extra_keys[n]
+            holders = self.cached.setdefault(block_hash, {})
+            content = next((b.content for b in holders.values() if b.content is not None
+                            and b.content.extends(parent, tokens, extra)), None)
+            if content is None:  # not a duplicate: a new node of the content trie
+                content = BlockContent(parent, tokens, extra)
+            block.block_hash = block_hash
+            block.content = content
+            holders[block.block_id] = block
+            self.num_cached_blocks += 1
+            new_hashes.append(block_hash)
+            parent = content
+        first = num_cached_blocks
+        self._emit(BlockStored(
+            self._seq + 1, new_hashes, block_hashes[first - 1] if first else None,
+            list(token_ids[first * block_size:num_full_blocks * block_size]), self.tier))
+
+    # --- allocation -------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.free_queue.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks referenced by running requests (0.0 to 1.0)."""
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Hand out ``num_blocks`` blocks from the head of the free queue, each with
+        ``ref_cnt == 1``. A popped block that still holds a hash is evicted (its hash is
+        dropped; ``BlockRemoved`` is emitted once no block holds that hash any more).
+        Raises ``ValueError`` (changing nothing) when fewer blocks are free.
+        """
+        blocks = self.free_queue.popleft_n(num_blocks)
+        removed: list[bytes] = []
+        for block in blocks:
+            if block.block_hash is not None:
+                gone = self._evict(block)
+                if gone is not None:
+                    removed.append(gone)
+            block.ref_cnt = 1
+        if removed:
+            self._emit(BlockRemoved(self._seq + 1, removed, self.tier))
+        return blocks
+
+    def _evict(self, block: KVCacheBlock) -> bytes | None:
+        """Drop ``block``'s hash; return the hash if no other block holds it."""
+        block_hash = block.block_hash
+        assert block_hash is not None
+        holders = self.cached[block_hash]
+        del holders[block.block_id]
+        block.block_hash = None
+        block.content = None
+        self.num_cached_blocks -= 1
+        self.evictions += 1
+        if holders:
+            return None
+        del self.cached[block_hash]
+        return block_hash
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take a reference on each block (cache hits); a free block leaves the free queue
+        so it can no longer be evicted."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self.free_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference on each block. Blocks reaching zero become free: hashed ones
+        are appended to the tail in the given order (pass a request's blocks in reverse so
+        the chain's tail is evicted first); unhashed ones go to the head, in the given
+        order, so they are reused before any cached block. Raises ``ValueError`` (changing
+        nothing) on a block that is not referenced.
+        """
+        blocks = list(ordered_blocks)
+        for block in blocks:
+            if block.ref_cnt <= 0:
+                raise ValueError(f"block {block.block_id} freed more often than referenced")
+        unhashed: list[KVCacheBlock] = []
+        for block in blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                if block.block_hash is None:
+                    unhashed.append(block)
+                else:
+                    self.free_queue.append(block)
+        for block in reversed(unhashed):
+            self.free_queue.appendleft(block)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached hash and emit ``AllBlocksCleared``. Refused (``False``, nothing
+        changed) while any block is referenced: running requests would keep blocks whose
+        hashes the index no longer knows."""
+        if self.num_free_blocks != self.num_blocks:
+            return False
+        for holders in self.cached.values():
+            for block in holders.values():
+                block.block_hash = None
+                block.content = None
+        self.cached.clear()
+        self.num_cached_blocks = 0
+        self._emit(AllBlocksCleared(self._seq + 1))
+        return True
+
+    # --- events -----------------------------------------------------------------------
+
+    @property
+    def last_seq(self) -> int:
+        """Sequence number of the last event emitted (0 before the first)."""
+        return self._seq
+
+    def _emit(self, event: KVEvent) -> None:
+        assert event.seq == self._seq + 1
+        self._seq = event.seq
+        self._events.append(event)
+
+    def take_events(self) -> list[KVEvent]:
+        """Events emitted since the last call, oldest first."""
+        events, self._events = self._events, []
+        return events
+
+    def snapshot(self) -> CacheSnapshot:
+        """Every hash held now, valid as of :attr:`last_seq`."""
+        return CacheSnapshot(self._seq, self.tier, list(self.cached))

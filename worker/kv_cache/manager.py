@@ -1,0 +1,276 @@
+"""The KV cache manager: block tables of running requests over one prefix-caching pool.
+
+Call sequence per scheduler step (the vLLM v1 shape):
+
+1. A waiting request (``num_computed_tokens == 0``, new or preempted):
+   ``hits, n = manager.get_computed_blocks(req)``, then
+   ``manager.allocate_slots(req, num_new_tokens, hits, n)`` right away (nothing may allocate
+   in between, or the hits could be evicted). ``num_new_tokens`` is at most
+   ``req.num_tokens - n`` (less for chunked prefill) and at least 1.
+2. A running request: ``manager.allocate_slots(req, num_new_tokens)`` where
+   ``num_new_tokens = req.num_tokens - req.num_computed_tokens`` for decode (usually 1).
+3. ``None`` from ``allocate_slots`` means "not enough free blocks"; nothing changed. The
+   scheduler waits (a waiting request stays waiting) or preempts a running request with
+   :meth:`KVCacheManager.preempt` and retries.
+4. After a successful call, the engine adds the scheduled tokens to
+   ``req.num_computed_tokens``, runs the model on ``get_block_ids(req)``, and appends the
+   sampled token to ``req.token_ids``.
+5. A finished request: ``manager.free(req)``. Publish ``manager.take_events()``.
+
+Blocks are cached at scheduling time, as soon as the tokens scheduled so far fill them
+(prompt blocks at admission, decode blocks when the step that fills them is scheduled), so
+a request scheduled later in the same step or any later step can reuse them. The engine
+must therefore write a scheduled step's KV before any request attends to it (true when a
+layer writes the whole batch's KV before computing attention, or when requests are run
+in the order they were scheduled).
+
+Not thread-safe: call everything, ``take_events`` included, from the engine's loop.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvmesh.hashing import ALGOS, DEFAULT_ALGO, extend_block_hashes, extra_keys
+
+from .block import Extra, KVCacheBlock
+from .block_pool import BlockPool
+from .events import CacheSnapshot, KVEvent
+from .request import KVRequest
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """Prefix-cache counters (cumulative) and the pool's block counts (now).
+
+    ``requests`` / ``queries`` / ``hits`` count first admissions: one request, its token count,
+    and the tokens served from cache, recorded when ``allocate_slots`` admits it. A request
+    that waits (``None``) and retries is counted once; re-admissions after preemption go to
+    the ``preempted_*`` counters so they do not inflate the hit rate.
+    """
+
+    requests: int
+    queries: int
+    hits: int
+    preempted_requests: int
+    preempted_queries: int
+    preempted_hits: int
+    evictions: int
+    blocks_total: int
+    blocks_used: int
+    blocks_cached: int
+    blocks_free: int
+
+    @property
+    def hit_rate(self) -> float:
+        """Fraction of queried prompt tokens served from cache (0.0 with no queries)."""
+        return self.hits / self.queries if self.queries else 0.0
+
+
+class KVCacheManager:
+    """Allocates, caches and frees the KV blocks of requests (vLLM v1 prefix caching).
+
+    Lookups walk a request's hash chain from block 0 and stop at the first miss; a hit is
+    only accepted when the block's stored tokens (and whole prefix) equal the request's, and
+    at most ``num_tokens - 1`` tokens come from cache so the last token is always computed.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, *, hash_algo: str = DEFAULT_ALGO,
+                 hash_seed: str | None = None, enable_caching: bool = True,
+                 tier: str = "gpu") -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if hash_algo not in ALGOS:
+            raise ValueError(f"unknown hash algo {hash_algo!r}; valid: {', '.join(ALGOS)}")
+        self.block_size = block_size
+        self.hash_algo = hash_algo
+        self.hash_seed = hash_seed
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(num_blocks, enable_caching=enable_caching, tier=tier)
+        self._blocks: dict[str, list[KVCacheBlock]] = {}  # request id -> block table
+        self._num_cached: dict[str, int] = {}  # request id -> leading blocks already cached
+        self._counts = [0] * 6  # requests, queries, hits, then the same for preempted
+
+    # --- sizing -----------------------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    def num_blocks_needed(self, num_tokens: int) -> int:
+        """Blocks a sequence of ``num_tokens`` tokens occupies."""
+        return -(-num_tokens // self.block_size)
+
+    def can_ever_fit(self, num_tokens: int) -> bool:
+        """Whether a sequence of ``num_tokens`` (prompt + max new tokens) fits in an otherwise
+        empty pool; the engine refuses requests for which this is ``False``."""
+        return self.num_blocks_needed(num_tokens) <= self.num_blocks
+
+    # --- hashing ----------------------------------------------------------------------
+
+    def _update_hashes(self, req: KVRequest) -> None:
+        if len(req.block_hashes) < len(req.token_ids) // self.block_size:
+            extend_block_hashes(req.block_hashes, req.token_ids, self.block_size,
+                                algo=self.hash_algo, seed=self.hash_seed, salt=req.salt,
+                                lora=req.lora, mm=req.mm)
+
+    def _extra(self, req: KVRequest, index: int) -> Extra:
+        if not req.has_extra_keys:
+            return None
+        start = index * self.block_size
+        return extra_keys(start, start + self.block_size, salt=req.salt, lora=req.lora,
+                          mm=req.mm)
+
+    # --- the scheduler's API ----------------------------------------------------------
+
+    def get_computed_blocks(self, req: KVRequest) -> tuple[list[KVCacheBlock], int]:
+        """The longest verified cached prefix of a waiting request: its blocks and token count.
+
+        Walks the chain from block 0 and stops at the first miss; never returns more than
+        ``req.num_tokens - 1`` tokens. Changes nothing (the blocks are not referenced until
+        :meth:`allocate_slots`).
+        """
+        if not self.enable_caching:
+            return [], 0
+        self._update_hashes(req)
+        bs = self.block_size
+        max_blocks = min((req.num_tokens - 1) // bs, len(req.block_hashes))
+        hits: list[KVCacheBlock] = []
+        parent: KVCacheBlock | None = None
+        for i in range(max_blocks):
+            block = self.pool.get_cached_block(req.block_hashes[i],
+                                               req.token_ids[i * bs:(i + 1) * bs],
+                                               parent, self._extra(req, i))
+            if block is None:
+                break
+            hits.append(block)
+            parent = block
+        return hits, len(hits) * bs
+
+    def allocate_slots(self, req: KVRequest, num_new_tokens: int,
+                       new_computed_blocks: Sequence[KVCacheBlock] = (),
+                       num_new_computed_tokens: int = 0) -> list[KVCacheBlock] | None:
+        """Make room for ``num_new_tokens`` more tokens after ``req.num_computed_tokens`` (plus
+        the cache hits, for a request being admitted); return the newly allocated blocks.
+
+        Returns ``None``, changing nothing, when the pool has too few free blocks (cache hits
+        that are free count against them, as touching takes them off the free queue).
+        Otherwise: hits are touched, new blocks popped from the free queue's head (evicting
+        what they cached), and every block the scheduled tokens fill is cached at once.
+        Raises ``ValueError`` on inconsistent arguments (hits for a request that already
+        has blocks, a token count not matching the hits, stale hits).
+        """
+        if num_new_tokens < 1:
+            raise ValueError(f"num_new_tokens must be >= 1, got {num_new_tokens}")
+        hits = list(new_computed_blocks)
+        table = self._blocks.get(req.request_id)
+        if hits:
+            self._check_hits(req, table, hits, num_new_computed_tokens)
+        elif num_new_computed_tokens:
+            raise ValueError("num_new_computed_tokens given without the computed blocks")
+        num_computed = req.num_computed_tokens + num_new_computed_tokens
+        held = len(table) if table is not None else 0
+        num_new_blocks = max(0, self.num_blocks_needed(num_computed + num_new_tokens)
+                             - held - len(hits))
+        taken_from_free = sum(1 for b in hits if b.ref_cnt == 0)
+        if num_new_blocks + taken_from_free > self.pool.num_free_blocks:
+            return None
+
+        if table is None:  # admission
+            table = self._blocks[req.request_id] = []
+            self._num_cached[req.request_id] = len(hits)
+            self._record(req, num_new_computed_tokens)
+        if hits:
+            self.pool.touch(hits)
+            table.extend(hits)
+        new_blocks = self.pool.get_new_blocks(num_new_blocks) if num_new_blocks else []
+        table.extend(new_blocks)
+        if self.enable_caching:
+            self._cache_blocks(req, table, min(num_computed + num_new_tokens, req.num_tokens))
+        return new_blocks
+
+    def _check_hits(self, req: KVRequest, table: list[KVCacheBlock] | None,
+                    hits: list[KVCacheBlock], num_new_computed_tokens: int) -> None:
+        if table or req.num_computed_tokens:
+            raise ValueError(f"request {req.request_id!r} already has blocks; cache hits "
+                             "are only added at admission")
+        if num_new_computed_tokens != len(hits) * self.block_size:
+            raise ValueError(f"{len(hits)} computed blocks are {len(hits) * self.block_size} "
+                             f"tokens, not {num_new_computed_tokens}")
+        self._update_hashes(req)
+        for i, block in enumerate(hits):
+            if i >= len(req.block_hashes) or block.block_hash != req.block_hashes[i]:
+                raise ValueError("stale cache hits: call allocate_slots right after "
+                                 "get_computed_blocks")
+
+    def _cache_blocks(self, req: KVRequest, table: list[KVCacheBlock], num_tokens: int) -> None:
+        """Cache the request's blocks that ``num_tokens`` tokens fill and that are not yet."""
+        num_full = num_tokens // self.block_size
+        num_cached = self._num_cached[req.request_id]
+        if num_full <= num_cached:
+            return
+        self._update_hashes(req)
+        extras = ([self._extra(req, i) for i in range(num_cached, num_full)]
+                  if req.has_extra_keys else None)
+        self.pool.cache_full_blocks(table, req.block_hashes, req.token_ids, num_cached,
+                                    num_full, self.block_size, extras)
+        self._num_cached[req.request_id] = num_full
+
+    def _record(self, req: KVRequest, num_hits: int) -> None:
+        base = 3 if req.num_preemptions else 0
+        self._counts[base] += 1
+        self._counts[base + 1] += req.num_tokens
+        self._counts[base + 2] += num_hits
+
+    def free(self, req: KVRequest) -> None:
+        """Release the request's blocks, last block first, so the tail of its chain is
+        evicted before its (more shareable) head. Freeing an unknown request is a no-op."""
+        table = self._blocks.pop(req.request_id, None)
+        self._num_cached.pop(req.request_id, None)
+        if table:
+            self.pool.free_blocks(reversed(table))
+
+    def preempt(self, req: KVRequest) -> None:
+        """Preempt by recompute: free the blocks, reset progress, count the preemption. The
+        request goes back to waiting and re-enters through :meth:`get_computed_blocks`
+        (its own freed blocks are likely still cached)."""
+        self.free(req)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+
+    def get_block_ids(self, req: KVRequest) -> list[int]:
+        """The request's block table (block ids in token order)."""
+        return [b.block_id for b in self._blocks.get(req.request_id, ())]
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop all cached hashes (emits ``AllBlocksCleared``); ``False``, changing nothing,
+        while any request holds blocks."""
+        return self.pool.reset_prefix_cache()
+
+    # --- reporting --------------------------------------------------------------------
+
+    def take_events(self) -> list[KVEvent]:
+        """KV events since the last call, oldest first (sequence numbers from 1, no gaps)."""
+        return self.pool.take_events()
+
+    def cached_block_hashes(self) -> CacheSnapshot:
+        """Every cached hash with this pool's tier and the last event seq it reflects (for a
+        full resync with the metadata service)."""
+        return self.pool.snapshot()
+
+    @property
+    def stats(self) -> CacheStats:
+        pool = self.pool
+        return CacheStats(*self._counts, evictions=pool.evictions,
+                          blocks_total=pool.num_blocks,
+                          blocks_used=pool.num_blocks - pool.num_free_blocks,
+                          blocks_cached=pool.num_cached_blocks,
+                          blocks_free=pool.num_free_blocks)
