@@ -34,8 +34,9 @@ class AsyncEngine:
         self._stop = False
         self._streams: dict[str, _Stream] = {}
         self._thread = threading.Thread(target=self._run, name="kvmesh-engine", daemon=True)
-        self.on_step: Callable[[], None] | None = None  # e.g. publish KV events
+        self.on_step: Callable[[Engine], None] | None = None  # runs on the engine thread
         self.error: BaseException | None = None
+        self.load: dict[str, int] = engine.load()  # refreshed by the engine thread
 
     def start(self) -> AsyncEngine:
         self._thread.start()
@@ -102,6 +103,9 @@ class AsyncEngine:
                 except queue.Empty:
                     break
             if not self.engine.has_work():
+                self.load = self.engine.load()
+                if self.on_step is not None:
+                    self.on_step(self.engine)
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
@@ -115,8 +119,9 @@ class AsyncEngine:
                 stream = self._streams.get(out.seq_id)
                 if stream is not None and (out.new_token_ids or out.finished):
                     stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
+            self.load = self.engine.load()
             if self.on_step is not None:
-                self.on_step()
+                self.on_step(self.engine)
 
     def _fail_all(self, exc: BaseException) -> None:
         for seq in list(self.engine.scheduler.running) + list(self.engine.scheduler.waiting):

@@ -1,0 +1,38 @@
+"""`kvmesh worker`: run one worker process."""
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("worker")
+    def worker(
+        port: int = typer.Option(0, help="gRPC port (0: a free one, printed at start)"),
+        host: str = typer.Option("127.0.0.1", help="interface to bind and advertise"),
+        model: str = typer.Option("tiny", help="'tiny' or a Hugging Face model directory"),
+        block_size: int = typer.Option(16, help="tokens per KV block"),
+        num_blocks: int = typer.Option(None, help="KV pool size (default: from memory)"),
+        worker_id: str = typer.Option(None, help="default: <hostname>-<port>"),
+        service: str = typer.Option(None, envvar="KVMESH_SERVICE",
+                                    help="metadata service address(es), comma-separated"),
+        token: str = typer.Option(None, envvar="KVMESH_WORKER_TOKEN",
+                                  help="bearer token for the service"),
+        hash_algo: str = typer.Option("sha256_cbor", help="block-hash algorithm"),
+        hash_seed: str = typer.Option(None, help="root-hash seed (cluster-wide)"),
+        device: str = typer.Option(None, help="cpu or cuda[:N] (default: cuda if present)"),
+        heartbeat_s: float = typer.Option(1.0, help="heartbeat interval in seconds"),
+        max_batched_tokens: int = typer.Option(2048, help="token budget per engine step"),
+    ) -> None:
+        """Run one worker: KV pool + model + gRPC WorkerService (+ index registration)."""
+        import asyncio
+        import logging
+
+        from worker.main import WorkerOptions, serve
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        services = tuple(a.strip() for a in (service or "").split(",") if a.strip())
+        asyncio.run(serve(WorkerOptions(
+            port=port, host=host, model=model, block_size=block_size, num_blocks=num_blocks,
+            worker_id=worker_id, services=services, token=token, hash_algo=hash_algo,
+            hash_seed=hash_seed, device=device, heartbeat_s=heartbeat_s,
+            max_batched_tokens=max_batched_tokens)))

@@ -1,0 +1,76 @@
+"""Run one worker process: engine thread + gRPC server + (optionally) the service link."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from dataclasses import dataclass
+
+log = logging.getLogger("kvmesh.worker")
+
+
+@dataclass
+class WorkerOptions:
+    port: int = 0
+    host: str = "127.0.0.1"
+    model: str = "tiny"
+    block_size: int = 16
+    num_blocks: int | None = None
+    worker_id: str | None = None
+    services: tuple[str, ...] = ()
+    token: str | None = None
+    hash_algo: str = "sha256_cbor"
+    hash_seed: str | None = None
+    device: str | None = None
+    heartbeat_s: float = 1.0
+    max_batched_tokens: int = 2048
+
+
+async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
+    """Serve until ``stop`` is set (or SIGINT/SIGTERM). Prints one ``listening on`` line
+    once the server accepts calls; launchers wait for it."""
+    from kvmesh.hashing import none_hash
+    from worker.async_engine import AsyncEngine
+    from worker.engine import Engine
+    from worker.scheduler import SchedulerConfig
+    from worker.server import create_server
+    from worker.service_link import ServiceLink
+
+    engine = Engine.from_pretrained(
+        opts.model, block_size=opts.block_size, num_blocks=opts.num_blocks, device=opts.device,
+        hash_algo=opts.hash_algo, hash_seed=opts.hash_seed,
+        scheduler=SchedulerConfig(max_batched_tokens=opts.max_batched_tokens))
+    runner = AsyncEngine(engine).start()
+    server, port, servicer = await create_server(f"{opts.host}:{opts.port}", runner,
+                                          worker_id=opts.worker_id or "", model_name=opts.model)
+    worker_id = opts.worker_id or f"{socket.gethostname()}-{port}"
+    servicer.worker_id = worker_id  # known only once the port is bound (default host-port)
+    await server.start()
+    address = f"{opts.host}:{port}"
+    link = None
+    tasks = []
+    if opts.services:
+        link = ServiceLink(list(opts.services), runner, worker_id=worker_id, address=address,
+                           model=opts.model, token=opts.token, heartbeat_s=opts.heartbeat_s,
+                           root_hash=none_hash(opts.hash_algo, opts.hash_seed))
+        tasks.append(asyncio.create_task(link.run()))
+    print(f"kvmesh worker {worker_id} listening on {address} "
+          f"({engine.kv.num_blocks} blocks of {opts.block_size})", flush=True)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+    try:
+        await stop.wait()
+    finally:
+        if link is not None:
+            await link.close()
+        for t in tasks:
+            t.cancel()
+        await server.stop(grace=1.0)
+        runner.stop()
+

@@ -1,0 +1,119 @@
+"""The worker's gRPC server: ``WorkerService`` (Generate, Stats) plus standard health.
+
+``Generate`` streams each step's tokens as they come and ends with one message carrying
+``finished=True`` and the request's facts (cached tokens, time to first token measured on
+the worker, the worker id). Bad requests are refused before they reach the engine:
+INVALID_ARGUMENT for what the caller must fix, RESOURCE_EXHAUSTED for a request bigger than
+this worker's whole KV pool; the worker keeps serving either way.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from kvmesh.v1 import worker_pb2, worker_pb2_grpc
+from worker.async_engine import AsyncEngine
+from worker.engine import RequestError
+from worker.sequence import SamplingParams
+
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+@dataclass
+class PrecisionCounter:
+    """How much of what the index promised the worker really had (tokens)."""
+
+    promised: int = 0
+    served: int = 0
+
+    def add(self, promised: int, cached: int) -> None:
+        if promised:
+            self.promised += promised
+            self.served += min(promised, cached)
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
+    def __init__(self, runner: AsyncEngine, worker_id: str, model_name: str) -> None:
+        self.runner = runner
+        self.worker_id = worker_id
+        self.model_name = model_name
+        self.precision = PrecisionCounter()
+
+    async def Generate(self, request: worker_pb2.GenerateRequest, context):
+        sp = request.sampling
+        params = SamplingParams(max_tokens=sp.max_tokens, temperature=sp.temperature,
+                                seed=sp.seed if sp.HasField("seed") else None,
+                                ignore_eos=sp.ignore_eos)
+        lora = (request.lora.name, request.lora.path) if request.HasField("lora") else None
+        mm = tuple((m.identifier, m.offset, m.length) for m in request.mm)
+        if any(m.length <= 0 for m in request.mm):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "multimodal items need a positive length")
+        if len(request.salt.encode()) > 4096:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"salt is {len(request.salt.encode())} bytes; the limit is 4096")
+        # Unique per attempt: a client retrying with the same id must not collide with a
+        # half-aborted earlier attempt.
+        rid = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:8]}"
+        start = time.perf_counter()
+        try:
+            stream = self.runner.generate(list(request.token_ids), params, request_id=rid,
+                                          salt=request.salt or None, lora=lora, mm=mm)
+            async for out in stream:
+                if not out.finished:
+                    yield worker_pb2.GenerateResponse(token_ids=out.new_token_ids)
+                    continue
+                seq = out.seq
+                self.precision.add(request.index_matched_tokens, seq.num_cached_tokens)
+                yield worker_pb2.GenerateResponse(
+                    token_ids=out.new_token_ids, finished=True, finish_reason=seq.finish_reason,
+                    num_cached_tokens=seq.num_cached_tokens,
+                    prompt_tokens=seq.num_prompt_tokens, ttft_s=seq.ttft_s or 0.0,
+                    e2e_s=time.perf_counter() - start, worker_id=self.worker_id)
+        except RequestError as exc:
+            code = (grpc.StatusCode.RESOURCE_EXHAUSTED if exc.too_large
+                    else grpc.StatusCode.INVALID_ARGUMENT)
+            await context.abort(code, str(exc))
+
+    async def Stats(self, request, context) -> worker_pb2.WorkerStatsResponse:
+        stats = await self.runner.call(lambda e: (e.kv.stats, e.load(), e.requests_done))
+        cache, load, done = stats
+        from kvmesh.v1 import index_pb2
+
+        return worker_pb2.WorkerStatsResponse(
+            worker_id=self.worker_id, model=self.model_name, load=index_pb2.WorkerLoad(**load),
+            cache=worker_pb2.CacheStats(
+                queries=cache.queries, hits=cache.hits, hit_rate=cache.hit_rate,
+                evictions=cache.evictions, used_blocks=cache.blocks_used,
+                cached_blocks=cache.blocks_cached, free_blocks=cache.blocks_free,
+                total_blocks=cache.blocks_total),
+            requests_done=done, index_promised_tokens=self.precision.promised,
+            index_served_tokens=self.precision.served)
+
+    async def FetchBlocks(self, request, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            "FetchBlocks (peer KV transfer) is reserved and not implemented yet")
+        yield  # pragma: no cover - makes this an async generator like the other stream
+
+
+async def create_server(address: str, runner: AsyncEngine, *, worker_id: str,
+                        model_name: str, interceptors=(),
+                        credentials: grpc.ServerCredentials | None = None
+                        ) -> tuple[grpc.aio.Server, int, WorkerServicer]:
+    """Build (not start) the server; bind ``host:0`` for a free port. Returns the port."""
+    server = grpc.aio.server(interceptors=list(interceptors), options=[
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+    servicer = WorkerServicer(runner, worker_id, model_name)
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set("kvmesh.v1.WorkerService", health_pb2.HealthCheckResponse.SERVING)
+    port = (server.add_secure_port(address, credentials) if credentials
+            else server.add_insecure_port(address))
+    return server, port, servicer
