@@ -8,7 +8,7 @@ loop; use one client per loop and ``await client.close()`` (or ``async with``) w
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import AsyncGenerator, Iterable
 from typing import Any, NamedTuple
 
 import grpc
@@ -37,6 +37,14 @@ from client.results import GenerateResult, RouteResult
 from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 
+class TokenChunk(NamedTuple):
+    """Tokens streamed by ``generate_stream`` and the worker producing them."""
+
+    token_ids: list[int]
+    worker_id: str
+    address: str
+
+
 class _Conn(NamedTuple):
     channel: grpc.aio.Channel
     index: index_pb2_grpc.IndexServiceStub
@@ -44,7 +52,8 @@ class _Conn(NamedTuple):
 
 
 class AsyncKvmeshClient:
-    """Asyncio client: ``await route(...)``, ``generate``, ``stats``, ``worker_stats``.
+    """Asyncio client: ``await route(...)``, ``generate``, ``stats``, ``worker_stats``, and
+    ``async for`` over ``generate_stream(...)``.
 
     ``timeout`` bounds each service call and ``worker_stats`` (seconds); ``generate_timeout``
     bounds one attempt of a Generate stream on one worker.
@@ -124,6 +133,7 @@ class AsyncKvmeshClient:
                 failures.add(cand.worker_id, grpc.StatusCode.UNAVAILABLE, "no address")
                 continue
             assembler = StreamAssembler(cand, attempt)
+            greq.index_matched_tokens = cand.matched_tokens
             call = self._conn(cand.address).worker.Generate(
                 greq, timeout=self.generate_timeout, metadata=self._metadata)
             try:
@@ -139,6 +149,58 @@ class AsyncKvmeshClient:
                     raise KvmeshError.from_rpc(err) from None
                 failures.add(cand.address, err.code(), err.details() or "")
             except BrokenStream as exc:
+                failures.add(cand.address, grpc.StatusCode.UNAVAILABLE, str(exc))
+            finally:
+                call.cancel()
+        raise failures.error()
+
+    async def generate_stream(self, token_ids: Iterable[int], max_tokens: int = 16,
+                              salt: str | None = None, temperature: float = 0.0,
+                              seed: int | None = None, *, lora: LoraSpec = None,
+                              mm: Iterable[MmSpec] = (), policy: str | None = None,
+                              ignore_eos: bool = False,
+                              ) -> AsyncGenerator[TokenChunk | GenerateResult, None]:
+        """Route, then stream the generation: ``TokenChunk``s as the worker produces them,
+        then exactly one ``GenerateResult`` (all tokens and the worker's facts) last.
+
+        Fails over to the next candidate only while nothing was yielded yet (worker down,
+        too slow, stream dropped); once tokens went out, any failure raises
+        ``KvmeshError`` (a dropped stream as UNAVAILABLE). Closing the iterator early
+        (``aclose``) cancels the worker's request.
+        """
+        rreq = route_request(token_ids, salt, lora, mm, policy)
+        routed = await self._route(rreq)
+        greq = generate_request(rreq, max_tokens, temperature, seed, ignore_eos)
+        failures = Failures("candidate worker")
+        for attempt, cand in enumerate(routed.candidates, 1):
+            if not cand.address:
+                failures.add(cand.worker_id, grpc.StatusCode.UNAVAILABLE, "no address")
+                continue
+            assembler = StreamAssembler(cand, attempt)
+            greq.index_matched_tokens = cand.matched_tokens
+            call = self._conn(cand.address).worker.Generate(
+                greq, timeout=self.generate_timeout, metadata=self._metadata)
+            started = finished = False
+            try:
+                async for message in call:
+                    if finished:
+                        continue
+                    finished = assembler.feed(message)
+                    if message.token_ids:
+                        started = True
+                        yield TokenChunk(list(message.token_ids), cand.worker_id, cand.address)
+                yield assembler.result()
+                return
+            except grpc.RpcError as err:
+                if finished:  # the final message arrived before the transport failed
+                    yield assembler.result()
+                    return
+                if started or err.code() not in WORKER_RETRYABLE:
+                    raise KvmeshError.from_rpc(err) from None
+                failures.add(cand.address, err.code(), err.details() or "")
+            except BrokenStream as exc:
+                if started:
+                    raise KvmeshError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
                 failures.add(cand.address, grpc.StatusCode.UNAVAILABLE, str(exc))
             finally:
                 call.cancel()

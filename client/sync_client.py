@@ -136,6 +136,7 @@ class KvmeshClient:
                 failures.add(cand.worker_id, grpc.StatusCode.UNAVAILABLE, "no address")
                 continue
             assembler = StreamAssembler(cand, attempt)
+            greq.index_matched_tokens = cand.matched_tokens
             call = self._conn(cand.address).worker.Generate(
                 greq, timeout=self.generate_timeout, metadata=self._metadata)
             try:

@@ -42,6 +42,24 @@ def event_to_proto(ev: KVEvent) -> index_pb2.KvEvent:
     return index_pb2.KvEvent(seq=ev.seq, cleared=index_pb2.AllBlocksCleared())
 
 
+def snapshot_chains(hashes: list[bytes], parents: list[bytes | None],
+                    tier: int) -> list[index_pb2.BlockStored]:
+    """Group a snapshot's (hash, parent) pairs into runs of consecutive chain blocks."""
+    out: list[index_pb2.BlockStored] = []
+    run: list[bytes] = []
+    for h, parent in zip(hashes, parents, strict=True):
+        if run and parent == run[-1]:
+            run.append(h)
+            continue
+        if run:
+            out[-1].block_hashes.extend(run)
+        out.append(index_pb2.BlockStored(parent_hash=parent or b"", tier=tier))
+        run = [h]
+    if run:
+        out[-1].block_hashes.extend(run)
+    return out
+
+
 class ServiceLink:
     def __init__(self, addresses: list[str], runner: AsyncEngine, *, worker_id: str,
                  address: str, model: str, root_hash: bytes, token: str | None = None,
@@ -153,8 +171,8 @@ class ServiceLink:
 
     async def _sync(self) -> None:
         snap = await self.runner.call(lambda e: e.kv.cached_block_hashes())
-        req = index_pb2.SyncWorkerRequest(worker_id=self.worker_id, seq=snap.seq, blocks=[
-            index_pb2.BlockStored(block_hashes=snap.block_hashes, tier=TIERS[snap.tier])])
+        blocks = snapshot_chains(snap.block_hashes, snap.parents, TIERS[snap.tier])
+        req = index_pb2.SyncWorkerRequest(worker_id=self.worker_id, seq=snap.seq, blocks=blocks)
         await self._connect().SyncWorker(req, timeout=max(self.timeout, 10.0),
                                          metadata=self.metadata)
         while self.pending and self.pending[0].seq <= snap.seq:

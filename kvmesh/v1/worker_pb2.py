@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kvmesh.v1 import index_pb2 as kvmesh_dot_v1_dot_index__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/worker.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/index.proto\"i\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\x11\n\x04seed\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x42\x07\n\x05_seed\"\xb9\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.kvmesh.v1.SamplingParams\x12\x0c\n\x04salt\x18\x04 \x01(\t\x12\x1d\n\x04lora\x18\x05 \x01(\x0b\x32\x0f.kvmesh.v1.Lora\x12%\n\x02mm\x18\x06 \x03(\x0b\x32\x19.kvmesh.v1.MultimodalItem\"\xb2\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x19\n\x11num_cached_tokens\x18\x04 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x04\x12\x0e\n\x06ttft_s\x18\x06 \x01(\x01\x12\r\n\x05\x65\x32\x65_s\x18\x07 \x01(\x01\x12\x11\n\tworker_id\x18\x08 \x01(\t\"\x14\n\x12WorkerStatsRequest\"\xa7\x01\n\nCacheStats\x12\x0f\n\x07queries\x18\x01 \x01(\x04\x12\x0c\n\x04hits\x18\x02 \x01(\x04\x12\x10\n\x08hit_rate\x18\x03 \x01(\x01\x12\x11\n\tevictions\x18\x04 \x01(\x04\x12\x13\n\x0bused_blocks\x18\x05 \x01(\r\x12\x15\n\rcached_blocks\x18\x06 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\x07 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x08 \x01(\r\"\xd5\x01\n\x13WorkerStatsResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12#\n\x04load\x18\x03 \x01(\x0b\x32\x15.kvmesh.v1.WorkerLoad\x12$\n\x05\x63\x61\x63he\x18\x04 \x01(\x0b\x32\x15.kvmesh.v1.CacheStats\x12\x15\n\rrequests_done\x18\x05 \x01(\x04\x12\x1d\n\x15index_promised_tokens\x18\x06 \x01(\x04\x12\x1b\n\x13index_served_tokens\x18\x07 \x01(\x04\"I\n\x12\x46\x65tchBlocksRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x1d\n\x04tier\x18\x02 \x01(\x0e\x32\x0f.kvmesh.v1.Tier\"S\n\x13\x46\x65tchBlocksResponse\x12\x12\n\nblock_hash\x18\x01 \x01(\x0c\x12\n\n\x02kv\x18\x02 \x01(\x0c\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\r\n\x05\x64type\x18\x04 \x01(\t2\xee\x01\n\rWorkerService\x12\x45\n\x08Generate\x12\x1a.kvmesh.v1.GenerateRequest\x1a\x1b.kvmesh.v1.GenerateResponse0\x01\x12\x46\n\x05Stats\x12\x1d.kvmesh.v1.WorkerStatsRequest\x1a\x1e.kvmesh.v1.WorkerStatsResponse\x12N\n\x0b\x46\x65tchBlocks\x12\x1d.kvmesh.v1.FetchBlocksRequest\x1a\x1e.kvmesh.v1.FetchBlocksResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/worker.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/index.proto\"i\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\x11\n\x04seed\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x42\x07\n\x05_seed\"\xd7\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.kvmesh.v1.SamplingParams\x12\x0c\n\x04salt\x18\x04 \x01(\t\x12\x1d\n\x04lora\x18\x05 \x01(\x0b\x32\x0f.kvmesh.v1.Lora\x12%\n\x02mm\x18\x06 \x03(\x0b\x32\x19.kvmesh.v1.MultimodalItem\x12\x1c\n\x14index_matched_tokens\x18\x07 \x01(\x04\"\xb2\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x19\n\x11num_cached_tokens\x18\x04 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x04\x12\x0e\n\x06ttft_s\x18\x06 \x01(\x01\x12\r\n\x05\x65\x32\x65_s\x18\x07 \x01(\x01\x12\x11\n\tworker_id\x18\x08 \x01(\t\"\x14\n\x12WorkerStatsRequest\"\xa7\x01\n\nCacheStats\x12\x0f\n\x07queries\x18\x01 \x01(\x04\x12\x0c\n\x04hits\x18\x02 \x01(\x04\x12\x10\n\x08hit_rate\x18\x03 \x01(\x01\x12\x11\n\tevictions\x18\x04 \x01(\x04\x12\x13\n\x0bused_blocks\x18\x05 \x01(\r\x12\x15\n\rcached_blocks\x18\x06 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\x07 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x08 \x01(\r\"\xd5\x01\n\x13WorkerStatsResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12#\n\x04load\x18\x03 \x01(\x0b\x32\x15.kvmesh.v1.WorkerLoad\x12$\n\x05\x63\x61\x63he\x18\x04 \x01(\x0b\x32\x15.kvmesh.v1.CacheStats\x12\x15\n\rrequests_done\x18\x05 \x01(\x04\x12\x1d\n\x15index_promised_tokens\x18\x06 \x01(\x04\x12\x1b\n\x13index_served_tokens\x18\x07 \x01(\x04\"I\n\x12\x46\x65tchBlocksRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x1d\n\x04tier\x18\x02 \x01(\x0e\x32\x0f.kvmesh.v1.Tier\"S\n\x13\x46\x65tchBlocksResponse\x12\x12\n\nblock_hash\x18\x01 \x01(\x0c\x12\n\n\x02kv\x18\x02 \x01(\x0c\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\r\n\x05\x64type\x18\x04 \x01(\t2\xee\x01\n\rWorkerService\x12\x45\n\x08Generate\x12\x1a.kvmesh.v1.GenerateRequest\x1a\x1b.kvmesh.v1.GenerateResponse0\x01\x12\x46\n\x05Stats\x12\x1d.kvmesh.v1.WorkerStatsRequest\x1a\x1e.kvmesh.v1.WorkerStatsResponse\x12N\n\x0b\x46\x65tchBlocks\x12\x1d.kvmesh.v1.FetchBlocksRequest\x1a\x1e.kvmesh.v1.FetchBlocksResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,19 +35,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS']._serialized_start=60
   _globals['_SAMPLINGPARAMS']._serialized_end=165
   _globals['_GENERATEREQUEST']._serialized_start=168
-  _globals['_GENERATEREQUEST']._serialized_end=353
-  _globals['_GENERATERESPONSE']._serialized_start=356
-  _globals['_GENERATERESPONSE']._serialized_end=534
-  _globals['_WORKERSTATSREQUEST']._serialized_start=536
-  _globals['_WORKERSTATSREQUEST']._serialized_end=556
-  _globals['_CACHESTATS']._serialized_start=559
-  _globals['_CACHESTATS']._serialized_end=726
-  _globals['_WORKERSTATSRESPONSE']._serialized_start=729
-  _globals['_WORKERSTATSRESPONSE']._serialized_end=942
-  _globals['_FETCHBLOCKSREQUEST']._serialized_start=944
-  _globals['_FETCHBLOCKSREQUEST']._serialized_end=1017
-  _globals['_FETCHBLOCKSRESPONSE']._serialized_start=1019
-  _globals['_FETCHBLOCKSRESPONSE']._serialized_end=1102
-  _globals['_WORKERSERVICE']._serialized_start=1105
-  _globals['_WORKERSERVICE']._serialized_end=1343
+  _globals['_GENERATEREQUEST']._serialized_end=383
+  _globals['_GENERATERESPONSE']._serialized_start=386
+  _globals['_GENERATERESPONSE']._serialized_end=564
+  _globals['_WORKERSTATSREQUEST']._serialized_start=566
+  _globals['_WORKERSTATSREQUEST']._serialized_end=586
+  _globals['_CACHESTATS']._serialized_start=589
+  _globals['_CACHESTATS']._serialized_end=756
+  _globals['_WORKERSTATSRESPONSE']._serialized_start=759
+  _globals['_WORKERSTATSRESPONSE']._serialized_end=972
+  _globals['_FETCHBLOCKSREQUEST']._serialized_start=974
+  _globals['_FETCHBLOCKSREQUEST']._serialized_end=1047
+  _globals['_FETCHBLOCKSRESPONSE']._serialized_start=1049
+  _globals['_FETCHBLOCKSRESPONSE']._serialized_end=1132
+  _globals['_WORKERSERVICE']._serialized_start=1135
+  _globals['_WORKERSERVICE']._serialized_end=1373
 # @@protoc_insertion_point(module_scope)

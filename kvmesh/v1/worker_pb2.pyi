@@ -20,20 +20,22 @@ class SamplingParams(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "token_ids", "sampling", "salt", "lora", "mm")
+    __slots__ = ("request_id", "token_ids", "sampling", "salt", "lora", "mm", "index_matched_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SALT_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
     MM_FIELD_NUMBER: _ClassVar[int]
+    INDEX_MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
     salt: str
     lora: _index_pb2.Lora
     mm: _containers.RepeatedCompositeFieldContainer[_index_pb2.MultimodalItem]
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., salt: _Optional[str] = ..., lora: _Optional[_Union[_index_pb2.Lora, _Mapping]] = ..., mm: _Optional[_Iterable[_Union[_index_pb2.MultimodalItem, _Mapping]]] = ...) -> None: ...
+    index_matched_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., salt: _Optional[str] = ..., lora: _Optional[_Union[_index_pb2.Lora, _Mapping]] = ..., mm: _Optional[_Iterable[_Union[_index_pb2.MultimodalItem, _Mapping]]] = ..., index_matched_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "finished", "finish_reason", "num_cached_tokens", "prompt_tokens", "ttft_s", "e2e_s", "worker_id")

@@ -71,7 +71,8 @@ class KVCacheBlock:
     ``ref_cnt == 0`` is in the free queue (it may still be cached, and then it can be hit).
     """
 
-    __slots__ = ("block_id", "block_hash", "ref_cnt", "prev_free", "next_free", "content")
+    __slots__ = ("block_id", "block_hash", "ref_cnt", "prev_free", "next_free", "content",
+                 "parent_hash")
 
     def __init__(self, block_id: int, block_hash: bytes | None = None, ref_cnt: int = 0,
                  prev_free: KVCacheBlock | None = None, next_free: KVCacheBlock | None = None,
@@ -82,6 +83,7 @@ class KVCacheBlock:
         self.prev_free = prev_free
         self.next_free = next_free
         self.content = content
+        self.parent_hash: bytes | None = None  # the chain's previous hash (None at block 0)
 
     @property
     def token_ids(self) -> tuple[int, ...] | None:

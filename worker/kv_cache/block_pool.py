@@ -106,6 +106,7 @@ class BlockPool:
             if content is None:  # not a duplicate: a new node of the content trie
                 content = BlockContent(parent, tokens, extra)
             block.block_hash = block_hash
+            block.parent_hash = block_hashes[i - 1] if i else None
             block.content = content
             holders[block.block_id] = block
             self.num_cached_blocks += 1
@@ -223,5 +224,7 @@ class BlockPool:
         return events
 
     def snapshot(self) -> CacheSnapshot:
-        """Every hash held now, valid as of :attr:`last_seq`."""
-        return CacheSnapshot(self._seq, self.tier, list(self.cached))
+        """Every hash held now with its chain parent, valid as of :attr:`last_seq`."""
+        hashes = list(self.cached)
+        parents = [next(iter(self.cached[h].values())).parent_hash for h in hashes]
+        return CacheSnapshot(self._seq, self.tier, hashes, parents)

@@ -48,8 +48,12 @@ class CacheSnapshot:
     """Every hash a pool holds, as of event ``seq`` (events up to ``seq`` are reflected).
 
     After sending a snapshot, a worker drops its pending events with ``seq <= snapshot.seq``.
+    ``parents`` lets the receiver rebuild the chains. A block whose ancestor was evicted
+    (possible: eviction follows LRU, not chain order) can never be reached by a lookup from
+    block 0, here or in the index, so a receiver may drop it.
     """
 
     seq: int
     tier: str
     block_hashes: list[bytes]
+    parents: list[bytes | None]  # parents[i]: the hash before block_hashes[i] (None: block 0)

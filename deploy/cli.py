@@ -1,0 +1,56 @@
+"""`kvmesh up` (a whole cluster in the foreground) and `kvmesh demo`."""
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("up")
+    def up(
+        workers: int = typer.Option(2, help="number of worker processes"),
+        port: int = typer.Option(50051, help="service port (0: a free one)"),
+        redis_url: str = typer.Option(None, envvar="KVMESH_REDIS_URL",
+                                      help="use this Redis/Valkey instead of an embedded one"),
+        model: str = typer.Option("tiny", help="'tiny' or a Hugging Face model directory"),
+        block_size: int = typer.Option(16),
+        num_blocks: int = typer.Option(None, help="KV blocks per worker (default: memory)"),
+        token: str = typer.Option(None, envvar="KVMESH_TOKEN", help="bearer token"),
+        service_replicas: int = typer.Option(1, help="service replicas over one Redis"),
+        backend: str = typer.Option("local", help="local (processes) or ray"),
+        verbose: bool = typer.Option(False, help="echo every child's output"),
+    ) -> None:
+        """Start Redis/Valkey, the service and N workers; Ctrl-C or SIGTERM stops them all."""
+        import signal
+        import threading
+
+        if backend == "ray":
+            from deploy.ray.cli import run_up  # issue: Ray backend
+
+            run_up(workers=workers, port=port, redis_url=redis_url, model=model)
+            return
+        from deploy.local import ClusterSpec, LocalCluster
+
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        cluster = LocalCluster(ClusterSpec(
+            workers=workers, port=port, redis_url=redis_url, model=model,
+            block_size=block_size, num_blocks=num_blocks, token=token,
+            service_replicas=service_replicas, echo=verbose))
+        try:
+            cluster.start()
+            print(f"redis    {cluster.redis_url}" + ("" if redis_url else " (embedded)"))
+            for s in cluster.services:
+                print(f"service  {s.address}")
+            for w in cluster.workers:
+                print(f"worker   {w.address}  ({w.name})")
+            print(f"ready: kvmesh stats --service {','.join(cluster.service_addresses)}",
+                  flush=True)
+            while not stop.wait(0.5):
+                dead = [p.name for p in cluster.services + cluster.workers if not p.alive]
+                if dead:
+                    print(f"child process(es) exited: {', '.join(dead)}; stopping")
+                    raise typer.Exit(1)
+        finally:
+            cluster.stop(timeout=10.0)
+            print("stopped", flush=True)
