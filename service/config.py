@@ -1,0 +1,86 @@
+"""Settings of the metadata service (one dataclass; the CLI maps its flags onto it).
+
+Every replica of one cluster must run with the same ``hash_seed`` as the workers (the root
+hash check at registration enforces it) and should share the liveness settings.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvmesh.hashing import DEFAULT_SEED
+
+POLICIES = ("kvmesh", "prefix_only", "least_loaded", "round_robin", "random")
+BACKENDS = ("memory", "redis")
+
+
+@dataclass(frozen=True)
+class CostWeights:
+    """Weights of the ``kvmesh`` cost model (units: prefill-token equivalents).
+
+    cost = prefill_weight * (prompt - credited matched tokens)
+         + queue_weight * prefill tokens already queued on the worker
+         + decode_weight * context tokens of its running sequences
+         + running_weight * its running sequences
+
+    A GPU-tier match is credited fully, a CPU-tier match ``cpu_credit`` and a disk-tier match
+    ``disk_credit`` of its tokens (loading them back is cheaper than recomputing, not free).
+    ``free_block_guard``: a worker without enough free blocks for the request's uncached part
+    ranks after every worker that has them.
+    """
+
+    prefill_weight: float = 1.0
+    queue_weight: float = 1.0
+    decode_weight: float = 0.1
+    running_weight: float = 16.0
+    cpu_credit: float = 0.5
+    disk_credit: float = 0.25
+    free_block_guard: bool = True
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Everything the service reads at start.
+
+    Invariants: ``liveness_timeout_s > heartbeat_interval_s``; ``purge_after_s >=
+    liveness_timeout_s`` (a worker leaves routing first, its entries go later);
+    ``backend == "redis"`` needs ``redis_url``.
+    """
+
+    backend: str = "memory"
+    redis_url: str | None = None
+    redis_timeout_s: float = 0.5          # socket timeout of every Redis call
+    policy: str = "kvmesh"                # default when a RouteRequest names none
+    weights: CostWeights = field(default_factory=CostWeights)
+    hash_seed: str = DEFAULT_SEED         # root hash = none_hash(algo, hash_seed)
+    token: str | None = None              # bearer token for every call
+    worker_token: str | None = None       # if set, the token of Register/Heartbeat/Publish/Sync
+    heartbeat_interval_s: float = 1.0
+    liveness_timeout_s: float = 3.0       # no heartbeat for this long: out of routing
+    purge_after_s: float = 10.0           # no heartbeat for this long: the janitor purges
+    janitor_interval_s: float = 1.0
+    refresh_interval_s: float = 0.25      # how often a replica re-reads the worker records
+    degraded_retry_s: float = 0.5         # after an index error, answer degraded this long
+    provisional_ttl_s: float = 2.0
+    max_prompt_tokens: int = 1_000_000
+    max_salt_bytes: int = 4096
+    max_batch_events: int = 100_000
+    max_batch_hashes: int = 1_000_000     # block hashes in one PublishEvents / SyncWorker
+    max_snapshot_blocks: int = 4_000_000
+    max_message_bytes: int = 128 * 1024 * 1024
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    tls_cert_file: str | None = None      # both set: the port is served with TLS
+    tls_key_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend == "redis" and not self.redis_url:
+            raise ValueError("backend 'redis' needs redis_url")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if not 0 < self.heartbeat_interval_s < self.liveness_timeout_s <= self.purge_after_s:
+            raise ValueError("need 0 < heartbeat_interval_s < liveness_timeout_s <= "
+                             "purge_after_s")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("TLS needs both tls_cert_file and tls_key_file")

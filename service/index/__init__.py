@@ -1,0 +1,21 @@
+"""Index backends: ``memory`` (in-process) and ``redis`` (Redis / Valkey); see ``base.py``."""
+from __future__ import annotations
+
+from service.index.base import IndexBackend, IndexUnavailable
+
+__all__ = ["IndexBackend", "IndexUnavailable", "open_backend"]
+
+
+def open_backend(kind: str, redis_url: str | None = None, timeout_s: float = 0.5) -> IndexBackend:
+    """A backend by name: ``memory``, or ``redis`` on ``redis_url`` (connects lazily)."""
+    if kind == "memory":
+        from service.index.memory import MemoryBackend
+
+        return MemoryBackend()
+    if kind == "redis":
+        if not redis_url:
+            raise ValueError("the redis backend needs a URL (redis://host:port/db)")
+        from service.index.redis import RedisBackend
+
+        return RedisBackend.from_url(redis_url, timeout_s)
+    raise ValueError(f"unknown index backend {kind!r}; valid: memory, redis")

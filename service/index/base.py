@@ -1,0 +1,257 @@
+"""The index backend contract: what every backend stores and how each operation behaves.
+
+Both implementations (``memory`` and ``redis``) follow these semantics exactly; a property
+test drives them with the same random streams and compares them with a brute-force model.
+
+State, per namespace ``ns`` (model + block size + hash algo, see :func:`namespace`):
+
+- block hash -> {worker_id: tier bitmask} (bit ``1 << (tier - 1)``: 1 GPU, 2 CPU, 4 disk);
+- per worker: the set of hashes it holds (reverse index, for purge and snapshots), each
+  with the first block hash of its chain (its *root*; the Redis layout needs it);
+- per worker: a record (address, model, last applied event seq, load, last heartbeat);
+- provisional entries: block hash -> {worker_id: expiry_ms}.
+
+Rules:
+
+- Lookup walks the request's chain from block 0 and, per worker, counts the consecutive
+  blocks from block 0 it holds (a real entry, or an unexpired provisional one, counted as
+  GPU). It stops as soon as no worker is left. Workers matching nothing are absent.
+- ``Stored(hashes, parent)``: ``parent`` empty means the chain starts at block 0 (root =
+  ``hashes[0]``); otherwise the parent must be a block the worker holds at that moment, or the
+  whole event is skipped (an orphan can never be reached by a lookup). Storing ORs the tier
+  bit. ``Removed`` clears the tier bit (tier 0: every tier); an entry with no bit left is gone.
+  ``Cleared`` drops every entry of the worker. Provisional entries are not touched by events.
+- A batch is applied all or nothing: unknown worker -> nothing; every seq <= the record's
+  last seq -> duplicate, nothing; first seq != last seq + 1 -> gap, nothing (resync).
+- A snapshot replaces the worker's entries; it is an unordered set of chains: a block is kept
+  iff following parents inside the snapshot reaches a chain start (``resolve_snapshot``).
+- ``register`` drops whatever an earlier registration of the same worker id left (in any
+  namespace) and starts a fresh record with last seq 0.
+
+Times are milliseconds given by the caller (the service's clock), so backends hold no clock.
+"""
+from __future__ import annotations
+
+import abc
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from urllib.parse import quote
+
+TIER_GPU, TIER_CPU, TIER_DISK = 1, 2, 3
+ALL_TIERS = 0b111
+DIGEST_BYTES = {"sha256": 32, "sha256_cbor": 32, "xxhash": 16, "xxhash_cbor": 16}
+
+
+def tier_bit(tier: int) -> int:
+    """Bitmask of one tier; tier 0 (unspecified) means every tier."""
+    return ALL_TIERS if tier == 0 else 1 << (tier - 1)
+
+
+def best_tier(mask: int) -> int:
+    """The fastest tier present in a non-zero bitmask."""
+    return TIER_GPU if mask & 1 else TIER_CPU if mask & 2 else TIER_DISK
+
+
+def namespace(model: str, block_size: int, algo: str) -> str:
+    """``<model, percent-encoded>:<block_size>:<algo>``: injective and free of ``{}|``."""
+    return f"{quote(model, safe='')}:{block_size}:{algo}"
+
+
+class IndexUnavailable(Exception):
+    """The backend cannot be reached (connection refused, timeout, loading)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    running: int = 0
+    waiting: int = 0
+    queued_prefill_tokens: int = 0
+    free_blocks: int = 0
+    total_blocks: int = 0
+    decode_tokens: int = 0
+
+
+@dataclass(slots=True)
+class WorkerRecord:
+    """A registered worker. ``last_seq``: last event seq the index applied;
+    ``reported_seq``: the worker's own last seq as of its latest heartbeat."""
+
+    worker_id: str
+    ns: str
+    address: str
+    model: str
+    block_size: int
+    algo: str
+    load: WorkerLoad = field(default_factory=WorkerLoad)
+    last_seq: int = 0
+    reported_seq: int = 0
+    heartbeat_ms: int = 0
+    registered_ms: int = 0
+    indexed_blocks: int = -1  # filled by ``workers(with_blocks=True)``; -1: not counted
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    hashes: tuple[bytes, ...]
+    parent: bytes = b""
+    tier: int = TIER_GPU
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    hashes: tuple[bytes, ...]
+    tier: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Cleared:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class KvEvent:
+    seq: int
+    op: Stored | Removed | Cleared
+
+
+@dataclass(frozen=True, slots=True)
+class BlockMatch:
+    """How many consecutive blocks from block 0 a worker holds, split by tier."""
+
+    blocks: int = 0
+    gpu: int = 0
+    cpu: int = 0
+    disk: int = 0
+
+    @property
+    def tier(self) -> int:
+        """The slowest tier among the matched blocks (0 when nothing matched)."""
+        if not self.blocks:
+            return 0
+        return TIER_DISK if self.disk else TIER_CPU if self.cpu else TIER_GPU
+
+
+class ApplyStatus(Enum):
+    OK = "ok"
+    DUPLICATE = "duplicate"
+    GAP = "gap"
+    UNKNOWN_WORKER = "unknown_worker"
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    status: ApplyStatus
+    applied: int
+    last_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResult:
+    known: bool
+    last_seq: int = 0             # last event seq the index applied
+    prev_reported_seq: int = 0    # the worker's last seq as of its previous heartbeat
+
+
+def resolve_snapshot(blocks: Sequence[Stored]) -> dict[bytes, tuple[bytes, int]]:
+    """hash -> (root, tier mask) for the blocks of a snapshot that reach a chain start.
+
+    A hash's parent is the one given where it first appears; cycles and chains whose first
+    parent is not in the snapshot are dropped.
+    """
+    parent_of: dict[bytes, bytes] = {}
+    masks: dict[bytes, int] = {}
+    for st in blocks:
+        prev = st.parent
+        bit = tier_bit(st.tier)
+        for h in st.hashes:
+            parent_of.setdefault(h, prev)
+            masks[h] = masks.get(h, 0) | bit
+            prev = h
+    roots: dict[bytes, bytes | None] = {}
+    for h in parent_of:
+        path: list[bytes] = []
+        seen: set[bytes] = set()
+        cur: bytes = h
+        root: bytes | None = None
+        while True:
+            if cur in roots:
+                root = roots[cur]
+                break
+            if cur in seen or cur not in parent_of:
+                break  # a cycle, or a parent outside the snapshot: orphans
+            seen.add(cur)
+            path.append(cur)
+            p = parent_of[cur]
+            if p == b"":
+                root = cur
+                break
+            cur = p
+        for node in path:
+            roots[node] = root
+    return {h: (r, masks[h]) for h, r in roots.items() if r is not None}
+
+
+class IndexBackend(abc.ABC):
+    """Async index store. Methods raise :class:`IndexUnavailable` when the store is down."""
+
+    name: str = "?"
+
+    @abc.abstractmethod
+    async def register(self, record: WorkerRecord) -> bool:
+        """Create ``record`` (last seq 0), dropping earlier state of its worker id.
+        Returns True when earlier state existed."""
+
+    @abc.abstractmethod
+    async def heartbeat(self, worker_id: str, load: WorkerLoad, reported_seq: int,
+                        now_ms: int) -> HeartbeatResult:
+        """Store load, heartbeat time and reported seq; never creates a record."""
+
+    @abc.abstractmethod
+    async def apply_events(self, worker_id: str, events: Sequence[KvEvent]) -> ApplyResult:
+        """Apply one batch atomically (see the module rules). ``events`` have consecutive
+        seqs (the caller validates)."""
+
+    @abc.abstractmethod
+    async def sync_worker(self, worker_id: str, seq: int,
+                          blocks: Sequence[Stored]) -> int | None:
+        """Replace the worker's entries with a snapshot and set its last seq to ``seq``.
+        Returns the number of blocks indexed, or None for an unknown worker."""
+
+    @abc.abstractmethod
+    async def purge_worker(self, worker_id: str, heartbeat_before_ms: int | None = None) -> bool:
+        """Drop the worker's entries and record. With ``heartbeat_before_ms``, only if its
+        last heartbeat is older (so a worker that just came back survives). True if purged."""
+
+    @abc.abstractmethod
+    async def lookup(self, ns: str, hashes: Sequence[bytes], now_ms: int,
+                     workers: Collection[str] | None = None) -> dict[str, BlockMatch]:
+        """Walk ``hashes`` (a chain from block 0) in ONE store round trip; only workers in
+        ``workers`` (None: any) are considered. Workers matching no block are absent."""
+
+    @abc.abstractmethod
+    async def add_provisional(self, ns: str, hashes: Sequence[bytes], worker_id: str,
+                              start: int, now_ms: int, ttl_ms: int) -> None:
+        """Record ``hashes[start:]`` of the chain ``hashes`` as provisionally held by
+        ``worker_id`` until ``now_ms + ttl_ms`` (other unexpired holders stay)."""
+
+    @abc.abstractmethod
+    async def workers(self, with_blocks: bool = False) -> list[WorkerRecord]:
+        """Every registered worker (copies), optionally with ``indexed_blocks`` counted."""
+
+    @abc.abstractmethod
+    async def get_worker(self, worker_id: str) -> WorkerRecord | None:
+        """One worker's record (a copy), or None."""
+
+    async def ping(self) -> None:
+        """Raise IndexUnavailable when the store cannot be reached."""
+        return None
+
+    async def close(self) -> None:
+        """Release connections; the backend is unusable afterwards."""
+        return None
+
+
+def copy_record(record: WorkerRecord, **changes: object) -> WorkerRecord:
+    """A detached copy of ``record`` (records are mutable; backends never share them)."""
+    return replace(record, **changes)  # type: ignore[arg-type]

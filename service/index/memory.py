@@ -1,0 +1,203 @@
+"""In-process index backend: the reference semantics of ``base.py`` with plain dicts.
+
+For unit tests and single-node embedding. Every method body runs without awaiting, so on one
+event loop each call is atomic, exactly like a Redis Lua script. Not shared between
+processes: service replicas need the redis backend.
+"""
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from service.index.base import (
+    TIER_GPU,
+    ApplyResult,
+    ApplyStatus,
+    BlockMatch,
+    Cleared,
+    HeartbeatResult,
+    IndexBackend,
+    KvEvent,
+    Removed,
+    Stored,
+    WorkerLoad,
+    WorkerRecord,
+    best_tier,
+    copy_record,
+    resolve_snapshot,
+    tier_bit,
+)
+
+_SWEEP_AT = 4096  # provisional entries per namespace before expired ones are swept
+
+
+class MemoryBackend(IndexBackend):
+    """Dict-backed index; see ``service.index.base`` for the contract."""
+
+    name = "memory"
+
+    def __init__(self) -> None:
+        self._blocks: dict[str, dict[bytes, dict[str, int]]] = {}   # ns -> hash -> wid -> mask
+        self._prov: dict[str, dict[bytes, dict[str, int]]] = {}     # ns -> hash -> wid -> exp
+        self._records: dict[str, WorkerRecord] = {}
+        self._held: dict[str, dict[bytes, bytes]] = {}              # wid -> hash -> root
+
+    # --- worker state -------------------------------------------------------------------
+
+    def _forget_all(self, wid: str) -> None:
+        rec = self._records.get(wid)
+        held = self._held.pop(wid, {})
+        if rec is None:
+            return
+        blocks = self._blocks.get(rec.ns, {})
+        for h in held:
+            entry = blocks.get(h)
+            if entry is not None:
+                entry.pop(wid, None)
+                if not entry:
+                    del blocks[h]
+
+    async def register(self, record: WorkerRecord) -> bool:
+        wid = record.worker_id
+        had = wid in self._records
+        self._forget_all(wid)
+        self._records[wid] = copy_record(record, last_seq=0, reported_seq=0, indexed_blocks=-1)
+        self._held[wid] = {}
+        return had
+
+    async def heartbeat(self, worker_id: str, load: WorkerLoad, reported_seq: int,
+                        now_ms: int) -> HeartbeatResult:
+        rec = self._records.get(worker_id)
+        if rec is None:
+            return HeartbeatResult(known=False)
+        prev = rec.reported_seq
+        rec.load, rec.reported_seq, rec.heartbeat_ms = load, reported_seq, now_ms
+        return HeartbeatResult(True, rec.last_seq, prev)
+
+    async def purge_worker(self, worker_id: str, heartbeat_before_ms: int | None = None) -> bool:
+        rec = self._records.get(worker_id)
+        if rec is None:
+            return False
+        if heartbeat_before_ms is not None and rec.heartbeat_ms >= heartbeat_before_ms:
+            return False
+        self._forget_all(worker_id)
+        del self._records[worker_id]
+        return True
+
+    # --- events -------------------------------------------------------------------------
+
+    def _hold(self, blocks: dict[bytes, dict[str, int]], held: dict[bytes, bytes], wid: str,
+              h: bytes, root: bytes, bits: int) -> None:
+        held.setdefault(h, root)
+        entry = blocks.setdefault(h, {})
+        entry[wid] = entry.get(wid, 0) | bits
+
+    def _forget(self, blocks: dict[bytes, dict[str, int]], held: dict[bytes, bytes], wid: str,
+                h: bytes, bits: int) -> None:
+        if h not in held:
+            return
+        entry = blocks.get(h, {})
+        left = entry.get(wid, 0) & ~bits
+        if left:
+            entry[wid] = left
+            return
+        entry.pop(wid, None)
+        if not entry:
+            blocks.pop(h, None)
+        del held[h]
+
+    async def apply_events(self, worker_id: str, events: Sequence[KvEvent]) -> ApplyResult:
+        rec = self._records.get(worker_id)
+        if rec is None:
+            return ApplyResult(ApplyStatus.UNKNOWN_WORKER, 0, 0)
+        if not events:
+            return ApplyResult(ApplyStatus.OK, 0, rec.last_seq)
+        if events[-1].seq <= rec.last_seq:
+            return ApplyResult(ApplyStatus.DUPLICATE, 0, rec.last_seq)
+        if events[0].seq != rec.last_seq + 1:
+            return ApplyResult(ApplyStatus.GAP, 0, rec.last_seq)
+        blocks = self._blocks.setdefault(rec.ns, {})
+        held = self._held.setdefault(worker_id, {})
+        for ev in events:
+            op = ev.op
+            if isinstance(op, Stored):
+                root = held.get(op.parent) if op.parent else op.hashes[0]
+                if root is None:
+                    continue  # orphan: its parent is not held by this worker
+                bits = tier_bit(op.tier)
+                for h in op.hashes:
+                    self._hold(blocks, held, worker_id, h, root, bits)
+            elif isinstance(op, Removed):
+                bits = tier_bit(op.tier)
+                for h in op.hashes:
+                    self._forget(blocks, held, worker_id, h, bits)
+            elif isinstance(op, Cleared):
+                self._forget_all(worker_id)
+                held = self._held.setdefault(worker_id, {})
+        rec.last_seq = events[-1].seq
+        return ApplyResult(ApplyStatus.OK, len(events), rec.last_seq)
+
+    async def sync_worker(self, worker_id: str, seq: int,
+                          blocks: Sequence[Stored]) -> int | None:
+        rec = self._records.get(worker_id)
+        if rec is None:
+            return None
+        self._forget_all(worker_id)
+        table = self._blocks.setdefault(rec.ns, {})
+        held: dict[bytes, bytes] = {}
+        for h, (root, mask) in resolve_snapshot(blocks).items():
+            held[h] = root
+            table.setdefault(h, {})[worker_id] = mask
+        self._held[worker_id] = held
+        rec.last_seq = seq
+        return len(held)
+
+    # --- lookup -------------------------------------------------------------------------
+
+    async def lookup(self, ns: str, hashes: Sequence[bytes], now_ms: int,
+                     workers: Collection[str] | None = None) -> dict[str, BlockMatch]:
+        blocks = self._blocks.get(ns, {})
+        prov = self._prov.get(ns, {})
+        allowed = None if workers is None else set(workers)
+        active: dict[str, list[int]] = {}
+        out: dict[str, BlockMatch] = {}
+        for i, h in enumerate(hashes):
+            here = dict(blocks.get(h, {}))
+            for w, exp in prov.get(h, {}).items():
+                if exp > now_ms and w not in here:
+                    here[w] = tier_bit(TIER_GPU)
+            if i == 0:
+                active = {w: [0, 0, 0, 0] for w in here if allowed is None or w in allowed}
+            for w in list(active):
+                mask = here.get(w, 0)
+                if mask:
+                    c = active[w]
+                    c[0] += 1
+                    c[best_tier(mask)] += 1
+                else:
+                    out[w] = BlockMatch(*active.pop(w))
+            if not active:
+                break
+        for w, c in active.items():
+            out[w] = BlockMatch(*c)
+        return out
+
+    async def add_provisional(self, ns: str, hashes: Sequence[bytes], worker_id: str,
+                              start: int, now_ms: int, ttl_ms: int) -> None:
+        prov = self._prov.setdefault(ns, {})
+        for h in hashes[start:]:
+            holders = {w: exp for w, exp in prov.get(h, {}).items() if exp > now_ms}
+            holders[worker_id] = now_ms + ttl_ms
+            prov[h] = holders
+        if len(prov) > _SWEEP_AT:
+            for h in [h for h, hs in prov.items() if max(hs.values()) <= now_ms]:
+                del prov[h]
+
+    # --- reads --------------------------------------------------------------------------
+
+    async def workers(self, with_blocks: bool = False) -> list[WorkerRecord]:
+        return [copy_record(r, indexed_blocks=len(self._held.get(w, {})) if with_blocks else -1)
+                for w, r in self._records.items()]
+
+    async def get_worker(self, worker_id: str) -> WorkerRecord | None:
+        rec = self._records.get(worker_id)
+        return None if rec is None else copy_record(rec)

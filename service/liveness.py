@@ -1,0 +1,101 @@
+"""A replica's view of the registered workers, and who is alive.
+
+The backend is the truth; each replica re-reads every worker record every
+``refresh_interval_s`` (one round trip for the registry + one pipelined read) and applies the
+heartbeats it handles itself at once. Liveness is computed at read time from the newest
+heartbeat known: alive iff ``now - heartbeat < liveness_timeout`` — so a worker leaves routing
+the moment its timeout passes, with no janitor involved.
+
+When the index is unreachable the table keeps the last records it saw; ``degraded_live``
+then counts a worker alive if it was alive at the last successful refresh or has
+heartbeated to this replica since.
+
+Between heartbeats, Route adds the work it sent to a worker to that worker's load (a local,
+optimistic estimate, dropped as soon as a newer heartbeat reports the real load), so a burst
+does not pile onto one worker that looks idle.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from service.index.base import WorkerLoad, WorkerRecord
+
+
+@dataclass(slots=True)
+class _Pending:
+    heartbeat_ms: int
+    tokens: int = 0
+    requests: int = 0
+
+
+class WorkerTable:
+    """Cached worker records with liveness; single event loop, no locking needed."""
+
+    def __init__(self, liveness_timeout_ms: int) -> None:
+        self.timeout_ms = liveness_timeout_ms
+        self._records: dict[str, WorkerRecord] = {}
+        self._pending: dict[str, _Pending] = {}
+        self.last_refresh_ms = 0
+
+    def replace_all(self, records: list[WorkerRecord], now_ms: int) -> None:
+        """Adopt a fresh read of the backend (keeping newer local heartbeats)."""
+        fresh: dict[str, WorkerRecord] = {}
+        for rec in records:
+            old = self._records.get(rec.worker_id)
+            if old is not None and old.ns == rec.ns and old.heartbeat_ms > rec.heartbeat_ms:
+                rec.heartbeat_ms, rec.load = old.heartbeat_ms, old.load
+            fresh[rec.worker_id] = rec
+        self._records = fresh
+        self._pending = {w: p for w, p in self._pending.items()
+                         if w in fresh and fresh[w].heartbeat_ms <= p.heartbeat_ms}
+        self.last_refresh_ms = now_ms
+
+    def upsert(self, record: WorkerRecord) -> None:
+        self._records[record.worker_id] = record
+        self._pending.pop(record.worker_id, None)
+
+    def heartbeat(self, worker_id: str, load: WorkerLoad, now_ms: int) -> None:
+        rec = self._records.get(worker_id)
+        if rec is not None:
+            rec.load, rec.heartbeat_ms = load, now_ms
+            self._pending.pop(worker_id, None)
+
+    def remove(self, worker_id: str) -> None:
+        self._records.pop(worker_id, None)
+        self._pending.pop(worker_id, None)
+
+    def get(self, worker_id: str) -> WorkerRecord | None:
+        return self._records.get(worker_id)
+
+    def all(self) -> list[WorkerRecord]:
+        return list(self._records.values())
+
+    def alive(self, rec: WorkerRecord, now_ms: int) -> bool:
+        return now_ms - rec.heartbeat_ms < self.timeout_ms
+
+    def degraded_alive(self, rec: WorkerRecord, now_ms: int) -> bool:
+        return (self.alive(rec, now_ms)
+                or rec.heartbeat_ms > self.last_refresh_ms - self.timeout_ms)
+
+    def live(self, now_ms: int, degraded: bool = False) -> list[WorkerRecord]:
+        check = self.degraded_alive if degraded else self.alive
+        return [r for r in self._records.values() if check(r, now_ms)]
+
+    def load(self, rec: WorkerRecord) -> WorkerLoad:
+        """The reported load plus what this replica routed there since that report."""
+        p = self._pending.get(rec.worker_id)
+        if p is None or p.heartbeat_ms != rec.heartbeat_ms:
+            return rec.load
+        return replace(rec.load, waiting=rec.load.waiting + p.requests,
+                       queued_prefill_tokens=rec.load.queued_prefill_tokens + p.tokens)
+
+    def add_work(self, worker_id: str, prefill_tokens: int) -> None:
+        """Count a request just routed to ``worker_id`` until its next heartbeat."""
+        rec = self._records.get(worker_id)
+        if rec is None:
+            return
+        p = self._pending.get(worker_id)
+        if p is None or p.heartbeat_ms != rec.heartbeat_ms:
+            p = self._pending[worker_id] = _Pending(rec.heartbeat_ms)
+        p.tokens += prefill_tokens
+        p.requests += 1

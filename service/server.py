@@ -1,0 +1,171 @@
+"""The metadata service process: grpc.aio server + background refresh and janitor loops.
+
+Usage::
+
+    server, port = await create_server("127.0.0.1:0", ServiceConfig(...))
+    await server.start()
+    ...
+    await server.stop(grace=1.0)
+
+Any number of replicas can serve one Redis: a replica holds no state of its own beyond
+caches (see ``service.servicer``). Background tasks of a started server:
+
+- refresh (every ``refresh_interval_s``): re-read worker records; a success also ends a
+  degraded period, so recovery from a Redis outage is automatic;
+- janitor (every ``janitor_interval_s``): purge workers silent for ``purge_after_s``. Several
+  replicas may race; the purge is atomic and re-checks the heartbeat, so that is harmless.
+
+Besides IndexService the server exposes the standard ``grpc.health.v1.Health`` (SERVING for
+"" and "kvmesh.v1.IndexService") and server reflection.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from kvmesh.v1 import index_pb2 as pb
+from kvmesh.v1 import index_pb2_grpc as pb_grpc
+from service.auth import BearerAuth
+from service.config import ServiceConfig
+from service.index import IndexBackend, IndexUnavailable, open_backend
+from service.servicer import IndexServicer, now_ms
+
+log = logging.getLogger("kvmesh.service")
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["IndexService"].full_name
+
+
+class IndexServer:
+    """A created IndexService server; ``start`` / ``stop`` / ``wait_for_termination`` like
+    ``grpc.aio.Server``, plus the background loops and the optional metrics endpoint."""
+
+    def __init__(self, grpc_server: grpc.aio.Server, servicer: IndexServicer, port: int,
+                 health_servicer: Any) -> None:
+        self.grpc_server = grpc_server
+        self.servicer = servicer
+        self.port = port
+        self.health = health_servicer
+        self._tasks: list[asyncio.Task[None]] = []
+        self._metrics_http: Any = None
+        self.metrics_port: int | None = None
+
+    @property
+    def config(self) -> ServiceConfig:
+        return self.servicer.cfg
+
+    @property
+    def backend(self) -> IndexBackend:
+        return self.servicer.backend
+
+    async def start(self) -> None:
+        """Serve, start the background loops and (if configured) the metrics endpoint."""
+        cfg = self.config
+        with contextlib.suppress(IndexUnavailable):
+            await self.servicer.refresh()  # a down index at start is fine: it is retried
+        await self.grpc_server.start()
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._tasks = [asyncio.create_task(self._every(cfg.refresh_interval_s, self._refresh)),
+                       asyncio.create_task(self._every(cfg.janitor_interval_s, self._janitor))]
+        if cfg.metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            self._metrics_http, _ = start_http_server(
+                cfg.metrics_port, addr=cfg.metrics_host, registry=self.servicer.metrics.registry)
+            self.metrics_port = self._metrics_http.server_address[1]
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop serving (waiting up to ``grace`` s for calls in flight) and release all."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        with contextlib.suppress(Exception):
+            await self.health.enter_graceful_shutdown()
+        await self.grpc_server.stop(grace)
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
+            self._metrics_http = None
+        await self.backend.close()
+
+    async def wait_for_termination(self, timeout: float | None = None) -> bool:
+        return await self.grpc_server.wait_for_termination(timeout)
+
+    async def _every(self, interval: float, step: Any) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await step()
+            except IndexUnavailable as e:
+                log.debug("background step skipped: %s", e)
+            except Exception:  # keep the loop alive whatever one step hits
+                log.exception("background step failed")
+
+    async def _refresh(self) -> None:
+        try:
+            await self.servicer.refresh()
+        except IndexUnavailable:
+            self.servicer.mark_down()
+            raise
+
+    async def _janitor(self) -> None:
+        deadline = now_ms() - int(self.config.purge_after_s * 1000)
+        for rec in await self.backend.workers():
+            if rec.heartbeat_ms < deadline and await self.backend.purge_worker(
+                    rec.worker_id, heartbeat_before_ms=deadline):
+                self.servicer.table.remove(rec.worker_id)
+                log.info("purged worker %s (no heartbeat for %.1fs)", rec.worker_id,
+                         self.config.purge_after_s)
+
+
+def _credentials(cfg: ServiceConfig) -> grpc.ServerCredentials | None:
+    if cfg.tls_cert_file is None or cfg.tls_key_file is None:
+        return None
+    key = Path(cfg.tls_key_file).read_bytes()
+    cert = Path(cfg.tls_cert_file).read_bytes()
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+async def create_server(address: str, config: ServiceConfig,
+                        backend: IndexBackend | None = None) -> tuple[IndexServer, int]:
+    """Build (not start) the service on ``address`` (``host:port``; port 0 picks a free one).
+
+    ``backend`` defaults to the one ``config`` names. Returns the server and the bound port;
+    call ``await server.start()`` next. Raises ``RuntimeError`` if the port cannot be bound.
+    """
+    if backend is None:
+        backend = open_backend(config.backend, config.redis_url, config.redis_timeout_s)
+    servicer = IndexServicer(config, backend)
+    interceptors = []
+    if config.token or config.worker_token:
+        interceptors.append(BearerAuth(config.token, config.worker_token))
+    options = [("grpc.max_receive_message_length", config.max_message_bytes),
+               ("grpc.max_send_message_length", config.max_message_bytes),
+               ("grpc.so_reuseport", 0)]
+    server = grpc.aio.server(interceptors=interceptors, options=options)
+    pb_grpc.add_IndexServiceServicer_to_server(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME), server)
+    creds = _credentials(config)
+    try:
+        port = (server.add_secure_port(address, creds) if creds is not None
+                else server.add_insecure_port(address))
+    except RuntimeError as e:
+        await backend.close()
+        raise RuntimeError(f"cannot bind {address}: {e}") from e
+    if port == 0:
+        await backend.close()
+        raise RuntimeError(f"cannot bind {address}")
+    return IndexServer(server, servicer, port, health_servicer), port

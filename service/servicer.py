@@ -1,0 +1,325 @@
+"""IndexService handlers. Stateless: all durable state is in the backend; what a replica
+keeps (the worker table, metrics, round-robin counter) is a cache or per-replica statistics.
+
+Error contract: malformed input -> INVALID_ARGUMENT, over a limit -> RESOURCE_EXHAUSTED,
+unknown worker on Publish/Sync -> NOT_FOUND (register again), root hash mismatch ->
+FAILED_PRECONDITION, backend unreachable on a worker call -> UNAVAILABLE (retry). Route and
+Stats never fail because of the backend: they answer from the worker table with
+``degraded=true``. A rejected request changes nothing.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from kvmesh.hashing import block_hashes, none_hash
+from kvmesh.v1 import index_pb2 as pb
+from kvmesh.v1 import index_pb2_grpc as pb_grpc
+from service import validate
+from service.config import ServiceConfig
+from service.index.base import (
+    DIGEST_BYTES,
+    ApplyStatus,
+    BlockMatch,
+    IndexBackend,
+    IndexUnavailable,
+    WorkerLoad,
+    WorkerRecord,
+    namespace,
+)
+from service.liveness import WorkerTable
+from service.metrics import ServiceMetrics
+from service.policy import Policy, Ranked, WorkerView, make_policies
+from service.validate import RequestError
+
+log = logging.getLogger("kvmesh.service")
+T = TypeVar("T")
+_HASH_IN_THREAD = 65536  # prompts this long are hashed off the event loop
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _pb_load(load: WorkerLoad) -> pb.WorkerLoad:
+    return pb.WorkerLoad(running=load.running, waiting=load.waiting,
+                         queued_prefill_tokens=load.queued_prefill_tokens,
+                         free_blocks=load.free_blocks, total_blocks=load.total_blocks,
+                         decode_tokens=load.decode_tokens)
+
+
+def _cap(m: BlockMatch, blocks: int) -> BlockMatch:
+    """At most ``blocks`` matched blocks, dropping the slowest tiers first (offloaded blocks
+    are a chain's tail: it is evicted tail first)."""
+    extra = m.blocks - blocks
+    if extra <= 0:
+        return m
+    disk = max(m.disk - extra, 0)
+    extra -= m.disk - disk
+    cpu = max(m.cpu - extra, 0)
+    extra -= m.cpu - cpu
+    return BlockMatch(blocks, m.gpu - extra, cpu, disk)
+
+
+def _rpc(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Turn RequestError into ``context.abort`` and an unreachable backend into UNAVAILABLE."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: IndexServicer, request: Any, context: grpc.aio.ServicerContext) -> T:
+        try:
+            return await fn(self, request)
+        except RequestError as e:
+            await context.abort(e.code, e.message)
+        except IndexUnavailable as e:
+            self.mark_down()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"index backend unreachable: {e}")
+        raise AssertionError("unreachable")
+
+    return wrapper
+
+
+class IndexServicer(pb_grpc.IndexServiceServicer):
+    """The six RPCs over one backend; see the module docstring for the error contract."""
+
+    def __init__(self, config: ServiceConfig, backend: IndexBackend) -> None:
+        self.cfg = config
+        self.backend = backend
+        self.table = WorkerTable(int(config.liveness_timeout_s * 1000))
+        self.metrics = ServiceMetrics()
+        self.policies: dict[str, Policy] = make_policies(config.weights)
+        self.rng = random.Random()
+        self._down_until = 0.0  # monotonic time until which Route answers degraded at once
+
+    # --- backend health -----------------------------------------------------------------
+
+    def mark_down(self) -> None:
+        self._down_until = time.monotonic() + self.cfg.degraded_retry_s
+
+    def mark_up(self) -> None:
+        self._down_until = 0.0
+
+    @property
+    def index_down(self) -> bool:
+        return time.monotonic() < self._down_until
+
+    async def refresh(self) -> None:
+        """Re-read every worker record (the background loop calls this)."""
+        records = await self.backend.workers()
+        now = now_ms()
+        self.table.replace_all(records, now)
+        self.mark_up()
+        self.metrics.live_workers.set(len(self.table.live(now)))
+
+    async def _record(self, worker_id: str) -> WorkerRecord:
+        rec = self.table.get(worker_id) or await self.backend.get_worker(worker_id)
+        if rec is None:
+            raise RequestError(grpc.StatusCode.NOT_FOUND, f"unknown worker {worker_id!r}: "
+                               "register it (RegisterWorker) first")
+        return rec
+
+    # --- worker RPCs --------------------------------------------------------------------
+
+    @_rpc
+    async def RegisterWorker(self, req: pb.RegisterWorkerRequest) -> pb.RegisterWorkerResponse:
+        validate.register(req)
+        expected = none_hash(req.hash_algo, self.cfg.hash_seed)
+        if req.root_hash != expected:
+            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, (
+                f"root hash mismatch for model {req.model!r} ({req.hash_algo}): the worker's "
+                f"none_hash is {req.root_hash.hex()[:16]}..., this service expects "
+                f"{expected.hex()[:16]}... (seed {self.cfg.hash_seed!r}). Mismatched hashing "
+                "would give 0% cache hits: run workers and service with the same hash seed "
+                "(--hash-seed / PYTHONHASHSEED) and hash algo."))
+        ns = namespace(req.model, req.block_size, req.hash_algo)
+        now = now_ms()
+        rec = WorkerRecord(req.worker_id, ns, req.address, req.model, req.block_size,
+                           req.hash_algo, validate.load(req.load), heartbeat_ms=now,
+                           registered_ms=now)
+        had = await self.backend.register(rec)
+        self.table.upsert(rec)
+        self.metrics.resyncs.labels("register").inc()
+        log.info("registered worker %s at %s (ns %s%s)", req.worker_id, req.address, ns,
+                 ", replacing earlier state" if had else "")
+        return pb.RegisterWorkerResponse(
+            namespace=ns, resync=True,
+            heartbeat_interval_ms=int(self.cfg.heartbeat_interval_s * 1000),
+            liveness_timeout_ms=int(self.cfg.liveness_timeout_s * 1000))
+
+    @_rpc
+    async def Heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
+        validate.worker_id(req.worker_id)
+        load = validate.load(req.load)
+        now = now_ms()
+        # first the local table: if the index is down, degraded routing still sees it alive
+        self.table.heartbeat(req.worker_id, load, now)
+        res = await self.backend.heartbeat(req.worker_id, load, req.last_seq, now)
+        if not res.known:
+            self.table.remove(req.worker_id)
+            self.metrics.resyncs.labels("unknown_worker").inc()
+            return pb.HeartbeatResponse(resync=True, reregister=True)
+        # The index is behind what the worker had published a whole heartbeat ago, or ahead
+        # of what it says it published: it lost track, ask for a snapshot.
+        resync = res.last_seq < res.prev_reported_seq or res.last_seq > req.last_seq
+        if resync:
+            self.metrics.resyncs.labels("heartbeat_seq").inc()
+        return pb.HeartbeatResponse(resync=resync)
+
+    @_rpc
+    async def PublishEvents(self, req: pb.PublishEventsRequest) -> pb.PublishEventsResponse:
+        validate.worker_id(req.worker_id)
+        rec = await self._record(req.worker_id)
+        events = validate.events(list(req.events), DIGEST_BYTES[rec.algo], self.cfg)
+        res = await self.backend.apply_events(req.worker_id, events)
+        if res.status is ApplyStatus.UNKNOWN_WORKER:
+            self.table.remove(req.worker_id)
+            raise RequestError(grpc.StatusCode.NOT_FOUND, f"unknown worker {req.worker_id!r} "
+                               "(purged or the index was emptied): register again")
+        if res.status is ApplyStatus.GAP:
+            self.metrics.resyncs.labels("gap").inc()
+            return pb.PublishEventsResponse(applied=0, resync=True, last_seq=res.last_seq)
+        self.metrics.events.inc(res.applied)
+        return pb.PublishEventsResponse(applied=res.applied, last_seq=res.last_seq)
+
+    @_rpc
+    async def SyncWorker(self, req: pb.SyncWorkerRequest) -> pb.SyncWorkerResponse:
+        validate.worker_id(req.worker_id)
+        rec = await self._record(req.worker_id)
+        blocks = validate.snapshot(req, DIGEST_BYTES[rec.algo], self.cfg)
+        n = await self.backend.sync_worker(req.worker_id, req.seq, blocks)
+        if n is None:
+            self.table.remove(req.worker_id)
+            raise RequestError(grpc.StatusCode.NOT_FOUND, f"unknown worker {req.worker_id!r}: "
+                               "register again")
+        log.info("worker %s synced: %d blocks at seq %d", req.worker_id, n, req.seq)
+        return pb.SyncWorkerResponse(indexed_blocks=n)
+
+    # --- router RPCs --------------------------------------------------------------------
+
+    def _live_groups(self, model: str, now: int, degraded: bool) -> dict[str, list[WorkerRecord]]:
+        live = self.table.live(now, degraded)
+        if not model:
+            models = sorted({r.model for r in live})
+            if len(models) > 1:
+                raise RequestError(validate.INVALID, f"several models are served "
+                                   f"({', '.join(models)}): set RouteRequest.model")
+            model = models[0] if models else ""
+        groups: dict[str, list[WorkerRecord]] = {}
+        for r in live:
+            if r.model == model:
+                groups.setdefault(r.ns, []).append(r)
+        if not groups:
+            raise RequestError(grpc.StatusCode.UNAVAILABLE, "no live worker serves model "
+                               f"{model!r}" if model else "no live worker is registered")
+        return groups
+
+    async def _hashes(self, inp: validate.RouteInput, block_size: int, algo: str) -> list[bytes]:
+        def run() -> list[bytes]:
+            return block_hashes(inp.tokens, block_size, algo=algo, seed=self.cfg.hash_seed,
+                                salt=inp.salt, lora=inp.lora, mm=inp.mm)
+
+        if len(inp.tokens) >= _HASH_IN_THREAD:
+            return await asyncio.to_thread(run)
+        return run()
+
+    def _answer(self, inp: validate.RouteInput, ranked: list[Ranked], policy: str,
+                degraded: bool) -> pb.RouteResponse:
+        if inp.max_candidates:
+            ranked = ranked[:inp.max_candidates]
+        cands = [pb.Candidate(worker_id=r.view.worker_id, address=r.view.address,
+                              matched_tokens=r.matched_tokens, tier=r.view.match.tier,
+                              cost=r.cost, load=_pb_load(r.view.load)) for r in ranked]
+        self.metrics.routes.labels(policy, str(degraded).lower()).inc()
+        self.metrics.prompt_tokens.inc(len(inp.tokens))
+        if ranked:
+            self.metrics.matched_tokens.inc(ranked[0].matched_tokens)
+        if degraded:
+            self.metrics.degraded.inc()
+        return pb.RouteResponse(candidates=cands, degraded=degraded,
+                                prompt_tokens=len(inp.tokens), policy=policy)
+
+    def _degraded(self, inp: validate.RouteInput, now: int) -> pb.RouteResponse:
+        groups = self._live_groups(inp.model, now, degraded=True)
+        views = [WorkerView(r.worker_id, r.address, self.table.load(r), BlockMatch(),
+                            r.block_size, r.ns) for recs in groups.values() for r in recs]
+        ranked = self.policies["least_loaded"].rank(len(inp.tokens), views, self.rng)
+        return self._answer(inp, ranked, "least_loaded", degraded=True)
+
+    @_rpc
+    async def Route(self, req: pb.RouteRequest) -> pb.RouteResponse:
+        t0 = time.perf_counter()
+        inp = validate.route(req, self.cfg)
+        out = await self._route(inp, now_ms())
+        self.metrics.route_latency.observe(time.perf_counter() - t0)
+        return out
+
+    async def _route(self, inp: validate.RouteInput, now: int) -> pb.RouteResponse:
+        if self.index_down:
+            return self._degraded(inp, now)
+        groups = self._live_groups(inp.model, now, degraded=False)
+        views: list[WorkerView] = []
+        chains: dict[str, list[bytes]] = {}
+        held: dict[tuple[str, str], int] = {}  # (ns, worker) -> blocks held, uncapped
+        for ns, recs in groups.items():
+            bs, algo = recs[0].block_size, recs[0].algo
+            chain = chains[ns] = await self._hashes(inp, bs, algo)
+            usable = (len(inp.tokens) - 1) // bs  # the last token is always computed
+            matches: dict[str, BlockMatch] = {}
+            if chain:
+                try:
+                    matches = await self.backend.lookup(ns, chain, now,
+                                                        [r.worker_id for r in recs])
+                    self.metrics.lookups.labels("ok").inc()
+                except IndexUnavailable as e:
+                    log.warning("index lookup failed, answering degraded: %s", e)
+                    self.metrics.lookups.labels("error").inc()
+                    self.mark_down()
+                    return self._degraded(inp, now)
+            for r in recs:
+                m = matches.get(r.worker_id, BlockMatch())
+                held[ns, r.worker_id] = m.blocks
+                views.append(WorkerView(r.worker_id, r.address, self.table.load(r),
+                                        _cap(m, usable), bs, ns))
+        ranked = self.policies[inp.policy].rank(len(inp.tokens), views, self.rng)
+        best = ranked[0].view
+        chain = chains[best.ns]
+        start = held[best.ns, best.worker_id]
+        if start < len(chain):  # it will compute and hold the rest: say so at once
+            try:
+                await self.backend.add_provisional(
+                    best.ns, chain, best.worker_id, start, now,
+                    int(self.cfg.provisional_ttl_s * 1000))
+            except IndexUnavailable as e:
+                log.warning("could not record provisional entries: %s", e)
+                self.mark_down()
+        self.table.add_work(best.worker_id, max(len(inp.tokens) - best.matched_tokens, 0))
+        return self._answer(inp, ranked, inp.policy, degraded=False)
+
+    @_rpc
+    async def Stats(self, req: pb.StatsRequest) -> pb.StatsResponse:
+        degraded = self.index_down
+        records: list[WorkerRecord] = []
+        if not degraded:
+            try:
+                records = await self.backend.workers(with_blocks=True)
+            except IndexUnavailable:
+                self.mark_down()
+                degraded = True
+        if degraded:
+            records = self.table.all()
+            self.metrics.degraded.inc()
+        now = now_ms()
+        self.metrics.live_workers.set(len(self.table.live(now)))
+        infos = [pb.WorkerInfo(
+            worker_id=r.worker_id, address=r.address, model=r.model,
+            alive=self.table.alive(r, now), load=_pb_load(r.load),
+            indexed_blocks=max(r.indexed_blocks, 0), last_seq=r.last_seq,
+            heartbeat_age_s=max(now - r.heartbeat_ms, 0) / 1000.0) for r in records]
+        return pb.StatsResponse(workers=infos, counters=self.metrics.summary(),
+                                degraded=degraded)

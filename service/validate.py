@@ -1,0 +1,186 @@
+"""Request validation: every RPC input is checked here BEFORE anything touches the index.
+
+Each function returns plain values or raises :class:`RequestError` (a gRPC status code and a
+message naming the field and the limit). Codes: INVALID_ARGUMENT for malformed input,
+RESOURCE_EXHAUSTED for input over a configured size limit. Unknown workers (NOT_FOUND) and the
+root-hash check (FAILED_PRECONDITION) need state and live in the servicer.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import grpc
+
+from kvmesh.hashing import ALGOS
+from kvmesh.v1 import index_pb2 as pb
+from service.config import POLICIES, ServiceConfig
+from service.index.base import (
+    DIGEST_BYTES,
+    Cleared,
+    KvEvent,
+    Removed,
+    Stored,
+    WorkerLoad,
+)
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+TOO_BIG = grpc.StatusCode.RESOURCE_EXHAUSTED
+WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")
+MAX_SEQ = 2**53  # seqs travel through Lua numbers (doubles)
+_TIERS = frozenset(pb.Tier.values())
+
+
+class RequestError(Exception):
+    """A request rejected with ``code`` and ``message``; nothing was changed."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def worker_id(value: str) -> str:
+    if not WORKER_ID.fullmatch(value):
+        raise RequestError(INVALID, f"worker_id {value[:140]!r} is invalid: 1-128 characters "
+                           "of letters, digits and . _ : @ / -, starting with a letter or digit")
+    return value
+
+
+def load(msg: pb.WorkerLoad) -> WorkerLoad:
+    if msg.total_blocks and msg.free_blocks > msg.total_blocks:
+        raise RequestError(INVALID, f"load.free_blocks ({msg.free_blocks}) exceeds "
+                           f"load.total_blocks ({msg.total_blocks})")
+    return WorkerLoad(msg.running, msg.waiting, msg.queued_prefill_tokens, msg.free_blocks,
+                      msg.total_blocks, msg.decode_tokens)
+
+
+def register(req: pb.RegisterWorkerRequest) -> None:
+    """Shape checks of RegisterWorker (the root hash VALUE is checked by the servicer)."""
+    worker_id(req.worker_id)
+    host, _, port = req.address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536 or len(req.address) > 256:
+        raise RequestError(INVALID, f"address {req.address[:64]!r} must be host:port")
+    if not req.model or len(req.model) > 256:
+        raise RequestError(INVALID, "model must be 1-256 characters")
+    if not 1 <= req.block_size <= 65536:
+        raise RequestError(INVALID, f"block_size {req.block_size} must be in [1, 65536]")
+    if req.hash_algo not in ALGOS:
+        raise RequestError(INVALID, f"hash_algo {req.hash_algo[:32]!r} is unknown; valid: "
+                           f"{', '.join(ALGOS)}")
+    want = DIGEST_BYTES[req.hash_algo]
+    if len(req.root_hash) != want:
+        raise RequestError(INVALID, f"root_hash is {len(req.root_hash)} bytes; {req.hash_algo} "
+                           f"hashes are {want} bytes")
+    load(req.load)
+
+
+def _hashes(raw: list[bytes], digest: int, where: str) -> tuple[bytes, ...]:
+    for i, h in enumerate(raw):
+        if len(h) != digest:
+            raise RequestError(INVALID, f"{where}: block_hashes[{i}] is {len(h)} bytes; this "
+                               f"worker's hashes are {digest} bytes")
+    return tuple(raw)
+
+
+def _stored(msg: pb.BlockStored, digest: int, where: str) -> Stored:
+    if not msg.block_hashes:
+        raise RequestError(INVALID, f"{where}: BlockStored has no block_hashes")
+    if msg.parent_hash and len(msg.parent_hash) != digest:
+        raise RequestError(INVALID, f"{where}: parent_hash is {len(msg.parent_hash)} bytes; "
+                           f"expected {digest} (or empty for a chain starting at block 0)")
+    if msg.tier not in _TIERS:
+        raise RequestError(INVALID, f"{where}: unknown tier {msg.tier}")
+    return Stored(_hashes(list(msg.block_hashes), digest, where), bytes(msg.parent_hash),
+                  msg.tier or 1)
+
+
+def events(msgs: list[pb.KvEvent], digest: int, cfg: ServiceConfig) -> list[KvEvent]:
+    """Typed events with consecutive seqs >= 1; raises on anything malformed."""
+    if len(msgs) > cfg.max_batch_events:
+        raise RequestError(TOO_BIG, f"{len(msgs)} events in one batch; the limit is "
+                           f"{cfg.max_batch_events}")
+    out: list[KvEvent] = []
+    n_hashes = 0
+    for i, ev in enumerate(msgs):
+        where = f"events[{i}] (seq {ev.seq})"
+        if not 1 <= ev.seq < MAX_SEQ:
+            raise RequestError(INVALID, f"{where}: seq must be in [1, 2**53)")
+        if i and ev.seq != msgs[i - 1].seq + 1:
+            raise RequestError(INVALID, f"{where}: out of order, seqs in a batch must be "
+                               f"consecutive (previous was {msgs[i - 1].seq})")
+        kind = ev.WhichOneof("event")
+        op: Stored | Removed | Cleared
+        if kind == "stored":
+            op = _stored(ev.stored, digest, where)
+            n_hashes += len(op.hashes)
+        elif kind == "removed":
+            if ev.removed.tier not in _TIERS:
+                raise RequestError(INVALID, f"{where}: unknown tier {ev.removed.tier}")
+            op = Removed(_hashes(list(ev.removed.block_hashes), digest, where), ev.removed.tier)
+            n_hashes += len(op.hashes)
+        elif kind == "cleared":
+            op = Cleared()
+        else:
+            raise RequestError(INVALID, f"{where}: no stored/removed/cleared set")
+        if n_hashes > cfg.max_batch_hashes:
+            raise RequestError(TOO_BIG, f"more than {cfg.max_batch_hashes} block hashes in "
+                               "one batch; split it")
+        out.append(KvEvent(ev.seq, op))
+    return out
+
+
+def snapshot(req: pb.SyncWorkerRequest, digest: int, cfg: ServiceConfig) -> list[Stored]:
+    if req.seq >= MAX_SEQ:
+        raise RequestError(INVALID, "seq must be below 2**53")
+    total = sum(len(b.block_hashes) for b in req.blocks)
+    if total > cfg.max_snapshot_blocks:
+        raise RequestError(TOO_BIG, f"snapshot of {total} blocks; the limit is "
+                           f"{cfg.max_snapshot_blocks}")
+    return [_stored(b, digest, f"blocks[{i}]") for i, b in enumerate(req.blocks)]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteInput:
+    tokens: list[int]
+    salt: str | None
+    lora: tuple[str, str] | None
+    mm: tuple[tuple[str, int, int], ...]
+    model: str
+    policy: str
+    max_candidates: int
+
+
+def route(req: pb.RouteRequest, cfg: ServiceConfig) -> RouteInput:
+    n = len(req.token_ids)
+    if n == 0:
+        raise RequestError(INVALID, "token_ids is empty")
+    if n > cfg.max_prompt_tokens:
+        raise RequestError(TOO_BIG, f"prompt of {n} tokens exceeds the limit of "
+                           f"{cfg.max_prompt_tokens}")
+    tokens = list(req.token_ids)
+    if min(tokens) < 0:
+        i = next(i for i, t in enumerate(tokens) if t < 0)
+        raise RequestError(INVALID, f"token_ids[{i}] = {tokens[i]} is negative")
+    if len(req.salt.encode()) > cfg.max_salt_bytes:
+        raise RequestError(INVALID, f"salt is {len(req.salt.encode())} bytes; the limit is "
+                           f"{cfg.max_salt_bytes}")
+    lora = None
+    if req.HasField("lora") and (req.lora.name or req.lora.path):
+        if not req.lora.name:
+            raise RequestError(INVALID, "lora.path is set but lora.name is empty")
+        lora = (req.lora.name, req.lora.path)
+    mm = []
+    for i, item in enumerate(req.mm):
+        if not item.identifier or len(item.identifier) > 1024:
+            raise RequestError(INVALID, f"mm[{i}].identifier must be 1-1024 characters")
+        if item.offset < 0 or item.length < 1 or item.offset + item.length > n:
+            raise RequestError(INVALID, f"mm[{i}] covers [{item.offset}, "
+                               f"{item.offset + item.length}), outside the prompt [0, {n})")
+        mm.append((item.identifier, item.offset, item.length))
+    policy = req.policy or cfg.policy
+    if policy not in POLICIES:
+        raise RequestError(INVALID, f"unknown policy {req.policy[:64]!r}; valid: "
+                           f"{', '.join(POLICIES)}")
+    return RouteInput(tokens, req.salt or None, lora, tuple(mm), req.model, policy,
+                      req.max_candidates)

@@ -1,0 +1,32 @@
+"""Fixtures of the service tests: one real Valkey/Redis for the session, emptied per test."""
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from deploy.redis_server import RedisServer, start_redis
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A real Redis-protocol server (embedded Valkey) shared by the whole session."""
+    server = start_redis()
+    yield server
+    server.stop()
+
+
+def _flushall(server: RedisServer) -> None:
+    with socket.create_connection((server.host, server.port), timeout=5) as s:
+        s.sendall(b"*1\r\n$8\r\nFLUSHALL\r\n")
+        assert s.recv(64).startswith(b"+OK")
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """URL of the session server, running (restarted if a test killed it) and empty."""
+    if not redis_server.alive:
+        redis_server.start()
+    _flushall(redis_server)
+    return redis_server.url

@@ -1,0 +1,206 @@
+"""Index semantics, run identically on the memory and the redis backend (real Valkey)."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from service.index.base import (
+    TIER_CPU,
+    TIER_GPU,
+    ApplyStatus,
+    BlockMatch,
+    Cleared,
+    IndexBackend,
+    KvEvent,
+    Removed,
+    Stored,
+    WorkerLoad,
+    WorkerRecord,
+    namespace,
+    resolve_snapshot,
+)
+from service.index.memory import MemoryBackend
+from service.index.redis import RedisBackend
+
+NS = namespace("m/odel{x}", 4, "sha256_cbor")
+T0 = 1_000_000
+
+
+def H(*path: int) -> list[bytes]:
+    """A synthetic chain: block i's hash depends on path[:i+1], like a real chain."""
+    return [hashlib.sha256(repr(path[:i + 1]).encode()).digest() for i in range(len(path))]
+
+
+def rec(wid: str, ns: str = NS, hb: int = T0) -> WorkerRecord:
+    return WorkerRecord(wid, ns, f"{wid}:1", "m", 4, "sha256_cbor", heartbeat_ms=hb)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def backend_factory(request: pytest.FixtureRequest) -> Callable[[], IndexBackend]:
+    if request.param == "memory":
+        return MemoryBackend
+    url = request.getfixturevalue("redis_url")
+    return lambda: RedisBackend.from_url(url)
+
+
+def run(factory: Callable[[], IndexBackend],
+        body: Callable[[IndexBackend], Awaitable[None]]) -> None:
+    async def main() -> None:
+        b = factory()
+        try:
+            await body(b)
+        finally:
+            await b.close()
+
+    asyncio.run(main())
+
+
+def test_lookup_walks_chain_and_stops(backend_factory: Callable[[], IndexBackend]) -> None:
+    async def body(b: IndexBackend) -> None:
+        for w in "abc":
+            await b.register(rec(w))
+        chain = H(1, 2, 3, 4, 5)
+        await b.apply_events("a", [KvEvent(1, Stored(tuple(chain)))])
+        await b.apply_events("b", [KvEvent(1, Stored(tuple(chain[:2])))])
+        # c holds blocks 1.. but not block 0: never matches
+        await b.apply_events("c", [KvEvent(1, Stored(tuple(chain[1:]), parent=chain[0]))])
+        got = await b.lookup(NS, chain, T0)
+        assert got == {"a": BlockMatch(5, 5, 0, 0), "b": BlockMatch(2, 2, 0, 0)}
+        assert await b.lookup(NS, chain, T0, workers=["b"]) == {"b": BlockMatch(2, 2)}
+        assert await b.lookup(NS, H(9, 2, 3), T0) == {}
+        assert await b.lookup(namespace("other", 4, "sha256_cbor"), chain, T0) == {}
+
+    run(backend_factory, body)
+
+
+def test_tiers_and_removal(backend_factory: Callable[[], IndexBackend]) -> None:
+    async def body(b: IndexBackend) -> None:
+        await b.register(rec("a"))
+        chain = H(1, 2, 3)
+        await b.apply_events("a", [
+            KvEvent(1, Stored(tuple(chain))),
+            KvEvent(2, Stored((chain[2],), parent=chain[1], tier=TIER_CPU)),  # also on CPU
+            KvEvent(3, Removed((chain[2],), tier=TIER_GPU)),                  # CPU copy left
+        ])
+        m = (await b.lookup(NS, chain, T0))["a"]
+        assert (m.blocks, m.gpu, m.cpu, m.tier) == (3, 2, 1, TIER_CPU)
+        await b.apply_events("a", [KvEvent(4, Removed((chain[1],)))])  # tier 0: all tiers
+        assert await b.lookup(NS, chain, T0) == {"a": BlockMatch(1, 1)}
+        (w,) = await b.workers(with_blocks=True)
+        assert (w.indexed_blocks, w.last_seq) == (2, 4)
+        await b.apply_events("a", [KvEvent(5, Cleared())])
+        assert await b.lookup(NS, chain, T0) == {}
+        (w,) = await b.workers(with_blocks=True)
+        assert w.indexed_blocks == 0
+
+    run(backend_factory, body)
+
+
+def test_orphan_stored_event_is_skipped(backend_factory: Callable[[], IndexBackend]) -> None:
+    async def body(b: IndexBackend) -> None:
+        await b.register(rec("a"))
+        chain = H(1, 2, 3)
+        res = await b.apply_events("a", [KvEvent(1, Stored((chain[2],), parent=chain[1])),
+                                         KvEvent(2, Stored((chain[0],)))])
+        assert (res.status, res.applied, res.last_seq) == (ApplyStatus.OK, 2, 2)
+        assert (await b.workers(with_blocks=True))[0].indexed_blocks == 1
+
+    run(backend_factory, body)
+
+
+def test_batches_are_atomic_with_seq_checks(backend_factory: Callable[[], IndexBackend]) -> None:
+    async def body(b: IndexBackend) -> None:
+        await b.register(rec("a"))
+        c1, c2 = H(1, 2), H(7, 8)
+        ok = await b.apply_events("a", [KvEvent(1, Stored(tuple(c1))), KvEvent(2, Cleared()),
+                                        KvEvent(3, Stored(tuple(c2)))])
+        assert (ok.status, ok.applied, ok.last_seq) == (ApplyStatus.OK, 3, 3)
+        assert await b.lookup(NS, c1, T0) == {}
+        assert await b.lookup(NS, c2, T0) == {"a": BlockMatch(2, 2)}
+        gap = await b.apply_events("a", [KvEvent(5, Removed(tuple(c2)))])
+        assert (gap.status, gap.applied, gap.last_seq) == (ApplyStatus.GAP, 0, 3)
+        dup = await b.apply_events("a", [KvEvent(2, Cleared()), KvEvent(3, Cleared())])
+        assert (dup.status, dup.applied) == (ApplyStatus.DUPLICATE, 0)
+        overlap = await b.apply_events("a", [KvEvent(3, Cleared()), KvEvent(4, Cleared())])
+        assert overlap.status is ApplyStatus.GAP
+        assert await b.lookup(NS, c2, T0) == {"a": BlockMatch(2, 2)}  # nothing applied
+        unknown = await b.apply_events("zz", [KvEvent(1, Cleared())])
+        assert unknown.status is ApplyStatus.UNKNOWN_WORKER
+
+    run(backend_factory, body)
+
+
+def test_snapshot_replaces_and_drops_orphans(backend_factory: Callable[[], IndexBackend]) -> None:
+    async def body(b: IndexBackend) -> None:
+        await b.register(rec("a"))
+        old, c1, c2 = H(5, 5), H(1, 2, 3), H(1, 2, 4)
+        await b.apply_events("a", [KvEvent(1, Stored(tuple(old)))])
+        orphan = H(6, 6)
+        snap = [Stored((c2[2],), parent=c2[1]),          # listed before its parent chain
+                Stored(tuple(c1)),
+                Stored((orphan[1],), parent=orphan[0])]  # parent not in the snapshot
+        assert await b.sync_worker("a", 40, snap) == 4
+        assert await b.lookup(NS, old, T0) == {}
+        assert await b.lookup(NS, c2, T0) == {"a": BlockMatch(3, 3)}
+        assert await b.lookup(NS, orphan, T0) == {}
+        assert (await b.get_worker("a")).last_seq == 40  # type: ignore[union-attr]
+        assert await b.sync_worker("nobody", 1, snap) is None
+
+    run(backend_factory, body)
+
+
+def test_register_heartbeat_purge(backend_factory: Callable[[], IndexBackend]) -> None:
+    async def body(b: IndexBackend) -> None:
+        assert not (await b.heartbeat("a", WorkerLoad(), 0, T0)).known
+        assert await b.register(rec("a")) is False
+        chain = H(1, 2)
+        await b.apply_events("a", [KvEvent(1, Stored(tuple(chain)))])
+        hb = await b.heartbeat("a", WorkerLoad(running=3, free_blocks=9), 1, T0 + 10)
+        assert (hb.known, hb.last_seq, hb.prev_reported_seq) == (True, 1, 0)
+        hb = await b.heartbeat("a", WorkerLoad(running=3), 7, T0 + 20)
+        assert hb.prev_reported_seq == 1
+        w = await b.get_worker("a")
+        assert w is not None and (w.load.running, w.heartbeat_ms, w.reported_seq) == (3, T0 + 20, 7)
+        # purge only if still silent at the deadline
+        assert not await b.purge_worker("a", heartbeat_before_ms=T0 + 20)
+        assert await b.purge_worker("a", heartbeat_before_ms=T0 + 21)
+        assert await b.get_worker("a") is None and await b.workers() == []
+        assert await b.lookup(NS, chain, T0) == {}
+        # re-registering (even into another namespace) drops the old state
+        await b.register(rec("b"))
+        await b.apply_events("b", [KvEvent(1, Stored(tuple(chain)))])
+        other = namespace("m2", 4, "sha256_cbor")
+        assert await b.register(rec("b", ns=other)) is True
+        assert await b.lookup(NS, chain, T0) == {}
+        assert (await b.get_worker("b")).ns == other  # type: ignore[union-attr]
+
+    run(backend_factory, body)
+
+
+def test_provisional_entries_expire(backend_factory: Callable[[], IndexBackend]) -> None:
+    async def body(b: IndexBackend) -> None:
+        for w in "ab":
+            await b.register(rec(w))
+        chain = H(1, 2, 3, 4)
+        await b.apply_events("a", [KvEvent(1, Stored(tuple(chain[:2])))])
+        await b.add_provisional(NS, chain, "a", 2, T0, 2000)
+        await b.add_provisional(NS, chain, "b", 0, T0 + 500, 2000)
+        assert await b.lookup(NS, chain, T0 + 1000) == {"a": BlockMatch(4, 4),
+                                                        "b": BlockMatch(4, 4)}
+        # a's provisional blocks expire at T0 + 2000, b's at T0 + 2500
+        assert await b.lookup(NS, chain, T0 + 2000) == {"a": BlockMatch(2, 2),
+                                                        "b": BlockMatch(4, 4)}
+        assert await b.lookup(NS, chain, T0 + 2500) == {"a": BlockMatch(2, 2)}
+        # never counted as holdings
+        assert [w.indexed_blocks for w in await b.workers(with_blocks=True)] == [2, 0]
+
+    run(backend_factory, body)
+
+
+def test_resolve_snapshot_handles_cycles() -> None:
+    a, b2 = H(1)[0], H(2)[0]
+    got = resolve_snapshot([Stored((a,), parent=b2), Stored((b2,), parent=a)])
+    assert got == {}

@@ -1,0 +1,175 @@
+"""Failure handling over a real Valkey: dead workers, the janitor, Redis killed and restarted
+empty, service restarts, and two replicas sharing one Redis."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from deploy.redis_server import RedisServer
+from kvmesh.v1 import index_pb2 as pb
+from service.config import ServiceConfig
+from tests.service.simworker import SimWorker, prompt, route, serve
+
+T = TypeVar("T")
+FAST = dict(heartbeat_interval_s=0.2, liveness_timeout_s=0.6, purge_after_s=1.0,
+            janitor_interval_s=0.2, refresh_interval_s=0.1, degraded_retry_s=0.2)
+
+
+def redis_cfg(url: str, **kw: object) -> ServiceConfig:
+    return ServiceConfig(backend="redis", redis_url=url, redis_timeout_s=0.3, **kw)  # type: ignore
+
+
+async def eventually(probe: Callable[[], Awaitable[T]], ok: Callable[[T], bool],
+                     within: float) -> tuple[T, float]:
+    """Poll ``probe`` until ``ok``; returns the value and the seconds it took."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            value = await probe()
+            if ok(value):
+                return value, time.monotonic() - t0
+        except grpc.aio.AioRpcError:
+            pass
+        assert time.monotonic() - t0 < within, f"not within {within}s"
+        await asyncio.sleep(0.05)
+
+
+def test_silent_worker_leaves_routing_within_three_seconds(redis_url: str) -> None:
+    async def main() -> None:
+        async with serve(redis_cfg(redis_url)) as r:           # defaults: 1 s / 3 s
+            a, b = SimWorker(r.stub, "a"), SimWorker(r.stub, "b")
+            await a.join()
+            await b.join()
+            p = prompt(40)
+            await a.store(p)
+            assert (await route(r.stub, p)).candidates[0].worker_id == "a"
+            await a.heartbeat()
+            await b.heartbeat()
+            stop = asyncio.Event()
+
+            async def keep_b_alive() -> None:
+                while not stop.is_set():
+                    await asyncio.sleep(0.5)
+                    await b.heartbeat()
+
+            task = asyncio.create_task(keep_b_alive())
+            # the service drops it exactly 3.0 s after its last heartbeat; the slack is polling
+            res, took = await eventually(lambda: route(r.stub, p),
+                                         lambda res: [c.worker_id for c in res.candidates]
+                                         == ["b"], within=3.5)
+            assert took > 2.5, "left routing too early"
+            stop.set()
+            await task
+            st = await r.stub.Stats(pb.StatsRequest())
+            assert {w.worker_id: w.alive for w in st.workers} == {"a": False, "b": True}
+
+    asyncio.run(main())
+
+
+def test_janitor_purges_dead_workers(redis_url: str) -> None:
+    async def main() -> None:
+        async with serve(redis_cfg(redis_url, **FAST)) as r:
+            a = SimWorker(r.stub, "a")
+            await a.join()
+            await a.store(prompt(40))
+            st, _ = await eventually(lambda: r.stub.Stats(pb.StatsRequest()),
+                                     lambda st: not st.workers, within=3)
+            hb = await a.heartbeat()                            # it comes back: too late
+            assert hb.reregister and hb.resync
+            await a.join()                                      # re-register + snapshot
+            res = await route(r.stub, prompt(41))
+            assert res.candidates[0].matched_tokens == 40
+
+    asyncio.run(main())
+
+
+def test_redis_down_degrades_then_recovers_empty(redis_server: RedisServer,
+                                                 redis_url: str) -> None:
+    async def main() -> None:
+        async with serve(redis_cfg(redis_url, **FAST)) as r:
+            a, b = SimWorker(r.stub, "a"), SimWorker(r.stub, "b")
+            await a.join(running=2)
+            await b.join(running=1)
+            p = prompt(40)
+            await a.store(p)
+            assert (await route(r.stub, p)).candidates[0].worker_id == "a"
+            redis_server.kill()
+            for _ in range(3):
+                res = await route(r.stub, p)                    # never an error
+                assert res.degraded and res.policy == "least_loaded"
+                assert [c.worker_id for c in res.candidates] == ["b", "a"]
+            st = await r.stub.Stats(pb.StatsRequest())
+            assert st.degraded and {w.worker_id for w in st.workers} == {"a", "b"}
+            try:
+                await a.heartbeat()
+                raise AssertionError("heartbeat should fail while the index is down")
+            except grpc.aio.AioRpcError as e:
+                assert e.code() == grpc.StatusCode.UNAVAILABLE
+            await asyncio.sleep(1.0)                            # past the liveness timeout
+            assert len((await route(r.stub, p)).candidates) == 2
+            redis_server.start()                                # back, EMPTY
+            hb, _ = await eventually(a.heartbeat, lambda hb: hb.reregister, within=3)
+            assert hb.resync
+            await a.join(running=2)
+            await b.join(running=1)
+            res, _ = await eventually(lambda: route(r.stub, p),
+                                      lambda res: not res.degraded, within=3)
+            assert res.candidates[0].worker_id == "a"
+            assert res.candidates[0].matched_tokens == 36       # re-synced snapshot
+
+    asyncio.run(main())
+
+
+def test_two_replicas_over_one_redis_agree(redis_url: str) -> None:
+    async def main() -> None:
+        cfg = redis_cfg(redis_url, refresh_interval_s=0.1)
+        async with serve(cfg) as r1, serve(cfg) as r2:
+            a, b = SimWorker(r1.stub, "a", port=1), SimWorker(r2.stub, "b", port=2)
+            await a.join()
+            await b.join()
+            p1, p2 = prompt(40), prompt(40, start=5000)
+            await a.store(p1)
+            await b.store(p2)
+            for stub in (r1.stub, r2.stub):
+                res, _ = await eventually(lambda s=stub: route(s, p1),
+                                          lambda res: len(res.candidates) == 2, within=2)
+                assert (res.candidates[0].worker_id, res.candidates[0].matched_tokens) == ("a", 36)
+                res = await route(stub, p2)
+                assert (res.candidates[0].worker_id, res.candidates[0].matched_tokens) == ("b", 36)
+            assert not (await SimWorker(r2.stub, "a").heartbeat()).reregister
+            # a provisional entry written through one replica steers the other
+            new = prompt(40, start=9000)
+            first = (await route(r1.stub, new, policy="prefix_only")).candidates[0]
+            second = (await route(r2.stub, new, policy="prefix_only")).candidates[0]
+            assert second.worker_id == first.worker_id and second.matched_tokens == 36
+            s1 = await r1.stub.Stats(pb.StatsRequest())
+            s2 = await r2.stub.Stats(pb.StatsRequest())
+            blocks = sorted((w.worker_id, w.indexed_blocks, w.last_seq) for w in s1.workers)
+            assert blocks == sorted((w.worker_id, w.indexed_blocks, w.last_seq)
+                                    for w in s2.workers) == [("a", 10, 1), ("b", 10, 1)]
+
+    asyncio.run(main())
+
+
+def test_service_restart_keeps_redis_state_but_memory_asks_to_reregister(
+        redis_url: str) -> None:
+    async def main() -> None:
+        for cfg in (redis_cfg(redis_url), ServiceConfig()):
+            async with serve(cfg) as r:
+                a = SimWorker(r.stub, "a")
+                await a.join()
+                await a.store(prompt(20))
+            async with serve(cfg) as r:                         # a new process
+                a.stub = r.stub
+                hb = await a.heartbeat()
+                assert hb.reregister is (cfg.backend == "memory")
+                if hb.reregister:
+                    await a.join()
+                res = await route(r.stub, prompt(21))
+                assert res.candidates[0].matched_tokens == 20
+
+    asyncio.run(main())
