@@ -89,11 +89,15 @@ def _print_json(data: Any) -> None:
 def route_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
               service: Service = DEFAULT_SERVICE, token: Token = None, policy: Policy = None,
               max_candidates: Annotated[int, typer.Option(help="0: all workers.")] = 0,
-              timeout: Timeout = 5.0, json_out: JsonOut = False) -> None:
+              timeout: Timeout = 5.0, json_out: JsonOut = False,
+              record: Annotated[bool, typer.Option(
+                  help="Route for real (provisional entries, load estimate) instead of "
+                       "only looking.")] = False) -> None:
     """Ask the service which worker holds the longest prefix of a prompt."""
     prompt = _prompt(tokens, text)
     with _client(service, token, timeout) as kv:
-        result = kv.route(prompt, salt=salt, policy=policy, max_candidates=max_candidates)
+        result = kv.route(prompt, salt=salt, policy=policy, max_candidates=max_candidates,
+                          dry_run=not record)
     if json_out:
         _print_json(dataclasses.asdict(result))
         return

@@ -70,11 +70,13 @@ def _token_list(token_ids: Iterable[int]) -> Iterable[int]:
 
 def route_request(token_ids: Iterable[int], salt: str | None = None, lora: LoraSpec = None,
                   mm: Iterable[MmSpec] = (), policy: str | None = None,
-                  max_candidates: int = 0, model: str | None = None) -> index_pb2.RouteRequest:
+                  max_candidates: int = 0, model: str | None = None,
+                  dry_run: bool = False) -> index_pb2.RouteRequest:
     """Build a ``RouteRequest``; ``None`` means the service's default for every option."""
     return index_pb2.RouteRequest(
         token_ids=_token_list(token_ids), salt=salt or "", lora=_lora(lora), mm=_mm(mm),
-        model=model or "", policy=policy or "", max_candidates=max(0, int(max_candidates)))
+        model=model or "", policy=policy or "", max_candidates=max(0, int(max_candidates)),
+        dry_run=dry_run)
 
 
 def generate_request(route: index_pb2.RouteRequest, max_tokens: int = 16,

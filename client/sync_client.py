@@ -102,12 +102,16 @@ class KvmeshClient:
 
     def route(self, token_ids: Iterable[int], salt: str | None = None, lora: LoraSpec = None,
               mm: Iterable[MmSpec] = (), policy: str | None = None,
-              max_candidates: int = 0) -> RouteResult:
+              max_candidates: int = 0,
+              dry_run: bool = False) -> RouteResult:
         """Ask the service which worker should serve this prompt (best candidate first).
 
-        Raises ``KvmeshError(UNAVAILABLE)`` when no worker can take it.
+        Raises ``KvmeshError(UNAVAILABLE)`` when no worker can take it. ``dry_run`` asks the
+        same question without the side effects routing has on the service (provisional
+        entries for the chosen worker, its estimated load): use it to inspect.
         """
-        request = route_request(token_ids, salt, lora, mm, policy, max_candidates)
+        request = route_request(token_ids, salt, lora, mm, policy, max_candidates,
+                                dry_run=dry_run)
         return self._route(request)
 
     def _route(self, request: index_pb2.RouteRequest) -> RouteResult:

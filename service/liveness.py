@@ -35,6 +35,9 @@ class WorkerTable:
         self.timeout_ms = liveness_timeout_ms
         self._records: dict[str, WorkerRecord] = {}
         self._pending: dict[str, _Pending] = {}
+        # Records that vanished from the backend while their worker was alive (Redis emptied
+        # or restarted): kept for degraded routing until they re-register or time out.
+        self._lost: dict[str, WorkerRecord] = {}
         self.last_refresh_ms = 0
 
     def replace_all(self, records: list[WorkerRecord], now_ms: int) -> None:
@@ -45,6 +48,11 @@ class WorkerTable:
             if old is not None and old.ns == rec.ns and old.heartbeat_ms > rec.heartbeat_ms:
                 rec.heartbeat_ms, rec.load = old.heartbeat_ms, old.load
             fresh[rec.worker_id] = rec
+        for wid, old in self._records.items():
+            if wid not in fresh and self.alive(old, now_ms):
+                self._lost[wid] = old
+        self._lost = {w: r for w, r in self._lost.items()
+                      if w not in fresh and self.alive(r, now_ms)}
         self._records = fresh
         self._pending = {w: p for w, p in self._pending.items()
                          if w in fresh and fresh[w].heartbeat_ms <= p.heartbeat_ms}
@@ -62,6 +70,7 @@ class WorkerTable:
 
     def remove(self, worker_id: str) -> None:
         self._records.pop(worker_id, None)
+        self._lost.pop(worker_id, None)
         self._pending.pop(worker_id, None)
 
     def get(self, worker_id: str) -> WorkerRecord | None:
@@ -79,7 +88,14 @@ class WorkerTable:
 
     def live(self, now_ms: int, degraded: bool = False) -> list[WorkerRecord]:
         check = self.degraded_alive if degraded else self.alive
-        return [r for r in self._records.values() if check(r, now_ms)]
+        live = [r for r in self._records.values() if check(r, now_ms)]
+        if degraded:
+            live += [r for r in self._lost.values() if self.alive(r, now_ms)]
+        return live
+
+    def lost(self, now_ms: int) -> bool:
+        """Whether workers alive a moment ago vanished from the backend (it was emptied)."""
+        return any(self.alive(r, now_ms) for r in self._lost.values())
 
     def load(self, rec: WorkerRecord) -> WorkerLoad:
         """The reported load plus what this replica routed there since that report."""

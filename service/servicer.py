@@ -262,7 +262,14 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
     async def _route(self, inp: validate.RouteInput, now: int) -> pb.RouteResponse:
         if self.index_down:
             return self._degraded(inp, now)
-        groups = self._live_groups(inp.model, now, degraded=False)
+        try:
+            groups = self._live_groups(inp.model, now, degraded=False)
+        except RequestError as e:
+            # An emptied/restarted Redis forgets every worker until they re-register (one
+            # heartbeat): answer from what this replica last knew instead of failing.
+            if e.code == grpc.StatusCode.UNAVAILABLE and self.table.lost(now):
+                return self._degraded(inp, now)
+            raise
         views: list[WorkerView] = []
         chains: dict[str, list[bytes]] = {}
         held: dict[tuple[str, str], int] = {}  # (ns, worker) -> blocks held, uncapped
@@ -290,6 +297,8 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         best = ranked[0].view
         chain = chains[best.ns]
         start = held[best.ns, best.worker_id]
+        if inp.dry_run:
+            return self._answer(inp, ranked, inp.policy, degraded=False)
         if start < len(chain):  # it will compute and hold the rest: say so at once
             try:
                 await self.backend.add_provisional(

@@ -149,6 +149,7 @@ class RouteInput:
     model: str
     policy: str
     max_candidates: int
+    dry_run: bool = False  # inspect only: record no provisional entries or routed work
 
 
 def route(req: pb.RouteRequest, cfg: ServiceConfig) -> RouteInput:
@@ -183,4 +184,4 @@ def route(req: pb.RouteRequest, cfg: ServiceConfig) -> RouteInput:
         raise RequestError(INVALID, f"unknown policy {req.policy[:64]!r}; valid: "
                            f"{', '.join(POLICIES)}")
     return RouteInput(tokens, req.salt or None, lora, tuple(mm), req.model, policy,
-                      req.max_candidates)
+                      req.max_candidates, req.dry_run)

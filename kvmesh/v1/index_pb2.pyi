@@ -169,7 +169,7 @@ class SyncWorkerResponse(_message.Message):
     def __init__(self, indexed_blocks: _Optional[int] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
-    __slots__ = ("token_ids", "salt", "lora", "mm", "model", "policy", "max_candidates")
+    __slots__ = ("token_ids", "salt", "lora", "mm", "model", "policy", "max_candidates", "dry_run")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SALT_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +177,7 @@ class RouteRequest(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     MAX_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     salt: str
     lora: Lora
@@ -184,7 +185,8 @@ class RouteRequest(_message.Message):
     model: str
     policy: str
     max_candidates: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., salt: _Optional[str] = ..., lora: _Optional[_Union[Lora, _Mapping]] = ..., mm: _Optional[_Iterable[_Union[MultimodalItem, _Mapping]]] = ..., model: _Optional[str] = ..., policy: _Optional[str] = ..., max_candidates: _Optional[int] = ...) -> None: ...
+    dry_run: bool
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., salt: _Optional[str] = ..., lora: _Optional[_Union[Lora, _Mapping]] = ..., mm: _Optional[_Iterable[_Union[MultimodalItem, _Mapping]]] = ..., model: _Optional[str] = ..., policy: _Optional[str] = ..., max_candidates: _Optional[int] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class Candidate(_message.Message):
     __slots__ = ("worker_id", "address", "matched_tokens", "tier", "cost", "load")

@@ -42,7 +42,7 @@ def _try(fn):
 
 
 def holder_match(client, tokens, worker_id, salt=None) -> int:
-    for c in client.route(tokens, salt=salt).candidates:
+    for c in client.route(tokens, salt=salt, dry_run=True).candidates:
         if c.worker_id == worker_id:
             return c.matched_tokens
     return 0
@@ -77,7 +77,7 @@ def test_two_service_replicas_agree(cluster, client):
     answers = []
     for addr in cluster.service_addresses:
         with KvmeshClient(addr) as c:
-            r = c.route(question(3))
+            r = c.route(question(3), dry_run=True)
             answers.append(sorted((x.worker_id, x.matched_tokens) for x in r.candidates))
     assert answers[0] == answers[1] and max(m for _, m in answers[0]) >= 192
 
@@ -105,17 +105,17 @@ def test_emptied_redis_is_rebuilt_by_resync(cluster, client):
 
 
 def test_service_restart_loses_nothing(cluster, client):
-    before = client.route(question(7))
+    before = client.route(question(7), dry_run=True)
     cluster.services[0].kill()
     # The client fails over to the other replica meanwhile.
-    during = client.route(question(7))
+    during = client.route(question(7), dry_run=True)
     assert during.worker_id == before.worker_id
     assert during.matched_tokens == before.matched_tokens
     cluster.start_service(0, port=int(cluster.services[0].address.rpartition(":")[2]))
     with KvmeshClient(cluster.services[0].address) as c:
         # gRPC may still hold the old connection's back-off for a moment: retry until it
         # reconnects to the restarted replica.
-        after = wait_for(lambda: _try(lambda: c.route(question(7))))
+        after = wait_for(lambda: _try(lambda: c.route(question(7), dry_run=True)))
     assert after.matched_tokens == before.matched_tokens
 
 

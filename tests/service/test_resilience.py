@@ -173,3 +173,29 @@ def test_service_restart_keeps_redis_state_but_memory_asks_to_reregister(
                 assert res.candidates[0].matched_tokens == 20
 
     asyncio.run(main())
+
+
+def test_emptied_redis_answers_degraded_until_workers_return(redis_url: str) -> None:
+    import redis.asyncio as aioredis
+
+    async def main() -> None:
+        async with serve(redis_cfg(redis_url, **FAST)) as r:
+            a = SimWorker(r.stub, "a")
+            await a.join()
+            p = prompt(40)
+            await a.store(p)
+            client = aioredis.Redis.from_url(redis_url)
+            await client.flushall()
+            await client.aclose()
+            await asyncio.sleep(0.3)                    # a refresh sees the empty registry
+            res = await route(r.stub, p)                # never an error meanwhile
+            assert res.degraded and [c.worker_id for c in res.candidates] == ["a"]
+            hb = await a.heartbeat()
+            assert hb.reregister
+            await a.join()
+            await a.store(p)
+            res, _ = await eventually(lambda: route(r.stub, p),
+                                      lambda res: not res.degraded, within=3)
+            assert res.candidates[0].matched_tokens == 36
+
+    asyncio.run(main())

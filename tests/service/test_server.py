@@ -103,6 +103,25 @@ def test_provisional_entries_co_locate_a_burst(redis_url: str) -> None:
     asyncio.run(main())
 
 
+def test_dry_run_routes_record_nothing(redis_url: str) -> None:
+    async def main() -> None:
+        async with serve(redis_cfg(redis_url)) as r:
+            for i in range(2):
+                await SimWorker(r.stub, f"w{i}").join()
+            new = prompt(64, start=7000)
+            for _ in range(3):
+                res = await r.stub.Route(pb.RouteRequest(token_ids=new, dry_run=True))
+                assert all(c.matched_tokens == 0 for c in res.candidates)
+            st = await r.stub.Stats(pb.StatsRequest())
+            assert all(w.indexed_blocks == 0 for w in st.workers)
+            # a real route records provisional entries; a dry run sees them without adding
+            chosen = (await route(r.stub, new)).candidates[0].worker_id
+            res = await r.stub.Route(pb.RouteRequest(token_ids=new, dry_run=True))
+            assert {c.worker_id: c.matched_tokens for c in res.candidates}[chosen] == 60
+
+    asyncio.run(main())
+
+
 def test_provisional_entries_never_outlive_their_ttl(redis_url: str) -> None:
     async def main() -> None:
         async with serve(redis_cfg(redis_url, provisional_ttl_s=0.3)) as r:

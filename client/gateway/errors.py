@@ -1,0 +1,132 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+
+Every failure the gateway answers, including FastAPI's own validation errors (422 by
+default, 400 here) and unknown routes, uses this body so OpenAI SDKs raise their usual
+exceptions. kvmesh failures map by gRPC code:
+
+=====================  ======  ===============================================
+KvmeshError code       status  meaning
+=====================  ======  ===============================================
+INVALID_ARGUMENT       400     the request is malformed for the model/service
+OUT_OF_RANGE           400
+UNAUTHENTICATED        401     the service rejected the gateway's --token
+PERMISSION_DENIED      403
+NOT_FOUND              404
+RESOURCE_EXHAUSTED     413     the request is over a size limit (prompt longer
+                               than a worker's KV pool, ...): retrying the same
+                               request cannot help, so not 429
+UNAVAILABLE            503     no live worker or service replica
+DEADLINE_EXCEEDED      504
+anything else          500
+=====================  ======  ===============================================
+"""
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+import grpc
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from client.errors import KvmeshError
+
+_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 413,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+          403: "permission_error", 404: "not_found_error", 413: "invalid_request_error",
+          429: "rate_limit_error"}
+
+
+class OpenAIError(Exception):
+    """An error answered as OpenAI-shaped JSON with HTTP ``status``."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None, type_: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type_ or _TYPES.get(status, "server_error" if status >= 500
+                                        else "invalid_request_error")
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        """The HTTP response carrying ``body()``."""
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def from_kvmesh(err: KvmeshError) -> OpenAIError:
+    """The OpenAI error for a kvmesh client failure (status per the module's table)."""
+    status = _STATUS.get(err.code, 500)
+    message = err.message
+    if err.code is grpc.StatusCode.UNAUTHENTICATED:
+        message = f"the kvmesh service rejected the gateway's token (--token): {message}"
+    return OpenAIError(status, message, code=err.code.name.lower())
+
+
+def _loc_param(loc: tuple[Any, ...]) -> str | None:
+    parts = [str(p) for p in loc if p != "body"]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
+    return out or None
+
+
+def _validation(_: Request, exc: Exception) -> JSONResponse:
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    first = errors[0] if errors else {}
+    param = _loc_param(tuple(first.get("loc", ())))
+    if first.get("type") == "json_invalid" or param is None:
+        message = f"invalid JSON body: {first.get('msg', 'could not parse the request body')}"
+    else:
+        message = f"{param}: {first.get('msg', 'invalid value')}"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem(s))"
+    return OpenAIError(400, message, param=param, code="invalid_request").response()
+
+
+def _http(_: Request, exc: Exception) -> JSONResponse:
+    status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
+    detail = getattr(exc, "detail", None) or HTTPStatus(status).phrase
+    return OpenAIError(status, str(detail)).response()
+
+
+def _openai(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, OpenAIError)
+    return exc.response()
+
+
+def _kvmesh(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, KvmeshError)
+    return from_kvmesh(exc).response()
+
+
+def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    return OpenAIError(500, f"internal error in the gateway: {type(exc).__name__}").response()
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Answer validation errors, HTTP errors, ``OpenAIError``, ``KvmeshError`` and any other
+    exception (500, still logged by the server) raised by a route in OpenAI's error shape."""
+    app.add_exception_handler(Exception, _unexpected)
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(OpenAIError, _openai)
+    app.add_exception_handler(KvmeshError, _kvmesh)

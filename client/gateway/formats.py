@@ -1,0 +1,95 @@
+"""OpenAI response bodies and stream chunks, for completions and chat completions.
+
+``ResponseShape`` builds every JSON object one response needs (the whole body, each
+server-sent-event chunk, the usage chunk) with one id and creation time. kvmesh's facts ride
+in ``usage``: ``prompt_tokens_details.cached_tokens`` is what the worker really served from
+its prefix cache (``null`` when unknown, e.g. a stream cut short by a stop string).
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+DONE = "data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one request (summed over a batch)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None
+
+    def __add__(self, other: Usage) -> Usage:
+        cached = (None if self.cached_tokens is None or other.cached_tokens is None
+                  else self.cached_tokens + other.cached_tokens)
+        return Usage(self.prompt_tokens + other.prompt_tokens,
+                     self.completion_tokens + other.completion_tokens, cached)
+
+    def as_dict(self) -> dict[str, Any]:
+        """OpenAI's ``usage`` object."""
+        return {"prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": (None if self.cached_tokens is None
+                                          else {"cached_tokens": self.cached_tokens})}
+
+
+def sse(obj: dict[str, Any]) -> str:
+    """One server-sent event carrying ``obj`` as JSON."""
+    return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+class ResponseShape:
+    """The JSON objects of one response; ``chat`` picks chat completion vs text completion."""
+
+    def __init__(self, chat: bool, model: str) -> None:
+        self.chat = chat
+        self.model = model
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def _head(self, object_: str) -> dict[str, Any]:
+        return {"id": self.id, "object": object_, "created": self.created, "model": self.model}
+
+    def body(self, choices: list[tuple[str, str]], usage: Usage) -> dict[str, Any]:
+        """The non-streaming body for ``[(text, finish_reason), ...]`` (one per prompt)."""
+        out = self._head("chat.completion" if self.chat else "text_completion")
+        if self.chat:
+            out["choices"] = [{"index": i, "message": {"role": "assistant", "content": text},
+                               "logprobs": None, "finish_reason": finish}
+                              for i, (text, finish) in enumerate(choices)]
+        else:
+            out["choices"] = [{"index": i, "text": text, "logprobs": None,
+                               "finish_reason": finish}
+                              for i, (text, finish) in enumerate(choices)]
+        out["usage"] = usage.as_dict()
+        return out
+
+    def chunk(self, text: str | None, finish_reason: str | None = None,
+              role: bool = False) -> dict[str, Any]:
+        """One stream chunk: new ``text`` (chat: in ``delta``; ``role`` adds the assistant
+        role, as the first chat chunk does) and, on the last one, ``finish_reason``."""
+        out = self._head("chat.completion.chunk" if self.chat else "text_completion")
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta}
+        else:
+            choice = {"index": 0, "text": text or ""}
+        choice["logprobs"] = None
+        choice["finish_reason"] = finish_reason
+        out["choices"] = [choice]
+        return out
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        """The last chunk of a stream with ``stream_options.include_usage``: no choices."""
+        out = self._head("chat.completion.chunk" if self.chat else "text_completion")
+        out["choices"] = []
+        out["usage"] = usage.as_dict()
+        return out

@@ -1,0 +1,109 @@
+"""One prompt through kvmesh: route, generate on the chosen worker, detokenize.
+
+``generate_text`` waits for the whole generation (the client fails over between candidate
+workers even mid-generation); ``start_stream`` waits only for the first tokens, so a request
+that cannot be served at all still fails with a proper HTTP status, and then yields text
+deltas as the worker produces them. Stop strings end a stream early and cancel the worker's
+request.
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+
+from client.async_client import AsyncKvmeshClient, TokenChunk
+from client.gateway.formats import Usage
+from client.gateway.textstream import TextStream
+from client.gateway.tokenizer import Tokenizer
+from client.results import GenerateResult
+
+
+@dataclass(frozen=True)
+class Job:
+    """What to generate: prompt ids, the salt already decided, and sampling."""
+
+    token_ids: list[int]
+    salt: str | None
+    max_tokens: int
+    temperature: float
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A finished choice: its text, OpenAI finish reason, usage and the serving worker."""
+
+    text: str
+    finish_reason: str
+    usage: Usage
+    worker_id: str
+
+
+def _finish_reason(result: GenerateResult) -> str:
+    return result.finish_reason if result.finish_reason in ("stop", "length") else "length"
+
+
+def _outcome(job: Job, text: str, stream: TextStream, result: GenerateResult) -> Outcome:
+    completion = stream.num_tokens if stream.stopped else len(result.token_ids)
+    usage = Usage(result.prompt_tokens or len(job.token_ids), completion,
+                  result.num_cached_tokens)
+    return Outcome(text, "stop" if stream.stopped else _finish_reason(result), usage,
+                   result.worker_id)
+
+
+async def generate_text(kv: AsyncKvmeshClient, tokenizer: Tokenizer, job: Job) -> Outcome:
+    """Generate ``job`` to the end and detokenize it. Raises ``KvmeshError``."""
+    result = await kv.generate(job.token_ids, max_tokens=job.max_tokens, salt=job.salt,
+                               temperature=job.temperature, seed=job.seed)
+    stream = TextStream(tokenizer, job.stop)
+    text = stream.push(result.token_ids)
+    text += stream.finish()
+    return _outcome(job, text, stream, result)
+
+
+@dataclass
+class TextDeltas:
+    """A started stream: the worker serving it and an iterator of ``str`` deltas that ends
+    with one ``Outcome`` (its ``text`` empty: the deltas are the text)."""
+
+    worker_id: str
+    events: AsyncGenerator[str | Outcome, None]
+
+
+async def start_stream(kv: AsyncKvmeshClient, tokenizer: Tokenizer, job: Job) -> TextDeltas:
+    """Route and start generating; returns once the first tokens (or the whole result)
+    arrived. Raises ``KvmeshError`` when no worker could start the request."""
+    chunks = kv.generate_stream(job.token_ids, max_tokens=job.max_tokens, salt=job.salt,
+                                temperature=job.temperature, seed=job.seed)
+    try:
+        first = await anext(chunks)
+    except BaseException:
+        await chunks.aclose()
+        raise
+    return TextDeltas(first.worker_id, _deltas(job, tokenizer, first, chunks))
+
+
+async def _deltas(job: Job, tokenizer: Tokenizer, first: TokenChunk | GenerateResult,
+                  chunks: AsyncGenerator[TokenChunk | GenerateResult, None],
+                  ) -> AsyncGenerator[str | Outcome, None]:
+    stream = TextStream(tokenizer, job.stop)
+    item = first
+    try:
+        while True:
+            if isinstance(item, GenerateResult):
+                tail = stream.finish()
+                if tail:
+                    yield tail
+                yield _outcome(job, "", stream, item)
+                return
+            text = stream.push(item.token_ids)
+            if text:
+                yield text
+            if stream.stopped:
+                usage = Usage(len(job.token_ids), stream.num_tokens, None)
+                yield Outcome("", "stop", usage, item.worker_id)
+                return
+            item = await anext(chunks)
+    finally:
+        await chunks.aclose()

@@ -1,0 +1,111 @@
+"""Tenancy: API keys -> tenants, and the cache salt each request gets.
+
+A salt changes every block hash of a prompt, so requests with different salts never share
+cached KV. With a tenant-keys file the gateway, not the caller, decides the salt:
+
+    salt = hex(HMAC-SHA256(secret, "kvmesh-tenant\\0" + tenant))
+    salt = hex(HMAC-SHA256(secret, "kvmesh-tenant\\0" + tenant + "\\0" + cache_salt))
+
+The second form is used when the request carries vLLM's ``cache_salt``: a tenant may split
+its own cache further (per end user, say), but since its tenant name is inside the MAC, no
+``cache_salt`` it sends can produce another tenant's salt. Every gateway replica of a cluster
+must share ``secret`` for their tenants' prefixes to be shared; without one a random secret
+is drawn at start (salts then change on restart). Without a tenant-keys file, ``cache_salt``
+is passed through unchanged and no API key is required.
+
+Key file formats: a JSON object ``{"<api key>": "<tenant>", ...}``, or text lines
+``<api key> <tenant>`` (blank lines and ``#`` comments skipped).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+
+SALT_CONTEXT = b"kvmesh-tenant\0"
+
+
+class TenantKeyError(ValueError):
+    """The tenant-keys file is malformed (the message names the line or entry)."""
+
+
+def _key_digest(api_key: str) -> bytes:
+    # Keys are looked up by digest so the lookup's timing says nothing about the keys.
+    return hashlib.sha256(api_key.encode("utf-8")).digest()
+
+
+def parse_tenant_keys(text: str) -> dict[str, str]:
+    """The ``api key -> tenant`` mapping of a key file's ``text`` (JSON object or lines).
+
+    Raises ``TenantKeyError`` on malformed input, empty keys or tenants, or a key given twice.
+    """
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise TenantKeyError(f"tenant keys: invalid JSON ({exc})") from None
+        pairs = list(data.items())
+    else:
+        pairs = []
+        for n, raw in enumerate(text.splitlines(), 1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            parts = line.split()
+            if len(parts) != 2:
+                raise TenantKeyError(f"tenant keys line {n}: expected '<api key> <tenant>'")
+            pairs.append((parts[0], parts[1]))
+    out: dict[str, str] = {}
+    for n, (key, tenant) in enumerate(pairs, 1):  # messages never quote a key
+        if not isinstance(tenant, str) or not key or not tenant or "\0" in tenant:
+            raise TenantKeyError(f"tenant keys entry {n}: needs a key and a non-empty tenant "
+                                 "name without NUL characters")
+        if key in out:
+            raise TenantKeyError(f"tenant keys entry {n}: this key is already listed")
+        out[key] = tenant
+    if not out:
+        raise TenantKeyError("tenant keys: the file lists no key")
+    return out
+
+
+class Tenancy:
+    """Authenticates API keys and derives each tenant's salt (see the module docstring)."""
+
+    def __init__(self, keys: Mapping[str, str], secret: bytes | str | None = None) -> None:
+        self._tenants = {_key_digest(k): t for k, t in keys.items()}
+        if secret is None or secret == b"" or secret == "":
+            secret = secrets.token_bytes(32)
+            self.random_secret = True
+        else:
+            self.random_secret = False
+        self._secret = secret.encode("utf-8") if isinstance(secret, str) else secret
+
+    @classmethod
+    def from_file(cls, path: str | Path, secret: bytes | str | None = None) -> Tenancy:
+        """Load a key file; raises ``OSError`` or ``TenantKeyError``."""
+        return cls(parse_tenant_keys(Path(path).read_text(encoding="utf-8")), secret)
+
+    @property
+    def tenants(self) -> set[str]:
+        """The tenant names the key file knows."""
+        return set(self._tenants.values())
+
+    def tenant_for(self, authorization: str | None) -> str | None:
+        """The tenant of an ``Authorization: Bearer <key>`` header value; ``None`` when the
+        header is missing, malformed or carries an unknown key."""
+        if not authorization:
+            return None
+        scheme, _, key = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            return None
+        return self._tenants.get(_key_digest(key.strip()))
+
+    def salt(self, tenant: str, cache_salt: str | None = None) -> str:
+        """The salt for ``tenant``'s request, optionally narrowed by its ``cache_salt``."""
+        message = SALT_CONTEXT + tenant.encode("utf-8")
+        if cache_salt:
+            message += b"\0" + cache_salt.encode("utf-8")
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
