@@ -1,0 +1,147 @@
+"""The gateway through the official ``openai`` package: completions, chat, streaming, models.
+
+The fake workers answer ``max_tokens`` tokens 100, 101, ... which the byte-level ``tiny``
+vocabulary decodes to "defg..."; worker ``w1`` reports ``W1_CACHED`` cached prompt tokens.
+"""
+from __future__ import annotations
+
+import json
+import urllib.request
+
+from tests.client.fake_servers import candidate, closed_port_address
+from tests.gateway.conftest import W1_CACHED, Stack
+
+
+def test_completion_text_usage_and_headers(stack: Stack) -> None:
+    client = stack.gateway.openai()
+    raw = client.completions.with_raw_response.create(model="tiny", prompt="hello",
+                                                      max_tokens=4, seed=7)
+    completion = raw.parse()
+    assert completion.object == "text_completion"
+    assert completion.id.startswith("cmpl-")
+    assert completion.choices[0].text == "defg"
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.usage.prompt_tokens == 5
+    assert completion.usage.completion_tokens == 4
+    assert completion.usage.total_tokens == 9
+    assert completion.usage.prompt_tokens_details.cached_tokens == W1_CACHED
+    assert raw.headers["x-kvmesh-worker"] == "w1"
+    assert raw.headers["x-kvmesh-cached-tokens"] == str(W1_CACHED)
+    req = stack.last_request
+    assert list(req.token_ids) == list(b"hello")
+    assert req.sampling.max_tokens == 4
+    assert req.sampling.seed == 7
+    assert req.sampling.temperature == 1.0  # OpenAI's default
+    assert req.salt == ""
+    assert list(stack.index.routes[-1].token_ids) == list(b"hello")
+
+
+def test_token_prompt_default_max_tokens_and_cache_salt(stack: Stack) -> None:
+    client = stack.gateway.openai()
+    completion = client.completions.create(model="tiny", prompt=[1, 2, 3], temperature=0,
+                                           extra_body={"cache_salt": "team-1"})
+    assert len(completion.choices[0].text) == 16  # max_tokens defaults to 16
+    req = stack.last_request
+    assert list(req.token_ids) == [1, 2, 3]
+    assert req.sampling.temperature == 0.0
+    assert req.salt == "team-1"  # without tenant keys the caller's cache_salt passes through
+    assert stack.index.routes[-1].salt == "team-1"
+
+
+def test_batch_of_prompts(stack: Stack) -> None:
+    client = stack.gateway.openai()
+    raw = client.completions.with_raw_response.create(model="tiny", prompt=["ab", "cd"],
+                                                      max_tokens=2)
+    completion = raw.parse()
+    assert [c.text for c in completion.choices] == ["de", "de"]
+    assert [c.index for c in completion.choices] == [0, 1]
+    assert completion.usage.prompt_tokens == 4
+    assert completion.usage.prompt_tokens_details.cached_tokens == 2 * W1_CACHED
+    assert raw.headers["x-kvmesh-worker"] == "w1,w1"
+
+
+def test_chat_completion_renders_the_simple_template(stack: Stack) -> None:
+    client = stack.gateway.openai()
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny", max_tokens=3,
+        messages=[{"role": "system", "content": "Be brief."},
+                  {"role": "user", "content": [{"type": "text", "text": "Hi"}]}])
+    chat = raw.parse()
+    assert chat.object == "chat.completion"
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].message.content == "def"
+    assert chat.usage.prompt_tokens_details.cached_tokens == W1_CACHED
+    assert raw.headers["x-kvmesh-worker"] == "w1"
+    prompt = bytes(stack.last_request.token_ids).decode()
+    assert prompt == "<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n"
+
+
+def test_max_completion_tokens_wins(stack: Stack) -> None:
+    client = stack.gateway.openai()
+    chat = client.chat.completions.create(model="tiny", max_tokens=9, max_completion_tokens=2,
+                                          messages=[{"role": "user", "content": "x"}])
+    assert chat.choices[0].message.content == "de"
+
+
+def test_streaming_completion(stack: Stack) -> None:
+    client = stack.gateway.openai()
+    raw = client.completions.with_raw_response.create(
+        model="tiny", prompt="hello", max_tokens=5, stream=True,
+        stream_options={"include_usage": True})
+    assert raw.headers["x-kvmesh-worker"] == "w1"
+    assert raw.headers["content-type"].startswith("text/event-stream")
+    chunks = list(raw.parse())
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == "defgh"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "length" and set(finishes[:-1]) == {None}
+    assert len({c.id for c in chunks}) == 1
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == []
+    assert (usage.prompt_tokens, usage.completion_tokens) == (5, 5)
+    assert usage.prompt_tokens_details.cached_tokens == W1_CACHED
+
+
+def test_streaming_chat(stack: Stack) -> None:
+    client = stack.gateway.openai()
+    stream = client.chat.completions.create(model="tiny", max_tokens=4, stream=True,
+                                            messages=[{"role": "user", "content": "hi"}])
+    chunks = list(stream)
+    assert chunks[0].object == "chat.completion.chunk"
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "defg"
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.usage is None for c in chunks)  # no usage chunk unless asked
+
+
+def test_stop_strings(stack: Stack) -> None:
+    client = stack.gateway.openai()
+    completion = client.completions.create(model="tiny", prompt="x", max_tokens=8, stop="fg")
+    assert completion.choices[0].text == "de"
+    assert completion.choices[0].finish_reason == "stop"
+    stream = client.chat.completions.create(model="tiny", max_tokens=8, stream=True,
+                                            stop=["zz", "gh"],
+                                            messages=[{"role": "user", "content": "x"}])
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "def"
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_stream_fails_over_before_the_first_token(stack: Stack) -> None:
+    stack.index.candidates = [candidate("down", closed_port_address()),
+                              candidate("w2", stack.w2_address)]
+    client = stack.gateway.openai()
+    raw = client.completions.with_raw_response.create(model="tiny", prompt="a", max_tokens=2,
+                                                      stream=True)
+    assert raw.headers["x-kvmesh-worker"] == "w2"
+    assert "".join(c.choices[0].text for c in raw.parse()) == "de"
+
+
+def test_models_and_health(stack: Stack) -> None:
+    client = stack.gateway.openai()
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+    assert models.data[0].owned_by == "kvmesh"
+    with urllib.request.urlopen(f"{stack.gateway.url}/health", timeout=5) as resp:
+        assert resp.status == 200
+        assert json.loads(resp.read())["status"] == "ok"
