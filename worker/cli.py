@@ -22,6 +22,7 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option(None, help="cpu or cuda[:N] (default: cuda if present)"),
         heartbeat_s: float = typer.Option(1.0, help="heartbeat interval in seconds"),
         max_batched_tokens: int = typer.Option(2048, help="token budget per engine step"),
+        metrics_port: int = typer.Option(None, help="serve Prometheus /metrics on this port"),
     ) -> None:
         """Run one worker: KV pool + model + gRPC WorkerService (+ index registration)."""
         import asyncio
@@ -35,4 +36,4 @@ def register(app: typer.Typer) -> None:
             port=port, host=host, model=model, block_size=block_size, num_blocks=num_blocks,
             worker_id=worker_id, services=services, token=token, hash_algo=hash_algo,
             hash_seed=hash_seed, device=device, heartbeat_s=heartbeat_s,
-            max_batched_tokens=max_batched_tokens)))
+            max_batched_tokens=max_batched_tokens, metrics_port=metrics_port)))

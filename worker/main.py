@@ -25,6 +25,7 @@ class WorkerOptions:
     device: str | None = None
     heartbeat_s: float = 1.0
     max_batched_tokens: int = 2048
+    metrics_port: int | None = None
 
 
 async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
@@ -46,6 +47,12 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
                                           worker_id=opts.worker_id or "", model_name=opts.model)
     worker_id = opts.worker_id or f"{socket.gethostname()}-{port}"
     servicer.worker_id = worker_id  # known only once the port is bound (default host-port)
+    metrics_note = ""
+    if opts.metrics_port is not None:
+        from worker.metrics import WorkerMetrics
+
+        servicer.metrics = WorkerMetrics(runner, worker_id)
+        metrics_note = f", metrics on :{servicer.metrics.serve(opts.metrics_port, opts.host)}"
     await server.start()
     address = f"{opts.host}:{port}"
     link = None
@@ -56,7 +63,7 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
                            root_hash=none_hash(opts.hash_algo, opts.hash_seed))
         tasks.append(asyncio.create_task(link.run()))
     print(f"kvmesh worker {worker_id} listening on {address} "
-          f"({engine.kv.num_blocks} blocks of {opts.block_size})", flush=True)
+          f"({engine.kv.num_blocks} blocks of {opts.block_size}{metrics_note})", flush=True)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

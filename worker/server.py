@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 from worker.async_engine import AsyncEngine
 from worker.engine import RequestError
+from worker.metrics import WorkerMetrics
 from worker.sequence import SamplingParams
 
 MAX_MESSAGE_BYTES = 64 << 20
@@ -42,6 +43,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self.worker_id = worker_id
         self.model_name = model_name
         self.precision = PrecisionCounter()
+        self.metrics: WorkerMetrics | None = None  # set by the process that serves them
 
     async def Generate(self, request: worker_pb2.GenerateRequest, context):
         sp = request.sampling
@@ -69,6 +71,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                     continue
                 seq = out.seq
                 self.precision.add(request.index_matched_tokens, seq.num_cached_tokens)
+                if self.metrics is not None and seq.ttft_s is not None:
+                    self.metrics.ttft.observe(seq.ttft_s)
                 yield worker_pb2.GenerateResponse(
                     token_ids=out.new_token_ids, finished=True, finish_reason=seq.finish_reason,
                     num_cached_tokens=seq.num_cached_tokens,

@@ -98,3 +98,41 @@ def test_fetch_blocks_is_reserved():
         return err.value
 
     assert asyncio.run(_with_worker(body)).code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_prometheus_metrics_follow_the_cache():
+    import urllib.request
+
+    from worker.metrics import WorkerMetrics
+
+    async def body(stub, ch):
+        await _collect(stub, _req(PROMPT))
+        await _collect(stub, _req(PROMPT))
+
+    runner = AsyncEngine(Engine.from_pretrained("tiny", num_blocks=64)).start()
+
+    async def main():
+        server, port, servicer = await create_server("127.0.0.1:0", runner, worker_id="w-m",
+                                                     model_name="tiny")
+        servicer.metrics = WorkerMetrics(runner, "w-m")
+        mport = servicer.metrics.serve(0)
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                await body(worker_pb2_grpc.WorkerServiceStub(ch), ch)
+        finally:
+            await server.stop(None)
+        return mport
+
+    try:
+        mport = asyncio.run(main())
+        text = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics").read().decode()
+    finally:
+        runner.stop()
+    samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+               if line and not line.startswith("#")}
+    assert samples['kvmesh_worker_prefix_cache_queries_total{worker_id="w-m"}'] == 100
+    assert samples['kvmesh_worker_prefix_cache_hits_total{worker_id="w-m"}'] == 48
+    assert samples['kvmesh_worker_requests_finished_total{worker_id="w-m"}'] == 2
+    assert samples["kvmesh_worker_time_to_first_token_seconds_count"] == 2
+    assert samples['kvmesh_worker_kv_blocks_total{worker_id="w-m"}'] == 64
