@@ -62,7 +62,7 @@ class WorkerStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CacheStats(_message.Message):
-    __slots__ = ("queries", "hits", "hit_rate", "evictions", "used_blocks", "cached_blocks", "free_blocks", "total_blocks")
+    __slots__ = ("queries", "hits", "hit_rate", "evictions", "used_blocks", "cached_blocks", "free_blocks", "total_blocks", "cached_hashes")
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
     HIT_RATE_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class CacheStats(_message.Message):
     CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_HASHES_FIELD_NUMBER: _ClassVar[int]
     queries: int
     hits: int
     hit_rate: float
@@ -79,7 +80,8 @@ class CacheStats(_message.Message):
     cached_blocks: int
     free_blocks: int
     total_blocks: int
-    def __init__(self, queries: _Optional[int] = ..., hits: _Optional[int] = ..., hit_rate: _Optional[float] = ..., evictions: _Optional[int] = ..., used_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ...) -> None: ...
+    cached_hashes: int
+    def __init__(self, queries: _Optional[int] = ..., hits: _Optional[int] = ..., hit_rate: _Optional[float] = ..., evictions: _Optional[int] = ..., used_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., cached_hashes: _Optional[int] = ...) -> None: ...
 
 class WorkerStatsResponse(_message.Message):
     __slots__ = ("worker_id", "model", "load", "cache", "requests_done", "index_promised_tokens", "index_served_tokens")

@@ -199,3 +199,21 @@ def test_emptied_redis_answers_degraded_until_workers_return(redis_url: str) -> 
             assert res.candidates[0].matched_tokens == 36
 
     asyncio.run(main())
+
+
+def test_worker_back_from_silence_rejoins_with_a_snapshot(redis_url: str) -> None:
+    async def main() -> None:
+        async with serve(redis_cfg(redis_url, **FAST)) as r:
+            a, b = SimWorker(r.stub, "a"), SimWorker(r.stub, "b")
+            await a.join()
+            await b.join()
+            assert not (await a.heartbeat()).resync
+            await asyncio.sleep(0.8)                    # past the 0.6 s liveness timeout
+            await b.heartbeat()
+            live = await route(r.stub, prompt(8))
+            assert [c.worker_id for c in live.candidates] == ["b"]
+            hb = await a.heartbeat()                    # alive again: resync first
+            assert hb.resync and not hb.reregister
+            assert not (await a.heartbeat()).resync     # only once
+
+    asyncio.run(main())

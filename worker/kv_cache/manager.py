@@ -60,6 +60,7 @@ class CacheStats:
     blocks_used: int
     blocks_cached: int
     blocks_free: int
+    hashes_cached: int = 0  # distinct hashes (duplicate blocks share one): the index's view
 
     @property
     def hit_rate(self) -> float:
@@ -273,4 +274,4 @@ class KVCacheManager:
                           blocks_total=pool.num_blocks,
                           blocks_used=pool.num_blocks - pool.num_free_blocks,
                           blocks_cached=pool.num_cached_blocks,
-                          blocks_free=pool.num_free_blocks)
+                          blocks_free=pool.num_free_blocks, hashes_cached=len(pool.cached))

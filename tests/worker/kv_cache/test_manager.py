@@ -331,3 +331,13 @@ def test_inconsistent_calls_raise_without_changes():
     c_hits, c_n = m.get_computed_blocks(c)
     with pytest.raises(ValueError, match="already has blocks"):
         m.allocate_slots(KVRequest("x", [5] * 28), 1, c_hits, c_n)
+
+
+def test_duplicate_blocks_count_once_in_hashes_cached():
+    m = KVCacheManager(16, 4)
+    a, b = KVRequest("a", list(range(8))), KVRequest("b", list(range(8)))
+    for r in (a, b):  # the same 8 tokens twice: block 1 is recomputed into a duplicate
+        hits, n = m.get_computed_blocks(r)
+        assert m.allocate_slots(r, r.num_tokens - n, hits, n) is not None
+    st = m.stats
+    assert st.blocks_cached == 3 and st.hashes_cached == 2

@@ -1,4 +1,4 @@
-"""Fixtures of the service tests: one real Valkey/Redis for the session, emptied per test."""
+"""Session fixtures for every test package: one real Valkey/Redis, emptied per test."""
 from __future__ import annotations
 
 import socket
