@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from client.errors import KvmeshError
     from client.results import Candidate, GenerateResult, RouteResult
     from client.sync_client import KvmeshClient
+    from kvmesh.tls import TlsFiles
 
 _EXPORTS = {
     "AsyncKvmeshClient": "client.async_client",
@@ -24,10 +25,11 @@ _EXPORTS = {
     "Candidate": "client.results",
     "GenerateResult": "client.results",
     "RouteResult": "client.results",
+    "TlsFiles": "kvmesh.tls",
 }
 
 __all__ = ["AsyncKvmeshClient", "Candidate", "GenerateResult", "KvmeshClient", "KvmeshError",
-           "RouteResult"]
+           "RouteResult", "TlsFiles"]
 
 
 def __getattr__(name: str) -> Any:

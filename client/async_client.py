@@ -34,6 +34,7 @@ from client.failover import (
     parse_addresses,
 )
 from client.results import GenerateResult, RouteResult
+from kvmesh.tls import TlsFiles
 from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 
@@ -60,9 +61,12 @@ class AsyncKvmeshClient:
     """
 
     def __init__(self, addresses: str | list[str], token: str | None = None, *,
-                 timeout: float = 5.0, generate_timeout: float = 120.0) -> None:
+                 timeout: float = 5.0, generate_timeout: float = 120.0,
+                 tls: TlsFiles | None = None) -> None:
         self._ring = ReplicaRing(parse_addresses(addresses))
         self._metadata = auth_metadata(token)
+        self._credentials = tls.channel_credentials() if tls is not None else None
+        self._options = CHANNEL_OPTIONS + (tls.channel_options() if tls is not None else ())
         self.timeout = timeout
         self.generate_timeout = generate_timeout
         self._conns: dict[str, _Conn] = {}
@@ -78,7 +82,10 @@ class AsyncKvmeshClient:
             raise RuntimeError("AsyncKvmeshClient is closed")
         conn = self._conns.get(address)
         if conn is None:
-            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            channel = (
+                grpc.aio.secure_channel(address, self._credentials, options=self._options)
+                if self._credentials is not None
+                else grpc.aio.insecure_channel(address, options=self._options))
             conn = _Conn(channel, index_pb2_grpc.IndexServiceStub(channel),
                          worker_pb2_grpc.WorkerServiceStub(channel))
             self._conns[address] = conn

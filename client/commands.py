@@ -1,7 +1,8 @@
 """`kvmesh route | generate | stats`: the client verbs of the command line.
 
 Each verb talks to the metadata service given by ``--service ADDR[,ADDR...]`` (env
-``KVMESH_SERVICE``), authenticates with ``--token`` (env ``KVMESH_TOKEN``), prints a readable
+``KVMESH_SERVICE``), authenticates with ``--token`` (env ``KVMESH_TOKEN``), speaks TLS with
+``--tls-ca`` (plus ``--tls-cert``/``--tls-key`` for mutual TLS), prints a readable
 answer or, with ``--json``, one JSON document on stdout. Failures print one ``error: ...``
 line on stderr and exit 1 (2 for bad arguments); never a traceback.
 """
@@ -28,6 +29,12 @@ Salt = Annotated[str | None, typer.Option("--salt", help="Cache salt (tenant iso
 Policy = Annotated[str | None, typer.Option("--policy", help="Routing policy override.")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Per-call timeout, seconds.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+TlsCa = Annotated[str | None, typer.Option(
+    "--tls-ca", envvar="KVMESH_TLS_CA", help="PEM CA: talk TLS, verifying servers with it.")]
+TlsCert = Annotated[str | None, typer.Option(
+    "--tls-cert", envvar="KVMESH_TLS_CERT", help="PEM client certificate (mutual TLS).")]
+TlsKey = Annotated[str | None, typer.Option(
+    "--tls-key", envvar="KVMESH_TLS_KEY", help="PEM private key of --tls-cert.")]
 DEFAULT_SERVICE = "127.0.0.1:50051"
 
 
@@ -68,13 +75,19 @@ def _prompt(tokens: str | None, text: str | None) -> list[int]:
 
 
 @contextmanager
-def _client(service: str, token: str | None, timeout: float) -> Iterator[KvmeshClient]:
-    """A connected client; any client failure becomes a one-line error and exit 1."""
+def _client(service: str, token: str | None, timeout: float,
+            tls: tuple[str | None, str | None, str | None] = (None, None, None),
+            ) -> Iterator[KvmeshClient]:
+    """A connected client (``tls`` = ``(ca, cert, key)`` flags); any client failure becomes
+    a one-line error and exit 1 (bad flags: exit 2)."""
     from client.errors import KvmeshError
     from client.sync_client import KvmeshClient
+    from kvmesh.tls import tls_files
 
     try:
-        with KvmeshClient(service, token, timeout=timeout) as kv:
+        ca, cert, key = tls
+        with KvmeshClient(service, token, timeout=timeout,
+                          tls=tls_files(cert, key, ca)) as kv:
             yield kv
     except KvmeshError as exc:
         raise _fail(f"{exc.code.name}: {exc.message}") from None
@@ -92,10 +105,11 @@ def route_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
               timeout: Timeout = 5.0, json_out: JsonOut = False,
               record: Annotated[bool, typer.Option(
                   help="Route for real (provisional entries, load estimate) instead of "
-                       "only looking.")] = False) -> None:
+                       "only looking.")] = False,
+              tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None) -> None:
     """Ask the service which worker holds the longest prefix of a prompt."""
     prompt = _prompt(tokens, text)
-    with _client(service, token, timeout) as kv:
+    with _client(service, token, timeout, (tls_ca, tls_cert, tls_key)) as kv:
         result = kv.route(prompt, salt=salt, policy=policy, max_candidates=max_candidates,
                           dry_run=not record)
     if json_out:
@@ -122,10 +136,11 @@ def generate_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
                  temperature: Annotated[float, typer.Option("--temperature")] = 0.0,
                  seed: Annotated[int | None, typer.Option("--seed")] = None,
                  policy: Policy = None, timeout: Timeout = 5.0,
-                 json_out: JsonOut = False) -> None:
+                 json_out: JsonOut = False,
+                 tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None) -> None:
     """Route a prompt and generate on the chosen worker (failing over if it is down)."""
     prompt = _prompt(tokens, text)
-    with _client(service, token, timeout) as kv:
+    with _client(service, token, timeout, (tls_ca, tls_cert, tls_key)) as kv:
         result = kv.generate(prompt, max_tokens=max_tokens, salt=salt,
                              temperature=temperature, seed=seed, policy=policy)
     out = dataclasses.asdict(result)
@@ -166,9 +181,10 @@ def stats_cmd(service: Service = DEFAULT_SERVICE, token: Token = None,
               workers: Annotated[bool, typer.Option(
                   "--workers/--no-workers", help="Also ask each live worker for its cache "
                   "stats (hit rate, cached blocks).")] = True,
-              timeout: Timeout = 5.0, json_out: JsonOut = False) -> None:
+              timeout: Timeout = 5.0, json_out: JsonOut = False,
+              tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None) -> None:
     """Show the cluster: every worker's liveness, load, blocks and index entries."""
-    with _client(service, token, timeout) as kv:
+    with _client(service, token, timeout, (tls_ca, tls_cert, tls_key)) as kv:
         data = kv.stats()
         if workers:
             kv.timeout = min(timeout, 2.0)

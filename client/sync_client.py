@@ -8,6 +8,9 @@ Contract:
   exceeds the deadline or drops the stream, the whole request restarts on the next candidate.
   A result is returned only when a worker finished the request; never a partial one.
 * ``token`` is sent as ``authorization: Bearer <token>`` on every call (service and workers).
+* ``tls`` (``kvmesh.tls.TlsFiles``): with a ``ca``, every channel (service and workers) is
+  TLS and verifies the server's certificate against it; ``cert``/``key`` are presented as a
+  client certificate when a server requires one. Without it, channels are plaintext.
 * Every other gRPC failure raises ``KvmeshError`` with the server's code and message.
 
 The client is thread-safe: channels (one per address, services and workers alike) are
@@ -41,6 +44,7 @@ from client.failover import (
     parse_addresses,
 )
 from client.results import GenerateResult, RouteResult
+from kvmesh.tls import TlsFiles
 from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 
@@ -58,9 +62,12 @@ class KvmeshClient:
     """
 
     def __init__(self, addresses: str | list[str], token: str | None = None, *,
-                 timeout: float = 5.0, generate_timeout: float = 120.0) -> None:
+                 timeout: float = 5.0, generate_timeout: float = 120.0,
+                 tls: TlsFiles | None = None) -> None:
         self._ring = ReplicaRing(parse_addresses(addresses))
         self._metadata = auth_metadata(token)
+        self._credentials = tls.channel_credentials() if tls is not None else None
+        self._options = CHANNEL_OPTIONS + (tls.channel_options() if tls is not None else ())
         self.timeout = timeout
         self.generate_timeout = generate_timeout
         self._conns: dict[str, _Conn] = {}
@@ -78,7 +85,9 @@ class KvmeshClient:
                 raise RuntimeError("KvmeshClient is closed")
             conn = self._conns.get(address)
             if conn is None:
-                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                channel = (grpc.secure_channel(address, self._credentials, options=self._options)
+                           if self._credentials is not None
+                           else grpc.insecure_channel(address, options=self._options))
                 conn = _Conn(channel, index_pb2_grpc.IndexServiceStub(channel),
                              worker_pb2_grpc.WorkerServiceStub(channel))
                 self._conns[address] = conn

@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from deploy.process import ServerProcess, wait_all
 from deploy.redis_server import RedisServer, start_redis
 
+if TYPE_CHECKING:
+    from client import KvmeshClient
+    from kvmesh.tls import TlsFiles
+
 
 @dataclass
 class ClusterSpec:
+    """What ``LocalCluster`` starts. Secrets travel to children in their environment
+    (never on the command line, where ``ps`` would show them); TLS files by path."""
+
     workers: int = 2
     port: int = 0                 # first service replica's port (0: free)
     service_replicas: int = 1
@@ -23,8 +31,10 @@ class ClusterSpec:
     model: str = "tiny"
     block_size: int = 16
     num_blocks: int | None = None
-    token: str | None = None
-    worker_token: str | None = None
+    token: str | None = None          # router token: service Route/Stats and workers' calls
+    worker_token: str | None = None   # shared token of the worker calls (unbound)
+    worker_secret: str | None = None  # per-worker tokens bound to their ids (minted here)
+    tls: TlsFiles | None = None       # every server serves it, every client dials with it
     hash_seed: str | None = None
     heartbeat_s: float = 1.0
     max_batched_tokens: int = 2048
@@ -82,7 +92,7 @@ class LocalCluster:
             args += ["--worker-token", s.worker_token]
         if s.hash_seed:
             args += ["--hash-seed", s.hash_seed]
-        return args
+        return args + _tls_args(s.tls)
 
     def start_service(self, i: int, port: int | None = None) -> ServerProcess:
         """Start (or restart, on its old port) service replica ``i``."""
@@ -93,7 +103,8 @@ class LocalCluster:
             proc.cmd[3:] = self._service_args(port)
         else:
             proc = ServerProcess(f"service-{i}", "service", self._service_args(port),
-                                 echo=self.spec.echo)
+                                 echo=self.spec.echo,
+                                 env={"KVMESH_WORKER_SECRET": self.spec.worker_secret or ""})
             self.services.append(proc)
         return proc.start()
 
@@ -109,21 +120,39 @@ class LocalCluster:
             args += ["--num-blocks", str(s.num_blocks)]
         if s.hash_seed:
             args += ["--hash-seed", s.hash_seed]
-        env = {"KVMESH_WORKER_TOKEN": s.worker_token or s.token or ""}
+        args += _tls_args(s.tls)
+        env = {"KVMESH_WORKER_TOKEN": self.service_token(worker_id),
+               "KVMESH_TOKEN": s.token or ""}
         proc = ServerProcess(worker_id, "worker", args, echo=s.echo, env=env)
         self.workers.append(proc)
         if start:
             proc.start()
         return proc
 
-    def wait_ready(self, timeout: float = 60.0, workers: int | None = None) -> None:
-        """Block until the service reports ``workers`` (default: all started) alive."""
+    def service_token(self, worker_id: str) -> str:
+        """The token worker ``worker_id`` presents to the service: its bound token when the
+        spec has a ``worker_secret``, else the shared worker token, else the router token."""
+        s = self.spec
+        if s.worker_secret:
+            from service.worker_tokens import mint
+
+            return mint(s.worker_secret, worker_id)
+        return s.worker_token or s.token or ""
+
+    def client(self, **kw: Any) -> KvmeshClient:
+        """A ``KvmeshClient`` of this cluster's services with its token and TLS (``kw``: more
+        ``KvmeshClient`` options)."""
         from client import KvmeshClient
 
+        return KvmeshClient(self.service_addresses, token=self.spec.token, tls=self.spec.tls,
+                            **kw)
+
+    def wait_ready(self, timeout: float = 60.0, workers: int | None = None) -> None:
+        """Block until the service reports ``workers`` (default: all started) alive."""
         want = len(self.workers) if workers is None else workers
         deadline = time.monotonic() + timeout
         alive = 0
-        with KvmeshClient(self.service_addresses, token=self.spec.token) as client:
+        with self.client() as client:
             while time.monotonic() < deadline:
                 try:
                     alive = sum(1 for w in client.stats()["workers"] if w["alive"])
@@ -150,3 +179,14 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _tls_args(tls: TlsFiles | None) -> list[str]:
+    """``--tls-*`` flags of a child server (``kvmesh service`` and ``kvmesh worker`` alike)."""
+    if tls is None:
+        return []
+    args: list[str] = []
+    for flag, path in (("--tls-cert", tls.cert), ("--tls-key", tls.key), ("--tls-ca", tls.ca)):
+        if path is not None:
+            args += [flag, path]
+    return args + (["--tls-client-auth"] if tls.client_auth else [])

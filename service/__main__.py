@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import typer
 
-from service.cli import register
+from service.cli import register_service
 
 app = typer.Typer(add_completion=False, help="kvmesh metadata service.")
-register(app)
+register_service(app)
 
 if __name__ == "__main__":
     app()

@@ -6,16 +6,21 @@ command runs, so ``kvmesh --help`` stays instant.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import typer
 
-if TYPE_CHECKING:
-    from service.config import ServiceConfig
+from service.config import ServiceConfig
+
+_DEFAULTS = ServiceConfig()
 
 
 def register(app: typer.Typer) -> None:
-    """Add the ``service`` command to ``app``."""
+    """Add the ``service`` and ``worker-token`` commands to ``app``."""
+    register_service(app)
+    register_worker_token(app)
+
+
+def register_service(app: typer.Typer) -> None:
+    """Add only the ``service`` command (``python -m service`` is that command alone)."""
 
     @app.command("service")
     def service(
@@ -35,8 +40,29 @@ def register(app: typer.Typer) -> None:
                                              help="Root hash seed (default vLLM's)."),
         policy: str = typer.Option("kvmesh", help="Default routing policy: kvmesh, "
                                    "prefix_only, least_loaded, round_robin, random."),
+        worker_secret: str | None = typer.Option(
+            None, envvar="KVMESH_WORKER_SECRET",
+            help="Secret of worker tokens bound to their worker id (mint them with "
+            "`kvmesh worker-token`); at least 16 bytes."),
         tls_cert: str | None = typer.Option(None, help="PEM certificate (with --tls-key)."),
         tls_key: str | None = typer.Option(None, help="PEM private key."),
+        tls_ca: str | None = typer.Option(None, help="PEM CA of client certificates (with "
+                                          "--tls-client-auth)."),
+        tls_client_auth: bool = typer.Option(False, help="Require client certificates "
+                                             "signed by --tls-ca (mutual TLS)."),
+        max_message_bytes: int = typer.Option(_DEFAULTS.max_message_bytes,
+                                              help="Largest request, bytes."),
+        max_inflight_per_conn: int = typer.Option(
+            _DEFAULTS.max_inflight_per_conn, help="Calls in flight per client connection "
+            "(0: unlimited)."),
+        max_prompt_tokens: int = typer.Option(_DEFAULTS.max_prompt_tokens,
+                                              help="Longest Route prompt, tokens."),
+        max_batch_events: int = typer.Option(_DEFAULTS.max_batch_events,
+                                             help="Events in one PublishEvents."),
+        max_batch_hashes: int = typer.Option(
+            _DEFAULTS.max_batch_hashes, help="Block hashes in one PublishEvents/SyncWorker."),
+        max_snapshot_blocks: int = typer.Option(_DEFAULTS.max_snapshot_blocks,
+                                                help="Blocks in one SyncWorker snapshot."),
         log_level: str = typer.Option("info", help="debug | info | warning | error."),
     ) -> None:
         """Run the metadata service (index + routing) until Ctrl-C / SIGTERM."""
@@ -52,11 +78,37 @@ def register(app: typer.Typer) -> None:
         try:
             cfg = ServiceConfig(backend=kind, redis_url=redis_url, token=token or None,
                                 worker_token=worker_token or None, metrics_port=metrics_port,
+                                worker_secret=worker_secret or None,
                                 hash_seed=hash_seed or DEFAULT_SEED, policy=policy,
-                                tls_cert_file=tls_cert, tls_key_file=tls_key)
+                                tls_cert_file=tls_cert, tls_key_file=tls_key,
+                                tls_ca_file=tls_ca, tls_client_auth=tls_client_auth,
+                                max_message_bytes=max_message_bytes,
+                                max_inflight_per_conn=max_inflight_per_conn,
+                                max_prompt_tokens=max_prompt_tokens,
+                                max_batch_events=max_batch_events,
+                                max_batch_hashes=max_batch_hashes,
+                                max_snapshot_blocks=max_snapshot_blocks)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from e
         asyncio.run(_serve(f"{host}:{port}", cfg))
+
+
+def register_worker_token(app: typer.Typer) -> None:
+    """Add the ``worker-token`` command (mints a worker's bound token)."""
+
+    @app.command("worker-token")
+    def worker_token_cmd(
+        worker_id: str = typer.Option(..., help="The worker id the token is bound to."),
+        secret: str = typer.Option(..., envvar="KVMESH_WORKER_SECRET",
+                                   help="The service's --worker-secret."),
+    ) -> None:
+        """Print the token that lets one worker (and only it) register and publish."""
+        from service import worker_tokens
+
+        try:
+            typer.echo(worker_tokens.mint(secret, worker_id))
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from e
 
 
 async def _serve(address: str, cfg: ServiceConfig) -> None:

@@ -6,8 +6,12 @@ hash check at registration enforces it) and should share the liveness settings.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvmesh.hashing import DEFAULT_SEED
+
+if TYPE_CHECKING:  # grpc stays unimported until a server is built (`kvmesh --help` is fast)
+    from kvmesh.tls import TlsFiles
 
 POLICIES = ("kvmesh", "prefix_only", "least_loaded", "round_robin", "random")
 BACKENDS = ("memory", "redis")
@@ -52,8 +56,9 @@ class ServiceConfig:
     policy: str = "kvmesh"                # default when a RouteRequest names none
     weights: CostWeights = field(default_factory=CostWeights)
     hash_seed: str = DEFAULT_SEED         # root hash = none_hash(algo, hash_seed)
-    token: str | None = None              # bearer token for every call
-    worker_token: str | None = None       # if set, the token of Register/Heartbeat/Publish/Sync
+    token: str | None = None              # router token (Route/Stats); see service.auth
+    worker_token: str | None = None       # shared, unbound token of Register/Heartbeat/...
+    worker_secret: str | None = None      # worker tokens bound to their id (worker_tokens)
     heartbeat_interval_s: float = 1.0
     liveness_timeout_s: float = 3.0       # no heartbeat for this long: out of routing
     purge_after_s: float = 10.0           # no heartbeat for this long: the janitor purges
@@ -67,10 +72,13 @@ class ServiceConfig:
     max_batch_hashes: int = 1_000_000     # block hashes in one PublishEvents / SyncWorker
     max_snapshot_blocks: int = 4_000_000
     max_message_bytes: int = 128 * 1024 * 1024
+    max_inflight_per_conn: int = 1024     # calls in flight per client connection; 0: no cap
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     tls_cert_file: str | None = None      # both set: the port is served with TLS
     tls_key_file: str | None = None
+    tls_ca_file: str | None = None        # with tls_client_auth: CA of client certificates
+    tls_client_auth: bool = False         # require client certificates (mutual TLS)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -84,3 +92,24 @@ class ServiceConfig:
                              "purge_after_s")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("TLS needs both tls_cert_file and tls_key_file")
+        if self.tls_client_auth and (self.tls_ca_file is None or self.tls_cert_file is None):
+            raise ValueError("tls_client_auth needs tls_ca_file and a server certificate")
+        if self.worker_secret is not None and len(self.worker_secret.encode()) < 16:
+            raise ValueError("worker_secret must be at least 16 bytes")
+        limits = ("max_prompt_tokens", "max_salt_bytes", "max_batch_events",
+                  "max_batch_hashes", "max_snapshot_blocks", "max_message_bytes")
+        for name in limits:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.max_inflight_per_conn < 0:
+            raise ValueError("max_inflight_per_conn must be >= 0 (0: unlimited)")
+
+    @property
+    def tls(self) -> TlsFiles | None:
+        """The server's TLS settings, or ``None`` for plaintext."""
+        if self.tls_cert_file is None:
+            return None
+        from kvmesh.tls import TlsFiles
+
+        return TlsFiles(cert=self.tls_cert_file, key=self.tls_key_file, ca=self.tls_ca_file,
+                        client_auth=self.tls_client_auth)

@@ -23,16 +23,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from pathlib import Path
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from kvmesh.limits import RequestLimits, transport_cap
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
-from service.auth import BearerAuth
+from service.auth import service_auth
 from service.config import ServiceConfig
 from service.index import IndexBackend, IndexUnavailable, open_backend
 from service.servicer import IndexServicer, now_ms
@@ -127,28 +127,25 @@ class IndexServer:
                          self.config.purge_after_s)
 
 
-def _credentials(cfg: ServiceConfig) -> grpc.ServerCredentials | None:
-    if cfg.tls_cert_file is None or cfg.tls_key_file is None:
-        return None
-    key = Path(cfg.tls_key_file).read_bytes()
-    cert = Path(cfg.tls_cert_file).read_bytes()
-    return grpc.ssl_server_credentials([(key, cert)])
-
-
 async def create_server(address: str, config: ServiceConfig,
                         backend: IndexBackend | None = None) -> tuple[IndexServer, int]:
     """Build (not start) the service on ``address`` (``host:port``; port 0 picks a free one).
 
     ``backend`` defaults to the one ``config`` names. Returns the server and the bound port;
-    call ``await server.start()`` next. Raises ``RuntimeError`` if the port cannot be bound.
+    call ``await server.start()`` next. Raises ``RuntimeError`` if the port cannot be bound
+    and ``ValueError`` if a TLS file cannot be read. The server enforces ``config``'s tokens
+    (``service.auth``), TLS, and request limits (``kvmesh.limits``).
     """
     if backend is None:
         backend = open_backend(config.backend, config.redis_url, config.redis_timeout_s)
     servicer = IndexServicer(config, backend)
-    interceptors = []
-    if config.token or config.worker_token:
-        interceptors.append(BearerAuth(config.token, config.worker_token))
-    options = [("grpc.max_receive_message_length", config.max_message_bytes),
+    # outermost first: per-connection and size limits + decoding, then the bearer token
+    interceptors: list[grpc.aio.ServerInterceptor] = [RequestLimits(
+        max_inflight=config.max_inflight_per_conn, max_message_bytes=config.max_message_bytes)]
+    auth = service_auth(config)
+    if auth is not None:
+        interceptors.append(auth)
+    options = [("grpc.max_receive_message_length", transport_cap(config.max_message_bytes)),
                ("grpc.max_send_message_length", config.max_message_bytes),
                ("grpc.so_reuseport", 0)]
     server = grpc.aio.server(interceptors=interceptors, options=options)
@@ -158,7 +155,11 @@ async def create_server(address: str, config: ServiceConfig,
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME), server)
-    creds = _credentials(config)
+    try:
+        creds = config.tls.server_credentials() if config.tls is not None else None
+    except ValueError:
+        await backend.close()
+        raise
     try:
         port = (server.add_secure_port(address, creds) if creds is not None
                 else server.add_insecure_port(address))

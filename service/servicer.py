@@ -19,11 +19,12 @@ from typing import Any, TypeVar
 
 import grpc
 
-from kvmesh.hashing import block_hashes, none_hash
+from kvmesh.hashing import none_hash
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from service import validate
 from service.config import ServiceConfig
+from service.hash_memo import BlockHashMemo
 from service.index.base import (
     DIGEST_BYTES,
     ApplyStatus,
@@ -95,6 +96,7 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         self.metrics = ServiceMetrics()
         self.policies: dict[str, Policy] = make_policies(config.weights)
         self.rng = random.Random()
+        self.hash_memo = BlockHashMemo()  # shared prefixes are hashed once (exact memo)
         self._down_until = 0.0  # monotonic time until which Route answers degraded at once
 
     # --- backend health -----------------------------------------------------------------
@@ -157,6 +159,10 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         validate.worker_id(req.worker_id)
         load = validate.load(req.load)
         now = now_ms()
+        prev = self.table.get(req.worker_id)
+        # A worker back from the dead (a pause, a partition) rejoins with a snapshot: while it
+        # was out its entries may have been purged, or its events lost.
+        returning = prev is not None and not self.table.alive(prev, now)
         # first the local table: if the index is down, degraded routing still sees it alive
         self.table.heartbeat(req.worker_id, load, now)
         res = await self.backend.heartbeat(req.worker_id, load, req.last_seq, now)
@@ -169,6 +175,9 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         resync = res.last_seq < res.prev_reported_seq or res.last_seq > req.last_seq
         if resync:
             self.metrics.resyncs.labels("heartbeat_seq").inc()
+        elif returning:
+            resync = True
+            self.metrics.resyncs.labels("returned").inc()
         return pb.HeartbeatResponse(resync=resync)
 
     @_rpc
@@ -221,8 +230,9 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
 
     async def _hashes(self, inp: validate.RouteInput, block_size: int, algo: str) -> list[bytes]:
         def run() -> list[bytes]:
-            return block_hashes(inp.tokens, block_size, algo=algo, seed=self.cfg.hash_seed,
-                                salt=inp.salt, lora=inp.lora, mm=inp.mm)
+            return self.hash_memo.block_hashes(inp.tokens, block_size, algo=algo,
+                                               seed=self.cfg.hash_seed, salt=inp.salt,
+                                               lora=inp.lora, mm=inp.mm)
 
         if len(inp.tokens) >= _HASH_IN_THREAD:
             return await asyncio.to_thread(run)

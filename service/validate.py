@@ -99,7 +99,7 @@ def events(msgs: list[pb.KvEvent], digest: int, cfg: ServiceConfig) -> list[KvEv
     """Typed events with consecutive seqs >= 1; raises on anything malformed."""
     if len(msgs) > cfg.max_batch_events:
         raise RequestError(TOO_BIG, f"{len(msgs)} events in one batch; the limit is "
-                           f"{cfg.max_batch_events}")
+                           f"{cfg.max_batch_events} (--max-batch-events)")
     out: list[KvEvent] = []
     n_hashes = 0
     for i, ev in enumerate(msgs):
@@ -125,7 +125,7 @@ def events(msgs: list[pb.KvEvent], digest: int, cfg: ServiceConfig) -> list[KvEv
             raise RequestError(INVALID, f"{where}: no stored/removed/cleared set")
         if n_hashes > cfg.max_batch_hashes:
             raise RequestError(TOO_BIG, f"more than {cfg.max_batch_hashes} block hashes in "
-                               "one batch; split it")
+                               "one batch (--max-batch-hashes); split it")
         out.append(KvEvent(ev.seq, op))
     return out
 
@@ -136,7 +136,7 @@ def snapshot(req: pb.SyncWorkerRequest, digest: int, cfg: ServiceConfig) -> list
     total = sum(len(b.block_hashes) for b in req.blocks)
     if total > cfg.max_snapshot_blocks:
         raise RequestError(TOO_BIG, f"snapshot of {total} blocks; the limit is "
-                           f"{cfg.max_snapshot_blocks}")
+                           f"{cfg.max_snapshot_blocks} (--max-snapshot-blocks)")
     return [_stored(b, digest, f"blocks[{i}]") for i, b in enumerate(req.blocks)]
 
 
@@ -158,7 +158,7 @@ def route(req: pb.RouteRequest, cfg: ServiceConfig) -> RouteInput:
         raise RequestError(INVALID, "token_ids is empty")
     if n > cfg.max_prompt_tokens:
         raise RequestError(TOO_BIG, f"prompt of {n} tokens exceeds the limit of "
-                           f"{cfg.max_prompt_tokens}")
+                           f"{cfg.max_prompt_tokens} (--max-prompt-tokens)")
     tokens = list(req.token_ids)
     if min(tokens) < 0:
         i = next(i for i, t in enumerate(tokens) if t < 0)

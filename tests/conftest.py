@@ -30,3 +30,13 @@ def redis_url(redis_server: RedisServer) -> str:
         redis_server.start()
     _flushall(redis_server)
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory):
+    """A private CA with server (127.0.0.1, localhost) and client certificates, and an
+    unrelated CA; skipped where the ``cryptography`` package is missing."""
+    pytest.importorskip("cryptography")
+    from tests.certificates import make_certs
+
+    return make_certs(tmp_path_factory.mktemp("tls"))

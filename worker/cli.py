@@ -15,25 +15,45 @@ def register(app: typer.Typer) -> None:
         worker_id: str = typer.Option(None, help="default: <hostname>-<port>"),
         service: str = typer.Option(None, envvar="KVMESH_SERVICE",
                                     help="metadata service address(es), comma-separated"),
-        token: str = typer.Option(None, envvar="KVMESH_WORKER_TOKEN",
-                                  help="bearer token for the service"),
+        token: str = typer.Option(None, envvar="KVMESH_TOKEN",
+                                  help="router token this worker's Generate/Stats require"),
+        service_token: str = typer.Option(None, envvar="KVMESH_WORKER_TOKEN",
+                                          help="token presented to the service (its bound "
+                                          "`kvmesh worker-token`, or the shared one)"),
         hash_algo: str = typer.Option("sha256_cbor", help="block-hash algorithm"),
         hash_seed: str = typer.Option(None, help="root-hash seed (cluster-wide)"),
         device: str = typer.Option(None, help="cpu or cuda[:N] (default: cuda if present)"),
         heartbeat_s: float = typer.Option(1.0, help="heartbeat interval in seconds"),
         max_batched_tokens: int = typer.Option(2048, help="token budget per engine step"),
         metrics_port: int = typer.Option(None, help="serve Prometheus /metrics on this port"),
+        tls_cert: str = typer.Option(None, help="PEM certificate: serve TLS (with --tls-key)"),
+        tls_key: str = typer.Option(None, help="PEM private key of --tls-cert"),
+        tls_ca: str = typer.Option(None, help="PEM CA: verify the service over TLS (and, "
+                                   "with --tls-client-auth, the clients)"),
+        tls_client_auth: bool = typer.Option(False, help="require client certificates "
+                                             "signed by --tls-ca (mutual TLS)"),
+        max_inflight_per_conn: int = typer.Option(1024, help="calls in flight per client "
+                                                  "connection (0: unlimited)"),
+        max_message_bytes: int = typer.Option(64 << 20, help="largest request, bytes"),
     ) -> None:
         """Run one worker: KV pool + model + gRPC WorkerService (+ index registration)."""
         import asyncio
         import logging
 
+        from kvmesh.tls import tls_files
         from worker.main import WorkerOptions, serve
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         services = tuple(a.strip() for a in (service or "").split(",") if a.strip())
+        try:
+            tls = tls_files(tls_cert, tls_key, tls_ca, tls_client_auth)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from e
         asyncio.run(serve(WorkerOptions(
             port=port, host=host, model=model, block_size=block_size, num_blocks=num_blocks,
-            worker_id=worker_id, services=services, token=token, hash_algo=hash_algo,
+            worker_id=worker_id, services=services, token=token or None,
+            service_token=service_token or None, hash_algo=hash_algo,
             hash_seed=hash_seed, device=device, heartbeat_s=heartbeat_s,
-            max_batched_tokens=max_batched_tokens, metrics_port=metrics_port)))
+            max_batched_tokens=max_batched_tokens, metrics_port=metrics_port, tls=tls,
+            max_inflight_per_conn=max_inflight_per_conn,
+            max_message_bytes=max_message_bytes)))

@@ -110,7 +110,7 @@ class Engine:
             raise RequestError(f"token id {bad} is outside the vocabulary [0, {vocab})")
         if params.max_tokens < 1:
             raise RequestError(f"max_tokens must be >= 1, got {params.max_tokens}")
-        if params.temperature < 0:
+        if not params.temperature >= 0:  # NaN too: it would silently mean greedy
             raise RequestError(f"temperature must be >= 0, got {params.temperature}")
         total = len(prompt) + params.max_tokens
         ctx = self.config.max_position_embeddings

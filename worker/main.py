@@ -7,11 +7,15 @@ import signal
 import socket
 from dataclasses import dataclass
 
+from kvmesh.tls import TlsFiles
+
 log = logging.getLogger("kvmesh.worker")
 
 
 @dataclass
 class WorkerOptions:
+    """Everything ``serve`` reads; ``kvmesh worker`` maps its flags onto it."""
+
     port: int = 0
     host: str = "127.0.0.1"
     model: str = "tiny"
@@ -19,13 +23,17 @@ class WorkerOptions:
     num_blocks: int | None = None
     worker_id: str | None = None
     services: tuple[str, ...] = ()
-    token: str | None = None
+    token: str | None = None          # router token its WorkerService requires (--token)
+    service_token: str | None = None  # what it presents to the service (--service-token)
     hash_algo: str = "sha256_cbor"
     hash_seed: str | None = None
     device: str | None = None
     heartbeat_s: float = 1.0
     max_batched_tokens: int = 2048
     metrics_port: int | None = None
+    tls: TlsFiles | None = None       # cert/key: serve TLS; ca: verify the service (the link)
+    max_inflight_per_conn: int = 1024
+    max_message_bytes: int = 64 << 20
 
 
 async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
@@ -43,8 +51,13 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
         hash_algo=opts.hash_algo, hash_seed=opts.hash_seed,
         scheduler=SchedulerConfig(max_batched_tokens=opts.max_batched_tokens))
     runner = AsyncEngine(engine).start()
-    server, port, servicer = await create_server(f"{opts.host}:{opts.port}", runner,
-                                          worker_id=opts.worker_id or "", model_name=opts.model)
+    tls = opts.tls
+    server, port, servicer = await create_server(
+        f"{opts.host}:{opts.port}", runner, worker_id=opts.worker_id or "",
+        model_name=opts.model, token=opts.token,
+        credentials=tls.server_credentials() if tls is not None else None,
+        max_inflight_per_conn=opts.max_inflight_per_conn,
+        max_message_bytes=opts.max_message_bytes)
     worker_id = opts.worker_id or f"{socket.gethostname()}-{port}"
     servicer.worker_id = worker_id  # known only once the port is bound (default host-port)
     metrics_note = ""
@@ -59,8 +72,10 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     tasks = []
     if opts.services:
         link = ServiceLink(list(opts.services), runner, worker_id=worker_id, address=address,
-                           model=opts.model, token=opts.token, heartbeat_s=opts.heartbeat_s,
-                           root_hash=none_hash(opts.hash_algo, opts.hash_seed))
+                           model=opts.model, token=opts.service_token,
+                           heartbeat_s=opts.heartbeat_s,
+                           root_hash=none_hash(opts.hash_algo, opts.hash_seed),
+                           credentials=tls.channel_credentials() if tls is not None else None)
         tasks.append(asyncio.create_task(link.run()))
     print(f"kvmesh worker {worker_id} listening on {address} "
           f"({engine.kv.num_blocks} blocks of {opts.block_size}{metrics_note})", flush=True)

@@ -15,13 +15,16 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from kvmesh.auth import BearerAuth, shared_token
+from kvmesh.limits import RequestLimits, transport_cap
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 from worker.async_engine import AsyncEngine
 from worker.engine import RequestError
 from worker.metrics import WorkerMetrics
 from worker.sequence import SamplingParams
 
-MAX_MESSAGE_BYTES = 64 << 20
+MAX_MESSAGE_BYTES = 64 << 20  # --max-message-bytes
+DEFAULT_MAX_INFLIGHT = 1024  # --max-inflight-per-conn (calls in flight per connection)
 
 
 @dataclass
@@ -94,7 +97,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                 queries=cache.queries, hits=cache.hits, hit_rate=cache.hit_rate,
                 evictions=cache.evictions, used_blocks=cache.blocks_used,
                 cached_blocks=cache.blocks_cached, free_blocks=cache.blocks_free,
-                total_blocks=cache.blocks_total),
+                total_blocks=cache.blocks_total, cached_hashes=cache.hashes_cached),
             requests_done=done, index_promised_tokens=self.precision.promised,
             index_served_tokens=self.precision.served)
 
@@ -104,14 +107,32 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         yield  # pragma: no cover - makes this an async generator like the other stream
 
 
+def router_auth(token: str) -> BearerAuth:
+    """The worker's access policy: every WorkerService call needs the router ``token``
+    (the one the service checks on Route/Stats); gRPC health stays open."""
+    return BearerAuth(lambda _method: "router", {"router": [shared_token("router", token)]})
+
+
 async def create_server(address: str, runner: AsyncEngine, *, worker_id: str,
                         model_name: str, interceptors=(),
-                        credentials: grpc.ServerCredentials | None = None
+                        credentials: grpc.ServerCredentials | None = None,
+                        token: str | None = None,
+                        max_inflight_per_conn: int = DEFAULT_MAX_INFLIGHT,
+                        max_message_bytes: int = MAX_MESSAGE_BYTES,
                         ) -> tuple[grpc.aio.Server, int, WorkerServicer]:
-    """Build (not start) the server; bind ``host:0`` for a free port. Returns the port."""
-    server = grpc.aio.server(interceptors=list(interceptors), options=[
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+    """Build (not start) the server; bind ``host:0`` for a free port. Returns the port.
+
+    Interceptors, outermost first: request limits (``kvmesh.limits``: calls in flight per
+    connection, request bytes, undecodable requests -> INVALID_ARGUMENT), then the router
+    ``token`` if given (``router_auth``), then ``interceptors``. ``credentials``: serve TLS.
+    """
+    chain: list[grpc.aio.ServerInterceptor] = [RequestLimits(
+        max_inflight=max_inflight_per_conn, max_message_bytes=max_message_bytes)]
+    if token:
+        chain.append(router_auth(token))
+    server = grpc.aio.server(interceptors=[*chain, *interceptors], options=[
+        ("grpc.max_receive_message_length", transport_cap(max_message_bytes)),
+        ("grpc.max_send_message_length", max_message_bytes)])
     servicer = WorkerServicer(runner, worker_id, model_name)
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()

@@ -37,6 +37,7 @@ from client.gateway.schemas import (
 )
 from client.gateway.tenants import Tenancy
 from client.gateway.tokenizer import ByteLevelTokenizer, Tokenizer
+from kvmesh.tls import TlsFiles
 
 WORKER_HEADER = "x-kvmesh-worker"
 CACHED_HEADER = "x-kvmesh-cached-tokens"
@@ -57,6 +58,7 @@ class GatewayConfig:
     token: str | None = None
     tenancy: Tenancy | None = None
     generate_timeout: float = 120.0
+    tls: TlsFiles | None = None  # TLS to the kvmesh service and workers (client side)
 
 
 class _Gateway:
@@ -70,7 +72,8 @@ class _Gateway:
     def client(self) -> AsyncKvmeshClient:
         if self.kv is None:  # created inside the serving loop (grpc.aio channels bind to it)
             self.kv = AsyncKvmeshClient(self.config.service, self.config.token,
-                                        generate_timeout=self.config.generate_timeout)
+                                        generate_timeout=self.config.generate_timeout,
+                                        tls=self.config.tls)
         return self.kv
 
     def tenant(self, request: Request) -> str | None:

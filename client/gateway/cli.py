@@ -15,6 +15,7 @@ from client.gateway.tokenizer import TINY
 
 if TYPE_CHECKING:
     from client.gateway.app import GatewayConfig
+    from kvmesh.tls import TlsFiles
 
 
 def _has_chat_template(model_dir: Path) -> bool:
@@ -28,11 +29,12 @@ def _has_chat_template(model_dir: Path) -> bool:
 def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
                  served_model_name: str | None = None, token: str | None = None,
                  tenant_keys: Path | None = None, salt_secret: str | None = None,
-                 generate_timeout: float = 120.0) -> GatewayConfig:
+                 generate_timeout: float = 120.0, tls: TlsFiles | None = None) -> GatewayConfig:
     """The gateway's configuration from its flags.
 
     The model is ``model_dir`` if given, else ``model`` (``tiny`` or a directory); it is
-    served under ``served_model_name``, else ``tiny`` or the directory's name. Raises
+    served under ``served_model_name``, else ``tiny`` or the directory's name; ``tls`` is
+    the client side of TLS to the kvmesh service and workers (its files are read here). Raises
     ``ValueError`` (or ``OSError``) with a readable message for bad flags.
     """
     from client.failover import parse_addresses
@@ -41,6 +43,8 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
     from client.gateway.tokenizer import load_tokenizer
 
     addresses = parse_addresses(service)
+    if tls is not None:
+        tls.channel_credentials()  # unreadable files: a flag error now, not on a request
     source = str(model_dir) if model_dir is not None else model
     tokenizer = load_tokenizer(source)
     name = served_model_name or (TINY if source == TINY else Path(source).resolve().name)
@@ -53,7 +57,7 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
                    "for this process, so they change on restart and differ between gateway "
                    "replicas", err=True)
     return GatewayConfig(service=addresses, model_name=name, tokenizer=tokenizer, token=token,
-                         tenancy=tenancy, generate_timeout=generate_timeout)
+                         tenancy=tenancy, generate_timeout=generate_timeout, tls=tls)
 
 
 def gateway_cmd(
@@ -82,11 +86,22 @@ def gateway_cmd(
     generate_timeout: Annotated[float, typer.Option(
         "--generate-timeout", help="Seconds one generation may take on one worker.")] = 120.0,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "info",
+    tls_ca: Annotated[str | None, typer.Option(
+        "--tls-ca", envvar="KVMESH_TLS_CA",
+        help="PEM CA: talk TLS to the kvmesh service and workers.")] = None,
+    tls_cert: Annotated[str | None, typer.Option(
+        "--tls-cert", envvar="KVMESH_TLS_CERT",
+        help="PEM client certificate (mutual TLS).")] = None,
+    tls_key: Annotated[str | None, typer.Option(
+        "--tls-key", envvar="KVMESH_TLS_KEY", help="PEM private key of --tls-cert.")] = None,
 ) -> None:
     """Serve an OpenAI-compatible API (completions, chat, streaming) routed by kvmesh."""
     try:
+        from kvmesh.tls import tls_files
+
         config = build_config(service, model, model_dir, served_model_name, token,
-                              tenant_keys, salt_secret, generate_timeout)
+                              tenant_keys, salt_secret, generate_timeout,
+                              tls_files(tls_cert, tls_key, tls_ca))
     except (OSError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

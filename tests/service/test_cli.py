@@ -31,7 +31,8 @@ def test_register_adds_the_service_command() -> None:
     res = CliRunner().invoke(app, ["service", "--help"])
     assert res.exit_code == 0
     for flag in ("--port", "--redis-url", "--backend", "--token", "--worker-token",
-                 "--metrics-port", "--hash-seed", "--policy"):
+                 "--metrics-port", "--hash-seed", "--policy", "--worker-secret", "--tls-ca",
+                 "--tls-client-auth", "--max-message-bytes", "--max-prompt-tokens"):
         assert flag in res.output
 
 

@@ -1,0 +1,142 @@
+"""Bearer-token authentication of kvmesh gRPC servers (a ``grpc.aio`` server interceptor).
+
+Both the metadata service and the workers use :class:`BearerAuth`; each supplies its own
+access policy: which *role* a method needs (``role_of``; ``None`` = open, like health
+checks) and, per role, the verifiers that turn a presented token into a :class:`Grant`.
+
+Contract, checked before any handler runs:
+
+* no ``authorization: Bearer <token>`` metadata on a guarded method -> UNAUTHENTICATED;
+* a token no verifier of the method's role accepts -> UNAUTHENTICATED;
+* a grant *bound* to an identity (``Grant.identity``) lets a call through only if the
+  request's ``worker_id`` field equals that identity; otherwise PERMISSION_DENIED, and the
+  handler never sees the request. Binding needs a unary request (the kvmesh worker calls
+  all are); a bound grant on a request-streaming method is refused.
+
+Token comparison is constant-time (``hmac.compare_digest``).
+"""
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from kvmesh.guarded import guarded
+
+OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+IDENTITY_FIELD = "worker_id"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a verified token allows: a ``role`` and, for a bound token, the only
+    ``identity`` (worker id) it may act for."""
+
+    role: str
+    identity: str | None = None
+
+
+Verifier = Callable[[str], Grant | None]
+
+
+def shared_token(role: str, expected: str) -> Verifier:
+    """A verifier accepting exactly ``expected`` (a token shared by all holders of ``role``)."""
+    want = expected.encode()
+
+    def verify(token: str) -> Grant | None:
+        return Grant(role) if hmac.compare_digest(token.encode(), want) else None
+
+    return verify
+
+
+def bearer(metadata: Sequence[tuple[str, Any]] | None) -> str:
+    """The token of an ``authorization: Bearer <token>`` entry, or ``""`` when absent."""
+    for key, value in metadata or ():
+        if key == "authorization":
+            text = value if isinstance(value, str) else value.decode(errors="replace")
+            return text[7:].strip() if text.startswith("Bearer ") else ""
+    return ""
+
+
+def _deny(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
+          message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as ``handler`` that aborts with ``code``/``message``."""
+
+    async def deny(_request: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(code, message)
+
+    kw = {"response_serializer": handler.response_serializer}
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(deny, **kw)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(deny, **kw)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(deny, **kw)
+    return grpc.unary_unary_rpc_method_handler(deny, **kw)
+
+
+def _bind(handler: grpc.RpcMethodHandler, method: str, identity: str) -> grpc.RpcMethodHandler:
+    """``handler`` refusing requests whose ``worker_id`` is not ``identity``."""
+    if handler.request_streaming:
+        return _deny(handler, grpc.StatusCode.PERMISSION_DENIED,
+                     f"{method}: a token bound to one worker cannot call a streaming method")
+
+    async def admit(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        acting = getattr(request, IDENTITY_FIELD, None)
+        if acting != identity:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, (
+                f"{method}: this token is bound to worker {identity!r} and cannot act for "
+                f"worker {str(acting)[:140]!r}"))
+        return request
+
+    return guarded(handler, admit)
+
+
+class BearerAuth(grpc.aio.ServerInterceptor):
+    """Checks the bearer token of every call against the role its method needs.
+
+    ``role_of(method)`` names the role (``None``: open); ``verifiers[role]`` are tried in
+    order and the first :class:`Grant` wins. A role without verifiers is open. Methods under
+    :data:`OPEN_PREFIXES` (gRPC health) are always open: probes send no metadata.
+    """
+
+    def __init__(self, role_of: Callable[[str], str | None],
+                 verifiers: Mapping[str, Sequence[Verifier]]) -> None:
+        self.role_of = role_of
+        self.verifiers = {role: list(v) for role, v in verifiers.items()}
+
+    def grant(self, method: str, token: str) -> Grant | None:
+        """The grant ``token`` earns on ``method`` (``Grant("open")`` for open methods)."""
+        role = None if method.startswith(OPEN_PREFIXES) else self.role_of(method)
+        checks = self.verifiers.get(role or "", [])
+        if role is None or not checks:
+            return Grant("open")
+        if not token:
+            return None
+        for verify in checks:
+            granted = verify(token)
+            if granted is not None:
+                return granted
+        return None
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
+        method = handler_call_details.method
+        token = bearer(handler_call_details.invocation_metadata)
+        granted = self.grant(method, token)
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        if granted is None:
+            role = self.role_of(method)
+            why = ("missing 'authorization: Bearer <token>' metadata" if not token
+                   else f"invalid {role} token")
+            return _deny(handler, grpc.StatusCode.UNAUTHENTICATED, f"{method}: {why}")
+        if granted.identity is not None:
+            return _bind(handler, method, granted.identity)
+        return handler

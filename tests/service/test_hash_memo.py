@@ -1,0 +1,90 @@
+"""BlockHashMemo returns exactly kvmesh.hashing.block_hashes, hit or miss, under eviction."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvmesh.hashing import ALGOS, block_hashes
+from service.hash_memo import BlockHashMemo
+
+
+def _prompt(rng: random.Random, n: int, vocab: int = 50) -> list[int]:
+    return [rng.randrange(vocab) for _ in range(n)]
+
+
+def test_repeated_prefix_is_served_from_the_memo() -> None:
+    memo = BlockHashMemo()
+    rng = random.Random(0)
+    system = _prompt(rng, 64)
+    a = system + _prompt(rng, 40)
+    b = system + _prompt(rng, 40)
+    assert memo.block_hashes(a, 16) == block_hashes(a, 16)
+    assert (memo.hits, memo.misses) == (0, 6)
+    assert memo.block_hashes(b, 16) == block_hashes(b, 16)
+    assert (memo.hits, memo.misses) == (4, 8)  # the 4 system blocks were reused
+    assert memo.block_hashes(b, 16) == block_hashes(b, 16)
+    assert (memo.hits, memo.misses) == (10, 8)
+
+
+def test_salt_seed_and_algo_are_part_of_the_key() -> None:
+    memo = BlockHashMemo()
+    toks = list(range(48))
+    for algo in ALGOS:
+        for seed in (None, "0"):
+            for salt in (None, "tenant-a", "tenant-b", "é"):
+                want = block_hashes(toks, 16, algo=algo, seed=seed, salt=salt)
+                assert memo.block_hashes(toks, 16, algo=algo, seed=seed, salt=salt) == want
+                assert memo.block_hashes(toks, 16, algo=algo, seed=seed, salt=salt) == want
+    # block sizes that share a byte prefix never share entries
+    assert memo.block_hashes(toks, 8) == block_hashes(toks, 8)
+    assert memo.block_hashes(toks, 24) == block_hashes(toks, 24)
+
+
+def test_lora_mm_short_and_out_of_range_prompts_bypass_the_memo() -> None:
+    memo = BlockHashMemo()
+    toks = list(range(40))
+    assert memo.block_hashes(toks, 16, lora=("ad", "/p")) == block_hashes(
+        toks, 16, lora=("ad", "/p"))
+    mm = [("img", 3, 20)]
+    assert memo.block_hashes(toks, 16, mm=mm) == block_hashes(toks, 16, mm=mm)
+    assert memo.block_hashes(toks[:15], 16) == []
+    big = [2**63] * 16  # beyond int64, still a CBOR uint
+    assert memo.block_hashes(big, 16) == block_hashes(big, 16)
+    assert len(memo) == 0
+
+
+def test_memory_stays_bounded_and_recently_used_entries_survive() -> None:
+    memo = BlockHashMemo(capacity=8)
+    rng = random.Random(1)
+    hot = _prompt(rng, 64)  # 4 blocks, used before every cold prompt
+    for _ in range(20):
+        cold = _prompt(rng, 96, vocab=10_000)
+        assert memo.block_hashes(hot, 16) == block_hashes(hot, 16)
+        assert memo.block_hashes(cold, 16) == block_hashes(cold, 16)
+        assert len(memo) <= 16
+    hits = memo.hits
+    memo.block_hashes(hot, 16)
+    assert memo.hits == hits + 4
+
+
+def test_capacity_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        BlockHashMemo(capacity=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 60), st.sampled_from(
+    [None, "s1", "s2"]), st.sampled_from(ALGOS)), min_size=1, max_size=12),
+    st.integers(1, 6))
+def test_any_sequence_of_calls_matches_the_reference(calls: list, capacity: int) -> None:
+    """Prompts built from 4 shared stems plus random tails, tiny capacity (rotations)."""
+    rng = random.Random(len(calls))
+    stems = [_prompt(rng, 32, vocab=8) for _ in range(4)]
+    memo = BlockHashMemo(capacity=capacity)
+    for stem, tail, salt, algo in calls:
+        toks = stems[stem] + _prompt(rng, tail, vocab=8)
+        assert memo.block_hashes(toks, 4, algo=algo, salt=salt) == block_hashes(
+            toks, 4, algo=algo, salt=salt)

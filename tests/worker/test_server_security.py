@@ -1,0 +1,150 @@
+"""The worker's server: router token, TLS, calls in flight per connection, request bytes."""
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kvmesh.tls import TlsFiles
+from kvmesh.v1 import worker_pb2, worker_pb2_grpc
+from worker import Engine
+from worker.async_engine import AsyncEngine
+from worker.server import create_server
+
+if TYPE_CHECKING:  # the certs fixture skips where `cryptography` is missing
+    from tests.certificates import Certs
+
+TOKEN = [("authorization", "Bearer router-tok")]
+
+
+def _req(tokens: list[int], max_tokens: int = 2) -> worker_pb2.GenerateRequest:
+    return worker_pb2.GenerateRequest(token_ids=tokens, sampling=worker_pb2.SamplingParams(
+        max_tokens=max_tokens, ignore_eos=True))
+
+
+async def _code(call) -> grpc.StatusCode:
+    try:
+        result = call
+        if hasattr(result, "__aiter__"):
+            async for _ in result:
+                pass
+        else:
+            await result
+    except grpc.aio.AioRpcError as e:
+        assert e.details(), "every refusal says why"
+        return e.code()
+    return grpc.StatusCode.OK
+
+
+async def _serve(runner: AsyncEngine, **kw):
+    server, port, _ = await create_server("127.0.0.1:0", runner, worker_id="w",
+                                          model_name="tiny", **kw)
+    await server.start()
+    return server, port
+
+
+@pytest.fixture(scope="module")
+def runner():
+    r = AsyncEngine(Engine.from_pretrained("tiny", num_blocks=32)).start()
+    yield r
+    r.stop()
+
+
+def test_router_token_and_tls_guard_every_worker_call(runner: AsyncEngine, certs: Certs) -> None:
+    tls = TlsFiles(cert=str(certs.server_cert), key=str(certs.server_key))
+
+    async def main() -> None:
+        server, port = await _serve(runner, token="router-tok",
+                                    credentials=tls.server_credentials())
+        target = f"127.0.0.1:{port}"
+        ok, unauth = grpc.StatusCode.OK, grpc.StatusCode.UNAUTHENTICATED
+        try:
+            creds = TlsFiles(ca=str(certs.ca)).channel_credentials()
+            async with grpc.aio.secure_channel(target, creds) as ch:
+                stub = worker_pb2_grpc.WorkerServiceStub(ch)
+                assert await _code(stub.Generate(_req([1, 2, 3]))) == unauth
+                assert await _code(stub.Generate(_req([1, 2, 3]), metadata=[
+                    ("authorization", "Bearer wrong")])) == unauth
+                assert await _code(stub.Stats(worker_pb2.WorkerStatsRequest())) == unauth
+                assert await _code(stub.FetchBlocks(worker_pb2.FetchBlocksRequest())) == unauth
+                assert await _code(stub.Generate(_req([1, 2, 3]), metadata=TOKEN)) == ok
+                assert await _code(stub.Stats(worker_pb2.WorkerStatsRequest(),
+                                              metadata=TOKEN)) == ok
+                health = health_pb2_grpc.HealthStub(ch)  # probes need no token
+                assert (await health.Check(health_pb2.HealthCheckRequest())).status == 1
+            for creds in (None, TlsFiles(ca=str(certs.other_ca)).channel_credentials()):
+                channel = (grpc.aio.secure_channel(target, creds) if creds is not None
+                           else grpc.aio.insecure_channel(target))
+                async with channel as ch:
+                    stats = worker_pb2_grpc.WorkerServiceStub(ch).Stats(
+                        worker_pb2.WorkerStatsRequest(), metadata=TOKEN, timeout=3)
+                    assert await _code(stats) == grpc.StatusCode.UNAVAILABLE
+        finally:
+            await server.stop(None)
+
+    asyncio.run(main())
+
+
+def test_calls_in_flight_are_limited_per_connection(runner: AsyncEngine) -> None:
+    async def main() -> None:
+        server, port = await _serve(runner, max_inflight_per_conn=1)
+        target = f"127.0.0.1:{port}"
+        try:
+            async with grpc.aio.insecure_channel(target) as ch, \
+                    grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool",
+                                                                1)]) as other:
+                stub = worker_pb2_grpc.WorkerServiceStub(ch)
+                stream = stub.Generate(_req([5, 6, 7], max_tokens=40))
+                first = await stream.read()  # the stream is in flight now
+                assert first.token_ids
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await stub.Stats(worker_pb2.WorkerStatsRequest())
+                assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "limit is 1 per connection" in err.value.details()
+                assert "--max-inflight-per-conn" in err.value.details()
+                # another connection is not affected
+                await worker_pb2_grpc.WorkerServiceStub(other).Stats(
+                    worker_pb2.WorkerStatsRequest())
+                while await stream.read() != grpc.aio.EOF:
+                    pass
+                # the slot is free again once the stream ended (released as the call ends
+                # on the server, which may be a moment after the client saw its status)
+                for _ in range(50):
+                    if await _code(stub.Stats(worker_pb2.WorkerStatsRequest())) \
+                            == grpc.StatusCode.OK:
+                        break
+                    await asyncio.sleep(0.02)
+                else:
+                    raise AssertionError("the in-flight slot was never released")
+        finally:
+            await server.stop(None)
+
+    asyncio.run(main())
+
+
+def test_oversized_and_undecodable_requests(runner: AsyncEngine) -> None:
+    async def main() -> None:
+        server, port = await _serve(runner, max_message_bytes=4096)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                stub = worker_pb2_grpc.WorkerServiceStub(ch)
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    async for _ in stub.Generate(_req([255] * 3000)):
+                        pass
+                assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "limit is 4096" in err.value.details()
+                assert "--max-message-bytes" in err.value.details()
+                raw = ch.unary_stream("/kvmesh.v1.WorkerService/Generate")
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    async for _ in raw(b"\xff\xff\xff"):
+                        pass
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "kvmesh.v1.GenerateRequest" in err.value.details()
+                assert await _code(stub.Generate(_req([1, 2]))) == grpc.StatusCode.OK
+        finally:
+            await server.stop(None)
+
+    asyncio.run(main())
