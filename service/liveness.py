@@ -36,8 +36,9 @@ class WorkerTable:
         self._records: dict[str, WorkerRecord] = {}
         self._pending: dict[str, _Pending] = {}
         # Records that vanished from the backend while their worker was alive (Redis emptied
-        # or restarted): kept for degraded routing until they re-register or time out.
-        self._lost: dict[str, WorkerRecord] = {}
+        # or restarted): worker id -> (record, when it vanished). Kept for degraded routing
+        # for two liveness timeouts, time enough for the worker to register again.
+        self._lost: dict[str, tuple[WorkerRecord, int]] = {}
         self.last_refresh_ms = 0
 
     def replace_all(self, records: list[WorkerRecord], now_ms: int) -> None:
@@ -49,10 +50,12 @@ class WorkerTable:
                 rec.heartbeat_ms, rec.load = old.heartbeat_ms, old.load
             fresh[rec.worker_id] = rec
         for wid, old in self._records.items():
-            if wid not in fresh and self.alive(old, now_ms):
-                self._lost[wid] = old
-        self._lost = {w: r for w, r in self._lost.items()
-                      if w not in fresh and self.alive(r, now_ms)}
+            # degraded_alive: this replica may have missed the worker's recent heartbeats
+            # (they went to another replica) while the backend was down.
+            if wid not in fresh and wid not in self._lost and self.degraded_alive(old, now_ms):
+                self._lost[wid] = (old, now_ms)
+        self._lost = {w: (r, t) for w, (r, t) in self._lost.items()
+                      if w not in fresh and now_ms - t < 2 * self.timeout_ms}
         self._records = fresh
         self._pending = {w: p for w, p in self._pending.items()
                          if w in fresh and fresh[w].heartbeat_ms <= p.heartbeat_ms}
@@ -90,12 +93,12 @@ class WorkerTable:
         check = self.degraded_alive if degraded else self.alive
         live = [r for r in self._records.values() if check(r, now_ms)]
         if degraded:
-            live += [r for r in self._lost.values() if self.alive(r, now_ms)]
+            live += [r for r, t in self._lost.values() if now_ms - t < 2 * self.timeout_ms]
         return live
 
     def lost(self, now_ms: int) -> bool:
         """Whether workers alive a moment ago vanished from the backend (it was emptied)."""
-        return any(self.alive(r, now_ms) for r in self._lost.values())
+        return any(now_ms - t < 2 * self.timeout_ms for _, t in self._lost.values())
 
     def load(self, rec: WorkerRecord) -> WorkerLoad:
         """The reported load plus what this replica routed there since that report."""
