@@ -3,12 +3,11 @@
 Both ``kvmesh service`` and ``kvmesh worker`` print one line ``... listening on HOST:PORT``
 once they accept calls; :class:`ServerProcess` starts the child, waits for that line and
 keeps the rest of its output (the last lines, for error messages). Children die with the
-parent (``PR_SET_PDEATHSIG`` on Linux) so a killed launcher leaves nothing behind.
+launcher (``kvmesh.lifecycle``) so a killed launcher leaves nothing behind.
 """
 from __future__ import annotations
 
 import collections
-import ctypes
 import os
 import re
 import signal
@@ -20,14 +19,6 @@ import time
 _READY = re.compile(r"listening on (\S+)")
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 class ServerProcess:
     """One child: ``python -m <module> <args>``; ``.address`` once :meth:`start` returns."""
 
@@ -36,7 +27,8 @@ class ServerProcess:
         self.name = name
         self.cmd = [sys.executable, "-m", module, *args]
         self.echo = echo
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1",
+                    "KVMESH_PARENT_PID": str(os.getpid()), **(env or {})}
         self.address: str | None = None
         self.lines: collections.deque[str] = collections.deque(maxlen=200)
         self.proc: subprocess.Popen | None = None
@@ -47,8 +39,7 @@ class ServerProcess:
         self.address = None
         self.proc = subprocess.Popen(
             self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            text=True, bufsize=1, env=self.env, start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+            text=True, bufsize=1, env=self.env, start_new_session=True)
         threading.Thread(target=self._drain, args=(self.proc,), daemon=True).start()
         if not self._ready.wait(timeout) or self.address is None:
             tail = self.tail()
