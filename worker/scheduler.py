@@ -44,6 +44,10 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add(self, seq: Seq) -> None:
+        # Look the prompt up now (no side effects) so the load this worker reports counts
+        # only the prefill it will really do: the router must not see a worker that holds
+        # a hot prefix as busier than one that would recompute it.
+        _, seq.expected_cached = self.kv.get_computed_blocks(seq.req)
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
@@ -108,5 +112,5 @@ class Scheduler:
     @property
     def queued_prefill_tokens(self) -> int:
         """Prompt tokens not computed yet, over waiting and running sequences (router load)."""
-        return (sum(s.num_uncomputed for s in self.waiting)
+        return (sum(s.num_uncomputed - s.expected_cached for s in self.waiting)
                 + sum(s.num_uncomputed for s in self.running if s.num_uncomputed > 1))

@@ -39,6 +39,7 @@ class Seq:
     num_prompt_tokens: int
     status: SeqStatus = SeqStatus.WAITING
     num_cached_tokens: int = -1  # -1 until first admitted
+    expected_cached: int = 0     # the cache hit it would get at enqueue time (load report)
     finish_reason: str | None = None
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None

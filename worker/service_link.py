@@ -28,6 +28,7 @@ log = logging.getLogger("kvmesh.worker.link")
 
 TIERS = {"gpu": index_pb2.TIER_GPU, "cpu": index_pb2.TIER_CPU}
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+EAGER_BEAT_S = 0.1
 
 
 def event_to_proto(ev: KVEvent) -> index_pb2.KvEvent:
@@ -92,16 +93,25 @@ class ServiceLink:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self.drop_next_batch = False  # fault injection for tests: lose one batch in transit
+        # (running, waiting) as of the last heartbeat. A change (a request finished) sends
+        # the next heartbeat early, at most every EAGER_BEAT_S: the router's cost model must
+        # not see a worker as busy for up to a second after it went idle.
+        self._beat_key = (0, 0)
 
     # --- engine thread --------------------------------------------------------------
 
     def collect(self, engine: Engine) -> None:
-        """Move the pool's new events into the outbox (runs on the engine thread)."""
+        """Move the pool's new events into the outbox and notice load changes (runs on the
+        engine thread)."""
         events = engine.kv.take_events()
         if events:
             self.pending.extend(events)  # deque.extend is atomic under the GIL
-            if self._loop is not None:
-                self._loop.call_soon_threadsafe(self._kick.set)
+        if (events or self._load_key() != self._beat_key) and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._kick.set)
+
+    def _load_key(self) -> tuple[int, int]:
+        load = self.runner.load
+        return load["running"], load["waiting"]
 
     # --- event loop -----------------------------------------------------------------
 
@@ -124,7 +134,7 @@ class ServiceLink:
         self._loop = asyncio.get_running_loop()
         self.runner.on_step = self.collect
         backoff = 0.1
-        next_beat = 0.0
+        next_beat = last_beat = 0.0
         while not self._closed:
             try:
                 if not self.registered:
@@ -132,9 +142,12 @@ class ServiceLink:
                 if self.need_sync:
                     await self._sync()
                 await self._publish()
-                if time.monotonic() >= next_beat:
+                now = time.monotonic()
+                if now >= next_beat or (self._load_key() != self._beat_key
+                                        and now - last_beat >= EAGER_BEAT_S):
                     await self._heartbeat()
-                    next_beat = time.monotonic() + self.heartbeat_s
+                    last_beat = time.monotonic()
+                    next_beat = last_beat + self.heartbeat_s
                 self.connected = True
                 backoff = 0.1
             except grpc.aio.AioRpcError as err:
@@ -152,6 +165,8 @@ class ServiceLink:
                 backoff = min(backoff * 2, 2.0)
                 continue
             wait = max(0.0, next_beat - time.monotonic())
+            if self._load_key() != self._beat_key:
+                wait = min(wait, max(0.0, last_beat + EAGER_BEAT_S - time.monotonic()))
             if not self.pending:
                 try:
                     await asyncio.wait_for(self._kick.wait(), timeout=wait)
@@ -203,8 +218,10 @@ class ServiceLink:
             self.counters["events_published"] += len(batch)
 
     async def _heartbeat(self) -> None:
+        load = self.runner.load
+        self._beat_key = (load["running"], load["waiting"])
         resp = await self._connect().Heartbeat(index_pb2.HeartbeatRequest(
-            worker_id=self.worker_id, load=index_pb2.WorkerLoad(**self.runner.load),
+            worker_id=self.worker_id, load=index_pb2.WorkerLoad(**load),
             last_seq=self.last_seq), timeout=self.timeout, metadata=self.metadata)
         if resp.reregister:
             self.registered = False

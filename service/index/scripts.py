@@ -26,6 +26,7 @@ end
 local function save_holders(bk, t)
   local parts = {}
   for w, m in pairs(t) do parts[#parts + 1] = ';' .. w .. '=' .. m end
+  table.sort(parts)  -- canonical: equal holder sets give equal strings (LOOKUP's fast path)
   if #parts == 0 then
     redis.call('DEL', bk)
   else
@@ -219,6 +220,18 @@ local function emit(wid, c)
   out[#out + 1] = wid
   for t = 1, 4 do out[#out + 1] = c[t] end
 end
+local prev_v, prev_pv, last_m, run = {}, {}, {}, 0  -- tables never equal a value
+local function flush()  -- credit `run` more blocks to every candidate, at its last mask
+  if run == 0 then return end
+  for wid, c in pairs(active) do
+    local m = last_m[wid]
+    c[1] = c[1] + run
+    if bit.band(m, 1) ~= 0 then c[2] = c[2] + run
+    elseif bit.band(m, 2) ~= 0 then c[3] = c[3] + run
+    else c[4] = c[4] + run end
+  end
+  run = 0
+end
 local i, chunk = 0, 32
 while i < n do
   local last = math.min(n, i + chunk)
@@ -246,6 +259,7 @@ while i < n do
       if allowed == nil or allowed[wid] then
         active[wid] = {0, 0, 0, 0}
         tally(active[wid], m)
+        last_m[wid] = m
         nb[wid], np[wid] = ';' .. wid .. '=', ';' .. wid .. '|'
         n_active = n_active + 1
       end
@@ -255,26 +269,33 @@ while i < n do
   end
   for j = j0, #bkeys do
     local v, pv = vals[j], pvals[j]
-    for wid, c in pairs(active) do
-      local m = 0
-      if v then
-        local pos = string.find(v, nb[wid], 1, true)
-        if pos then m = string.byte(v, pos + #nb[wid]) - 48 end
-      end
-      if m == 0 and pv then
-        local pos = string.find(pv, np[wid], 1, true)
-        if pos then
-          local s = pos + #np[wid]
-          local e = string.find(pv, ';', s, true)
-          if tonumber(string.sub(pv, s, (e or 0) - 1)) > now then m = 1 end
+    if v == prev_v and pv == prev_pv then
+      run = run + 1  -- same holder strings as the block before: same masks, count later
+    else
+      flush()
+      prev_v, prev_pv = v, pv
+      for wid, c in pairs(active) do
+        local m = 0
+        if v then
+          local pos = string.find(v, nb[wid], 1, true)
+          if pos then m = string.byte(v, pos + #nb[wid]) - 48 end
         end
-      end
-      if m > 0 then
-        tally(c, m)
-      else
-        emit(wid, c)
-        active[wid] = nil
-        n_active = n_active - 1
+        if m == 0 and pv then
+          local pos = string.find(pv, np[wid], 1, true)
+          if pos then
+            local s = pos + #np[wid]
+            local e = string.find(pv, ';', s, true)
+            if tonumber(string.sub(pv, s, (e or 0) - 1)) > now then m = 1 end
+          end
+        end
+        if m > 0 then
+          last_m[wid] = m
+          tally(c, m)
+        else
+          emit(wid, c)
+          active[wid] = nil
+          n_active = n_active - 1
+        end
       end
     end
     if n_active == 0 then return out end
@@ -282,6 +303,7 @@ while i < n do
   i = last
   chunk = math.min(chunk * 2, 2048)
 end
+flush()
 for wid, c in pairs(active) do emit(wid, c) end
 return out
 """

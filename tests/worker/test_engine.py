@@ -144,3 +144,12 @@ def test_async_engine_serves_concurrent_requests():
         runner.stop()
     assert got == [c.token_ids for c in want]
     assert engine.kv.num_free_blocks == 128
+
+
+def test_reported_queue_counts_only_prefill_still_to_do():
+    engine = Engine.from_pretrained("tiny", block_size=BS, num_blocks=64)
+    prompt = list(range(10, 50))  # 40 tokens: 10 full blocks
+    engine.generate([prompt], max_tokens=1)
+    engine.add_request(prompt + [1, 2, 3], SamplingParams(1))  # 40 of 43 tokens cached
+    engine.add_request([7] * 9, SamplingParams(1))              # nothing cached
+    assert engine.load()["queued_prefill_tokens"] == 3 + 9
