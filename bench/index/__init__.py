@@ -1,0 +1,86 @@
+"""`kvmesh bench index`: the Redis index at scale (events/s, lookup latency, memory/entry).
+
+The measuring lives in :mod:`bench.index.run`, the synthetic index in
+:mod:`bench.index.data`, the per-block pipelined lookup it is compared with in
+:mod:`bench.index.pipelined`; this module is the command and its table.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+
+
+def _print(res: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    t = Table(title=f"Redis index: {res['entries']:,} (block, worker) entries, "
+                    f"{res['distinct_blocks']:,} blocks, {res['workers']} workers")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    t.add_column("goal", justify="right")
+    mem_ok = "met" if res["bytes_per_entry"] <= res["goal_bytes_per_entry"] else "MISSED"
+    rows = [
+        ("events applied / s (BlockStored of "
+         f"{res['event_blocks']} blocks, {res['batch_events']} per batch)",
+         f"{res['events_per_s']:,.0f}", ""),
+        ("batches (apply_events calls) / s", f"{res['batches_per_s']:,.0f}", ""),
+        ("entries indexed / s", f"{res['entries_per_s']:,.0f}", ""),
+        ("Redis time per entry applied (Lua)", f"{res['apply_server_us_per_entry']:.2f} µs", ""),
+        ("Redis memory per entry", f"{res['bytes_per_entry']:.0f} B",
+         f"<= {res['goal_bytes_per_entry']} B ({mem_ok})"),
+        ("  of which block keys (holders), per entry",
+         f"{res['block_keys_bytes_per_entry']:.0f} B", ""),
+        ("  of which per-worker reverse indexes, per entry",
+         f"{res['reverse_index_bytes_per_entry']:.0f} B", ""),
+        ("Redis memory per distinct block", f"{res['bytes_per_block']:.0f} B", ""),
+    ]
+    for r in rows:
+        t.add_row(*r)
+    console.print(t)
+    lk = Table(title=f"Lookup of a {res['query_blocks']}-block prompt ({res['chain_blocks']} "
+                     f"held by up to {res['holders']} workers + new blocks), "
+                     f"{res['queries']} queries, interleaved")
+    for col in ("lookup", "p50 ms", "p99 ms", "Redis µs / lookup"):
+        lk.add_column(col, justify="right")
+    lk.add_row("Lua script, one round trip", f"{res['lua_p50_ms']:.3f}",
+               f"{res['lua_p99_ms']:.3f}", f"{res['lua_server_us']:.0f}")
+    lk.add_row("pipelined GET per block + Python walk", f"{res['pipelined_p50_ms']:.3f}",
+               f"{res['pipelined_p99_ms']:.3f}", f"{res['pipelined_server_us']:.0f}")
+    lk.add_row("ratio pipelined / Lua",
+               f"{res['pipelined_p50_ms'] / res['lua_p50_ms']:.2f}x",
+               f"{res['pipelined_p99_ms'] / res['lua_p99_ms']:.2f}x",
+               f"{res['pipelined_server_us'] / max(res['lua_server_us'], 1e-9):.2f}x")
+    console.print(lk)
+    console.print(f"answers identical: {res['identical']}; equal to the dataset: "
+                  f"{res['correct']}")
+
+
+def register(bench: typer.Typer) -> None:
+    @bench.command("index")
+    def index(entries: int = typer.Option(200_000, help="(block, worker) entries to index; "
+                                          "1,000,000 is the documented run"),
+              workers: int = typer.Option(64),
+              chain_blocks: int = typer.Option(128, help="blocks per shared chain"),
+              holders: int = typer.Option(4, help="workers holding (a prefix of) each chain"),
+              event_blocks: int = typer.Option(16, help="blocks per BlockStored event"),
+              batch_events: int = typer.Option(32, help="events per apply_events batch"),
+              queries: int = typer.Option(300, help="lookups of each kind"),
+              tail_blocks: int = typer.Option(16, help="new blocks after the held chain"),
+              model: str = typer.Option("meta-llama/Llama-3.1-8B-Instruct",
+                                        help="model name (part of every key)"),
+              as_json: bool = typer.Option(False, "--json")) -> None:
+        """The Redis index at scale: events/s, Lua vs pipelined lookup, memory per entry."""
+        from bench.index.data import Layout
+        from bench.index.run import run
+
+        res = run(entries=entries, layout=Layout(workers, chain_blocks, holders, event_blocks,
+                                                 batch_events),
+                  queries=queries, tail_blocks=tail_blocks, model=model)
+        if as_json:
+            print(json.dumps(res))
+        else:
+            _print(res)

@@ -1,0 +1,179 @@
+"""One `kvmesh bench index` run: build a large index in a real Valkey, then measure it.
+
+Phases, on a private ``start_redis()`` server with the production ``RedisBackend``:
+
+1. register ``workers`` workers, note ``INFO memory`` ``used_memory``;
+2. build: every worker publishes its event batches (:mod:`bench.index.data`) through
+   ``apply_events``, all workers concurrently (one asyncio task each, like real workers);
+   the wall time gives events/s, batches/s and entries/s;
+3. memory: ``used_memory`` delta / entries (goal <= 150 B) and per distinct block, split
+   (``MEMORY USAGE``) into block keys and the per-worker reverse indexes;
+4. lookups, interleaved query by query so both see the same server state and load: the
+   one-round-trip Lua ``LOOKUP`` (``RedisBackend.lookup``) and the pipelined per-block
+   ``GET`` + Python walk (:mod:`bench.index.pipelined`), on the same chains. A query is a
+   whole held chain plus ``tail_blocks`` new blocks (a shared prefix and a new question),
+   with all workers allowed (what the service passes). Client-side p50/p99 and the server's
+   own time per lookup (``INFO commandstats`` usec deltas) are reported, and every answer of
+   both is checked against the dataset (``identical`` / ``correct``).
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import statistics
+import time
+from typing import Any
+
+from bench.index import pipelined
+from bench.index.data import Dataset, Layout, plan
+from service.index.base import ApplyStatus, BlockMatch, WorkerRecord, namespace
+from service.index.redis import RedisBackend, chain_keys, worker_key
+
+BLOCK_SIZE = 16
+ALGO = "sha256_cbor"
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+async def _used_memory(client: Any) -> int:
+    return int((await client.info("memory"))["used_memory"])
+
+
+async def _cmd_usec(client: Any) -> dict[str, tuple[int, int]]:
+    """command -> (calls, usec) from ``INFO commandstats``."""
+    stats = await client.info("commandstats")
+    return {k.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+            for k, v in stats.items()}
+
+
+def _server_us(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]],
+               cmd: str) -> float:
+    return after.get(cmd, (0, 0))[1] - before.get(cmd, (0, 0))[1]
+
+
+async def _build(backend: RedisBackend, data: Dataset) -> dict[str, float]:
+    plans = [data.batches(w) for w in range(len(data.worker_ids))]
+    events = sum(len(b) for p in plans for b in p)
+    batches = sum(len(p) for p in plans)
+
+    async def publish(w: int) -> None:
+        wid = data.worker_ids[w]
+        for batch in plans[w]:
+            res = await backend.apply_events(wid, batch)
+            if res.status is not ApplyStatus.OK:
+                raise RuntimeError(f"batch of {wid} not applied: {res}")
+
+    before = await _cmd_usec(backend.client)
+    t0 = time.perf_counter()
+    await asyncio.gather(*(publish(w) for w in range(len(data.worker_ids))))
+    wall = time.perf_counter() - t0
+    after = await _cmd_usec(backend.client)
+    server_s = _server_us(before, after, "evalsha") / 1e6
+    return {"build_s": wall, "events": events, "batches": batches,
+            "events_per_s": events / wall, "batches_per_s": batches / wall,
+            "entries_per_s": data.entries / wall, "apply_server_s": server_s,
+            "apply_server_us_per_entry": server_s * 1e6 / data.entries}
+
+
+async def _memory_split(client: Any, ns: str, data: Dataset, seed: int) -> dict[str, float]:
+    """Bytes per entry of the two big structures, from ``MEMORY USAGE``: the block keys
+    (sampled, scaled to every block) and the per-worker reverse indexes (exact)."""
+    rng = random.Random(seed + 2)
+    sample = []
+    for _ in range(min(500, data.distinct_blocks)):
+        chain = data.chains[rng.randrange(len(data.chains))]
+        sample.append(f"{chain_keys(ns, chain[0])}b:{rng.choice(chain).hex()}")
+    per_key = [int(await client.memory_usage(k) or 0) for k in sample]
+    reverse = 0
+    for wid in data.worker_ids:
+        reverse += int(await client.memory_usage(worker_key(ns, wid) + ":blocks",
+                                                 samples=0) or 0)
+    blocks_total = statistics.mean(per_key) * data.distinct_blocks
+    return {"block_keys_bytes_per_entry": blocks_total / data.entries,
+            "reverse_index_bytes_per_entry": reverse / data.entries,
+            "bytes_per_block_key": statistics.mean(per_key)}
+
+
+async def _lookups(backend: RedisBackend, ns: str, data: Dataset, queries: int,
+                   tail_blocks: int, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed + 1)
+    picks = [rng.randrange(len(data.chains)) for _ in range(queries)]
+    allowed = list(data.worker_ids)
+    lua_t: list[float] = []
+    pipe_t: list[float] = []
+    identical = correct = True
+    for c in picks[:5]:  # warm up both paths (connections, script cache)
+        await backend.lookup(ns, data.chains[c], 0, allowed)
+        await pipelined.lookup(backend.client, ns, data.chains[c], allowed)
+    before = await _cmd_usec(backend.client)
+    for k, c in enumerate(picks):
+        query = data.chains[c] + [rng.randbytes(32) for _ in range(tail_blocks)]
+        order = (0, 1) if k % 2 == 0 else (1, 0)  # alternate who goes first
+        res: list[dict[str, BlockMatch]] = [{}, {}]
+        for which in order:
+            t0 = time.perf_counter()
+            if which == 0:
+                res[0] = await backend.lookup(ns, query, 0, allowed)
+                lua_t.append(time.perf_counter() - t0)
+            else:
+                res[1] = await pipelined.lookup(backend.client, ns, query, allowed)
+                pipe_t.append(time.perf_counter() - t0)
+        identical &= res[0] == res[1]
+        correct &= {w: m.blocks for w, m in res[0].items()} == data.expected(c)
+    after = await _cmd_usec(backend.client)
+    n = len(picks)
+    return {
+        "queries": n, "query_blocks": data.layout.chain_blocks + tail_blocks,
+        "lua_p50_ms": statistics.median(lua_t) * 1e3, "lua_p99_ms": _pct(lua_t, 0.99) * 1e3,
+        "pipelined_p50_ms": statistics.median(pipe_t) * 1e3,
+        "pipelined_p99_ms": _pct(pipe_t, 0.99) * 1e3,
+        "lua_server_us": _server_us(before, after, "evalsha") / n,
+        "pipelined_server_us": _server_us(before, after, "get") / n,
+        "identical": identical, "correct": correct,
+    }
+
+
+async def run_async(entries: int = 200_000, layout: Layout | None = None, queries: int = 300,
+                    tail_blocks: int = 16, model: str = "meta-llama/Llama-3.1-8B-Instruct",
+                    seed: int = 0) -> dict[str, Any]:
+    """Build and measure; see the module docstring. Returns one flat result dict."""
+    from deploy.redis_server import start_redis
+
+    layout = layout or Layout()
+    data = plan(entries, layout, seed)
+    ns = namespace(model, BLOCK_SIZE, ALGO)
+    server = start_redis()
+    backend = RedisBackend.from_url(server.url, timeout_s=120.0)
+    try:
+        await backend.load_scripts()
+        for w, wid in enumerate(data.worker_ids):
+            await backend.register(WorkerRecord(wid, ns, f"10.0.0.{w}:50052", model,
+                                                BLOCK_SIZE, ALGO))
+        mem0 = await _used_memory(backend.client)
+        build = await _build(backend, data)
+        mem1 = await _used_memory(backend.client)
+        split = await _memory_split(backend.client, ns, data, seed)
+        looks = await _lookups(backend, ns, data, queries, tail_blocks, seed)
+    finally:
+        await backend.close()
+        server.stop()
+    return {
+        "entries": data.entries, "distinct_blocks": data.distinct_blocks,
+        "workers": layout.workers, "chains": len(data.chains),
+        "chain_blocks": layout.chain_blocks, "holders": layout.holders,
+        "event_blocks": layout.event_blocks, "batch_events": layout.batch_events,
+        "model": model, "namespace": ns, **build,
+        "memory_bytes": mem1 - mem0,
+        "bytes_per_entry": (mem1 - mem0) / data.entries,
+        "bytes_per_block": (mem1 - mem0) / data.distinct_blocks,
+        "goal_bytes_per_entry": 150, **split, **looks,
+    }
+
+
+def run(**kw: Any) -> dict[str, Any]:
+    """Blocking wrapper of :func:`run_async`."""
+    return asyncio.run(run_async(**kw))

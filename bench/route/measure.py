@@ -1,0 +1,155 @@
+"""One `kvmesh bench route` run: start everything, measure, stop everything."""
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import threading
+import time
+import urllib.request
+from typing import Any
+
+from bench.route.breakdown import breakdown
+from bench.route.fleet import ALGO, BLOCK_SIZE, SIZES, SimFleet, index_prompts, make_prompts
+
+
+def _pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` by nearest rank."""
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def _latencies(clients: dict[str, Any], prompts: dict[int, list[int]], routes: int,
+               rounds: int, dry_run: bool) -> dict[str, dict[int, list[float]]]:
+    """Seconds per ``client.route`` call, per client and size; sizes and clients interleaved
+    round by round (the client order alternates) so all see the same machine load."""
+    out: dict[str, dict[int, list[float]]] = {c: {n: [] for n in prompts} for c in clients}
+    per = max(1, routes // rounds)
+    names = list(clients)
+    for k in range(rounds):
+        for n, toks in prompts.items():
+            for name in names if k % 2 == 0 else names[::-1]:
+                client = clients[name]
+                for _ in range(per):
+                    t0 = time.perf_counter()
+                    res = client.route(toks, dry_run=dry_run)
+                    out[name][n].append(time.perf_counter() - t0)
+                if dry_run and res.matched_tokens != (n - 1) // BLOCK_SIZE * BLOCK_SIZE:
+                    raise AssertionError(f"{n}-token route matched {res.matched_tokens}")
+    return out
+
+
+def _throughput(client: Any, toks: list[int], threads: int, duration_s: float) -> float:
+    """Dry-run routes per second with ``threads`` threads sharing ``client``."""
+    counts = [0] * threads
+    stop = time.perf_counter() + duration_s
+
+    def loop(k: int) -> None:
+        while time.perf_counter() < stop:
+            client.route(toks, dry_run=True)
+            counts[k] += 1
+
+    t0 = time.perf_counter()
+    pool = [threading.Thread(target=loop, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+def _handler_seconds(metrics_port: int) -> tuple[float, float]:
+    """(sum, count) of the service's ``kvmesh_route_latency_seconds`` histogram."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    found = dict(re.findall(r"^kvmesh_route_latency_seconds_(sum|count) (\S+)$", text, re.M))
+    return float(found.get("sum", 0.0)), float(found.get("count", 0.0))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stats(lat: list[float], base: list[float]) -> dict[str, float]:
+    return {"p50_ms": statistics.median(lat) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3,
+            "ratio_p50": statistics.median(lat) / statistics.median(base)}
+
+
+def run(workers: int = 8, routes: int = 400, rounds: int = 4, threads: int = 4,
+        duration_s: float = 2.0, sizes: tuple[int, ...] = SIZES, seed: int = 0) -> dict:
+    """Start Valkey, two service replicas over it (the service as shipped, and the same with
+    its block-hash memo off), the simulated fleet; measure both side by side; stop all.
+
+    Returns the setup and ``sizes``: per size ``tokens``, ``blocks``, then for the shipped
+    service ``p50_ms``, ``p99_ms``, ``ratio_p50`` (over the smallest size), ``p50_ms_live`` /
+    ``p99_ms_live`` (without dry_run), ``routes_per_s``, ``handler_ms``; the same keys
+    suffixed ``_nomemo`` for the memo-less replica; and the breakdown ``*_us``.
+    """
+    from client import KvmeshClient
+    from deploy.process import ServerProcess
+    from deploy.redis_server import start_redis
+
+    variants = {"": "1", "_nomemo": "0"}  # result-key suffix -> MEMO argument of serve
+    ports = {v: _free_port() for v in variants}
+    redis = start_redis()
+    services = {v: ServerProcess(f"service{v}", "bench.route.serve",
+                                 [redis.url, str(ports[v]), memo])
+                for v, memo in variants.items()}
+    fleet: SimFleet | None = None
+    clients: dict[str, Any] = {}
+    try:
+        for svc in services.values():
+            svc.start(60)
+        fleet = SimFleet(str(services[""].address), workers).start()
+        prompts = make_prompts(sizes, seed)
+        chains = index_prompts(fleet, prompts)
+        clients = {v: KvmeshClient(str(svc.address)) for v, svc in services.items()}
+        deadline = time.monotonic() + 10
+        for client in clients.values():  # the other replica sees the fleet through Redis
+            while sum(w["alive"] for w in client.stats()["workers"]) < workers:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("simulated workers did not become live")
+                time.sleep(0.1)
+        _latencies(clients, prompts, 10 * len(sizes), 1, dry_run=True)  # warm up
+        dry: dict[str, dict[int, list[float]]] = {v: {n: [] for n in sizes} for v in variants}
+        handler: dict[str, dict[int, float]] = {v: {} for v in variants}
+        for v, client in clients.items():
+            h0 = _handler_seconds(ports[v])
+            for n in sizes:  # the handler histogram has no size label: one size at a time
+                lat = _latencies({v: client}, {n: prompts[n]}, routes // 4, 1, dry_run=True)
+                h1 = _handler_seconds(ports[v])
+                handler[v][n] = (h1[0] - h0[0]) / max(h1[1] - h0[1], 1) * 1e3
+                h0 = h1
+                dry[v][n] += lat[v][n]
+        for v, per_size in _latencies(clients, prompts, routes, rounds, True).items():
+            for n, lat in per_size.items():
+                dry[v][n] += lat
+        live = _latencies({"": clients[""]}, prompts, routes // 2, rounds, False)[""]
+        rps = {v: {n: _throughput(c, prompts[n], threads, duration_s) for n in sizes}
+               for v, c in clients.items()}
+        parts = breakdown(prompts, chains, redis.url, fleet.ids, repeats=50)
+    finally:
+        for client in clients.values():
+            client.close()
+        if fleet is not None:
+            fleet.stop()
+        for svc in services.values():
+            svc.stop(5)
+        redis.stop()
+    rows = []
+    for n in sizes:
+        row: dict[str, Any] = {"tokens": n, "blocks": n // BLOCK_SIZE}
+        for v in variants:
+            row.update({k + v: x for k, x in _stats(dry[v][n], dry[v][sizes[0]]).items()})
+            row["routes_per_s" + v] = rps[v][n]
+            row["handler_ms" + v] = handler[v][n]
+        row["p50_ms_live"] = statistics.median(live[n]) * 1e3
+        row["p99_ms_live"] = _pct(live[n], 0.99) * 1e3
+        rows.append({**row, **parts[n]})
+    return {"workers": workers, "threads": threads,
+            "routes_per_size": len(dry[""][sizes[0]]), "block_size": BLOCK_SIZE,
+            "algo": ALGO, "sizes": rows, "goal_ratio_8k": 2.5}

@@ -1,0 +1,45 @@
+"""The service child of `kvmesh bench route`: ``python -m bench.route.serve REDIS_URL
+METRICS_PORT MEMO`` runs ``create_server`` (redis backend, default settings) until SIGTERM and
+prints ``listening on HOST:PORT`` once it serves. ``MEMO`` 0 replaces the service's block-hash
+memo with plain hashing, to measure what the memo buys."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+
+class _NoMemo:
+    """Stands in for the service's ``BlockHashMemo``: hashes every block every time (the
+    service as it was before the memo; ``--no-hash-memo``)."""
+
+    @staticmethod
+    def block_hashes(*args: Any, **kw: Any) -> list[bytes]:
+        from kvmesh.hashing import block_hashes
+
+        return block_hashes(*args, **kw)
+
+
+async def _serve(redis_url: str, metrics_port: int, memo: bool = True) -> None:
+    """The service of the benchmark: redis backend, defaults otherwise, until SIGTERM."""
+    import signal
+
+    from service.config import ServiceConfig
+    from service.server import create_server
+
+    cfg = ServiceConfig(backend="redis", redis_url=redis_url, metrics_port=metrics_port)
+    server, port = await create_server("127.0.0.1:0", cfg)
+    if not memo:
+        server.servicer.hash_memo = _NoMemo()  # type: ignore[assignment]
+    await server.start()
+    print(f"bench service listening on 127.0.0.1:{port}", flush=True)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop(grace=1.0)
+
+
+if __name__ == "__main__":
+    import sys
+
+    asyncio.run(_serve(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"))

@@ -1,0 +1,44 @@
+"""`kvmesh bench route` at a tiny size: real Valkey, service process, simulated workers."""
+from __future__ import annotations
+
+import math
+
+from bench import route
+from bench.route.fleet import index_prompts
+
+
+def test_route_bench_reports_every_size_and_the_breakdown() -> None:
+    res = route.run(workers=2, routes=8, rounds=2, threads=2, duration_s=0.3,
+                    sizes=(16, 256))
+    rows = {r["tokens"]: r for r in res["sizes"]}
+    assert set(rows) == {16, 256}
+    assert rows[16]["ratio_p50"] == 1.0 == rows[16]["ratio_p50_nomemo"]
+    assert rows[256]["blocks"] == 16
+    for r in rows.values():
+        assert 0 < r["p50_ms"] <= r["p99_ms"]
+        assert 0 < r["p50_ms_live"] <= r["p99_ms_live"]
+        assert 0 < r["p50_ms_nomemo"] <= r["p99_ms_nomemo"]
+        assert r["routes_per_s"] > 0 and r["handler_ms"] > 0
+        assert r["routes_per_s_nomemo"] > 0 and r["handler_ms_nomemo"] > 0
+        for key in ("client_build_us", "parse_validate_us", "hash_cold_us", "hash_memo_us",
+                    "lookup_us", "response_us"):
+            assert r[key] > 0, key
+        assert math.isnan(r["lua_server_us"]) or r["lua_server_us"] > 0
+    assert res["routes_per_size"] == 8 + 2  # the measured rounds + the handler pass
+
+
+def test_fleet_prefixes_shrink_across_workers() -> None:
+    """Worker i of W holds ceil((i+1)/W) of the chain: the last one holds it all."""
+    class Recorder:
+        ids = ["a", "b", "c", "d"]
+
+        def __init__(self) -> None:
+            self.held: dict[str, list[int]] = {w: [] for w in self.ids}
+
+        def store(self, wid: str, chain: list[bytes]) -> None:
+            self.held[wid].append(len(chain))
+
+    rec = Recorder()
+    chains = index_prompts(rec, {16: list(range(16)), 160: list(range(160))})  # type: ignore[arg-type]
+    assert [len(c) for c in chains.values()] == [1, 10]
+    assert rec.held == {"a": [1, 3], "b": [1, 5], "c": [1, 8], "d": [1, 10]}
