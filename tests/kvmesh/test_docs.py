@@ -1,0 +1,25 @@
+"""docs/operations.md lists every flag of every serving command (it is the operator's page)."""
+from pathlib import Path
+
+import typer
+from typer.core import TyperOption
+
+from client.cli import app
+
+COMMANDS = ("up", "service", "worker", "worker-token", "gateway", "route", "generate", "stats",
+            "demo")
+
+
+def test_operations_doc_lists_every_flag():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    group = typer.main.get_command(app)
+    missing = []
+    for name in COMMANDS:
+        section = doc.split(f"### `kvmesh {name}`", 1)
+        assert len(section) == 2, f"no section for kvmesh {name}"
+        body = section[1].split("\n### ", 1)[0]
+        for param in group.commands[name].params:
+            if isinstance(param, TyperOption) and param.name != "help":
+                if f"`{param.opts[0]}`" not in body:
+                    missing.append(f"kvmesh {name} {param.opts[0]}")
+    assert not missing, f"add to docs/operations.md: {missing}"
