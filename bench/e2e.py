@@ -207,7 +207,7 @@ def _print(res: dict[str, Any]) -> None:
         t.add_row("kvmesh / rr", f"{ra['throughput']:.2f}x", "", "",
                   f"{ra['mean_ttft_lower']:.2f}x lower", f"{ra['p90_ttft_lower']:.2f}x lower",
                   f"{ra['token_hit_rate']:.2f}x", "", "", "")
-    console = Console()
+    console = Console(width=max(Console().width, 160))  # wide tables, even in a pipe
     console.print(t)
     console.print(f"offered load: {res['offered_tokens_per_s']:,.0f} tokens/s")
     if ra:

@@ -16,7 +16,7 @@ def _print(res: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=max(Console().width, 160))  # wide tables, even in a pipe
     t = Table(title=f"Redis index: {res['entries']:,} (block, worker) entries, "
                     f"{res['distinct_blocks']:,} blocks, {res['workers']} workers")
     t.add_column("measure")

@@ -42,7 +42,7 @@ def _print_table(res: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=max(Console().width, 160))  # wide tables, even in a pipe
     t = Table(title=f"Route through KvmeshClient: {res['workers']} simulated workers, redis "
                     f"backend, {res['routes_per_size']} dry-run routes per size and service, "
                     "interleaved")

@@ -26,7 +26,10 @@ async def _serve(redis_url: str, metrics_port: int, memo: bool = True) -> None:
     from service.config import ServiceConfig
     from service.server import create_server
 
-    cfg = ServiceConfig(backend="redis", redis_url=redis_url, metrics_port=metrics_port)
+    # Liveness is not what this measures: a generous timeout keeps the simulated workers
+    # routable even when a loaded machine delays their heartbeat thread.
+    cfg = ServiceConfig(backend="redis", redis_url=redis_url, metrics_port=metrics_port,
+                        liveness_timeout_s=30.0, purge_after_s=60.0)
     server, port = await create_server("127.0.0.1:0", cfg)
     if not memo:
         server.servicer.hash_memo = _NoMemo()  # type: ignore[assignment]
