@@ -275,11 +275,22 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         try:
             groups = self._live_groups(inp.model, now, degraded=False)
         except RequestError as e:
+            if e.code != grpc.StatusCode.UNAVAILABLE:
+                raise
             # An emptied/restarted Redis forgets every worker until they re-register (one
             # heartbeat): answer from what this replica last knew instead of failing.
-            if e.code == grpc.StatusCode.UNAVAILABLE and self.table.lost(now):
+            if self.table.lost(now):
                 return self._degraded(inp, now)
-            raise
+            # Workers may have registered through another replica since this one's last
+            # refresh: look once before saying there are none (at most every 50 ms, so a
+            # flood of routes for an unserved model cannot turn into a flood of reads).
+            if now - self.table.last_refresh_ms < 50:
+                raise
+            try:
+                await self.refresh()
+            except IndexUnavailable:
+                raise e from None
+            groups = self._live_groups(inp.model, now_ms(), degraded=False)
         views: list[WorkerView] = []
         chains: dict[str, list[bytes]] = {}
         held: dict[tuple[str, str], int] = {}  # (ns, worker) -> blocks held, uncapped
