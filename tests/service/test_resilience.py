@@ -217,3 +217,15 @@ def test_worker_back_from_silence_rejoins_with_a_snapshot(redis_url: str) -> Non
             assert not (await a.heartbeat()).resync     # only once
 
     asyncio.run(main())
+
+
+def test_a_replica_routes_to_workers_registered_elsewhere_at_once(redis_url: str) -> None:
+    async def main() -> None:
+        cfg = redis_cfg(redis_url, refresh_interval_s=60.0)  # no periodic refresh in time
+        async with serve(cfg) as r1, serve(cfg) as r2:
+            await r2.stub.Stats(pb.StatsRequest())       # r2 has looked: nobody yet
+            await SimWorker(r1.stub, "a").join()
+            res = await route(r2.stub, prompt(8))
+            assert [c.worker_id for c in res.candidates] == ["a"]
+
+    asyncio.run(main())
