@@ -106,6 +106,7 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
 
     def mark_up(self) -> None:
         self._down_until = 0.0
+        self._forced_refresh_ms = 0  # last refresh a Route forced (see _route)
 
     @property
     def index_down(self) -> bool:
@@ -284,8 +285,9 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
             # Workers may have registered through another replica since this one's last
             # refresh: look once before saying there are none (at most every 50 ms, so a
             # flood of routes for an unserved model cannot turn into a flood of reads).
-            if now - self.table.last_refresh_ms < 50:
+            if now - self._forced_refresh_ms < 50:
                 raise
+            self._forced_refresh_ms = now
             try:
                 await self.refresh()
             except IndexUnavailable:
