@@ -30,7 +30,7 @@ def test_kvmesh_prefers_the_longest_prefix_when_idle() -> None:
     ranked = KvmeshPolicy().rank(1000, [view("a", 10), view("b", 50), view("c")],
                                  random.Random(0))
     assert ids(ranked) == ["b", "a", "c"]
-    assert ranked[0].matched_tokens == 800 and ranked[0].cost == 200.0
+    assert ranked[0].matched_tokens == 800 and ranked[0].cost == 2.0 * 200  # prefill_weight 2
 
 
 def test_kvmesh_weighs_queued_prefill_and_decode_load() -> None:
@@ -39,7 +39,7 @@ def test_kvmesh_weighs_queued_prefill_and_decode_load() -> None:
     assert ids(KvmeshPolicy().rank(1000, [busy, idle], random.Random(0))) == ["idle", "busy"]
     decoding = view("dec", 50, decode_tokens=20000, running=10)
     cost = KvmeshPolicy().cost(1000, decoding)
-    assert cost == 200 + 0.1 * 20000 + 16.0 * 10
+    assert cost == 2.0 * 200 + 0.1 * 20000 + 16.0 * 10
     w = CostWeights(decode_weight=0.0, running_weight=0.0)
     assert ids(KvmeshPolicy(w).rank(1000, [decoding, idle], random.Random(0)))[0] == "dec"
 

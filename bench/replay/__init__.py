@@ -1,0 +1,122 @@
+"""`kvmesh bench replay TRACE.jsonl`: a Mooncake-format trace through the real hashing, KV
+cache managers, index backends and routing policies, against peers' routers, in simulated
+time.
+
+Parts: :mod:`.trace` (loading, token synthesis, memoized hash chains), :mod:`.cluster`
+(simulated workers and the prefill/decode cost model), :mod:`.peers` (SGLang-style
+approximate tree, Ray Serve's PrefixTree), :mod:`.replay` (the loop), :mod:`.report` (JSON,
+table, targets, plot). ``client/cli.py`` calls :func:`register`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import typer
+
+__all__ = ["register"]
+
+
+def _policies(policy: str | None, all_policies: bool) -> list[str]:
+    from .replay import POLICIES
+
+    if all_policies:
+        return list(POLICIES)
+    names = [p.strip() for p in (policy or "kvmesh").split(",") if p.strip()]
+    bad = [p for p in names if p not in POLICIES]
+    if bad:
+        raise typer.BadParameter(f"unknown policy {bad[0]!r}; valid: {', '.join(POLICIES)}",
+                                 param_hint="--policy")
+    return names
+
+
+def register(bench: typer.Typer) -> None:
+    """Add the ``replay`` command to the ``kvmesh bench`` group."""
+
+    @bench.command("replay")
+    def replay(
+        trace: Path = typer.Argument(..., exists=True, dir_okay=False,
+                                     help="Mooncake-format JSONL trace"),
+        workers: int = typer.Option(8, min=1, help="simulated workers"),
+        block_size: int = typer.Option(16, min=1, help="tokens per KV block"),
+        capacity_blocks: int = typer.Option(
+            25_000, min=1, help="KV blocks per worker (default: 400k tokens, the KV space of "
+            "an 80 GB GPU serving an 8B model; far below either trace's working set)"),
+        policy: str = typer.Option(None, help="policy, or several comma-separated: kvmesh, "
+                                   "prefix_only, least_loaded, round_robin, random, "
+                                   "approx_tree, ray_prefix_tree, oracle (default: kvmesh)"),
+        all_policies: bool = typer.Option(False, "--all-policies",
+                                          help="run every policy and write a comparison PNG"),
+        index: str = typer.Option("memory", help="index backend: memory or redis"),
+        redis_url: str = typer.Option(None, help="Redis/Valkey for --index redis "
+                                      "(default: start a private Valkey)"),
+        limit: int = typer.Option(None, min=1, help="replay only the first N requests"),
+        as_json: bool = typer.Option(False, "--json", help="one JSON line per policy"),
+        plot: Path = typer.Option(None, help="write the comparison PNG here "
+                                  "(default with --all-policies: replay-<trace>.png)"),
+        prefill_s_per_token: float = typer.Option(
+            None, help="prefill seconds per uncached prompt token (default: 5e-5, Llama-3-8B "
+            "on an H100; see CostModel)"),
+        decode_step_s: float = typer.Option(None, help="fixed seconds per decode step "
+                                            "(default: 5e-3)"),
+        decode_s_per_ctx_token: float = typer.Option(
+            None, help="decode seconds per step per context token in the batch "
+            "(default: 4e-8)"),
+        max_running: int = typer.Option(None, min=1, help="running requests per worker "
+                                        "(default: 256)"),
+        seed: int = typer.Option(0, help="seed of the policies' tie-breaking"),
+    ) -> None:
+        """Replay a trace through the real KV managers, index and policies vs peers'
+        routers; token hit rate, load imbalance and estimated TTFT per policy."""
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        from . import report
+        from .cluster import CostModel
+        from .replay import ReplayConfig, run
+        from .trace import load_trace
+
+        if index not in ("memory", "redis"):
+            raise typer.BadParameter("valid: memory, redis", param_hint="--index")
+        names = _policies(policy, all_policies)
+        try:
+            reqs = load_trace(trace, limit)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="TRACE") from e
+        given = {"prefill_s_per_token": prefill_s_per_token, "decode_step_s": decode_step_s,
+                 "decode_s_per_ctx_token": decode_s_per_ctx_token, "max_running": max_running}
+        cost = CostModel(**{k: v for k, v in given.items() if v is not None})
+        cfg = ReplayConfig(workers=workers, block_size=block_size,
+                           capacity_blocks=capacity_blocks, seed=seed, cost=cost)
+        err = Console(stderr=True)
+        with Progress(TextColumn("{task.description:<16}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TimeRemainingColumn(), console=err) as bar:
+
+            def progress(name: str, total: int) -> Callable[[], None]:
+                task = bar.add_task(name, total=total)
+                return lambda: bar.advance(task)
+
+            results = run(reqs, names, cfg, index=index, redis_url=redis_url,
+                          progress=progress)
+        title = (f"{trace.name}: {len(reqs):,} requests, {workers} workers x "
+                 f"{capacity_blocks:,} blocks of {block_size}, index {index}; prefill "
+                 f"{cost.prefill_s_per_token:g} s/token, decode {cost.decode_step_s:g} s/step "
+                 f"+ {cost.decode_s_per_ctx_token:g} s/context token")
+        if as_json:
+            for line in report.json_lines(results):
+                print(line)
+        else:
+            out = Console()
+            report.print_table(results, title, out if out.is_terminal else Console(width=150))
+        if plot is None and all_policies:
+            plot = Path(f"replay-{trace.stem}.png")
+        if plot is not None:
+            out = report.plot(results, plot, title)
+            err.print(f"plot: {out}")

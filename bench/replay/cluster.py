@@ -1,0 +1,232 @@
+"""The simulated cluster: workers with a real KV cache manager, a clock, and a cost model.
+
+Nothing runs a model. Each :class:`SimWorker` owns one real
+:class:`worker.kv_cache.KVCacheManager` and follows the engine's call sequence
+(``get_computed_blocks`` -> ``allocate_slots`` -> ... -> ``free``), so hits, evictions and the
+KV events are the real ones; only the time a step takes comes from :class:`CostModel`.
+
+Scheduling, per worker (vLLM-like, prefill first, FIFO):
+
+- A routed request waits in FIFO order. The head is admitted when the pool has free blocks
+  for its whole sequence (prompt + output: decode space is reserved at admission, so a
+  request never needs preemption) and fewer than ``max_running`` requests run. Admission
+  looks up the cache, allocates the prompt (caching its full blocks at once, as vLLM does at
+  scheduling time), then the output slots; the hit is counted here.
+- Its prefill then runs alone for ``prefill_s_per_token * uncached tokens``; running
+  requests do not decode meanwhile. TTFT = end of prefill - arrival (queueing + prefill).
+- Otherwise the running requests decode together: one step takes
+  ``decode_step_s + decode_s_per_ctx_token * context tokens of the batch`` and gives each
+  one token. A request holds its blocks for its ``output_length`` tokens, then frees them
+  (the chain's tail first), so cache pressure comes from capacity and concurrency.
+- Steps between two events (a finish, the next arrival) are simulated in one jump.
+
+A request whose prompt + output can never fit in one worker's pool is rejected (counted).
+Several workers may share one manager (the oracle's pooled cache); each keeps its own clock
+and queue.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from service.index.base import WorkerLoad
+from worker.kv_cache import KVCacheManager, KVEvent, KVRequest
+
+from .trace import TraceRequest
+
+OUTPUT_TOKEN = 1  # generated tokens are not modelled; their blocks only take space
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds per unit of GPU work; defaults: Llama-3-8B in bf16 on one H100-80GB.
+
+    - ``prefill_s_per_token`` 5e-5 (20k prompt tokens/s): ~16 GFLOP/token for the linear
+      layers plus causal attention at ~12k context is ~0.6 s for a 12k-token prompt at
+      ~45% of the 989 TFLOP/s bf16 peak.
+    - ``decode_step_s`` 5e-3: one step reads the 16 GB of weights at ~3.35 TB/s.
+    - ``decode_s_per_ctx_token`` 4e-8: every step reads each context token's KV (128 KiB for
+      Llama-3-8B: 32 layers x 8 KV heads x 128 dims x K,V x 2 bytes) at the same bandwidth.
+    - ``max_running`` 256: vLLM's default ``max_num_seqs``.
+    """
+
+    prefill_s_per_token: float = 5e-5
+    decode_step_s: float = 5e-3
+    decode_s_per_ctx_token: float = 4e-8
+    max_running: int = 256
+
+    def prefill_s(self, tokens: int) -> float:
+        return self.prefill_s_per_token * tokens
+
+    def step_s(self, ctx_tokens: float) -> float:
+        return self.decode_step_s + self.decode_s_per_ctx_token * ctx_tokens
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """A trace request in flight; the times are simulated seconds."""
+
+    trace: TraceRequest
+    kv: KVRequest
+    worker: int = -1
+    hit_tokens: int = 0
+    prefill_tokens: int = 0
+    ttft_s: float = math.nan
+    finish_step: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.trace.input_length
+
+
+@dataclass
+class WorkerTotals:
+    requests: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    prefill_tokens: int = 0
+    busy_s: float = 0.0
+    ttfts: list[float] = field(default_factory=list)
+
+
+class SimWorker:
+    """One simulated worker; see the module docstring for its scheduling rules.
+
+    ``advance(until)`` runs the worker's own events up to the first step boundary at or
+    after ``until`` (work started before ``until`` finishes); ``submit`` queues a request
+    routed at ``now``; ``load(now)`` is what its heartbeat would report at ``now``.
+    """
+
+    def __init__(self, index: int, manager: KVCacheManager, cost: CostModel) -> None:
+        self.index, self.worker_id = index, f"w{index:02d}"
+        self.kv, self.cost = manager, cost
+        self.clock = 0.0
+        self.steps = 0
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[tuple[int, int, SimRequest]] = []  # heap by finish step
+        self.ctx_tokens = 0
+        self.totals = WorkerTotals()
+        self._tie = itertools.count()
+        self._prefill: tuple[float, float, int] | None = None  # start, end, tokens
+        self._waiting_tokens = 0  # prompt tokens of the waiting requests
+
+    # --- what a router sees -----------------------------------------------------------
+
+    def load(self, now: float) -> WorkerLoad:
+        """The engine's ``load()`` at ``now``: queued prefill = prompts of waiting requests
+        plus what is left of a prefill in progress."""
+        queued = self._waiting_tokens
+        running = len(self.running)
+        if self._prefill is not None and self._prefill[1] > now:
+            start, end, tokens = self._prefill
+            queued += int(tokens * (end - max(now, start)) / max(end - start, 1e-12))
+        return WorkerLoad(running=running, waiting=len(self.waiting),
+                          queued_prefill_tokens=queued, free_blocks=self.kv.num_free_blocks,
+                          total_blocks=self.kv.num_blocks, decode_tokens=self.ctx_tokens)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests routed here and not finished (what a router counts per replica)."""
+        return len(self.waiting) + len(self.running)
+
+    def take_events(self) -> list[KVEvent]:
+        return self.kv.take_events()
+
+    # --- simulation -------------------------------------------------------------------
+
+    def fits(self, req: SimRequest) -> bool:
+        """Whether ``req`` could ever be admitted (prompt + output within the pool)."""
+        return self.kv.can_ever_fit(req.prompt_tokens + max(req.trace.output_length, 1))
+
+    def submit(self, req: SimRequest, now: float) -> None:
+        req.worker = self.index
+        if not self.running and not self.waiting:
+            self.clock = max(self.clock, now)
+        self.waiting.append(req)
+        self._waiting_tokens += req.prompt_tokens
+
+    def _try_admit(self) -> SimRequest | None:
+        if not self.waiting or len(self.running) >= self.cost.max_running:
+            return None
+        req, kv = self.waiting[0], self.kv
+        hits, n = kv.get_computed_blocks(req.kv)
+        out = max(req.trace.output_length, 1)
+        need = (kv.num_blocks_needed(req.prompt_tokens + out) - len(hits)
+                + sum(1 for b in hits if b.ref_cnt == 0))
+        if need > kv.num_free_blocks:
+            return None
+        self.waiting.popleft()
+        prompt = req.prompt_tokens
+        self._waiting_tokens -= prompt
+        if kv.allocate_slots(req.kv, prompt - n, hits, n) is None:
+            raise AssertionError("admission was checked against the free blocks")
+        req.kv.num_computed_tokens = prompt
+        req.kv.token_ids.extend([OUTPUT_TOKEN] * out)
+        if kv.allocate_slots(req.kv, out) is None:
+            raise AssertionError("decode slots were checked against the free blocks")
+        req.hit_tokens, req.prefill_tokens = n, prompt - n
+        return req
+
+    def _finish_due(self) -> list[SimRequest]:
+        done: list[SimRequest] = []
+        while self.running and self.running[0][0] <= self.steps:
+            _, _, req = heapq.heappop(self.running)
+            self.kv.free(req.kv)
+            self.ctx_tokens -= req.prompt_tokens + max(req.trace.output_length - 1, 0)
+            done.append(req)
+        return done
+
+    def advance(self, until: float) -> list[SimRequest]:
+        """Simulate up to ``until`` (``math.inf``: until idle, or blocked on a shared pool's
+        blocks held by other workers); returns the requests that finished."""
+        done: list[SimRequest] = []
+        while self.clock < until or (until == math.inf and (self.waiting or self.running)):
+            req = self._try_admit()
+            if req is not None:
+                self._run_prefill(req)
+                done += self._finish_due()
+                continue
+            if not self.running:
+                # idle, or (pool shared with other workers) waiting for their blocks: retry
+                # at the next call
+                if until != math.inf:
+                    self.clock = max(self.clock, until)
+                break
+            self._decode(until)
+            done += self._finish_due()
+        return done
+
+    def _run_prefill(self, req: SimRequest) -> None:
+        start = self.clock
+        dt = self.cost.prefill_s(req.prefill_tokens)
+        self.clock += dt
+        self._prefill = (start, self.clock, req.prefill_tokens)
+        req.ttft_s = self.clock - req.trace.arrival_s
+        t = self.totals
+        t.requests += 1
+        t.prompt_tokens += req.prompt_tokens
+        t.hit_tokens += req.hit_tokens
+        t.prefill_tokens += req.prefill_tokens
+        t.busy_s += dt
+        t.ttfts.append(req.ttft_s)
+        req.finish_step = self.steps + max(req.trace.output_length - 1, 0)
+        self.ctx_tokens += req.prompt_tokens
+        heapq.heappush(self.running, (req.finish_step, next(self._tie), req))
+
+    def _decode(self, until: float) -> None:
+        """Decode steps up to the next finish, or to the first step boundary >= ``until``.
+        A waiting head here is blocked on blocks or ``max_running``: only a finish helps."""
+        batch = len(self.running)
+        k = self.running[0][0] - self.steps
+        if k <= 0:
+            return
+        if until != math.inf:
+            k = max(1, min(k, math.ceil((until - self.clock) / self.cost.step_s(self.ctx_tokens))))
+        step = self.cost.step_s(self.ctx_tokens + batch * (k - 1) / 2)  # context grows
+        self.steps += k
+        self.clock += k * step
+        self.totals.busy_s += k * step
+        self.ctx_tokens += batch * k

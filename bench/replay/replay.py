@@ -1,0 +1,333 @@
+"""The replay loop: a trace through the simulated cluster under one routing policy.
+
+For each request, in arrival order, at simulated time ``t = timestamp``:
+
+1. every worker runs its own events up to ``t`` (:meth:`SimWorker.advance`);
+2. each worker's KV events (``take_events()``) go to the index backend through its API, as a
+   worker's publisher would send them (one batch per worker, consecutive seqs);
+3. the router picks a worker: the real policies (``service.policy``) get the same inputs as
+   the service's ``Route``: a lookup of the prompt's usable chain (the last token is always
+   computed) through ``IndexBackend.lookup``, each worker's live load, then provisional
+   entries for the chosen worker; the peers (:mod:`bench.replay.peers`) use their own trees.
+   ``least_loaded``, ``round_robin`` and ``random`` never read matches, so they skip steps 2
+   and 3's index calls (their choices cannot differ);
+4. the request is queued on that worker.
+
+``oracle`` is the same workers sharing ONE pooled manager of all their blocks (a global KV
+cache every worker reads at no cost, nothing duplicated), each request going to the worker
+with the least queued prefill: the hit-rate upper bound, and the TTFT of that ideal cluster.
+
+Index operations run on one asyncio loop; simulated time is the trace's, so the backends
+get it in milliseconds as their clock.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvmesh.hashing import DEFAULT_ALGO
+from service.config import CostWeights
+from service.index import IndexBackend, open_backend
+from service.index.base import (
+    TIER_GPU,
+    ApplyStatus,
+    BlockMatch,
+    Cleared,
+    KvEvent,
+    Removed,
+    Stored,
+    WorkerRecord,
+    namespace,
+)
+from service.policy import Policy, WorkerView, make_policies
+from worker.kv_cache import BlockRemoved, BlockStored, KVCacheManager, KVEvent, KVRequest
+
+from .cluster import CostModel, SimRequest, SimWorker
+from .peers import ApproxTreeRouter, RayPrefixTreeRouter
+from .trace import TokenSynth, TraceRequest
+
+INDEX_POLICIES = ("kvmesh", "prefix_only", "least_loaded", "round_robin", "random")
+# Policies whose ranking never reads the matches: the index cannot change their choices, so
+# their replay skips it (same results, half the time).
+MATCH_BLIND = frozenset({"least_loaded", "round_robin", "random"})
+POLICIES = (*INDEX_POLICIES, "approx_tree", "ray_prefix_tree", "oracle")
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Cluster shape and model. ``capacity_blocks`` is per worker; the default, 25,000
+    blocks of 16 tokens (400k tokens, ~52 GB of Llama-3-8B KV at 128 KiB/token), is what
+    vLLM leaves for the KV cache on an 80 GB GPU at 0.9 memory utilization: 8 workers pool
+    3.2M tokens against working sets of ~94M (conversation) and ~22M (synthetic)."""
+
+    workers: int = 8
+    block_size: int = 16
+    capacity_blocks: int = 25_000
+    hash_algo: str = DEFAULT_ALGO
+    seed: int = 0
+    cost: CostModel = field(default_factory=CostModel)
+    weights: CostWeights | None = None
+    provisional_ttl_s: float = 2.0  # the service's default
+
+
+@dataclass
+class PolicyResult:
+    """Totals of one policy's replay; :meth:`summary` is the JSON line."""
+
+    policy: str
+    requests: int
+    rejected: int
+    prompt_tokens: int
+    hit_tokens: int
+    prefill_tokens: int
+    per_worker_prefill: list[float]
+    ttfts: list[float]
+    busy_s: float
+    sim_s: float
+    evictions: int
+    wall_s: float
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def load_imbalance(self) -> float:
+        """Max over mean of the prefill tokens computed per worker (1.0: perfect)."""
+        per = self.per_worker_prefill
+        mean = sum(per) / len(per) if per else 0.0
+        return max(per) / mean if mean else 1.0
+
+    def ttft_s(self, q: float | None = None) -> float:
+        """Mean TTFT (``q`` None) or its ``q``-th percentile, in seconds (0.0: none)."""
+        if not self.ttfts:
+            return 0.0
+        t = np.asarray(self.ttfts)
+        return float(t.mean() if q is None else np.percentile(t, q))
+
+    def summary(self) -> dict[str, object]:
+        workers = len(self.per_worker_prefill)
+        return {
+            "policy": self.policy, "requests": self.requests, "rejected": self.rejected,
+            "token_hit_rate": round(self.token_hit_rate, 4),
+            "load_imbalance": round(self.load_imbalance, 3),
+            "prefill_tokens": self.prefill_tokens, "prompt_tokens": self.prompt_tokens,
+            "mean_ttft_s": round(self.ttft_s(), 3),
+            "p50_ttft_s": round(self.ttft_s(50), 3),
+            "p90_ttft_s": round(self.ttft_s(90), 3),
+            "p99_ttft_s": round(self.ttft_s(99), 3),
+            "utilization": round(self.busy_s / (self.sim_s * workers), 3) if self.sim_s else 0,
+            "evictions": self.evictions, "wall_s": round(self.wall_s, 1),
+        }
+
+
+def to_index_event(ev: KVEvent) -> KvEvent:
+    """A KV manager event as the service's index applies it (what the worker publishes)."""
+    if isinstance(ev, BlockStored):
+        return KvEvent(ev.seq, Stored(tuple(ev.block_hashes), ev.parent_hash or b"", TIER_GPU))
+    if isinstance(ev, BlockRemoved):
+        return KvEvent(ev.seq, Removed(tuple(ev.block_hashes), TIER_GPU))
+    return KvEvent(ev.seq, Cleared())
+
+
+class IndexRouter:
+    """A real ``service.policy`` policy over a real index backend (see the module doc)."""
+
+    def __init__(self, policy: Policy, backend: IndexBackend, cfg: ReplayConfig,
+                 rng: random.Random) -> None:
+        self.policy, self.backend, self.cfg, self.rng = policy, backend, cfg, rng
+        self.name = policy.name
+        self.uses_index = policy.name not in MATCH_BLIND
+        self.ns = namespace(f"replay/{policy.name}", cfg.block_size, cfg.hash_algo)
+
+    async def start(self, workers: Sequence[SimWorker]) -> None:
+        for w in workers if self.uses_index else ():
+            await self.backend.register(WorkerRecord(
+                w.worker_id, self.ns, f"sim://{w.worker_id}", f"replay/{self.name}",
+                self.cfg.block_size, self.cfg.hash_algo))
+
+    async def publish(self, workers: Sequence[SimWorker]) -> None:
+        for w in workers:
+            events = w.take_events()
+            if events and self.uses_index:
+                res = await self.backend.apply_events(
+                    w.worker_id, [to_index_event(e) for e in events])
+                if res.status is not ApplyStatus.OK:
+                    raise RuntimeError(f"index refused {w.worker_id}'s events: {res}")
+
+    async def choose(self, req: SimRequest, chain: list[bytes], workers: Sequence[SimWorker],
+                     now: float) -> int:
+        bs, now_ms = self.cfg.block_size, int(now * 1000)
+        usable = chain[:(req.prompt_tokens - 1) // bs]
+        matches = (await self.backend.lookup(self.ns, usable, now_ms,
+                                             [w.worker_id for w in workers])
+                   if usable and self.uses_index else {})
+        views = [WorkerView(w.worker_id, f"sim://{w.worker_id}", w.load(now),
+                            matches.get(w.worker_id, BlockMatch()), bs, self.ns)
+                 for w in workers]
+        best = self.policy.rank(req.prompt_tokens, views, self.rng)[0].view
+        if best.match.blocks < len(chain) and self.uses_index:
+            await self.backend.add_provisional(self.ns, chain, best.worker_id,
+                                               best.match.blocks, now_ms,
+                                               int(self.cfg.provisional_ttl_s * 1000))
+        return int(best.worker_id[1:])
+
+    async def close(self, workers: Sequence[SimWorker]) -> None:
+        for w in workers if self.uses_index else ():
+            await self.backend.purge_worker(w.worker_id)
+
+
+class PeerRouter:
+    """Adapts an ``approx_tree`` / ``ray_prefix_tree`` router (or the oracle's single worker)
+    to the loop; the KV events are drained and dropped (peers have no index)."""
+
+    def __init__(self, name: str, peer: ApproxTreeRouter | RayPrefixTreeRouter | None) -> None:
+        self.name, self.peer = name, peer
+
+    async def start(self, workers: Sequence[SimWorker]) -> None:
+        return None
+
+    async def publish(self, workers: Sequence[SimWorker]) -> None:
+        for w in workers:
+            w.take_events()
+
+    async def choose(self, req: SimRequest, chain: list[bytes], workers: Sequence[SimWorker],
+                     now: float) -> int:
+        if self.peer is None:  # oracle: every worker sees the whole cache; balance the queue
+            return min(workers, key=lambda w: (w.load(now).queued_prefill_tokens,
+                                               w.in_flight, w.index)).index
+        return self.peer.choose(req.trace, [w.in_flight for w in workers], now)
+
+    async def close(self, workers: Sequence[SimWorker]) -> None:
+        return None
+
+
+def make_cluster(name: str, cfg: ReplayConfig) -> list[SimWorker]:
+    """The workers a policy runs on: one pool each, or one shared pool for ``oracle``."""
+    def pool(blocks: int) -> KVCacheManager:
+        return KVCacheManager(blocks, cfg.block_size, hash_algo=cfg.hash_algo)
+
+    if name == "oracle":
+        shared = pool(cfg.capacity_blocks * cfg.workers)
+        return [SimWorker(i, shared, cfg.cost) for i in range(cfg.workers)]
+    return [SimWorker(i, pool(cfg.capacity_blocks), cfg.cost) for i in range(cfg.workers)]
+
+
+def make_router(name: str, cfg: ReplayConfig, synth: TokenSynth,
+                backend: Callable[[], IndexBackend]) -> IndexRouter | PeerRouter:
+    """The router of policy ``name`` (a fresh instance, seeded by ``cfg.seed``)."""
+    rng = random.Random(cfg.seed)
+    if name in INDEX_POLICIES:
+        return IndexRouter(make_policies(cfg.weights)[name], backend(), cfg, rng)
+    if name == "approx_tree":
+        return PeerRouter(name, ApproxTreeRouter(cfg.workers, rng))
+    if name == "ray_prefix_tree":
+        return PeerRouter(name, RayPrefixTreeRouter(cfg.workers, rng, synth))
+    if name == "oracle":
+        return PeerRouter(name, None)
+    raise ValueError(f"unknown policy {name!r}; valid: {', '.join(POLICIES)}")
+
+
+async def replay_policy(name: str, reqs: Sequence[TraceRequest], synth: TokenSynth,
+                        cfg: ReplayConfig, backend: Callable[[], IndexBackend],
+                        tick: Callable[[], None] = lambda: None) -> PolicyResult:
+    """Replay ``reqs`` under policy ``name``; ``backend()`` gives the index to use (only the
+    index policies call it); ``tick()`` is called once per request (progress)."""
+    t0 = time.perf_counter()
+    workers = make_cluster(name, cfg)
+    router = make_router(name, cfg, synth, backend)
+    await router.start(workers)
+    rejected = 0
+    try:
+        for tr in reqs:
+            now = tr.arrival_s
+            for w in workers:
+                w.advance(now)
+            await router.publish(workers)
+            chain = synth.chain(tr)
+            kv = KVRequest(f"r{tr.index}", synth.tokens(tr), salt=tr.salt, lora=tr.lora,
+                           block_hashes=list(chain))
+            req = SimRequest(tr, kv)
+            if not workers[0].fits(req):
+                rejected += 1
+            else:
+                workers[await router.choose(req, chain, workers, now)].submit(req, now)
+            tick()
+        while any(w.waiting or w.running for w in workers):
+            busy = sum(len(w.waiting) + len(w.running) for w in workers)
+            for w in workers:
+                w.advance(math.inf)
+            if sum(len(w.waiting) + len(w.running) for w in workers) == busy:
+                raise RuntimeError("the replay cannot drain: requests wait for blocks")
+        await router.publish(workers)
+    finally:
+        await router.close(workers)
+    end = max((w.clock for w in workers), default=0.0)
+    start = reqs[0].arrival_s if reqs else 0.0
+    tot = [w.totals for w in workers]
+    managers = {id(w.kv): w.kv for w in workers}.values()
+    return PolicyResult(
+        policy=name, requests=sum(t.requests for t in tot), rejected=rejected,
+        prompt_tokens=sum(t.prompt_tokens for t in tot),
+        hit_tokens=sum(t.hit_tokens for t in tot),
+        prefill_tokens=sum(t.prefill_tokens for t in tot),
+        per_worker_prefill=[t.prefill_tokens for t in tot],
+        ttfts=[x for t in tot for x in t.ttfts],
+        busy_s=sum(t.busy_s for t in tot), sim_s=end - start,
+        evictions=sum(m.stats.evictions for m in managers),
+        wall_s=time.perf_counter() - t0)
+
+
+def run(reqs: Sequence[TraceRequest], policies: Sequence[str], cfg: ReplayConfig, *,
+        index: str = "memory", redis_url: str | None = None,
+        progress: Callable[[str, int], Callable[[], None]] | None = None) -> list[PolicyResult]:
+    """Replay ``reqs`` under each of ``policies`` in turn, on one asyncio loop.
+
+    ``index``: ``memory`` (a fresh in-process backend per policy) or ``redis`` (the server at
+    ``redis_url``, or a private Valkey started for the run and stopped after it; each policy
+    uses its own namespace and purges its workers at the end). ``progress(policy, total)``
+    returns the per-request tick. The token/hash memo is shared by all policies.
+    """
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise ValueError(f"unknown policy {unknown[0]!r}; valid: {', '.join(POLICIES)}")
+    if index not in ("memory", "redis"):
+        raise ValueError(f"unknown index backend {index!r}; valid: memory, redis")
+    return asyncio.run(_run_all(reqs, policies, cfg, index, redis_url, progress))
+
+
+async def _run_all(reqs: Sequence[TraceRequest], policies: Sequence[str], cfg: ReplayConfig,
+                   index: str, redis_url: str | None,
+                   progress: Callable[[str, int], Callable[[], None]] | None
+                   ) -> list[PolicyResult]:
+    server = None
+    if index == "redis" and redis_url is None and any(p in INDEX_POLICIES for p in policies):
+        from deploy.redis_server import start_redis
+
+        server = start_redis()
+        redis_url = server.url
+    opened: list[IndexBackend] = []
+
+    def backend() -> IndexBackend:
+        b = open_backend(index, redis_url, timeout_s=10.0)
+        opened.append(b)
+        return b
+
+    synth = TokenSynth(cfg.block_size, algo=cfg.hash_algo)
+    results: list[PolicyResult] = []
+    try:
+        for name in policies:
+            tick = progress(name, len(reqs)) if progress is not None else (lambda: None)
+            results.append(await replay_policy(name, reqs, synth, cfg, backend, tick))
+    finally:
+        for b in opened:
+            await b.close()
+        if server is not None:
+            server.stop()
+    return results
