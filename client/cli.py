@@ -33,6 +33,7 @@ VERBS = [
     ("bench.index", bench),
     ("bench.e2e", bench),
     ("bench.soak", bench),
+    ("deploy.ray.bench", bench),   # bench serve (Ray Serve routers side by side)
 ]
 
 for _module, _group in VERBS:

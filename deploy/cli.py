@@ -17,6 +17,12 @@ def register(app: typer.Typer) -> None:
         token: str = typer.Option(None, envvar="KVMESH_TOKEN", help="bearer token"),
         service_replicas: int = typer.Option(1, help="service replicas over one Redis"),
         backend: str = typer.Option("local", help="local (processes) or ray"),
+        ray_address: str = typer.Option(None, help="ray backend: an existing Ray cluster "
+                                        "('auto', host:port; default RAY_ADDRESS, else a "
+                                        "new local Ray)"),
+        gpus_per_worker: float = typer.Option(None, help="ray backend: GPUs per worker, "
+                                              "fractions allowed (default: 1 if the "
+                                              "cluster has GPUs, else 0)"),
         verbose: bool = typer.Option(False, help="echo every child's output"),
     ) -> None:
         """Start Redis/Valkey, the service and N workers; Ctrl-C or SIGTERM stops them all."""
@@ -26,7 +32,10 @@ def register(app: typer.Typer) -> None:
         if backend == "ray":
             from deploy.ray.cli import run_up  # issue: Ray backend
 
-            run_up(workers=workers, port=port, redis_url=redis_url, model=model)
+            run_up(workers=workers, port=port, redis_url=redis_url, model=model,
+                   ray_address=ray_address, gpus_per_worker=gpus_per_worker,
+                   service_replicas=service_replicas, block_size=block_size,
+                   num_blocks=num_blocks, token=token)
             return
         from deploy.local import ClusterSpec, LocalCluster
 

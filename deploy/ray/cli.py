@@ -1,0 +1,92 @@
+"""``kvmesh up --backend ray``: a kvmesh cluster on Ray, in the foreground.
+
+Contract:
+
+- Connects to the Ray cluster at ``--ray-address`` (or ``RAY_ADDRESS``), else starts a local
+  Ray; starts the actors (see ``deploy.ray.cluster``); prints one line per service replica
+  (``service  host:port``) and per worker, then ``ready: ...``.
+- Runs until SIGINT/SIGTERM, then removes every actor and placement group it created and
+  prints ``stopped``. A signal during start-up aborts the start and cleans up the same way.
+- While running it reports workers leaving routing and coming back (``worker ... left`` /
+  ``worker ... alive``), checked every 2 s.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from deploy.ray.cluster import NAMESPACE, RayCluster
+from deploy.ray.spec import RaySpec
+
+
+def _install(handler: Any) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+
+
+def _watch(cluster: RayCluster, stop: threading.Event, every_s: float = 2.0) -> None:
+    known = set(cluster.worker_ids)
+    while not stop.wait(every_s):
+        try:
+            alive = cluster.alive_workers()
+        except Exception as e:  # every replica down for a moment: say so, keep going
+            print(f"service unreachable: {e}", flush=True)
+            continue
+        for wid in sorted(known - set(alive)):
+            print(f"worker   {wid} left routing", flush=True)
+        for wid in sorted(set(alive) - known):
+            print(f"worker   {alive[wid]}  ({wid}) alive", flush=True)
+        known = set(alive)
+
+
+def run_up(workers: int, port: int, redis_url: str | None, model: str, *,
+           ray_address: str | None = None, gpus_per_worker: float | None = None,
+           service_replicas: int = 1, block_size: int = 16, num_blocks: int | None = None,
+           token: str | None = None, name: str | None = None,
+           stop: threading.Event | None = None) -> None:
+    """Run kvmesh on Ray until a signal (or ``stop``) arrives; always cleans up."""
+    stop = stop or threading.Event()
+    ready = False
+
+    def on_signal(*_: object) -> None:
+        if ready:
+            stop.set()
+        else:
+            raise KeyboardInterrupt
+
+    spec = RaySpec(workers=workers, service_replicas=service_replicas, redis_url=redis_url,
+                   ray_address=ray_address, model=model, block_size=block_size,
+                   num_blocks=num_blocks, gpus_per_worker=gpus_per_worker, port=port,
+                   token=token, **({"name": name} if name else {}))
+    cluster = RayCluster(spec)
+    _install(on_signal)
+    try:
+        try:
+            cluster.start()
+        except KeyboardInterrupt:
+            print("interrupted during start; removed what was created", flush=True)
+            return
+        _install(on_signal)  # ray.init may have replaced the handlers
+        ready = True
+        import ray
+
+        print(f"ray      {ray.get_runtime_context().gcs_address}", flush=True)
+        print(f"actors   {spec.name}-* in namespace {NAMESPACE} "
+              f"(worker resources {cluster.bundle})", flush=True)
+        print(f"redis    {cluster.redis_url}" + ("" if redis_url else " (embedded)"),
+              flush=True)
+        for address in cluster.service_addresses:
+            print(f"service  {address}", flush=True)
+        for info in cluster.worker_infos():
+            print(f"worker   {info['address']}  ({info['worker_id']}, {info['device']})",
+                  flush=True)
+        print(f"ready: kvmesh stats --service {','.join(cluster.service_addresses)}",
+              flush=True)
+        _watch(cluster, stop)
+    finally:
+        ready = False
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        cluster.stop()
+        print("stopped", flush=True)

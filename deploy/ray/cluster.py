@@ -1,0 +1,213 @@
+"""A whole kvmesh cluster on Ray: Redis, service replicas and workers as actors.
+
+Usage::
+
+    cluster = RayCluster(RaySpec(workers=4, service_replicas=2)).start()
+    client = KvmeshClient(cluster.service_addresses)
+    ...
+    cluster.stop()
+
+Contract:
+
+- ``start()`` connects to Ray (an initialized session is reused; else ``spec.ray_address``,
+  else ``RAY_ADDRESS``, else a new local Ray), starts Redis (unless ``spec.redis_url``), the
+  service replicas (spread over nodes) and the workers (a placement group, one bundle per
+  worker), and returns once the service reports every worker alive. On any failure it
+  removes what it created and re-raises.
+- Every actor is named ``<spec.name>-...`` in namespace ``kvmesh`` and restarts on failure
+  (``spec.max_restarts``), except the embedded Redis. Service replicas run on the head node
+  on fixed ports by default (``spec.service_placement``): a restarted one keeps its
+  address. A restarted worker comes back with the same worker id, a new address and an
+  empty pool, and registers by itself.
+- ``stop()`` asks every actor to stop, kills it, releases the placement groups and, if
+  ``start()`` created the Ray connection, disconnects (a local Ray it started ends with it).
+  Idempotent; safe after a failed start.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from typing import Any
+
+import ray
+
+from deploy.ray.placement import (
+    ON_HEAD,
+    actor_resources,
+    free_ports_on_head,
+    in_bundle,
+    release,
+    reserve,
+)
+from deploy.ray.redis_actor import RedisActor
+from deploy.ray.service_actor import ServiceActor
+from deploy.ray.spec import RaySpec, worker_bundle
+from deploy.ray.worker_actor import WorkerActor
+from deploy.ray.worker_host import WorkerConfig
+
+NAMESPACE = "kvmesh"
+
+
+class RayCluster:
+    """kvmesh on Ray; see the module docstring for the contract."""
+
+    def __init__(self, spec: RaySpec | None = None, **overrides: Any) -> None:
+        self.spec = dataclasses.replace(spec or RaySpec(), **overrides)
+        self.redis_url: str | None = self.spec.redis_url
+        self.service_addresses: list[str] = []
+        self.services: list[Any] = []      # ServiceActor handles
+        self.workers: list[Any] = []       # WorkerActor handles, index = worker number
+        self.worker_ids: list[str] = []
+        self.bundle: dict[str, float] = {}
+        self._redis: Any = None
+        self._groups: list[Any] = []
+        self._owns_ray = False
+
+    # --- life cycle -----------------------------------------------------------------
+
+    def start(self, timeout: float = 180.0) -> RayCluster:
+        """Start everything; returns once every worker is registered and alive."""
+        try:
+            self._connect()
+            self.bundle = worker_bundle(self.spec, ray.cluster_resources().get("GPU", 0.0))
+            if self.redis_url is None:
+                self._redis = RedisActor.options(name=self._name("redis"),
+                                                 namespace=NAMESPACE).remote()
+                self.redis_url = ray.get(self._redis.url.remote(), timeout=timeout)
+            self._start_services(timeout)
+            if self.spec.workers:
+                self.add_workers(self.spec.workers, timeout=timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _connect(self) -> None:
+        if ray.is_initialized():
+            return
+        address = self.spec.ray_address or os.environ.get("RAY_ADDRESS") or None
+        if address:
+            ray.init(address=address, logging_level="warning")
+        else:
+            ray.init(num_cpus=self._local_cpus(), include_dashboard=False,
+                     object_store_memory=self.spec.local_object_store_bytes,
+                     logging_level="warning")
+        self._owns_ray = True
+
+    def _local_cpus(self) -> int:
+        """Logical CPUs of a local Ray: enough to place what the spec asks for (they only
+        gate scheduling; a laptop runs a 4-worker cluster the same way processes would)."""
+        s = self.spec
+        if s.local_num_cpus is not None:
+            return s.local_num_cpus
+        need = s.service_replicas * s.service_cpus + s.workers * s.cpus_per_worker
+        return max(os.cpu_count() or 1, math.ceil(need))
+
+    def _name(self, part: str) -> str:
+        return f"{self.spec.name}-{part}"
+
+    def _service_settings(self) -> dict[str, Any]:
+        s = self.spec
+        out: dict[str, Any] = {"token": s.token, "worker_token": s.worker_token,
+                               "heartbeat_interval_s": s.heartbeat_s,
+                               "liveness_timeout_s": max(3.0, 3 * s.heartbeat_s),
+                               "purge_after_s": max(10.0, 10 * s.heartbeat_s)}
+        if s.hash_seed:
+            out["hash_seed"] = s.hash_seed
+        return out
+
+    def _start_services(self, timeout: float) -> None:
+        s = self.spec
+        on_head = s.service_placement == "head"
+        if not on_head:
+            ports = [s.port + i if s.port else 0 for i in range(s.service_replicas)]
+        else:
+            ports = ([s.port + i for i in range(s.service_replicas)] if s.port
+                     else free_ports_on_head(s.service_replicas, timeout))
+        where = ON_HEAD if on_head else {"scheduling_strategy": "SPREAD"}
+        for i, port in enumerate(ports):
+            self.services.append(ServiceActor.options(
+                name=self._name(f"service-{i}"), namespace=NAMESPACE, num_cpus=s.service_cpus,
+                max_restarts=s.max_restarts, **where,
+            ).remote(self.redis_url, port, None, self._service_settings()))
+        self.service_addresses = ray.get([a.address.remote() for a in self.services],
+                                         timeout=timeout)
+
+    def add_workers(self, count: int, *, timeout: float = 180.0,
+                    wait: bool = True) -> list[str]:
+        """Start ``count`` more workers in a new placement group; returns their ids."""
+        s = self.spec
+        group = reserve(self.bundle, count, strategy=s.placement_strategy,
+                        name=self._name(f"pg-{len(self._groups)}"), timeout=timeout)
+        self._groups.append(group)
+        ids = []
+        for i in range(count):
+            number = len(self.workers)
+            worker_id = self._name(f"w{number}")
+            config = WorkerConfig(
+                worker_id=worker_id, services=tuple(self.service_addresses), model=s.model,
+                block_size=s.block_size, num_blocks=s.num_blocks,
+                token=s.token, service_token=s.worker_token or s.token, hash_seed=s.hash_seed,
+                heartbeat_s=s.heartbeat_s, max_batched_tokens=s.max_batched_tokens,
+                device=s.device)
+            self.workers.append(WorkerActor.options(
+                name=self._name(f"worker-{number}"), namespace=NAMESPACE,
+                max_restarts=s.max_restarts, scheduling_strategy=in_bundle(group, i),
+                **actor_resources(self.bundle)).remote(config))
+            self.worker_ids.append(worker_id)
+            ids.append(worker_id)
+        if wait:
+            self.wait_ready(timeout, worker_ids=ids)
+        return ids
+
+    def worker_infos(self, timeout: float = 60.0) -> list[dict[str, Any]]:
+        """``WorkerActor.info()`` of every worker (waits for restarting ones)."""
+        return ray.get([w.info.remote() for w in self.workers], timeout=timeout)
+
+    def alive_workers(self) -> dict[str, str]:
+        """worker id -> address of this cluster's workers the service counts alive now."""
+        from client import KvmeshClient
+
+        with KvmeshClient(self.service_addresses, token=self.spec.token) as client:
+            rows = client.stats()["workers"]
+        mine = set(self.worker_ids)
+        return {w["worker_id"]: w["address"] for w in rows
+                if w["alive"] and w["worker_id"] in mine}
+
+    def wait_ready(self, timeout: float = 120.0, worker_ids: list[str] | None = None) -> None:
+        """Block until the service counts ``worker_ids`` (default: all) alive."""
+        want = set(self.worker_ids if worker_ids is None else worker_ids)
+        deadline = time.monotonic() + timeout
+        alive: set[str] = set()
+        while time.monotonic() < deadline:
+            try:
+                alive = set(self.alive_workers())
+            except Exception:  # a replica may still be starting
+                alive = set()
+            if want <= alive:
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"workers {sorted(want - alive)} not alive within {timeout:.0f}s")
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop and remove every actor and placement group this cluster created."""
+        actors = [*self.workers, *self.services] + ([self._redis] if self._redis else [])
+        if ray.is_initialized() and actors:
+            pending = [a.stop.remote() for a in actors]
+            ray.wait(pending, num_returns=len(pending), timeout=timeout)
+            for actor in actors:
+                ray.kill(actor, no_restart=True)
+            for group in self._groups:
+                release(group)
+        self.workers, self.services, self._redis, self._groups = [], [], None, []
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+        self._owns_ray = False
+
+    def __enter__(self) -> RayCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,80 @@
+"""Where the workers go: placement groups that spread them across the Ray cluster's nodes.
+
+Contract:
+
+- ``reserve(bundle, count, ...)`` creates one placement group of ``count`` identical bundles
+  (strategy ``SPREAD`` by default: across nodes as far as they allow, several per node when
+  they must) and waits until Ray has placed every bundle. If the cluster cannot hold them
+  within ``timeout`` seconds the group is removed again and ``TimeoutError`` says what one
+  worker needs and what the cluster has.
+- ``in_bundle(group, i)`` is the scheduling strategy that puts an actor into bundle ``i``.
+  When a node dies, Ray re-places the group's lost bundles on surviving or new nodes and
+  restarts the actors that lived in them there.
+- ``ON_HEAD`` (actor options) pins an actor to the head node through the head node's
+  ``node:__internal_head__`` resource; ``free_ports_on_head(n)`` picks ``n`` ports that are
+  free on the head node now, so actors pinned there can be given fixed ports and come back
+  on the same address when Ray restarts them.
+"""
+from __future__ import annotations
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+HEAD_RESOURCE = "node:__internal_head__"
+ON_HEAD: dict[str, object] = {"resources": {HEAD_RESOURCE: 0.001}}
+
+
+@ray.remote(num_cpus=0, resources={HEAD_RESOURCE: 0.001})
+def _free_ports(count: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in socks:  # all bound at once: the ports are distinct
+            s.bind((ray.util.get_node_ip_address(), 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_ports_on_head(count: int, timeout: float = 60.0) -> list[int]:
+    """``count`` distinct ports free on the head node's IP at this moment."""
+    return ray.get(_free_ports.remote(count), timeout=timeout)
+
+
+def reserve(bundle: dict[str, float], count: int, *, strategy: str = "SPREAD",
+            name: str = "", timeout: float = 60.0) -> PlacementGroup:
+    """A ready placement group of ``count`` copies of ``bundle``."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    group = placement_group([dict(bundle) for _ in range(count)], strategy=strategy,
+                            name=name)
+    ready, _ = ray.wait([group.ready()], timeout=timeout)
+    if not ready:
+        remove_placement_group(group)
+        have = {k: v for k, v in ray.available_resources().items()
+                if not k.startswith(("node:", "memory", "object_store_memory"))}
+        raise TimeoutError(f"Ray could not place {count} worker(s) of {bundle} each within "
+                           f"{timeout:.0f}s; available now: {have}")
+    return group
+
+
+def in_bundle(group: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
+    """Schedule an actor into bundle ``index`` of ``group`` (its resources are reserved)."""
+    return PlacementGroupSchedulingStrategy(
+        placement_group=group, placement_group_bundle_index=index,
+        placement_group_capture_child_tasks=False)
+
+
+def release(group: PlacementGroup) -> None:
+    """Give the group's resources back (its actors must be gone or are killed by Ray)."""
+    remove_placement_group(group)
+
+
+def actor_resources(bundle: dict[str, float]) -> dict[str, object]:
+    """``.options(...)`` keywords that request exactly ``bundle``."""
+    custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+    return {"num_cpus": bundle.get("CPU", 0.0), "num_gpus": bundle.get("GPU", 0.0),
+            "resources": custom}

@@ -1,0 +1,151 @@
+"""A Ray Serve request router that asks the kvmesh index where a prompt's KV cache lives.
+
+Configure a deployment with::
+
+    RequestRouterConfig(
+        request_router_class="deploy.ray.router:KvmeshRequestRouter",
+        request_router_kwargs={"service_addresses": ["10.0.0.5:50051"]})
+
+Contract:
+
+- Each replica of the deployment registers with the kvmesh service as worker
+  ``serve_worker_id(replica_id)`` (``deploy.ray.serve`` does that), so an index answer maps
+  back to a Serve replica without any table.
+- For a request whose first argument (or keyword) carries ``token_ids`` (attribute or dict
+  key) and optionally ``salt``, ``choose_replicas`` calls ``Route`` on the service (a real
+  routing call: it leaves provisional entries and load estimates for the chosen worker; a
+  retry of the same request asks again with ``dry_run``) and returns the service's ranking
+  as Serve ranks, best first, one replica per rank. Ray then takes the first rank whose
+  replica accepts (queue below ``max_ongoing_requests``). Replicas the index does not know
+  yet (starting) form the last rank.
+- Power-of-two choices (Ray's default router, ``PowerOfTwoChoicesRequestRouter``) decides
+  instead when no service address is configured, when the request has no token ids, when
+  the service cannot be reached within ``index_timeout_s`` (then the index is skipped for
+  ``retry_after_s``), when its answer is ``degraded`` (Redis down: no prefix knowledge) or
+  when it names none of the live replicas.
+- ``counters`` counts ``index`` and ``fallback_*`` decisions (for logs and tests).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import re
+import time
+from typing import Any
+
+from ray.serve._private.common import ReplicaID
+from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
+from ray.serve._private.request_router.common import PendingRequest
+from ray.serve._private.request_router.replica_wrapper import RunningReplica
+from ray.serve._private.request_router.request_router import (
+    LocalityMixin,
+    MultiplexMixin,
+    RequestRouter,
+)
+
+from deploy.ray.request import request_field
+
+log = logging.getLogger("kvmesh.ray.router")
+_BAD = re.compile(r"[^A-Za-z0-9._:@/-]")
+ROUTER_PATH = "deploy.ray.router:KvmeshRequestRouter"
+
+
+def serve_worker_id(replica_id: ReplicaID) -> str:
+    """The kvmesh worker id of a Serve replica (valid for the service, unique per replica)."""
+    dep = replica_id.deployment_id
+    raw = f"serve:{dep.app_name or 'default'}/{dep.name}/{replica_id.unique_id}"
+    return _BAD.sub("-", raw)[-128:]
+
+
+def request_prompt(pending: PendingRequest | None) -> tuple[list[int], str | None] | None:
+    """``(token_ids, salt)`` of a pending request, or None when it carries no token ids."""
+    if pending is None:
+        return None
+    for arg in [*(pending.args or ()), *(pending.kwargs or {}).values()]:
+        tokens = request_field(arg, "token_ids")
+        if tokens:
+            return list(tokens), request_field(arg, "salt") or None
+    return None
+
+
+class KvmeshRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
+    """Routes by the kvmesh index (longest cached prefix weighed by load); see module doc."""
+
+    def initialize_state(self, service_addresses: list[str] | str = (),
+                         token: str | None = None, index_timeout_s: float = 0.5,
+                         retry_after_s: float = 1.0, max_ranks: int = 8) -> None:
+        """Called by Serve with ``request_router_kwargs``."""
+        if isinstance(service_addresses, str):
+            service_addresses = [a for a in service_addresses.split(",") if a]
+        self._addresses = list(service_addresses)
+        self._token = token
+        self._timeout = index_timeout_s
+        self._retry_after = retry_after_s
+        self._max_ranks = max_ranks
+        self._client: Any = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._skip_until = 0.0
+        self._asked: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.counters: collections.Counter[str] = collections.Counter()
+
+    def _index(self) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:  # grpc.aio is per loop
+            from client import AsyncKvmeshClient
+
+            self._client = AsyncKvmeshClient(self._addresses, self._token,
+                                             timeout=self._timeout)
+            self._client_loop = loop
+        return self._client
+
+    def _first_ask(self, pending: PendingRequest) -> bool:
+        rid = pending.metadata.internal_request_id
+        if rid in self._asked:
+            return False
+        self._asked[rid] = None
+        while len(self._asked) > 4096:
+            self._asked.popitem(last=False)
+        return True
+
+    async def _fallback(self, why: str, candidates: list[RunningReplica],
+                        pending: PendingRequest | None) -> list[list[RunningReplica]]:
+        self.counters[f"fallback_{why}"] += 1
+        return await PowerOfTwoChoicesRequestRouter.choose_replicas(
+            self, candidate_replicas=candidates, pending_request=pending)
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None
+                              ) -> list[list[RunningReplica]]:
+        """Ranks of replicas, best first (see the module docstring)."""
+        prompt = request_prompt(pending_request)
+        if not self._addresses:
+            return await self._fallback("no_index", candidate_replicas, pending_request)
+        if prompt is None:
+            return await self._fallback("no_tokens", candidate_replicas, pending_request)
+        if time.monotonic() < self._skip_until:
+            return await self._fallback("unreachable", candidate_replicas, pending_request)
+        assert pending_request is not None
+        tokens, salt = prompt
+        try:
+            result = await asyncio.wait_for(
+                self._index().route(tokens, salt=salt,
+                                    dry_run=not self._first_ask(pending_request)),
+                self._timeout)
+        except Exception as e:  # KvmeshError, timeout, transport: Ray's default decides
+            if self.counters["fallback_unreachable"] == 0:
+                log.warning("kvmesh index unreachable (%s); power-of-two choices for %.1fs",
+                            e, self._retry_after)
+            self._skip_until = time.monotonic() + self._retry_after
+            return await self._fallback("unreachable", candidate_replicas, pending_request)
+        if result.degraded:
+            return await self._fallback("degraded", candidate_replicas, pending_request)
+        by_worker = {serve_worker_id(r.replica_id): r for r in candidate_replicas}
+        ranks = [[by_worker[c.worker_id]] for c in result.candidates
+                 if c.worker_id in by_worker][: self._max_ranks]
+        if not ranks:
+            return await self._fallback("unknown", candidate_replicas, pending_request)
+        self.counters["index"] += 1
+        ranked = {r[0].replica_id for r in ranks}
+        rest = [r for r in candidate_replicas if r.replica_id not in ranked]
+        return ranks + ([rest] if rest else [])

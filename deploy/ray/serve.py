@@ -1,0 +1,101 @@
+"""kvmesh workers as Ray Serve replicas, routed by the kvmesh index.
+
+``KvmeshReplica`` is a Serve deployment whose every replica hosts one kvmesh worker engine
+(model + KV pool + WorkerService) and registers it with the kvmesh service under the id
+``serve_worker_id(replica_id)``, so the index knows what each replica caches.
+``kvmesh_app(...)`` binds it with ``KvmeshRequestRouter`` (or any other router class).
+
+Contract of ``KvmeshReplica.generate(request)`` (call it through a handle with
+``.options(stream=True)``): ``request`` is a ``ServeRequest`` or a dict with ``token_ids``,
+optional ``salt``, ``max_tokens`` (default 1) and ``prompt`` (text, ignored here: it is for
+text-based routers such as Ray's ``PrefixCacheAffinityRouter``). It yields one dict per
+engine step that produced tokens, ``{"token_ids": [...]}``, and ends with one dict holding
+``finished=True``, ``num_cached_tokens`` (what this replica served from its prefix cache),
+``prompt_tokens``, ``ttft_s`` (measured in the replica) and ``worker_id``. Bad requests raise
+``worker.engine.RequestError`` to the caller; the replica keeps serving.
+"""
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+
+from deploy.ray.request import ServeRequest, request_field
+from deploy.ray.router import ROUTER_PATH, serve_worker_id
+from deploy.ray.worker_host import WorkerConfig, WorkerHost
+
+
+@serve.deployment(max_ongoing_requests=8, health_check_period_s=5)
+class KvmeshReplica:
+    """One kvmesh worker per replica; see the module docstring."""
+
+    async def __init__(self, service_addresses: list[str], model: str = "tiny",
+                       block_size: int = 16, num_blocks: int | None = None,
+                       token: str | None = None, worker_token: str | None = None,
+                       hash_seed: str | None = None,
+                       heartbeat_s: float = 1.0, max_batched_tokens: int = 2048,
+                       warmup: bool = True) -> None:
+        self.worker_id = serve_worker_id(serve.get_replica_context().replica_id)
+        self._host = await WorkerHost(WorkerConfig(
+            worker_id=self.worker_id, services=tuple(service_addresses), model=model,
+            block_size=block_size, num_blocks=num_blocks, token=token,
+            service_token=worker_token or token, hash_seed=hash_seed,
+            heartbeat_s=heartbeat_s, max_batched_tokens=max_batched_tokens,
+            warmup=warmup)).start()
+
+    async def generate(self, request: ServeRequest | dict) -> AsyncIterator[dict[str, Any]]:
+        """Stream one request's tokens, then its facts (see the module docstring)."""
+        from worker.sequence import SamplingParams
+
+        params = SamplingParams(max_tokens=int(request_field(request, "max_tokens", 1) or 1),
+                                ignore_eos=True)
+        stream = self._host.runner.generate(
+            [int(t) for t in request_field(request, "token_ids")], params,
+            request_id=f"serve-{uuid.uuid4().hex[:12]}", salt=request_field(request, "salt"))
+        async for out in stream:
+            if not out.finished:
+                if out.new_token_ids:
+                    yield {"token_ids": list(out.new_token_ids)}
+                continue
+            seq = out.seq
+            yield {"token_ids": list(out.new_token_ids), "finished": True,
+                   "num_cached_tokens": seq.num_cached_tokens,
+                   "prompt_tokens": seq.num_prompt_tokens, "ttft_s": seq.ttft_s or 0.0,
+                   "worker_id": self.worker_id}
+
+    async def info(self) -> dict[str, Any]:
+        """The hosted worker's id, address, node and registration state."""
+        return self._host.info()
+
+    def check_health(self) -> None:
+        """Unhealthy once the engine thread died (Serve then replaces the replica)."""
+        runner = self._host.runner
+        if runner is None or runner.error is not None:
+            raise RuntimeError(f"kvmesh engine failed: {runner.error if runner else 'gone'}")
+
+    async def __del__(self) -> None:
+        await self._host.stop()
+
+
+def kvmesh_router_config(service_addresses: list[str], token: str | None = None,
+                         **kwargs: Any) -> RequestRouterConfig:
+    """``RequestRouterConfig`` that routes through the kvmesh index at ``service_addresses``."""
+    return RequestRouterConfig(
+        request_router_class=ROUTER_PATH,
+        request_router_kwargs={"service_addresses": list(service_addresses), "token": token,
+                               **kwargs})
+
+
+def kvmesh_app(service_addresses: list[str], *, replicas: int = 2,
+               router: RequestRouterConfig | None = None, num_cpus: float = 1.0,
+               num_gpus: float = 0.0, **replica_kwargs: Any) -> serve.Application:
+    """A bound ``KvmeshReplica`` application (default router: the kvmesh index's)."""
+    router = router or kvmesh_router_config(service_addresses,
+                                            token=replica_kwargs.get("token"))
+    return KvmeshReplica.options(
+        num_replicas=replicas, request_router_config=router,
+        ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
+    ).bind(service_addresses, **replica_kwargs)

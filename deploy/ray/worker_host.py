@@ -1,0 +1,136 @@
+"""A kvmesh worker living inside a Ray process (an actor or a Ray Serve replica).
+
+It is the same worker as ``python -m worker``, assembled from its parts on the event loop of
+the hosting process: the engine and its stepping thread, the gRPC ``WorkerService`` and the
+``ServiceLink`` that registers with the metadata service, heartbeats and publishes KV events.
+
+Contract:
+
+- ``await WorkerHost.start(...)`` returns once the gRPC server accepts calls; registration
+  then happens in the background (the link retries until a service replica answers). It
+  must be called on the loop that will keep running (Ray's async-actor loop).
+- A fresh host always has an EMPTY pool (``warmup`` leaves only blocks salted with a salt no
+  request uses): a restarted actor registers again under the same
+  worker id and its first snapshot tells the index that nothing is cached any more.
+- ``device=None`` picks ``cuda`` when Ray assigned this process a GPU and torch sees one,
+  ``cpu`` otherwise (a logical GPU on a CPU machine runs on the CPU).
+- ``await stop()`` closes the link, the server and the engine thread; idempotent.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class WorkerConfig:
+    """How to build one hosted worker (picklable: it travels to the actor)."""
+
+    worker_id: str
+    services: tuple[str, ...]
+    model: str = "tiny"
+    block_size: int = 16
+    num_blocks: int | None = None
+    token: str | None = None          # router token its WorkerService requires (None: open)
+    service_token: str | None = None  # what it presents to the service (worker role)
+    hash_seed: str | None = None
+    heartbeat_s: float = 1.0
+    max_batched_tokens: int = 2048
+    device: str | None = None
+    host: str | None = None   # None: this Ray node's IP
+    port: int = 0
+    warmup: bool = False      # run one salted request first (first-call costs off the clock)
+
+
+def pick_device(requested: str | None) -> str:
+    """``requested`` if given, else cuda when this Ray process owns a visible GPU."""
+    if requested:
+        return requested
+    import ray
+    import torch
+
+    return "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
+
+
+class WorkerHost:
+    """Engine + WorkerService + ServiceLink on the current event loop."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.address = ""
+        self.runner: Any = None      # worker.async_engine.AsyncEngine once started
+        self.link: Any = None        # worker.service_link.ServiceLink
+        self._server: Any = None
+        self._link_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> WorkerHost:
+        """Build and serve; returns once the gRPC server is up (address known)."""
+        import ray
+
+        from kvmesh.hashing import DEFAULT_ALGO, none_hash
+        from worker.async_engine import AsyncEngine
+        from worker.engine import Engine
+        from worker.scheduler import SchedulerConfig
+        from worker.server import create_server
+        from worker.service_link import ServiceLink
+
+        cfg = self.config
+        engine = Engine.from_pretrained(
+            cfg.model, block_size=cfg.block_size, num_blocks=cfg.num_blocks,
+            device=pick_device(cfg.device), hash_seed=cfg.hash_seed,
+            scheduler=SchedulerConfig(max_batched_tokens=cfg.max_batched_tokens))
+        if cfg.warmup:  # its blocks carry a salt no request uses: they never match
+            engine.generate([list(range(1, 2 * cfg.block_size + 2))], max_tokens=2,
+                            salt="kvmesh-warmup")
+        self.runner = AsyncEngine(engine).start()
+        host = cfg.host or ray.util.get_node_ip_address()
+        auth = {"token": cfg.token} if cfg.token else {}
+        self._server, port, _ = await create_server(
+            f"{host}:{cfg.port}", self.runner, worker_id=cfg.worker_id, model_name=cfg.model,
+            **auth)
+        await self._server.start()
+        self.address = f"{host}:{port}"
+        if cfg.services:
+            self.link = ServiceLink(
+                list(cfg.services), self.runner, worker_id=cfg.worker_id,
+                address=self.address, model=cfg.model, token=cfg.service_token,
+                heartbeat_s=cfg.heartbeat_s,
+                root_hash=none_hash(DEFAULT_ALGO, cfg.hash_seed))
+            self._link_task = asyncio.create_task(self.link.run())
+        return self
+
+    @property
+    def registered(self) -> bool:
+        """True once the service accepted this worker (and has not asked it to re-register)."""
+        return bool(self.link is not None and self.link.registered and self.link.connected)
+
+    def info(self) -> dict[str, Any]:
+        """Identity and state, for launchers and tests."""
+        import os
+
+        import ray
+
+        return {"worker_id": self.config.worker_id, "address": self.address,
+                "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+                "registered": self.registered,
+                "device": str(self.runner.engine.device) if self.runner else "",
+                "num_blocks": self.runner.engine.kv.num_blocks if self.runner else 0}
+
+    async def stop(self) -> None:
+        """Leave the index's view (heartbeats stop), stop serving, stop the engine."""
+        if self.link is not None:
+            await self.link.close()
+            self.link = None
+        if self._link_task is not None:
+            self._link_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._link_task
+            self._link_task = None
+        if self._server is not None:
+            await self._server.stop(grace=1.0)
+            self._server = None
+        if self.runner is not None:
+            runner, self.runner = self.runner, None
+            await asyncio.get_running_loop().run_in_executor(None, runner.stop)

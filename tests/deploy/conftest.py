@@ -1,0 +1,57 @@
+"""One small Ray cluster for the whole tests/deploy package.
+
+``ray.cluster_utils.Cluster`` with only a head node is a plain local Ray (what
+``ray.init(num_cpus=4)`` starts: 4 logical CPUs, no dashboard, an 80 MB object store); the
+node tests add worker nodes to it and remove them again. Sharing one cluster keeps the
+package to one Ray start on these small shared machines. Everything is shut down at the end.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+STORE = 80 * 1024 * 1024
+
+
+def wait_for(fn: Callable[[], Any], timeout: float = 10.0, interval: float = 0.1) -> Any:
+    """Poll ``fn`` until it returns something truthy; return it, or fail with the last value."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except Exception as e:  # a restarting actor / replica: keep polling
+            last = e
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s (last: {last!r})")
+
+
+@pytest.fixture(scope="package")
+def ray_cluster() -> Iterator[Any]:
+    """A local Ray (head node: 4 logical CPUs, no GPU) the driver is connected to."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    os.environ.setdefault("RAY_SCHEDULER_EVENTS", "0")
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 4, "include_dashboard": False, "object_store_memory": STORE})
+    ray.init(address=cluster.address, logging_level="warning", log_to_driver=False)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def kvmesh_actors(prefix: str) -> list[str]:
+    """Names of the live named actors of one kvmesh deployment (namespace ``kvmesh``)."""
+    import ray
+
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a["namespace"] == "kvmesh" and a["name"].startswith(prefix + "-"))

@@ -1,0 +1,66 @@
+"""``kvmesh up --backend ray`` against an existing Ray cluster, stopped by SIGTERM.
+
+The command connects to the package's local Ray through ``--ray-address`` (the path a real
+cluster takes; starting a Ray of its own when no address is given is the same code with
+``ray.init()`` and is exercised by hand, see docs/deploy.md), prints the service addresses,
+serves, and on SIGTERM removes every actor it created.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import ray
+
+from client import KvmeshClient
+from tests.deploy.conftest import kvmesh_actors, wait_for
+
+
+def test_up_prints_service_addresses_and_sigterm_removes_every_actor(ray_cluster):
+    kvmesh = str(Path(sys.executable).parent / "kvmesh")
+    cmd = [kvmesh, "up", "--backend", "ray", "--ray-address",
+           ray_cluster.address, "--workers", "1", "--port", "0", "--num-blocks", "32"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if line.startswith("ready:"):
+                ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        deadline = time.monotonic() + 150
+        while not ready.wait(0.5) and proc.poll() is None and time.monotonic() < deadline:
+            pass
+        assert ready.is_set(), "\n".join(lines[-40:])
+        services = [ln.split()[1] for ln in lines if ln.startswith("service ")]
+        name = next(re.match(r"actors\s+(\S+)-\*", ln).group(1) for ln in lines
+                    if ln.startswith("actors "))
+        assert len(services) == 1
+        assert kvmesh_actors(name) == [f"{name}-redis", f"{name}-service-0",
+                                       f"{name}-worker-0"]
+        with KvmeshClient(services) as client:
+            assert client.generate(list(range(40)), max_tokens=2).worker_id == f"{name}-w0"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, "\n".join(lines[-40:])
+        time.sleep(0.2)  # the reader thread drains the last lines
+        assert lines[-1] == "stopped"
+        wait_for(lambda: not kvmesh_actors(name), timeout=15)
+        groups = [g for g in ray.util.placement_group_table().values()
+                  if g["name"].startswith(name)]
+        assert groups and all(g["state"] == "REMOVED" for g in groups)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,131 @@
+"""kvmesh as Ray actors on a local Ray (CPU): the same routing as with local processes.
+
+Mirrors tests/integration/test_cluster.py (which runs workers as processes): a shared
+prefix is routed to the worker holding it and served from its cache, a salt never matches
+another tenant's blocks; plus what Ray adds: placement, restarts with re-registration.
+"""
+from __future__ import annotations
+
+import random
+import time
+
+import grpc
+import pytest
+import ray
+
+from client import KvmeshClient
+from deploy.ray import RayCluster, RaySpec
+from kvmesh.v1 import worker_pb2, worker_pb2_grpc
+from tests.deploy.conftest import kvmesh_actors, wait_for
+
+SYSTEM = [random.Random(0).randrange(256) for _ in range(200)]  # 12 full blocks + 8
+
+
+def question(i: int) -> list[int]:
+    return SYSTEM + [random.Random(100 + i).randrange(256) for _ in range(20)]
+
+
+@pytest.fixture(scope="module")
+def kv(ray_cluster):
+    cluster = RayCluster(RaySpec(workers=2, service_replicas=2, num_blocks=64,
+                                 cpus_per_worker=0.5, service_cpus=0.25)).start(timeout=120)
+    yield cluster
+    name = cluster.spec.name
+    cluster.stop()
+    wait_for(lambda: not kvmesh_actors(name), timeout=10)
+
+
+@pytest.fixture(scope="module")
+def client(kv):
+    with KvmeshClient(kv.service_addresses) as c:
+        yield c
+
+
+def holder_match(client, tokens, worker_id, salt=None) -> int:
+    for c in client.route(tokens, salt=salt, dry_run=True).candidates:
+        if c.worker_id == worker_id:
+            return c.matched_tokens
+    return 0
+
+
+def generate_on(address: str, tokens: list[int]):
+    with grpc.insecure_channel(address) as ch:
+        stub = worker_pb2_grpc.WorkerServiceStub(ch)
+        return list(stub.Generate(worker_pb2.GenerateRequest(
+            token_ids=tokens, sampling=worker_pb2.SamplingParams(max_tokens=2))))[-1]
+
+
+def test_actors_report_addresses_and_cpu_placement(kv):
+    assert len(kv.service_addresses) == 2 and len(set(kv.service_addresses)) == 2
+    assert kv.bundle == {"CPU": 0.5}  # no GPU in this cluster: CPU workers
+    infos = kv.worker_infos()
+    assert [i["worker_id"] for i in infos] == kv.worker_ids
+    assert all(i["registered"] and i["device"] == "cpu" for i in infos)
+    assert len({i["address"] for i in infos}) == 2
+    names = kvmesh_actors(kv.spec.name)
+    assert names == sorted([f"{kv.spec.name}-{p}" for p in
+                            ("redis", "service-0", "service-1", "worker-0", "worker-1")])
+    assert set(kv.alive_workers()) == set(kv.worker_ids)
+
+
+def test_shared_prefix_goes_to_its_holder_and_skips_prefill(client):
+    first = client.generate(question(0), max_tokens=4)
+    assert first.num_cached_tokens == 0
+    holder = first.worker_id
+    # As with processes: until the holder's next heartbeat the service counts the routed
+    # prompt as work queued on it; once the heartbeat shows it idle its prefix wins.
+    time.sleep(1.5)
+    wait_for(lambda: holder_match(client, question(1), holder) >= 192)
+    route = client.route(question(1))
+    assert route.worker_id == holder and route.matched_tokens >= 192
+    second = client.generate(question(1), max_tokens=4)
+    assert second.worker_id == holder and second.num_cached_tokens == 192
+
+
+def test_another_salt_never_matches(client):
+    route = client.route(question(2), salt="tenant-b")
+    assert all(c.matched_tokens == 0 for c in route.candidates)
+    assert client.generate(question(2), max_tokens=2, salt="tenant-b").num_cached_tokens == 0
+
+
+def test_both_service_replicas_agree(kv, client):
+    client.route(question(3))
+    answers = []
+    for address in kv.service_addresses:
+        with KvmeshClient(address) as c:
+            r = c.route(question(3), dry_run=True)
+            answers.append(sorted((x.worker_id, x.matched_tokens) for x in r.candidates))
+    assert answers[0] == answers[1] and max(m for _, m in answers[0]) >= 192
+
+
+def test_restarted_worker_reregisters_with_an_empty_pool(kv, client):
+    first = client.generate(question(5), max_tokens=2)
+    holder = first.worker_id
+    index = kv.worker_ids.index(holder)
+    before = kv.worker_infos()[index]
+    wait_for(lambda: holder_match(client, question(5), holder) >= 192)
+    ray.kill(kv.workers[index], no_restart=False)  # a crash: Ray restarts the actor
+    after = wait_for(lambda: (lambda i: i if i["pid"] != before["pid"] and i["registered"]
+                              else None)(ray.get(kv.workers[index].info.remote(), timeout=5)),
+                     timeout=90, interval=0.5)
+    assert after["worker_id"] == holder and after["address"] != before["address"]
+    wait_for(lambda: kv.alive_workers().get(holder) == after["address"], timeout=10)
+    # Its first snapshot after registering told the index that nothing is cached any more.
+    assert holder_match(client, question(5), holder) == 0
+    assert generate_on(after["address"], question(5)).num_cached_tokens == 0
+
+
+def test_restarted_service_replica_keeps_its_address(kv, client):
+    before = client.route(question(1), dry_run=True)
+    old = ray.get(kv.services[0].address.remote(), timeout=10)
+    ray.kill(kv.services[0], no_restart=False)
+    # Meanwhile the client fails over to the other replica.
+    during = client.route(question(1), dry_run=True)
+    assert (during.worker_id, during.matched_tokens) == (before.worker_id,
+                                                          before.matched_tokens)
+    # Pinned to the head node on a fixed port: it comes back where clients look for it.
+    assert wait_for(lambda: ray.get(kv.services[0].address.remote(), timeout=5),
+                    timeout=60, interval=0.5) == old
+    with KvmeshClient(old) as c:
+        after = wait_for(lambda: c.route(question(1), dry_run=True), timeout=20)
+    assert after.matched_tokens == before.matched_tokens

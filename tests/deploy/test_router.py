@@ -1,0 +1,141 @@
+"""KvmeshRequestRouter's decisions, with fake replicas and a scripted index (no Ray needed).
+
+The end-to-end path (real Serve replicas, a real index) is in test_ray_serve.py.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from ray.serve._private.common import (
+    DeploymentHandleSource,
+    DeploymentID,
+    ReplicaID,
+    RequestMetadata,
+)
+from ray.serve._private.request_router.common import PendingRequest
+
+from client.errors import KvmeshError
+from client.results import Candidate, RouteResult
+from deploy.ray.request import ServeRequest
+from deploy.ray.router import KvmeshRequestRouter, request_prompt, serve_worker_id
+from service.validate import worker_id as check_worker_id
+
+DEP = DeploymentID(name="LLM Server", app_name="my app")
+
+
+class FakeReplica:
+    """What the router reads of a Serve replica."""
+
+    def __init__(self, uid: str) -> None:
+        self.replica_id = ReplicaID(uid, DEP)
+        self.node_id = "node"
+        self.availability_zone = None
+        self.multiplexed_model_ids: set[str] = set()
+        self.max_ongoing_requests = 8
+
+    async def get_queue_len(self, *, deadline_s: float) -> int:
+        return 0
+
+
+class ScriptedIndex:
+    """Answers ``route`` from a script; records the calls."""
+
+    def __init__(self, answer: RouteResult | Exception) -> None:
+        self.answer = answer
+        self.calls: list[tuple[list[int], str | None, bool]] = []
+
+    async def route(self, tokens, salt=None, dry_run=False) -> RouteResult:
+        self.calls.append((list(tokens), salt, dry_run))
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def answer(*worker_ids: str, degraded: bool = False) -> RouteResult:
+    cands = [Candidate(w, f"h:{i}", 16 * (3 - i), float(i)) for i, w in enumerate(worker_ids)]
+    return RouteResult(worker_ids[0], "h:0", cands[0].matched_tokens, cands, degraded=degraded)
+
+
+def pending(arg, rid: str = "req-1") -> PendingRequest:
+    """A pending request (call on a running event loop: it owns a future)."""
+    return PendingRequest(args=[arg], kwargs={},
+                          metadata=RequestMetadata(request_id=rid, internal_request_id=rid))
+
+
+def run(index: ScriptedIndex, requests: list[tuple], **kwargs):
+    """Route ``requests`` ((arg, request id) pairs) in turn; returns the replicas, each
+    decision's ranks as replica unique ids, and the router's counters."""
+
+    async def main():
+        router = KvmeshRequestRouter(deployment_id=DEP,
+                                     handle_source=DeploymentHandleSource.UNKNOWN)
+        router.initialize_state(service_addresses=["10.0.0.1:50051"], **kwargs)
+        router._index = lambda: index
+        replicas = [FakeReplica(u) for u in ("a1", "b2", "c3")]
+        router.update_replicas(replicas)
+        out = []
+        for arg, rid in requests:
+            ranks = await router.choose_replicas(router._replicas_list, pending(arg, rid))
+            out.append([[r.replica_id.unique_id for r in rank] for rank in ranks])
+        return replicas, out, router.counters
+
+    return asyncio.run(main())
+
+
+def wid(uid: str) -> str:
+    return serve_worker_id(ReplicaID(uid, DEP))
+
+
+def test_worker_ids_are_valid_for_the_service_and_distinct():
+    ids = {wid(u) for u in ("a1", "b2", "c3")}
+    assert len(ids) == 3
+    for w in ids:
+        assert check_worker_id(w) == w
+    assert wid("a1") == "serve:my-app/LLM-Server/a1"
+
+
+def test_the_index_ranking_becomes_serve_ranks_unknown_replicas_last():
+    index = ScriptedIndex(answer(wid("b2"), "someone-else", wid("a1")))
+    req = ServeRequest(token_ids=[1, 2, 3], salt="t1")
+    _, decisions, counters = run(index, [(req, "r1"), (req, "r1")])
+    assert decisions[0] == [["b2"], ["a1"], ["c3"]]
+    # A retry of the same request asks again without side effects on the service.
+    assert index.calls == [([1, 2, 3], "t1", False), ([1, 2, 3], "t1", True)]
+    assert counters["index"] == 2
+
+
+def test_unreachable_index_falls_back_to_power_of_two_and_backs_off():
+    index = ScriptedIndex(KvmeshError(grpc.StatusCode.UNAVAILABLE, "down"))
+    reqs = [({"token_ids": [5, 6]}, f"r{i}") for i in range(3)]
+    _, decisions, counters = run(index, reqs, retry_after_s=30.0)
+    for ranks in decisions:  # Ray's default: one rank of two distinct random replicas
+        assert len(ranks) == 1 and len(set(ranks[0])) == 2
+    assert len(index.calls) == 1  # skipped for retry_after_s after the failure
+    assert counters["fallback_unreachable"] == 3
+
+
+def test_degraded_or_useless_answers_and_token_less_requests_fall_back():
+    _, _, counters = run(ScriptedIndex(answer(wid("a1"), degraded=True)),
+                         [(ServeRequest(token_ids=[1]), "r1")])
+    assert counters["fallback_degraded"] == 1
+    _, _, counters = run(ScriptedIndex(answer("not-a-replica")),
+                         [(ServeRequest(token_ids=[1]), "r1")])
+    assert counters["fallback_unknown"] == 1
+    index = ScriptedIndex(answer(wid("a1")))
+    _, _, counters = run(index, [({"prompt": "text only"}, "r1")])
+    assert counters["fallback_no_tokens"] == 1 and index.calls == []
+
+
+@pytest.mark.parametrize("arg,expected", [
+    (ServeRequest(token_ids=[1, 2], salt="s"), ([1, 2], "s")),
+    ({"token_ids": (3,), "salt": ""}, ([3], None)),
+    ({"prompt": "x"}, None),
+])
+def test_request_prompt(arg, expected):
+    async def main():
+        return request_prompt(pending(arg))
+
+    assert asyncio.run(main()) == expected
+    assert request_prompt(None) is None
