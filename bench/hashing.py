@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import random
-import statistics
-import time
 from functools import partial
 
 import typer
+
+from bench.timing import median_s
 
 
 def _plain_chain(tokens: list[int], block_size: int, algo: str) -> list[bytes]:
@@ -24,16 +24,6 @@ def _plain_chain(tokens: list[int], block_size: int, algo: str) -> list[bytes]:
         parent = hash_value(algo, (parent, tuple(tokens[start:start + block_size]), None))
         out.append(parent)
     return out
-
-
-def _median_s(fn, repeats: int) -> float:
-    """Median seconds of ``repeats`` calls, interleaved by the caller to share the noise."""
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def run(num_tokens: int = 4096, block_size: int = 16, vocab: int = 128_256,
@@ -47,8 +37,8 @@ def run(num_tokens: int = 4096, block_size: int = 16, vocab: int = 128_256,
         assert block_hashes(tokens, block_size, algo=algo) == _plain_chain(tokens, block_size, algo)
         plain = fast = 0.0
         for _ in range(3):  # alternate rounds so both sides see the same machine load
-            plain += _median_s(partial(_plain_chain, tokens, block_size, algo), repeats)
-            fast += _median_s(partial(block_hashes, tokens, block_size, algo=algo), repeats)
+            plain += median_s(partial(_plain_chain, tokens, block_size, algo), repeats)
+            fast += median_s(partial(block_hashes, tokens, block_size, algo=algo), repeats)
         blocks = num_tokens // block_size
         rows.append({"algo": algo, "blocks": blocks,
                      "plain_us_per_block": plain / 3 / blocks * 1e6,

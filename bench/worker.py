@@ -19,14 +19,7 @@ from contextlib import contextmanager
 
 import typer
 
-
-def _median_s(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from bench.timing import median_s
 
 
 def ttft_ratio(engine, prompt_len: int = 2048, cached: int = 1792, repeats: int = 5) -> dict:
@@ -128,11 +121,11 @@ def decode_ratios(engine, batch: int = 8, ctx: int = 1024, repeats: int = 20) ->
 
     paged_op = contig_op = paged_step = contig_step = 0.0
     for _ in range(3):  # interleave rounds so both sides see the same machine load
-        paged_op += _median_s(op_paged, repeats)
-        contig_op += _median_s(op_contig, repeats)
-        paged_step += _median_s(step, repeats)
+        paged_op += median_s(op_paged, repeats)
+        contig_op += median_s(op_contig, repeats)
+        paged_step += median_s(step, repeats)
         with _contiguous_attention(model, engine.kv_cache, rows, engine.block_size, ctx):
-            contig_step += _median_s(step, repeats)
+            contig_step += median_s(step, repeats)
     return {"decode_op_paged_ms": paged_op / 3 * 1e3, "decode_op_contig_ms": contig_op / 3 * 1e3,
             "decode_op_ratio": paged_op / contig_op,
             "decode_step_paged_ms": paged_step / 3 * 1e3,
