@@ -38,6 +38,7 @@ class MemoryBackend(IndexBackend):
     def __init__(self) -> None:
         self._blocks: dict[str, dict[bytes, dict[str, int]]] = {}   # ns -> hash -> wid -> mask
         self._prov: dict[str, dict[bytes, dict[str, int]]] = {}     # ns -> hash -> wid -> exp
+        self._sweep_at: dict[str, int] = {}  # ns -> provisional map size that triggers a sweep
         self._records: dict[str, WorkerRecord] = {}
         self._held: dict[str, dict[bytes, bytes]] = {}              # wid -> hash -> root
 
@@ -188,9 +189,13 @@ class MemoryBackend(IndexBackend):
             holders = {w: exp for w, exp in prov.get(h, {}).items() if exp > now_ms}
             holders[worker_id] = now_ms + ttl_ms
             prov[h] = holders
-        if len(prov) > _SWEEP_AT:
+        # Sweep expired entries when the map has doubled since the last sweep: amortized
+        # O(1) per entry, where sweeping at a fixed size would rescan a large live map on
+        # every call.
+        if len(prov) > self._sweep_at.get(ns, _SWEEP_AT):
             for h in [h for h, hs in prov.items() if max(hs.values()) <= now_ms]:
                 del prov[h]
+            self._sweep_at[ns] = max(_SWEEP_AT, 2 * len(prov))
 
     # --- reads --------------------------------------------------------------------------
 
