@@ -17,8 +17,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
 bench = typer.Typer(no_args_is_help=True, help="Benchmarks that compare side by side in one run.")
 app.add_typer(bench, name="bench")
 
-# (module, typer group): module.register(group) adds its verbs. Missing modules are skipped
-# so a partial checkout still has a working CLI.
+# (module, typer group): module.register(group) adds its verbs. A module that is not there
+# (a partial install) is skipped; one that fails to import is an error, not hidden.
 VERBS = [
     ("client.commands", app),      # route, generate, stats
     ("service.cli", app),          # service
