@@ -69,15 +69,16 @@ class AsyncEngine:
         """Yield this request's step outputs until it finishes. Raises ``RequestError``
         (validated on the caller's side first, so a bad request never reaches the thread).
         Cancelling the consumer aborts the request and frees its blocks."""
-        self.engine.validate([int(t) for t in prompt], params)
+        prompt = [int(t) for t in prompt]  # a fresh list the engine then owns
+        self.engine.validate(prompt, params)
         if request_id in self._streams:
             raise RequestError(f"request id {request_id!r} is already running")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._streams[request_id] = stream
 
         def add(engine: Engine) -> None:
-            stream.seq = engine.add_request(prompt, params, request_id=request_id, salt=salt,
-                                            lora=lora, mm=mm)
+            stream.seq = engine.enqueue(prompt, params, request_id=request_id, salt=salt,
+                                        lora=lora, mm=mm)
 
         try:
             await self.call(add)

@@ -105,8 +105,9 @@ class Engine:
         if not prompt:
             raise RequestError("the prompt is empty: send at least one token id")
         vocab = self.config.vocab_size
-        bad = next((t for t in prompt if not 0 <= t < vocab), None)
-        if bad is not None:
+        lo, hi = min(prompt), max(prompt)  # C loops: prompts can be 100K tokens
+        if lo < 0 or hi >= vocab:
+            bad = lo if lo < 0 else hi
             raise RequestError(f"token id {bad} is outside the vocabulary [0, {vocab})")
         if params.max_tokens < 1:
             raise RequestError(f"max_tokens must be >= 1, got {params.max_tokens}")
@@ -129,8 +130,15 @@ class Engine:
         params = params or SamplingParams()
         prompt = [int(t) for t in prompt]
         self.validate(prompt, params)
+        return self.enqueue(prompt, params, request_id=request_id, salt=salt, lora=lora, mm=mm)
+
+    def enqueue(self, prompt: list[int], params: SamplingParams, *,
+                request_id: str | None = None, salt: str | None = None,
+                lora: Lora | None = None, mm: tuple[MMItem, ...] = ()) -> Seq:
+        """``add_request`` for a prompt already converted to ints and validated (the batch
+        call and the asyncio driver validate first, so a bad request never gets queued)."""
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        seq = Seq(KVRequest(rid, list(prompt), salt=salt or None, lora=lora, mm=tuple(mm)),
+        seq = Seq(KVRequest(rid, prompt, salt=salt or None, lora=lora, mm=tuple(mm)),
                   params, num_prompt_tokens=len(prompt))
         if params.temperature > 0:
             seq.generator = torch.Generator().manual_seed(
@@ -201,9 +209,10 @@ class Engine:
                  lora: Lora | None = None, ignore_eos: bool = False) -> list[Completion]:
         """Run ``prompts`` to completion as one continuously batched workload."""
         params = SamplingParams(max_tokens, temperature, seed, ignore_eos)
+        prompts = [[int(t) for t in p] for p in prompts]
         for p in prompts:  # validate all first so a bad prompt leaves nothing queued
-            self.validate([int(t) for t in p], params)
-        seqs = [self.add_request(p, params, salt=salt, lora=lora) for p in prompts]
+            self.validate(p, params)
+        seqs = [self.enqueue(p, params, salt=salt, lora=lora) for p in prompts]
         while any(s.status is not SeqStatus.FINISHED for s in seqs):
             self.step()
         return [Completion(s.output_ids, s.num_cached_tokens, s.finish_reason,
