@@ -9,6 +9,7 @@ loop; use one client per loop and ``await client.close()`` (or ``async with``) w
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Iterable
+from contextlib import aclosing
 from typing import Any, NamedTuple
 
 import grpc
@@ -128,6 +129,25 @@ class AsyncKvmeshClient:
             raise no_worker_error()
         return result
 
+    async def _attempts(self, token_ids: Iterable[int], max_tokens: int, salt: str | None,
+                        temperature: float, seed: int | None, lora: LoraSpec,
+                        mm: Iterable[MmSpec], policy: str | None, ignore_eos: bool,
+                        failures: Failures) -> AsyncGenerator[tuple[Any, StreamAssembler, Any],
+                                                              None]:
+        """Route once, then open a ``Generate`` call on each ranked candidate in turn:
+        ``(candidate, assembler, call)``. Candidates without an address are recorded in
+        ``failures`` and skipped; the caller decides what a failed call means."""
+        rreq = route_request(token_ids, salt, lora, mm, policy)
+        routed = await self._route(rreq)
+        greq = generate_request(rreq, max_tokens, temperature, seed, ignore_eos)
+        for attempt, cand in enumerate(routed.candidates, 1):
+            if not cand.address:
+                failures.add(cand.worker_id, grpc.StatusCode.UNAVAILABLE, "no address")
+                continue
+            greq.index_matched_tokens = cand.matched_tokens
+            yield cand, StreamAssembler(cand, attempt), self._conn(cand.address).worker.Generate(
+                greq, timeout=self.generate_timeout, metadata=self._metadata)
+
     async def generate(self, token_ids: Iterable[int], max_tokens: int = 16,
                        salt: str | None = None, temperature: float = 0.0,
                        seed: int | None = None, *, lora: LoraSpec = None,
@@ -135,34 +155,27 @@ class AsyncKvmeshClient:
                        ignore_eos: bool = False) -> GenerateResult:
         """Route, then generate on the chosen worker with failover to the next candidate;
         returns only a finished generation (see ``KvmeshClient.generate``)."""
-        rreq = route_request(token_ids, salt, lora, mm, policy)
-        routed = await self._route(rreq)
-        greq = generate_request(rreq, max_tokens, temperature, seed, ignore_eos)
         failures = Failures("candidate worker")
-        for attempt, cand in enumerate(routed.candidates, 1):
-            if not cand.address:
-                failures.add(cand.worker_id, grpc.StatusCode.UNAVAILABLE, "no address")
-                continue
-            assembler = StreamAssembler(cand, attempt)
-            greq.index_matched_tokens = cand.matched_tokens
-            call = self._conn(cand.address).worker.Generate(
-                greq, timeout=self.generate_timeout, metadata=self._metadata)
-            try:
-                async for message in call:
-                    assembler.feed(message)
-                return assembler.result()
-            except grpc.RpcError as err:
-                try:  # the final message arrived before the transport failed: it is complete
+        # aclosing: a return from inside the loop closes the attempts generator at once
+        async with aclosing(self._attempts(token_ids, max_tokens, salt, temperature, seed,
+                                           lora, mm, policy, ignore_eos, failures)) as attempts:
+            async for cand, assembler, call in attempts:
+                try:
+                    async for message in call:
+                        assembler.feed(message)
                     return assembler.result()
-                except BrokenStream:
-                    pass
-                if err.code() not in WORKER_RETRYABLE:
-                    raise KvmeshError.from_rpc(err) from None
-                failures.add(cand.address, err.code(), err.details() or "")
-            except BrokenStream as exc:
-                failures.add(cand.address, grpc.StatusCode.UNAVAILABLE, str(exc))
-            finally:
-                call.cancel()
+                except grpc.RpcError as err:
+                    try:  # the final message arrived before the transport failed: it is complete
+                        return assembler.result()
+                    except BrokenStream:
+                        pass
+                    if err.code() not in WORKER_RETRYABLE:
+                        raise KvmeshError.from_rpc(err) from None
+                    failures.add(cand.address, err.code(), err.details() or "")
+                except BrokenStream as exc:
+                    failures.add(cand.address, grpc.StatusCode.UNAVAILABLE, str(exc))
+                finally:
+                    call.cancel()
         raise failures.error()
 
     async def generate_stream(self, token_ids: Iterable[int], max_tokens: int = 16,
@@ -179,42 +192,35 @@ class AsyncKvmeshClient:
         ``KvmeshError`` (a dropped stream as UNAVAILABLE). Closing the iterator early
         (``aclose``) cancels the worker's request.
         """
-        rreq = route_request(token_ids, salt, lora, mm, policy)
-        routed = await self._route(rreq)
-        greq = generate_request(rreq, max_tokens, temperature, seed, ignore_eos)
         failures = Failures("candidate worker")
-        for attempt, cand in enumerate(routed.candidates, 1):
-            if not cand.address:
-                failures.add(cand.worker_id, grpc.StatusCode.UNAVAILABLE, "no address")
-                continue
-            assembler = StreamAssembler(cand, attempt)
-            greq.index_matched_tokens = cand.matched_tokens
-            call = self._conn(cand.address).worker.Generate(
-                greq, timeout=self.generate_timeout, metadata=self._metadata)
-            started = finished = False
-            try:
-                async for message in call:
-                    if finished:
-                        continue
-                    finished = assembler.feed(message)
-                    if message.token_ids:
-                        started = True
-                        yield TokenChunk(list(message.token_ids), cand.worker_id, cand.address)
-                yield assembler.result()
-                return
-            except grpc.RpcError as err:
-                if finished:  # the final message arrived before the transport failed
+        # aclosing: a return from inside the loop closes the attempts generator at once
+        async with aclosing(self._attempts(token_ids, max_tokens, salt, temperature, seed,
+                                           lora, mm, policy, ignore_eos, failures)) as attempts:
+            async for cand, assembler, call in attempts:
+                started = finished = False
+                try:
+                    async for message in call:
+                        if finished:
+                            continue
+                        finished = assembler.feed(message)
+                        if message.token_ids:
+                            started = True
+                            yield TokenChunk(list(message.token_ids), cand.worker_id, cand.address)
                     yield assembler.result()
                     return
-                if started or err.code() not in WORKER_RETRYABLE:
-                    raise KvmeshError.from_rpc(err) from None
-                failures.add(cand.address, err.code(), err.details() or "")
-            except BrokenStream as exc:
-                if started:
-                    raise KvmeshError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
-                failures.add(cand.address, grpc.StatusCode.UNAVAILABLE, str(exc))
-            finally:
-                call.cancel()
+                except grpc.RpcError as err:
+                    if finished:  # the final message arrived before the transport failed
+                        yield assembler.result()
+                        return
+                    if started or err.code() not in WORKER_RETRYABLE:
+                        raise KvmeshError.from_rpc(err) from None
+                    failures.add(cand.address, err.code(), err.details() or "")
+                except BrokenStream as exc:
+                    if started:
+                        raise KvmeshError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+                    failures.add(cand.address, grpc.StatusCode.UNAVAILABLE, str(exc))
+                finally:
+                    call.cancel()
         raise failures.error()
 
     async def stats(self) -> dict[str, Any]:
