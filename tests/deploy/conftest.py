@@ -8,28 +8,14 @@ package to one Ray start on these small shared machines. Everything is shut down
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.cluster_scenarios import wait_for  # noqa: F401  (the tests import it from here)
+
 STORE = 80 * 1024 * 1024
-
-
-def wait_for(fn: Callable[[], Any], timeout: float = 10.0, interval: float = 0.1) -> Any:
-    """Poll ``fn`` until it returns something truthy; return it, or fail with the last value."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except Exception as e:  # a restarting actor / replica: keep polling
-            last = e
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s (last: {last!r})")
 
 
 @pytest.fixture(scope="package")

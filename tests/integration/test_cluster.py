@@ -4,34 +4,24 @@ from __future__ import annotations
 import random
 import time
 
-import grpc
 import pytest
 import redis
 
 from client import KvmeshClient, KvmeshError
-from kvmesh.v1 import worker_pb2, worker_pb2_grpc
-from tests.integration.conftest import wait_for
-
-SYSTEM = [random.Random(0).randrange(256) for _ in range(200)]  # 12 full blocks + 8
-
-
-def question(i: int) -> list[int]:
-    return SYSTEM + [random.Random(100 + i).randrange(256) for _ in range(20)]
+from tests.cluster_scenarios import (
+    another_salt_never_matches,
+    generate_on,
+    holder_match,
+    question,
+    shared_prefix_goes_to_its_holder,
+    wait_for,
+)
 
 
 @pytest.fixture(scope="module")
 def client(cluster):
     with KvmeshClient(cluster.service_addresses) as c:
         yield c
-
-
-def generate_on(address: str, tokens: list[int], max_tokens: int = 2):
-    with grpc.insecure_channel(address) as ch:
-        stub = worker_pb2_grpc.WorkerServiceStub(ch)
-        msgs = list(stub.Generate(worker_pb2.GenerateRequest(
-            token_ids=tokens, sampling=worker_pb2.SamplingParams(max_tokens=max_tokens,
-                                                                 ignore_eos=True))))
-    return msgs[-1]
 
 
 def _try(fn):
@@ -41,33 +31,12 @@ def _try(fn):
         return None
 
 
-def holder_match(client, tokens, worker_id, salt=None) -> int:
-    for c in client.route(tokens, salt=salt, dry_run=True).candidates:
-        if c.worker_id == worker_id:
-            return c.matched_tokens
-    return 0
-
-
 def test_shared_prefix_goes_to_its_holder_and_skips_prefill(client):
-    first = client.generate(question(0), max_tokens=4)
-    assert first.num_cached_tokens == 0
-    holder = first.worker_id
-    # Until the holder's next heartbeat the service counts the routed prompt as work queued
-    # on it (so a burst spreads); once the heartbeat shows it idle, its cached prefix wins.
-    time.sleep(1.5)
-    wait_for(lambda: holder_match(client, question(1), holder) >= 192)
-    route = client.route(question(1))
-    # >= : the route above may have left provisional entries for its own new blocks.
-    assert route.worker_id == holder and route.matched_tokens >= 192
-    second = client.generate(question(1), max_tokens=4)
-    assert second.worker_id == holder and second.num_cached_tokens == 192
+    shared_prefix_goes_to_its_holder(client)
 
 
 def test_another_salt_never_matches(client):
-    route = client.route(question(2), salt="tenant-b")
-    assert all(c.matched_tokens == 0 for c in route.candidates)
-    salted = client.generate(question(2), max_tokens=2, salt="tenant-b")
-    assert salted.num_cached_tokens == 0
+    another_salt_never_matches(client)
 
 
 def test_two_service_replicas_agree(cluster, client):
