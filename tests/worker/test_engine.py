@@ -16,14 +16,6 @@ from worker.sequence import SamplingParams
 BS = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module", params=["LlamaForCausalLM", "Qwen2ForCausalLM"])
 def checkpoint(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)

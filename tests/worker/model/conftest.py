@@ -11,15 +11,6 @@ from tests.worker.hf_models import VOCAB, make_hf_model  # noqa: F401  (re-expor
 from worker.model import AttentionMetadata, LlamaModel, load_model
 
 
-@pytest.fixture(autouse=True, scope="package")
-def _one_thread():
-    """Tiny matmuls gain nothing from threads, and on shared cores extra threads spin."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="session")
 def hf_pair(tmp_path_factory):
     """``arch -> (hf_model, our_model)``, built lazily once per session."""
