@@ -53,7 +53,7 @@ class WorkerLoad(_message.Message):
     def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., decode_tokens: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "block_size", "hash_algo", "root_hash", "load")
+    __slots__ = ("worker_id", "address", "model", "block_size", "hash_algo", "root_hash", "load", "incarnation")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class RegisterWorkerRequest(_message.Message):
     HASH_ALGO_FIELD_NUMBER: _ClassVar[int]
     ROOT_HASH_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
@@ -68,7 +69,8 @@ class RegisterWorkerRequest(_message.Message):
     hash_algo: str
     root_hash: bytes
     load: WorkerLoad
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., hash_algo: _Optional[str] = ..., root_hash: _Optional[bytes] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., hash_algo: _Optional[str] = ..., root_hash: _Optional[bytes] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ("namespace", "resync", "heartbeat_interval_ms", "liveness_timeout_ms")
@@ -83,14 +85,16 @@ class RegisterWorkerResponse(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., resync: _Optional[bool] = ..., heartbeat_interval_ms: _Optional[int] = ..., liveness_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "load", "last_seq")
+    __slots__ = ("worker_id", "load", "last_seq", "incarnation")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     load: WorkerLoad
     last_seq: int
-    def __init__(self, worker_id: _Optional[str] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., last_seq: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, worker_id: _Optional[str] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., last_seq: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("resync", "reregister")
@@ -135,12 +139,14 @@ class KvEvent(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., stored: _Optional[_Union[BlockStored, _Mapping]] = ..., removed: _Optional[_Union[BlockRemoved, _Mapping]] = ..., cleared: _Optional[_Union[AllBlocksCleared, _Mapping]] = ...) -> None: ...
 
 class PublishEventsRequest(_message.Message):
-    __slots__ = ("worker_id", "events")
+    __slots__ = ("worker_id", "events", "incarnation")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     events: _containers.RepeatedCompositeFieldContainer[KvEvent]
-    def __init__(self, worker_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, worker_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class PublishEventsResponse(_message.Message):
     __slots__ = ("applied", "resync", "last_seq")
@@ -153,14 +159,16 @@ class PublishEventsResponse(_message.Message):
     def __init__(self, applied: _Optional[int] = ..., resync: _Optional[bool] = ..., last_seq: _Optional[int] = ...) -> None: ...
 
 class SyncWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "seq", "blocks")
+    __slots__ = ("worker_id", "seq", "blocks", "incarnation")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     seq: int
     blocks: _containers.RepeatedCompositeFieldContainer[BlockStored]
-    def __init__(self, worker_id: _Optional[str] = ..., seq: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockStored, _Mapping]]] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, worker_id: _Optional[str] = ..., seq: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[BlockStored, _Mapping]]] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class SyncWorkerResponse(_message.Message):
     __slots__ = ("indexed_blocks",)
