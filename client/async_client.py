@@ -1,10 +1,11 @@
 """``AsyncKvmeshClient``: the asyncio twin of ``KvmeshClient`` (grpc.aio), for async routers.
 
 Same contract, same requests and results as the blocking client (see ``client.sync_client``):
-service calls fail over between replicas on UNAVAILABLE, ``generate`` restarts the request on
-the next candidate worker when one is down, too slow or drops its stream, and every other
-failure raises ``KvmeshError``. Channels are created on first use inside the running event
-loop; use one client per loop and ``await client.close()`` (or ``async with``) when done.
+service calls fail over between replicas and ``generate`` restarts the request on the next
+candidate worker as the retry table (``kvmesh.retry``) says, a stream only before its first
+token; every other failure raises ``KvmeshError``. Channels are created on first use inside
+the running event loop; use one client per loop and ``await client.close()`` (or
+``async with``) when done.
 """
 from __future__ import annotations
 
@@ -26,15 +27,10 @@ from client.convert import (
     stats_dict,
     worker_stats_dict,
 )
-from client.errors import SERVICE_RETRYABLE, WORKER_RETRYABLE, BrokenStream, KvmeshError
-from client.failover import (
-    CHANNEL_OPTIONS,
-    Failures,
-    ReplicaRing,
-    no_worker_error,
-    parse_addresses,
-)
+from client.errors import BrokenStream, KvmeshError
+from client.failover import CHANNEL_OPTIONS, Failures, no_worker_error, parse_addresses
 from client.results import GenerateResult, RouteResult
+from kvmesh.retry import Action, ReplicaRing, Source, decide, retried
 from kvmesh.tls import TlsFiles
 from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2, worker_pb2_grpc
 
@@ -93,16 +89,16 @@ class AsyncKvmeshClient:
         return conn
 
     async def _service_call(self, method: str, request: Any) -> tuple[str, Any]:
-        """Call ``IndexService.<method>``, failing over between replicas on UNAVAILABLE."""
+        """Call ``IndexService.<method>``, failing over between replicas per the retry table."""
         failures = Failures("service replica")
         for address in self._ring.order():
             rpc = getattr(self._conn(address).index, method)
             try:
                 response = await rpc(request, timeout=self.timeout, metadata=self._metadata)
             except grpc.RpcError as err:
-                if err.code() not in SERVICE_RETRYABLE:
-                    raise KvmeshError.from_rpc(err) from None
                 failures.add(address, err.code(), err.details() or "")
+                if not retried(Source.SERVICE, err.code()):
+                    raise failures.surface() from None
                 continue
             self._ring.mark_good(address)
             return address, response
@@ -169,13 +165,13 @@ class AsyncKvmeshClient:
                         return assembler.result()
                     except BrokenStream:
                         pass
-                    if err.code() not in WORKER_RETRYABLE:
-                        raise KvmeshError.from_rpc(err) from None
                     failures.add(cand.address, err.code(), err.details() or "")
                 except BrokenStream as exc:
                     failures.add(cand.address, grpc.StatusCode.UNAVAILABLE, str(exc))
                 finally:
                     call.cancel()
+                if not retried(Source.WORKER, failures.last_code):
+                    raise failures.surface()
         raise failures.error()
 
     async def generate_stream(self, token_ids: Iterable[int], max_tokens: int = 16,
@@ -187,9 +183,9 @@ class AsyncKvmeshClient:
         """Route, then stream the generation: ``TokenChunk``s as the worker produces them,
         then exactly one ``GenerateResult`` (all tokens and the worker's facts) last.
 
-        Fails over to the next candidate only while nothing was yielded yet (worker down,
-        too slow, stream dropped); once tokens went out, any failure raises
-        ``KvmeshError`` (a dropped stream as UNAVAILABLE). Closing the iterator early
+        Fails over to the next candidate (as the retry table says) only while nothing was
+        yielded yet; once tokens went out, any failure raises ``KvmeshError`` (a dropped
+        stream as UNAVAILABLE). Closing the iterator early
         (``aclose``) cancels the worker's request.
         """
         failures = Failures("candidate worker")
@@ -212,15 +208,13 @@ class AsyncKvmeshClient:
                     if finished:  # the final message arrived before the transport failed
                         yield assembler.result()
                         return
-                    if started or err.code() not in WORKER_RETRYABLE:
-                        raise KvmeshError.from_rpc(err) from None
                     failures.add(cand.address, err.code(), err.details() or "")
                 except BrokenStream as exc:
-                    if started:
-                        raise KvmeshError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
                     failures.add(cand.address, grpc.StatusCode.UNAVAILABLE, str(exc))
                 finally:
                     call.cancel()
+                if decide(Source.WORKER, failures.last_code, delivered=started) is Action.SURFACE:
+                    raise failures.surface()
         raise failures.error()
 
     async def stats(self) -> dict[str, Any]:

@@ -1,25 +1,14 @@
-"""The one exception the kvmesh client raises, and which gRPC failures it retries.
+"""The one exception the kvmesh client raises.
 
 Contract: every failure of a client call surfaces as :class:`KvmeshError`, whose ``code`` is
 the gRPC status code (``grpc.StatusCode``) the server or transport reported and whose
-``message`` is the server's own text. Transport failures are retried elsewhere first (another
-service replica, another candidate worker); only when every option is spent does the caller
-see an error.
+``message`` is the server's own text. Which failures are first retried elsewhere (another
+service replica, another candidate worker) is decided by ``kvmesh.retry.TABLE``; only when
+every option is spent, or the table surfaces the code, does the caller see an error.
 """
 from __future__ import annotations
 
 import grpc
-
-# A service replica that answers UNAVAILABLE is down or unreachable: ask the next replica.
-SERVICE_RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
-
-# A worker that is down, hangs past the deadline, or drops the stream (CANCELLED by the
-# server, e.g. on shutdown) gets the request restarted on the next candidate.
-WORKER_RETRYABLE = frozenset({
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.CANCELLED,
-})
 
 
 class KvmeshError(Exception):

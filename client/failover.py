@@ -1,8 +1,10 @@
-"""Failover ordering shared by the sync and asyncio clients (no I/O here).
+"""Failover bookkeeping shared by the sync and asyncio clients (no I/O here).
 
 Service replicas are stateless and interchangeable: calls go to the last replica that
-answered, and on UNAVAILABLE rotate through the others in their configured order. Workers are
-tried in the service's ranking order (best candidate first).
+answered (``kvmesh.retry.ReplicaRing``) and rotate through the others when the retry table
+(``kvmesh.retry.TABLE``) says so. Workers are tried in the service's ranking order (best
+candidate first). :class:`Failures` turns the failed attempts of one call into the error the
+caller sees, naming every attempt.
 """
 from __future__ import annotations
 
@@ -39,23 +41,6 @@ def parse_addresses(addresses: str | Iterable[str]) -> list[str]:
     return out
 
 
-class ReplicaRing:
-    """Rotation order over service replicas that starts at the last one that answered."""
-
-    def __init__(self, addresses: list[str]) -> None:
-        self.addresses = list(addresses)
-        self._preferred = 0
-
-    def order(self) -> list[str]:
-        """All replicas, the last good one first, then the rest in configured order."""
-        start = self._preferred
-        return self.addresses[start:] + self.addresses[:start]
-
-    def mark_good(self, address: str) -> None:
-        """Remember ``address`` as the replica to ask first next time."""
-        self._preferred = self.addresses.index(address)
-
-
 class Failures:
     """Collects the failures of one failover loop and turns them into the final error."""
 
@@ -67,13 +52,33 @@ class Failures:
         """Record that ``where`` failed with ``code``/``message``."""
         self.errors.append((where, code, message))
 
+    @property
+    def last_code(self) -> grpc.StatusCode | None:
+        """The code of the latest failure (None before any)."""
+        return self.errors[-1][1] if self.errors else None
+
+    def _detail(self, errors: list[tuple[str, grpc.StatusCode, str]]) -> str:
+        return "; ".join(f"{where}: {code.name} {msg}" for where, code, msg in errors)
+
     def error(self) -> KvmeshError:
-        """A ``KvmeshError`` with the last failure's code and every failure in the message."""
+        """Every option failed: a ``KvmeshError`` with the last failure's code and every
+        failure in the message."""
         if not self.errors:
             return KvmeshError(grpc.StatusCode.UNAVAILABLE, f"no {self.what} to try")
-        detail = "; ".join(f"{where}: {code.name} {msg}" for where, code, msg in self.errors)
         n = len(self.errors)
-        return KvmeshError(self.errors[-1][1], f"all {n} {self.what}(s) failed ({detail})")
+        return KvmeshError(self.errors[-1][1],
+                           f"all {n} {self.what}(s) failed ({self._detail(self.errors)})")
+
+    def surface(self) -> KvmeshError:
+        """The last failure is not retried: its code and message, followed by the earlier
+        failures when there were any (the message is the server's own text otherwise)."""
+        if not self.errors:
+            return self.error()
+        *earlier, (_, code, message) = self.errors
+        if earlier:
+            message = (f"{message} (after {len(earlier)} failed {self.what}(s): "
+                       f"{self._detail(earlier)})")
+        return KvmeshError(code, message)
 
 
 def no_worker_error() -> KvmeshError:

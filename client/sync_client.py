@@ -3,15 +3,20 @@
 Contract:
 
 * ``addresses`` are metadata-service replicas. Every service call goes to the replica that
-  last answered and, on UNAVAILABLE, fails over to the others in turn.
-* ``generate`` routes, then streams from the best candidate worker; if that worker is down,
-  exceeds the deadline or drops the stream, the whole request restarts on the next candidate.
-  A result is returned only when a worker finished the request; never a partial one.
+  last answered and fails over to the others in turn when the retry table
+  (``kvmesh.retry.TABLE``: UNAVAILABLE, a deadline, RESOURCE_EXHAUSTED, INTERNAL ...) says so.
+* ``generate`` routes, then streams from the best candidate worker; when that attempt fails
+  with a code the table retries (worker down, past the deadline, out of room, a failed
+  engine step ...) or the stream drops, the whole request restarts on the next candidate.
+  A result is returned only when a worker finished the request, never a partial one, and a
+  finished request is never run again.
 * ``token`` is sent as ``authorization: Bearer <token>`` on every call (service and workers).
 * ``tls`` (``kvmesh.tls.TlsFiles``): with a ``ca``, every channel (service and workers) is
   TLS and verifies the server's certificate against it; ``cert``/``key`` are presented as a
   client certificate when a server requires one. Without it, channels are plaintext.
-* Every other gRPC failure raises ``KvmeshError`` with the server's code and message.
+* Every other gRPC failure raises ``KvmeshError`` with the server's code and message (and
+  the earlier failed attempts, if any); when every option failed, the last failure's code
+  with every attempt listed.
 
 The client is thread-safe: channels (one per address, services and workers alike) are
 created once and shared.
@@ -35,15 +40,10 @@ from client.convert import (
     stats_dict,
     worker_stats_dict,
 )
-from client.errors import SERVICE_RETRYABLE, WORKER_RETRYABLE, BrokenStream, KvmeshError
-from client.failover import (
-    CHANNEL_OPTIONS,
-    Failures,
-    ReplicaRing,
-    no_worker_error,
-    parse_addresses,
-)
+from client.errors import BrokenStream, KvmeshError
+from client.failover import CHANNEL_OPTIONS, Failures, no_worker_error, parse_addresses
 from client.results import GenerateResult, RouteResult
+from kvmesh.retry import ReplicaRing, Source, retried
 from kvmesh.tls import TlsFiles
 from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2, worker_pb2_grpc
 
@@ -94,16 +94,16 @@ class KvmeshClient:
             return conn
 
     def _service_call(self, method: str, request: Any) -> tuple[str, Any]:
-        """Call ``IndexService.<method>``, failing over between replicas on UNAVAILABLE."""
+        """Call ``IndexService.<method>``, failing over between replicas per the retry table."""
         failures = Failures("service replica")
         for address in self._ring.order():
             rpc = getattr(self._conn(address).index, method)
             try:
                 response = rpc(request, timeout=self.timeout, metadata=self._metadata)
             except grpc.RpcError as err:
-                if err.code() not in SERVICE_RETRYABLE:
-                    raise KvmeshError.from_rpc(err) from None
                 failures.add(address, err.code(), err.details() or "")
+                if not retried(Source.SERVICE, err.code()):
+                    raise failures.surface() from None
                 continue
             self._ring.mark_good(address)
             return address, response
@@ -134,11 +134,12 @@ class KvmeshClient:
                  temperature: float = 0.0, seed: int | None = None, *, lora: LoraSpec = None,
                  mm: Iterable[MmSpec] = (), policy: str | None = None,
                  ignore_eos: bool = False) -> GenerateResult:
-        """Route the prompt, then generate on the chosen worker, failing over to the next
-        candidate on UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED or a stream that ends early.
+        """Route the prompt, then generate on the chosen worker, restarting the request on
+        the next candidate when the retry table says so (``kvmesh.retry``) or the stream ends
+        early.
 
         Returns only a finished generation; raises ``KvmeshError`` when every candidate failed
-        (code of the last failure) or on any other error.
+        (code of the last failure) or on an error the table surfaces.
         """
         rreq = route_request(token_ids, salt, lora, mm, policy)
         routed = self._route(rreq)
@@ -161,13 +162,13 @@ class KvmeshClient:
                     return assembler.result()
                 except BrokenStream:
                     pass
-                if err.code() not in WORKER_RETRYABLE:
-                    raise KvmeshError.from_rpc(err) from None
                 failures.add(cand.address, err.code(), err.details() or "")
             except BrokenStream as exc:
                 failures.add(cand.address, grpc.StatusCode.UNAVAILABLE, str(exc))
             finally:
                 call.cancel()
+            if not retried(Source.WORKER, failures.last_code):
+                raise failures.surface()
         raise failures.error()
 
     def stats(self) -> dict[str, Any]:

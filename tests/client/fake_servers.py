@@ -13,6 +13,8 @@ import grpc
 
 from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2, worker_pb2_grpc
 
+AFTER_FINAL = -1  # FakeWorker.fail_after: fail once the final message went out
+
 
 def closed_port_address() -> str:
     """A loopback address where nothing listens (connection refused)."""
@@ -47,6 +49,7 @@ class FakeIndex(index_pb2_grpc.IndexServiceServicer):
         self.token = token
         self.degraded = False
         self.error: tuple[grpc.StatusCode, str] | None = None
+        self.hang = False  # answer nothing until the caller gives up (its deadline)
         self.routes: list[index_pb2.RouteRequest] = []
         self.metadata: list[dict[str, str]] = []
         self.stats = index_pb2.StatsResponse()
@@ -54,6 +57,9 @@ class FakeIndex(index_pb2_grpc.IndexServiceServicer):
     def _enter(self, context: grpc.ServicerContext) -> None:
         self.metadata.append(dict(context.invocation_metadata()))
         _check_token(context, self.token)
+        if self.hang:
+            while context.is_active():
+                time.sleep(0.01)
         if self.error is not None:
             context.abort(*self.error)
 
@@ -73,7 +79,9 @@ class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
 
     ``mode``: ``ok``; ``abort`` (one chunk, then UNAVAILABLE); ``truncate`` (one chunk, then a
     clean end without the final message); ``hang`` (no answer until cancelled);
-    ``invalid`` (INVALID_ARGUMENT at once).
+    ``invalid`` (INVALID_ARGUMENT at once); ``fail`` (abort with ``failure``, a
+    ``(code, message)``, after ``fail_after`` token chunks, or after the final message when
+    ``fail_after`` is ``AFTER_FINAL``).
     """
 
     def __init__(self, worker_id: str, mode: str = "ok", cached: int = 0,
@@ -82,8 +90,14 @@ class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
         self.mode = mode
         self.cached = cached
         self.token = token
+        self.failure: tuple[grpc.StatusCode, str] = (grpc.StatusCode.INTERNAL, "scripted")
+        self.fail_after = 0
         self.requests: list[worker_pb2.GenerateRequest] = []
         self.metadata: list[dict[str, str]] = []
+
+    def _fail_at(self, context: grpc.ServicerContext, point: int) -> None:
+        if self.mode == "fail" and self.fail_after == point:
+            context.abort(*self.failure)
 
     def Generate(self, request, context):
         self.metadata.append(dict(context.invocation_metadata()))
@@ -95,9 +109,11 @@ class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
             while context.is_active():
                 time.sleep(0.02)
             return
+        self._fail_at(context, 0)
         tokens = [100 + i for i in range(request.sampling.max_tokens)]
         for i in range(0, len(tokens), 2):
             yield worker_pb2.GenerateResponse(token_ids=tokens[i:i + 2])
+            self._fail_at(context, i // 2 + 1)
             if self.mode == "abort":
                 context.abort(grpc.StatusCode.UNAVAILABLE, "worker shutting down")
             if self.mode == "truncate":
@@ -106,6 +122,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
             finished=True, finish_reason="length", num_cached_tokens=self.cached,
             prompt_tokens=len(request.token_ids), ttft_s=0.0125, e2e_s=0.05,
             worker_id=self.worker_id)
+        self._fail_at(context, AFTER_FINAL)
 
     def Stats(self, request, context):
         self.metadata.append(dict(context.invocation_metadata()))

@@ -1,0 +1,128 @@
+"""kvmesh's retry rules: which failed gRPC call is tried again, and where.
+
+A router-side call fails at one of two places (:class:`Source`): a *service replica*
+(``IndexService``; replicas are stateless and interchangeable) or a *worker* (one attempt of
+``WorkerService.Generate`` on one ranked candidate). :data:`TABLE` is the one statement of
+what the caller then does (:class:`Action`): ask the next replica, restart the request on the
+next candidate worker, or surface the error. It covers every non-OK status code;
+``docs/reliability.md`` shows it and a test keeps the two equal. The sync client, the async
+client, the gateway (through the async client) and the Ray Serve router all decide with
+:func:`decide`; :class:`ReplicaRing` is the rotation order over replicas.
+
+Two rules stand above the table (no status code overrides them):
+
+* a *completed* attempt (the worker's final message arrived, or a call answered OK) is never
+  retried, even if the transport fails afterwards: a request never runs to completion twice;
+* a *stream* that has handed a token to its consumer never fails over (``delivered=True``):
+  the consumer cannot take tokens back, so the failure is surfaced.
+
+A worker attempt that failed before completing may be restarted elsewhere even when it
+already produced tokens (non-streaming ``generate`` drops them); gRPC propagates the
+client's cancel and deadline to the worker, which aborts the abandoned attempt.
+"""
+from __future__ import annotations
+
+from enum import Enum
+from typing import NamedTuple
+
+import grpc
+
+
+class Source(Enum):
+    """Where a failed call went."""
+
+    SERVICE = "service replica"
+    WORKER = "worker"
+
+
+class Action(Enum):
+    """What the caller does with a failed call."""
+
+    NEXT_REPLICA = "next replica"
+    NEXT_CANDIDATE = "next candidate"
+    SURFACE = "surfaced"
+
+
+class Rule(NamedTuple):
+    """One row of the table: a status code, the action per source, and why."""
+
+    code: grpc.StatusCode
+    service: Action
+    worker: Action
+    why: str
+
+
+_R, _C, _S = Action.NEXT_REPLICA, Action.NEXT_CANDIDATE, Action.SURFACE
+_SC = grpc.StatusCode
+
+TABLE: tuple[Rule, ...] = (
+    Rule(_SC.UNAVAILABLE, _R, _C,
+         "down, unreachable, draining, or the stream dropped (also a worker stream that ends "
+         "without its final message)"),
+    Rule(_SC.DEADLINE_EXCEEDED, _R, _C,
+         "hung or overloaded; the per-attempt deadline is the client's and reaches the "
+         "server, which abandons the call, so its output is never delivered (a Route may have "
+         "left a provisional entry on the slow replica; it expires)"),
+    Rule(_SC.CANCELLED, _R, _C,
+         "the server dropped the call (shutdown); the client's own cancel never retries"),
+    Rule(_SC.RESOURCE_EXHAUSTED, _R, _C,
+         "in-flight limit of this connection, or a request over this worker's KV pool: "
+         "another replica or worker may have room (one over a size limit every server shares "
+         "is refused fast by each)"),
+    Rule(_SC.INTERNAL, _R, _C, "the server's fault (a failed engine step, a bug)"),
+    Rule(_SC.UNKNOWN, _R, _C, "what gRPC answers for an unhandled server exception"),
+    Rule(_SC.INVALID_ARGUMENT, _S, _S,
+         "the request's fault: every server checks it the same way"),
+    Rule(_SC.OUT_OF_RANGE, _S, _S, "the request's fault"),
+    Rule(_SC.FAILED_PRECONDITION, _S, _S,
+         "the cluster's configuration (e.g. hashing mismatch): retries would hide it"),
+    Rule(_SC.UNAUTHENTICATED, _S, _S,
+         "one token serves the whole cluster: a refusal is a configuration error that "
+         "retries would only hide"),
+    Rule(_SC.PERMISSION_DENIED, _S, _S, "as UNAUTHENTICATED"),
+    Rule(_SC.NOT_FOUND, _S, _S, "names something that does not exist (same on every server)"),
+    Rule(_SC.UNIMPLEMENTED, _S, _S,
+         "a method or feature this deployment lacks: every server runs the same version"),
+    Rule(_SC.ALREADY_EXISTS, _S, _S, "not answered by kvmesh; no safe retry meaning"),
+    Rule(_SC.ABORTED, _S, _S, "not answered by kvmesh; no safe retry meaning"),
+    Rule(_SC.DATA_LOSS, _S, _S, "not answered by kvmesh; never hidden"),
+)
+
+_BY_SOURCE: dict[Source, dict[grpc.StatusCode, Action]] = {
+    Source.SERVICE: {rule.code: rule.service for rule in TABLE},
+    Source.WORKER: {rule.code: rule.worker for rule in TABLE},
+}
+
+
+def decide(source: Source, code: grpc.StatusCode | None, *,
+           delivered: bool = False) -> Action:
+    """What to do after a call to ``source`` failed with ``code`` without completing.
+
+    ``delivered``: a stream already handed tokens to its consumer (then always SURFACE).
+    A code missing from the table (OK, None) is surfaced.
+    """
+    if delivered or code is None:
+        return Action.SURFACE
+    return _BY_SOURCE[source].get(code, Action.SURFACE)
+
+
+def retried(source: Source, code: grpc.StatusCode | None) -> bool:
+    """True when the table sends a failure from ``source`` with ``code`` elsewhere."""
+    return decide(source, code) is not Action.SURFACE
+
+
+class ReplicaRing:
+    """Rotation order over service replicas that starts at the last one that answered."""
+
+    def __init__(self, addresses: list[str]) -> None:
+        self.addresses = list(addresses)
+        self._preferred = 0
+
+    def order(self) -> list[str]:
+        """All replicas, the last good one first, then the rest in configured order."""
+        start = self._preferred
+        return self.addresses[start:] + self.addresses[:start]
+
+    def mark_good(self, address: str) -> None:
+        """Remember ``address`` as the replica to ask first next time."""
+        self._preferred = self.addresses.index(address)
