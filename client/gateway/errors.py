@@ -2,7 +2,9 @@
 
 Every failure the gateway answers, including FastAPI's own validation errors (422 by
 default, 400 here) and unknown routes, uses this body so OpenAI SDKs raise their usual
-exceptions. kvmesh failures map by gRPC code:
+exceptions. A kvmesh failure reaches the gateway only after the client's failover
+(``kvmesh.retry.TABLE``: e.g. a worker's RESOURCE_EXHAUSTED or INTERNAL is first retried on
+the other candidates), and maps by the gRPC code it ends with:
 
 =====================  ======  ===============================================
 KvmeshError code       status  meaning
@@ -12,9 +14,9 @@ OUT_OF_RANGE           400
 UNAUTHENTICATED        401     the service rejected the gateway's --token
 PERMISSION_DENIED      403
 NOT_FOUND              404
-RESOURCE_EXHAUSTED     413     the request is over a size limit (prompt longer
-                               than a worker's KV pool, ...): retrying the same
-                               request cannot help, so not 429
+RESOURCE_EXHAUSTED     413     every candidate refused the request as over a
+                               size limit (prompt longer than a worker's KV
+                               pool, ...): retrying it cannot help, so not 429
 UNAVAILABLE            503     no live worker or service replica
 DEADLINE_EXCEEDED      504
 anything else          500

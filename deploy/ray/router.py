@@ -22,7 +22,10 @@ Contract:
   instead when no service address is configured, when the request has no token ids, when
   the service cannot be reached within ``index_timeout_s`` (then the index is skipped for
   ``retry_after_s``), when its answer is ``degraded`` (Redis down: no prefix knowledge) or
-  when it names none of the live replicas.
+  when it names none of the live replicas. The replicas share ``index_timeout_s`` (each call
+  gets its share), so the client's replica failover (``kvmesh.retry.TABLE``) can leave a hung
+  replica for the next one in time. A code the table surfaces (the request's own fault,
+  e.g. INVALID_ARGUMENT) falls back for that request only and does not skip the index.
 - ``counters`` counts ``index`` and ``fallback_*`` decisions (for logs and tests).
 """
 from __future__ import annotations
@@ -44,7 +47,9 @@ from ray.serve._private.request_router.request_router import (
     RequestRouter,
 )
 
+from client.errors import KvmeshError
 from deploy.ray.request import request_field
+from kvmesh.retry import Source, retried
 
 log = logging.getLogger("kvmesh.ray.router")
 _BAD = re.compile(r"[^A-Za-z0-9._:@/-]")
@@ -95,7 +100,7 @@ class KvmeshRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             from client import AsyncKvmeshClient
 
             self._client = AsyncKvmeshClient(self._addresses, self._token,
-                                             timeout=self._timeout)
+                                             timeout=self._timeout / len(self._addresses))
             self._client_loop = loop
         return self._client
 
@@ -133,6 +138,8 @@ class KvmeshRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
                                     dry_run=not self._first_ask(pending_request)),
                 self._timeout)
         except Exception as e:  # KvmeshError, timeout, transport: Ray's default decides
+            if isinstance(e, KvmeshError) and not retried(Source.SERVICE, e.code):
+                return await self._fallback("refused", candidate_replicas, pending_request)
             if self.counters["fallback_unreachable"] == 0:
                 log.warning("kvmesh index unreachable (%s); power-of-two choices for %.1fs",
                             e, self._retry_after)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import pytest
 from ray.serve._private.common import (
     DeploymentHandleSource,
@@ -20,6 +19,7 @@ from client.errors import KvmeshError
 from client.results import Candidate, RouteResult
 from deploy.ray.request import ServeRequest
 from deploy.ray.router import KvmeshRequestRouter, request_prompt, serve_worker_id
+from kvmesh.retry import TABLE, Source, retried
 from service.validate import worker_id as check_worker_id
 
 DEP = DeploymentID(name="LLM Server", app_name="my app")
@@ -106,13 +106,21 @@ def test_the_index_ranking_becomes_serve_ranks_unknown_replicas_last():
     assert counters["index"] == 2
 
 
-def test_unreachable_index_falls_back_to_power_of_two_and_backs_off():
-    index = ScriptedIndex(KvmeshError(grpc.StatusCode.UNAVAILABLE, "down"))
+@pytest.mark.parametrize("error", [
+    *(pytest.param(KvmeshError(r.code, "scripted"), id=r.code.name) for r in TABLE),
+    pytest.param(TimeoutError(), id="timeout"),
+])
+def test_index_failures_fall_back_to_power_of_two_as_the_retry_table_says(error):
+    index = ScriptedIndex(error)
     reqs = [({"token_ids": [5, 6]}, f"r{i}") for i in range(3)]
     _, decisions, counters = run(index, reqs, retry_after_s=30.0)
     for ranks in decisions:  # Ray's default: one rank of two distinct random replicas
         assert len(ranks) == 1 and len(set(ranks[0])) == 2
-    assert len(index.calls) == 1  # skipped for retry_after_s after the failure
+    if isinstance(error, KvmeshError) and not retried(Source.SERVICE, error.code):
+        # the request's own fault: this request falls back, the index stays in use
+        assert len(index.calls) == 3 and counters["fallback_refused"] == 3
+        return
+    assert len(index.calls) == 1  # every replica failed: skipped for retry_after_s
     assert counters["fallback_unreachable"] == 3
 
 

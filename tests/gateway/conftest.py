@@ -70,6 +70,7 @@ class Stack:
         self.index.routes.clear()
         for worker, cached in ((self.w1, W1_CACHED), (self.w2, 0)):
             worker.mode = "ok"
+            worker.fail_after = 0
             worker.cached = cached
             worker.requests.clear()
 

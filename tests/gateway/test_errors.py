@@ -10,6 +10,9 @@ import grpc
 import openai
 import pytest
 
+from client.errors import KvmeshError
+from client.gateway.errors import from_kvmesh
+from kvmesh.retry import TABLE, Action
 from tests.gateway.conftest import Stack
 
 CHAT = [{"role": "user", "content": "hi"}]
@@ -139,3 +142,26 @@ def test_unknown_route_is_404_in_openai_shape(stack: Stack) -> None:
     status, body = post(f"{stack.gateway.url}/v1/embeddings", b"{}")
     assert status == 404
     assert_openai_shape(body)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize(("code", "action"),
+                         [pytest.param(r.code, r.worker, id=r.code.name) for r in TABLE])
+def test_worker_failures_follow_the_retry_table(stack: Stack, code: grpc.StatusCode,
+                                                action: Action, stream: bool) -> None:
+    stack.w1.mode = "fail"
+    stack.w1.failure = (code, "scripted worker failure")
+    create = stack.gateway.openai().completions.with_raw_response.create
+    if action is Action.NEXT_CANDIDATE:
+        raw = create(model="tiny", prompt="a", max_tokens=2, stream=stream)
+        assert raw.headers["x-kvmesh-worker"] == "w2"
+        parsed = raw.parse()
+        text = "".join(c.choices[0].text for c in parsed) if stream else parsed.choices[0].text
+        assert text == "de" and len(stack.w1.requests) == len(stack.w2.requests) == 1
+        return
+    with pytest.raises(openai.APIStatusError) as info:
+        create(model="tiny", prompt="a", max_tokens=2, stream=stream)
+    expected = from_kvmesh(KvmeshError(code, "x"))
+    assert info.value.status_code == expected.status
+    assert assert_openai_shape({"error": info.value.body})["code"] == code.name.lower()
+    assert stack.w2.requests == []
