@@ -7,7 +7,7 @@ what the caller then does (:class:`Action`): ask the next replica, restart the r
 next candidate worker, or surface the error. It covers every non-OK status code;
 ``docs/reliability.md`` shows it and a test keeps the two equal. The sync client, the async
 client, the gateway (through the async client) and the Ray Serve router all decide with
-:func:`decide`; :class:`ReplicaRing` is the rotation order over replicas.
+:func:`decide` (or :func:`retried`); :class:`ReplicaRing` is the rotation order over replicas.
 
 Two rules stand above the table (no status code overrides them):
 
