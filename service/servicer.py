@@ -5,7 +5,9 @@ Error contract: malformed input -> INVALID_ARGUMENT, over a limit -> RESOURCE_EX
 unknown worker on Publish/Sync -> NOT_FOUND (register again), root hash mismatch ->
 FAILED_PRECONDITION, backend unreachable on a worker call -> UNAVAILABLE (retry). Route and
 Stats never fail because of the backend: they answer from the worker table with
-``degraded=true``. A rejected request changes nothing.
+``degraded=true``. A rejected request changes nothing. Every handler goes through
+:func:`_rpc`, so no handler answers UNKNOWN: any other exception is a bug, logged with its
+traceback and answered INTERNAL.
 """
 from __future__ import annotations
 
@@ -70,7 +72,10 @@ def _cap(m: BlockMatch, blocks: int) -> BlockMatch:
 
 
 def _rpc(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    """Turn RequestError into ``context.abort`` and an unreachable backend into UNAVAILABLE."""
+    """Turn RequestError into ``context.abort``, an unreachable backend into UNAVAILABLE and
+    anything else (a bug) into INTERNAL with a message and a logged traceback: an exception
+    escaping a grpc.aio handler would reach the client as UNKNOWN, which says nothing and
+    which no retry rule can classify."""
 
     @functools.wraps(fn)
     async def wrapper(self: IndexServicer, request: Any, context: grpc.aio.ServicerContext) -> T:
@@ -81,6 +86,10 @@ def _rpc(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         except IndexUnavailable as e:
             self.mark_down()
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"index backend unreachable: {e}")
+        except Exception as e:
+            log.exception("%s failed", fn.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                f"{fn.__name__}: internal error: {type(e).__name__}: {e}")
         raise AssertionError("unreachable")
 
     return wrapper
@@ -98,6 +107,7 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         self.rng = random.Random()
         self.hash_memo = BlockHashMemo()  # shared prefixes are hashed once (exact memo)
         self._down_until = 0.0  # monotonic time until which Route answers degraded at once
+        self._forced_refresh_ms = 0  # last refresh a Route forced (see _route)
 
     # --- backend health -----------------------------------------------------------------
 
@@ -106,7 +116,6 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
 
     def mark_up(self) -> None:
         self._down_until = 0.0
-        self._forced_refresh_ms = 0  # last refresh a Route forced (see _route)
 
     @property
     def index_down(self) -> bool:
