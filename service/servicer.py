@@ -3,9 +3,13 @@ keeps (the worker table, metrics, round-robin counter) is a cache or per-replica
 
 Error contract: malformed input -> INVALID_ARGUMENT, over a limit -> RESOURCE_EXHAUSTED,
 unknown worker on Publish/Sync -> NOT_FOUND (register again), root hash mismatch ->
-FAILED_PRECONDITION, backend unreachable on a worker call -> UNAVAILABLE (retry). Route and
-Stats never fail because of the backend: they answer from the worker table with
-``degraded=true``. A rejected request changes nothing.
+FAILED_PRECONDITION, a Heartbeat/Publish/Sync of an incarnation other than the one that
+registered last -> FAILED_PRECONDITION ("stale incarnation", see ``service.index.base``),
+backend unreachable on a worker call -> UNAVAILABLE (retry). Route and Stats never fail
+because of the backend: they answer from the worker table with ``degraded=true``. A
+rejected request changes nothing. Every handler goes through :func:`_rpc`, so no handler
+answers UNKNOWN: any other exception is a bug, logged with its traceback and answered
+INTERNAL.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from service.index.base import (
     BlockMatch,
     IndexBackend,
     IndexUnavailable,
+    StaleIncarnation,
     WorkerLoad,
     WorkerRecord,
     namespace,
@@ -70,7 +75,10 @@ def _cap(m: BlockMatch, blocks: int) -> BlockMatch:
 
 
 def _rpc(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    """Turn RequestError into ``context.abort`` and an unreachable backend into UNAVAILABLE."""
+    """Turn RequestError into ``context.abort``, an unreachable backend into UNAVAILABLE and
+    anything else (a bug) into INTERNAL with a message and a logged traceback: an exception
+    escaping a grpc.aio handler would reach the client as UNKNOWN, which says nothing and
+    which no retry rule can classify."""
 
     @functools.wraps(fn)
     async def wrapper(self: IndexServicer, request: Any, context: grpc.aio.ServicerContext) -> T:
@@ -78,9 +86,15 @@ def _rpc(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             return await fn(self, request)
         except RequestError as e:
             await context.abort(e.code, e.message)
+        except StaleIncarnation as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except IndexUnavailable as e:
             self.mark_down()
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"index backend unreachable: {e}")
+        except Exception as e:
+            log.exception("%s failed", fn.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                f"{fn.__name__}: internal error: {type(e).__name__}: {e}")
         raise AssertionError("unreachable")
 
     return wrapper
@@ -98,6 +112,7 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         self.rng = random.Random()
         self.hash_memo = BlockHashMemo()  # shared prefixes are hashed once (exact memo)
         self._down_until = 0.0  # monotonic time until which Route answers degraded at once
+        self._forced_refresh_ms = 0  # last refresh a Route forced (see _route)
 
     # --- backend health -----------------------------------------------------------------
 
@@ -106,7 +121,6 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
 
     def mark_up(self) -> None:
         self._down_until = 0.0
-        self._forced_refresh_ms = 0  # last refresh a Route forced (see _route)
 
     @property
     def index_down(self) -> bool:
@@ -144,7 +158,7 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         now = now_ms()
         rec = WorkerRecord(req.worker_id, ns, req.address, req.model, req.block_size,
                            req.hash_algo, validate.load(req.load), heartbeat_ms=now,
-                           registered_ms=now)
+                           registered_ms=now, incarnation=req.incarnation)
         had = await self.backend.register(rec)
         self.table.upsert(rec)
         self.metrics.resyncs.labels("register").inc()
@@ -164,9 +178,15 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         # A worker back from the dead (a pause, a partition) rejoins with a snapshot: while it
         # was out its entries may have been purged, or its events lost.
         returning = prev is not None and not self.table.alive(prev, now)
-        # first the local table: if the index is down, degraded routing still sees it alive
+        try:
+            res = await self.backend.heartbeat(req.worker_id, load, req.last_seq, now,
+                                               req.incarnation)
+        except IndexUnavailable:
+            # the local table still takes it: degraded routing must see the worker alive
+            if prev is not None and prev.incarnation == req.incarnation:
+                self.table.heartbeat(req.worker_id, load, now)
+            raise
         self.table.heartbeat(req.worker_id, load, now)
-        res = await self.backend.heartbeat(req.worker_id, load, req.last_seq, now)
         if not res.known:
             self.table.remove(req.worker_id)
             self.metrics.resyncs.labels("unknown_worker").inc()
@@ -186,7 +206,7 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         validate.worker_id(req.worker_id)
         rec = await self._record(req.worker_id)
         events = validate.events(list(req.events), DIGEST_BYTES[rec.algo], self.cfg)
-        res = await self.backend.apply_events(req.worker_id, events)
+        res = await self.backend.apply_events(req.worker_id, events, req.incarnation)
         if res.status is ApplyStatus.UNKNOWN_WORKER:
             self.table.remove(req.worker_id)
             raise RequestError(grpc.StatusCode.NOT_FOUND, f"unknown worker {req.worker_id!r} "
@@ -202,7 +222,7 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         validate.worker_id(req.worker_id)
         rec = await self._record(req.worker_id)
         blocks = validate.snapshot(req, DIGEST_BYTES[rec.algo], self.cfg)
-        n = await self.backend.sync_worker(req.worker_id, req.seq, blocks)
+        n = await self.backend.sync_worker(req.worker_id, req.seq, blocks, req.incarnation)
         if n is None:
             self.table.remove(req.worker_id)
             raise RequestError(grpc.StatusCode.NOT_FOUND, f"unknown worker {req.worker_id!r}: "

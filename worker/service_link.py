@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import secrets
 import time
 
 import grpc
@@ -71,9 +72,12 @@ class ServiceLink:
         self.addresses = addresses
         self.runner = runner
         engine = runner.engine
+        # This process's incarnation: random, non-zero, sent on every call, so the index
+        # refuses a delayed call of a dead predecessor that had the same worker id.
+        self.incarnation = secrets.randbits(64) or 1
         self.register_req = index_pb2.RegisterWorkerRequest(
             worker_id=worker_id, address=address, model=model, block_size=engine.block_size,
-            hash_algo=engine.kv.hash_algo, root_hash=root_hash)
+            hash_algo=engine.kv.hash_algo, root_hash=root_hash, incarnation=self.incarnation)
         self.worker_id = worker_id
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.heartbeat_s = heartbeat_s
@@ -187,7 +191,8 @@ class ServiceLink:
     async def _sync(self) -> None:
         snap = await self.runner.call(lambda e: e.kv.cached_block_hashes())
         blocks = snapshot_chains(snap.block_hashes, snap.parents, TIERS[snap.tier])
-        req = index_pb2.SyncWorkerRequest(worker_id=self.worker_id, seq=snap.seq, blocks=blocks)
+        req = index_pb2.SyncWorkerRequest(worker_id=self.worker_id, seq=snap.seq, blocks=blocks,
+                                          incarnation=self.incarnation)
         await self._connect().SyncWorker(req, timeout=max(self.timeout, 10.0),
                                          metadata=self.metadata)
         while self.pending and self.pending[0].seq <= snap.seq:
@@ -205,7 +210,8 @@ class ServiceLink:
                     self.pending.popleft()
                 continue
             req = index_pb2.PublishEventsRequest(
-                worker_id=self.worker_id, events=[event_to_proto(e) for e in batch])
+                worker_id=self.worker_id, events=[event_to_proto(e) for e in batch],
+                incarnation=self.incarnation)
             resp = await self._connect().PublishEvents(req, timeout=self.timeout,
                                                        metadata=self.metadata)
             if resp.resync:
@@ -222,7 +228,8 @@ class ServiceLink:
         self._beat_key = (load["running"], load["waiting"])
         resp = await self._connect().Heartbeat(index_pb2.HeartbeatRequest(
             worker_id=self.worker_id, load=index_pb2.WorkerLoad(**load),
-            last_seq=self.last_seq), timeout=self.timeout, metadata=self.metadata)
+            last_seq=self.last_seq, incarnation=self.incarnation), timeout=self.timeout,
+            metadata=self.metadata)
         if resp.reregister:
             self.registered = False
         if resp.resync:

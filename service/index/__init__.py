@@ -1,9 +1,9 @@
 """Index backends: ``memory`` (in-process) and ``redis`` (Redis / Valkey); see ``base.py``."""
 from __future__ import annotations
 
-from service.index.base import IndexBackend, IndexUnavailable
+from service.index.base import IndexBackend, IndexUnavailable, StaleIncarnation
 
-__all__ = ["IndexBackend", "IndexUnavailable", "open_backend"]
+__all__ = ["IndexBackend", "IndexUnavailable", "StaleIncarnation", "open_backend"]
 
 
 def open_backend(kind: str, redis_url: str | None = None, timeout_s: float = 0.5) -> IndexBackend:

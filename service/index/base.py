@@ -22,11 +22,22 @@ Rules:
   bit. ``Removed`` clears the tier bit (tier 0: every tier); an entry with no bit left is gone.
   ``Cleared`` drops every entry of the worker. Provisional entries are not touched by events.
 - A batch is applied all or nothing: unknown worker -> nothing; every seq <= the record's
-  last seq -> duplicate, nothing; first seq != last seq + 1 -> gap, nothing (resync).
+  last seq -> duplicate, nothing; first seq > last seq + 1 -> gap, nothing (resync). Events
+  are idempotent by seq: a batch that overlaps applied events (a retry of a publish whose
+  answer was lost, carrying new events after the old ones) applies exactly its events with
+  seq > last seq, as if the worker had sent only those.
+- Incarnations: every worker process draws a random non-zero uint64 at start and sends it
+  with each call; ``register`` stores it in the record. ``heartbeat``, ``apply_events`` and
+  ``sync_worker`` whose incarnation differs from the record's raise
+  :class:`StaleIncarnation` and change nothing, checked in the same atomic step that would
+  apply them (a delayed batch of a dead process can never land on its successor's record,
+  whose seqs start at 1 again). 0 means "no incarnation" (a client that predates the field):
+  it only matches a record registered with 0, so such clients keep the old behaviour and a
+  process that has an incarnation is never mistaken for one that has none.
 - A snapshot replaces the worker's entries; it is an unordered set of chains: a block is kept
   iff following parents inside the snapshot reaches a chain start (``resolve_snapshot``).
 - ``register`` drops whatever an earlier registration of the same worker id left (in any
-  namespace) and starts a fresh record with last seq 0.
+  namespace) and starts a fresh record with last seq 0 and the new incarnation.
 
 Times are milliseconds given by the caller (the service's clock), so backends hold no clock.
 """
@@ -62,6 +73,17 @@ class IndexUnavailable(Exception):
     """The backend cannot be reached (connection refused, timeout, loading)."""
 
 
+class StaleIncarnation(Exception):
+    """A worker call carried an incarnation other than the one that registered last: it
+    comes from a process that is gone (or was replaced); nothing was changed."""
+
+    def __init__(self, worker_id: str, incarnation: int) -> None:
+        super().__init__(f"stale incarnation {incarnation} of worker {worker_id!r}: another "
+                         "process registered this worker id since; register again")
+        self.worker_id = worker_id
+        self.incarnation = incarnation
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerLoad:
     running: int = 0
@@ -75,7 +97,8 @@ class WorkerLoad:
 @dataclass(slots=True)
 class WorkerRecord:
     """A registered worker. ``last_seq``: last event seq the index applied;
-    ``reported_seq``: the worker's own last seq as of its latest heartbeat."""
+    ``reported_seq``: the worker's own last seq as of its latest heartbeat;
+    ``incarnation``: the process that registered it (see the module rules)."""
 
     worker_id: str
     ns: str
@@ -89,6 +112,7 @@ class WorkerRecord:
     heartbeat_ms: int = 0
     registered_ms: int = 0
     indexed_blocks: int = -1  # filled by ``workers(with_blocks=True)``; -1: not counted
+    incarnation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,19 +228,23 @@ class IndexBackend(abc.ABC):
 
     @abc.abstractmethod
     async def heartbeat(self, worker_id: str, load: WorkerLoad, reported_seq: int,
-                        now_ms: int) -> HeartbeatResult:
-        """Store load, heartbeat time and reported seq; never creates a record."""
+                        now_ms: int, incarnation: int = 0) -> HeartbeatResult:
+        """Store load, heartbeat time and reported seq; never creates a record. Raises
+        StaleIncarnation (storing nothing) when ``incarnation`` is not the record's."""
 
     @abc.abstractmethod
-    async def apply_events(self, worker_id: str, events: Sequence[KvEvent]) -> ApplyResult:
+    async def apply_events(self, worker_id: str, events: Sequence[KvEvent],
+                           incarnation: int = 0) -> ApplyResult:
         """Apply one batch atomically (see the module rules). ``events`` have consecutive
-        seqs (the caller validates)."""
+        seqs (the caller validates). Raises StaleIncarnation (applying nothing) when
+        ``incarnation`` is not the record's."""
 
     @abc.abstractmethod
-    async def sync_worker(self, worker_id: str, seq: int,
-                          blocks: Sequence[Stored]) -> int | None:
+    async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[Stored],
+                          incarnation: int = 0) -> int | None:
         """Replace the worker's entries with a snapshot and set its last seq to ``seq``.
-        Returns the number of blocks indexed, or None for an unknown worker."""
+        Returns the number of blocks indexed, or None for an unknown worker. Raises
+        StaleIncarnation (changing nothing) when ``incarnation`` is not the record's."""
 
     @abc.abstractmethod
     async def purge_worker(self, worker_id: str, heartbeat_before_ms: int | None = None) -> bool:

@@ -18,6 +18,7 @@ from service.index.base import (
     IndexBackend,
     KvEvent,
     Removed,
+    StaleIncarnation,
     Stored,
     WorkerLoad,
     WorkerRecord,
@@ -65,9 +66,16 @@ class MemoryBackend(IndexBackend):
         self._held[wid] = {}
         return had
 
-    async def heartbeat(self, worker_id: str, load: WorkerLoad, reported_seq: int,
-                        now_ms: int) -> HeartbeatResult:
+    def _current(self, worker_id: str, incarnation: int) -> WorkerRecord | None:
+        """The worker's record (None: unknown); raises when ``incarnation`` is stale."""
         rec = self._records.get(worker_id)
+        if rec is not None and rec.incarnation != incarnation:
+            raise StaleIncarnation(worker_id, incarnation)
+        return rec
+
+    async def heartbeat(self, worker_id: str, load: WorkerLoad, reported_seq: int,
+                        now_ms: int, incarnation: int = 0) -> HeartbeatResult:
+        rec = self._current(worker_id, incarnation)
         if rec is None:
             return HeartbeatResult(known=False)
         prev = rec.reported_seq
@@ -106,19 +114,21 @@ class MemoryBackend(IndexBackend):
             blocks.pop(h, None)
         del held[h]
 
-    async def apply_events(self, worker_id: str, events: Sequence[KvEvent]) -> ApplyResult:
-        rec = self._records.get(worker_id)
+    async def apply_events(self, worker_id: str, events: Sequence[KvEvent],
+                           incarnation: int = 0) -> ApplyResult:
+        rec = self._current(worker_id, incarnation)
         if rec is None:
             return ApplyResult(ApplyStatus.UNKNOWN_WORKER, 0, 0)
         if not events:
             return ApplyResult(ApplyStatus.OK, 0, rec.last_seq)
         if events[-1].seq <= rec.last_seq:
             return ApplyResult(ApplyStatus.DUPLICATE, 0, rec.last_seq)
-        if events[0].seq != rec.last_seq + 1:
+        if events[0].seq > rec.last_seq + 1:
             return ApplyResult(ApplyStatus.GAP, 0, rec.last_seq)
+        new = events[max(rec.last_seq + 1 - events[0].seq, 0):]  # skip the applied overlap
         blocks = self._blocks.setdefault(rec.ns, {})
         held = self._held.setdefault(worker_id, {})
-        for ev in events:
+        for ev in new:
             op = ev.op
             if isinstance(op, Stored):
                 root = held.get(op.parent) if op.parent else op.hashes[0]
@@ -135,11 +145,11 @@ class MemoryBackend(IndexBackend):
                 self._forget_all(worker_id)
                 held = self._held.setdefault(worker_id, {})
         rec.last_seq = events[-1].seq
-        return ApplyResult(ApplyStatus.OK, len(events), rec.last_seq)
+        return ApplyResult(ApplyStatus.OK, len(new), rec.last_seq)
 
-    async def sync_worker(self, worker_id: str, seq: int,
-                          blocks: Sequence[Stored]) -> int | None:
-        rec = self._records.get(worker_id)
+    async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[Stored],
+                          incarnation: int = 0) -> int | None:
+        rec = self._current(worker_id, incarnation)
         if rec is None:
             return None
         self._forget_all(worker_id)

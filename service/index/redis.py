@@ -6,7 +6,8 @@ the FIRST block hash of the chain a block belongs to)::
 
     kvm:workers             HASH  worker_id -> NS                              (registry)
     kvm:{NS|w:ID}           HASH  the worker's record: address model bs algo seq rseq hb
-                                  reg running waiting queued free total decode
+                                  reg inc running waiting queued free total decode
+                                  (inc: incarnation, a decimal string; absent = 0)
     kvm:{NS|w:ID}:blocks    HASH  HASH -> ROOT              (reverse index: purge, resync)
     kvm:{NS|ROOT}:b:HASH    STRING ";worker=mask;worker=mask..."  (who holds the block;
                                   mask = one digit of tier bits: 1 GPU, 2 CPU, 4 disk)
@@ -59,6 +60,7 @@ from service.index.base import (
     IndexUnavailable,
     KvEvent,
     Removed,
+    StaleIncarnation,
     Stored,
     WorkerLoad,
     WorkerRecord,
@@ -123,7 +125,7 @@ def _record(wid: str, ns: str, f: dict[str, str]) -> WorkerRecord:
                         model=f.get("model", ""), block_size=int(f.get("bs", 0)),
                         algo=f.get("algo", ""), load=load, last_seq=int(f.get("seq", 0)),
                         reported_seq=int(f.get("rseq", 0)), heartbeat_ms=int(f.get("hb", 0)),
-                        registered_ms=int(f.get("reg", 0)))
+                        registered_ms=int(f.get("reg", 0)), incarnation=int(f.get("inc", 0)))
 
 
 def _load_args(load: WorkerLoad) -> list[Any]:
@@ -215,7 +217,7 @@ class RedisBackend(IndexBackend):
         fields: list[Any] = ["address", record.address, "model", record.model,
                              "bs", record.block_size, "algo", record.algo, "seq", 0, "rseq", 0,
                              "hb", record.heartbeat_ms, "reg", record.registered_ms,
-                             *_load_args(record.load)]
+                             "inc", str(record.incarnation), *_load_args(record.load)]
         async with self._guard():
             had = await self._register(self.client, [REGISTRY, wk, wk + ":blocks"],
                                        [record.worker_id, record.ns, *fields])
@@ -223,18 +225,23 @@ class RedisBackend(IndexBackend):
         return bool(had)
 
     async def heartbeat(self, worker_id: str, load: WorkerLoad, reported_seq: int,
-                        now_ms: int) -> HeartbeatResult:
-        args = [now_ms, reported_seq, *_load_args(load)]
+                        now_ms: int, incarnation: int = 0) -> HeartbeatResult:
+        args = [now_ms, reported_seq, str(incarnation), *_load_args(load)]
         known, seq, prev = await self._worker_call(worker_id, self._heartbeat, args, [0, 0, 0])
+        if known == -1:
+            raise StaleIncarnation(worker_id, incarnation)
         if not known:
             return HeartbeatResult(known=False)
         return HeartbeatResult(True, int(seq), int(prev))
 
-    async def apply_events(self, worker_id: str, events: Sequence[KvEvent]) -> ApplyResult:
-        if not events:
+    async def apply_events(self, worker_id: str, events: Sequence[KvEvent],
+                           incarnation: int = 0) -> ApplyResult:
+        if not events:  # a read: nothing to apply, so nothing to race with
             rec = await self.get_worker(worker_id)
             if rec is None:
                 return ApplyResult(ApplyStatus.UNKNOWN_WORKER, 0, 0)
+            if rec.incarnation != incarnation:
+                raise StaleIncarnation(worker_id, incarnation)
             return ApplyResult(ApplyStatus.OK, 0, rec.last_seq)
         flat: list[Any] = []
         for ev in events:
@@ -246,22 +253,27 @@ class RedisBackend(IndexBackend):
             elif isinstance(op, Cleared):
                 flat.append("C")
         width = 2 * _width(events)
-        args = [chain_prefix, worker_id, events[0].seq, events[-1].seq, width, *flat]
+        args = [chain_prefix, worker_id, events[0].seq, events[-1].seq, width,
+                str(incarnation), *flat]
         status, applied, last = await self._worker_call(worker_id, self._apply, args,
                                                         [-2, 0, 0])
+        if status == -3:
+            raise StaleIncarnation(worker_id, incarnation)
         kind = {1: ApplyStatus.OK, 0: ApplyStatus.DUPLICATE, -1: ApplyStatus.GAP}.get(
             int(status), ApplyStatus.UNKNOWN_WORKER)
         return ApplyResult(kind, int(applied), int(last))
 
-    async def sync_worker(self, worker_id: str, seq: int,
-                          blocks: Sequence[Stored]) -> int | None:
+    async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[Stored],
+                          incarnation: int = 0) -> int | None:
         resolved = resolve_snapshot(blocks)
         width = 2 * len(next(iter(resolved))) if resolved else 64
         args = [chain_prefix, worker_id, seq, width, _hexes(list(resolved)),
                 _hexes([r for r, _ in resolved.values()]),
-                "".join(str(m) for _, m in resolved.values())]
-        n = await self._worker_call(worker_id, self._sync, args, -1)
-        return None if int(n) < 0 else int(n)
+                "".join(str(m) for _, m in resolved.values()), str(incarnation)]
+        n = int(await self._worker_call(worker_id, self._sync, args, -1))
+        if n == -2:
+            raise StaleIncarnation(worker_id, incarnation)
+        return None if n < 0 else n
 
     async def purge_worker(self, worker_id: str, heartbeat_before_ms: int | None = None) -> bool:
         deadline = "" if heartbeat_before_ms is None else heartbeat_before_ms

@@ -2,7 +2,10 @@
 
 Every script is the shared PRELUDE (key builders and the entry helpers) plus its body. All
 hashes travel as lowercase hex. Seqs and times travel as decimal strings and are stored
-verbatim (Lua numbers are doubles: the service keeps seqs below 2**53).
+verbatim (Lua numbers are doubles: the service keeps seqs below 2**53). Incarnations are
+uint64, beyond a double's exact range: they are stored and compared as canonical decimal
+strings (Python's ``str(int)``), never converted to numbers; a record without the field has
+incarnation '0'.
 """
 from __future__ import annotations
 
@@ -96,53 +99,62 @@ return had
 """
 
 # KEYS[1] = worker record
-# ARGV[1] = now ms, ARGV[2] = the worker's reported last seq, ARGV[3..] = load field/values
-# Returns {0, 0, 0} for an unknown worker (the record is NOT created), else
+# ARGV[1] = now ms, ARGV[2] = the worker's reported last seq, ARGV[3] = its incarnation,
+# ARGV[4..] = load field/values
+# Returns {0, 0, 0} for an unknown worker (the record is NOT created), {-1, 0, 0} for a
+# stale incarnation (nothing stored), else
 # {1, last applied seq, reported seq of the previous heartbeat}.
 HEARTBEAT = r"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0, 0} end
+if (redis.call('HGET', KEYS[1], 'inc') or '0') ~= ARGV[3] then return {-1, 0, 0} end
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 local prev = tonumber(redis.call('HGET', KEYS[1], 'rseq') or '0')
 redis.call('HSET', KEYS[1], 'hb', ARGV[1], 'rseq', ARGV[2])
-for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = 4, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 return {1, seq, prev}
 """
 
 # KEYS[1] = worker record, KEYS[2] = its reverse index
 # ARGV[1] = chain prefix 'kvm:{<ns>|', ARGV[2] = worker id,
 # ARGV[3] = seq of the first event, ARGV[4] = seq of the last event,
-# ARGV[5] = W, the hex width of one block hash,
-# ARGV[6..] = the events, flattened (HASHES = the block hashes' hex, concatenated):
+# ARGV[5] = W, the hex width of one block hash, ARGV[6] = the worker's incarnation,
+# ARGV[7..] = the events, flattened (HASHES = the block hashes' hex, concatenated):
 #   'S' tierbits parent_hex_or_empty HASHES   (BlockStored, chain order)
 #   'R' tierbits HASHES                       (BlockRemoved)
 #   'C'                                       (AllBlocksCleared)
-# Returns {status, applied, last seq}: status 1 applied, 0 duplicate, -1 gap, -2 unknown.
+# Events with seq <= the record's seq were applied before (a retried batch): skipped.
+# Returns {status, applied, last seq}: status 1 applied, 0 duplicate, -1 gap, -2 unknown,
+# -3 stale incarnation (nothing applied).
 APPLY = PRELUDE + r"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return {-2, 0, 0} end
 local cp, wid, held, w = ARGV[1], ARGV[2], KEYS[2], tonumber(ARGV[5])
 local last = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
+if (redis.call('HGET', KEYS[1], 'inc') or '0') ~= ARGV[6] then return {-3, 0, last} end
 if tonumber(ARGV[4]) <= last then return {0, 0, last} end
-if tonumber(ARGV[3]) ~= last + 1 then return {-1, 0, last} end
-local i, applied = 6, 0
+if tonumber(ARGV[3]) > last + 1 then return {-1, 0, last} end
+local i, applied, seq = 7, 0, tonumber(ARGV[3])
 while i <= #ARGV do
-  local op = ARGV[i]
+  local op, fresh = ARGV[i], seq > last
   if op == 'S' then
     local bits, parent, hs = tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3]
     local root = string.sub(hs, 1, w)
     if parent ~= '' then root = redis.call('HGET', held, parent) end
-    if root then  -- else an orphan: its parent is not held by this worker
+    if fresh and root then  -- no root: an orphan, its parent is not held by this worker
       for j = 1, #hs, w do hold(cp, wid, held, string.sub(hs, j, j + w - 1), root, bits) end
     end
     i = i + 4
   elseif op == 'R' then
     local bits, hs = tonumber(ARGV[i + 1]), ARGV[i + 2]
-    for j = 1, #hs, w do forget(cp, wid, held, string.sub(hs, j, j + w - 1), bits) end
+    if fresh then
+      for j = 1, #hs, w do forget(cp, wid, held, string.sub(hs, j, j + w - 1), bits) end
+    end
     i = i + 3
   else
-    forget_all(cp, wid, held)
+    if fresh then forget_all(cp, wid, held) end
     i = i + 1
   end
-  applied = applied + 1
+  if fresh then applied = applied + 1 end
+  seq = seq + 1
 end
 redis.call('HSET', KEYS[1], 'seq', ARGV[4])
 return {1, applied, tonumber(ARGV[4])}
@@ -152,10 +164,12 @@ return {1, applied, tonumber(ARGV[4])}
 # ARGV[1] = chain prefix, ARGV[2] = worker id, ARGV[3] = snapshot seq, ARGV[4] = W (hex
 # width of a hash), ARGV[5] = block hashes (hex, concatenated), ARGV[6] = their chain roots
 # (hex, concatenated, same order; resolved by the caller), ARGV[7] = their tier masks, one
-# digit each
-# Returns the number of blocks indexed, or -1 for an unknown worker.
+# digit each, ARGV[8] = the worker's incarnation
+# Returns the number of blocks indexed, -1 for an unknown worker, -2 for a stale incarnation
+# (nothing changed).
 SYNC = PRELUDE + r"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if (redis.call('HGET', KEYS[1], 'inc') or '0') ~= ARGV[8] then return -2 end
 local cp, wid, held, w = ARGV[1], ARGV[2], KEYS[2], tonumber(ARGV[4])
 local hs, roots, masks = ARGV[5], ARGV[6], ARGV[7]
 forget_all(cp, wid, held)

@@ -60,8 +60,9 @@ class SimWorker:
 
     def __init__(self, stub: pb_grpc.IndexServiceStub, worker_id: str, *, model: str = "tiny",
                  block_size: int = BS, algo: str = "sha256_cbor", seed: str | None = None,
-                 token: str | None = None, port: int = 9000) -> None:
+                 token: str | None = None, port: int = 9000, incarnation: int = 0) -> None:
         self.stub, self.worker_id, self.model = stub, worker_id, model
+        self.incarnation = incarnation
         self.block_size, self.algo, self.seed = block_size, algo, seed
         self.address = f"127.0.0.1:{port}"
         self.metadata = meta(token)
@@ -75,17 +76,18 @@ class SimWorker:
         return await self.stub.RegisterWorker(pb.RegisterWorkerRequest(
             worker_id=self.worker_id, address=self.address, model=self.model,
             block_size=self.block_size, hash_algo=self.algo,
-            root_hash=none_hash(self.algo, self.seed), load=pb.WorkerLoad(**load)),
-            metadata=self.metadata)
+            root_hash=none_hash(self.algo, self.seed), load=pb.WorkerLoad(**load),
+            incarnation=self.incarnation), metadata=self.metadata)
 
     async def heartbeat(self, **load: int) -> pb.HeartbeatResponse:
         return await self.stub.Heartbeat(pb.HeartbeatRequest(
-            worker_id=self.worker_id, load=pb.WorkerLoad(**load), last_seq=self.seq),
-            metadata=self.metadata)
+            worker_id=self.worker_id, load=pb.WorkerLoad(**load), last_seq=self.seq,
+            incarnation=self.incarnation), metadata=self.metadata)
 
     async def publish(self, *events: pb.KvEvent) -> pb.PublishEventsResponse:
         return await self.stub.PublishEvents(pb.PublishEventsRequest(
-            worker_id=self.worker_id, events=list(events)), metadata=self.metadata)
+            worker_id=self.worker_id, events=list(events), incarnation=self.incarnation),
+            metadata=self.metadata)
 
     def next_event(self, **kind: object) -> pb.KvEvent:
         self.seq += 1
@@ -112,7 +114,8 @@ class SimWorker:
         blocks = [pb.BlockStored(block_hashes=c, tier=pb.TIER_GPU)
                   for c in self.chains.values() if c]
         return await self.stub.SyncWorker(pb.SyncWorkerRequest(
-            worker_id=self.worker_id, seq=self.seq, blocks=blocks), metadata=self.metadata)
+            worker_id=self.worker_id, seq=self.seq, blocks=blocks, incarnation=self.incarnation),
+            metadata=self.metadata)
 
     async def join(self, **load: int) -> None:
         """Register and answer the resync request with a snapshot, as a worker must."""

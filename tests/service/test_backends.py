@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable
 
@@ -16,6 +17,7 @@ from service.index.base import (
     IndexBackend,
     KvEvent,
     Removed,
+    StaleIncarnation,
     Stored,
     WorkerLoad,
     WorkerRecord,
@@ -34,8 +36,9 @@ def H(*path: int) -> list[bytes]:
     return [hashlib.sha256(repr(path[:i + 1]).encode()).digest() for i in range(len(path))]
 
 
-def rec(wid: str, ns: str = NS, hb: int = T0) -> WorkerRecord:
-    return WorkerRecord(wid, ns, f"{wid}:1", "m", 4, "sha256_cbor", heartbeat_ms=hb)
+def rec(wid: str, ns: str = NS, hb: int = T0, incarnation: int = 0) -> WorkerRecord:
+    return WorkerRecord(wid, ns, f"{wid}:1", "m", 4, "sha256_cbor", heartbeat_ms=hb,
+                        incarnation=incarnation)
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -124,11 +127,44 @@ def test_batches_are_atomic_with_seq_checks(backend_factory: Callable[[], IndexB
         assert (gap.status, gap.applied, gap.last_seq) == (ApplyStatus.GAP, 0, 3)
         dup = await b.apply_events("a", [KvEvent(2, Cleared()), KvEvent(3, Cleared())])
         assert (dup.status, dup.applied) == (ApplyStatus.DUPLICATE, 0)
-        overlap = await b.apply_events("a", [KvEvent(3, Cleared()), KvEvent(4, Cleared())])
-        assert overlap.status is ApplyStatus.GAP
-        assert await b.lookup(NS, c2, T0) == {"a": BlockMatch(2, 2)}  # nothing applied
         unknown = await b.apply_events("zz", [KvEvent(1, Cleared())])
         assert unknown.status is ApplyStatus.UNKNOWN_WORKER
+
+    run(backend_factory, body)
+
+
+def test_retried_overlapping_batch_applies_only_the_unseen_suffix(
+        backend_factory: Callable[[], IndexBackend]) -> None:
+    """A publish applied but unanswered is retried with the same first seq plus new events:
+    the applied ones are skipped (idempotent by seq), the rest applied, no resync; a batch
+    starting past last seq + 1 is still a gap."""
+    async def body(b: IndexBackend) -> None:
+        await b.register(rec("a"))
+        c1, c2, c3 = H(1, 2, 3), H(4, 5), H(6, 7, 8)
+        first = [KvEvent(1, Stored(tuple(c1))), KvEvent(2, Removed((c1[2],))),
+                 KvEvent(3, Stored(tuple(c2)))]
+        res = await b.apply_events("a", first)
+        assert (res.status, res.applied, res.last_seq) == (ApplyStatus.OK, 3, 3)
+        # the retry: events 2..3 again, then new ones that remove and re-add
+        retry = [*first[1:], KvEvent(4, Removed(tuple(c2))), KvEvent(5, Stored(tuple(c3))),
+                 KvEvent(6, Stored((c1[2],), parent=c1[1]))]
+        res = await b.apply_events("a", retry)
+        assert (res.status, res.applied, res.last_seq) == (ApplyStatus.OK, 3, 6)
+        # exactly the model: c1 whole again, c2 gone, c3 held
+        assert await b.lookup(NS, c1, T0) == {"a": BlockMatch(3, 3)}
+        assert await b.lookup(NS, c2, T0) == {}
+        assert await b.lookup(NS, c3, T0) == {"a": BlockMatch(3, 3)}
+        (w,) = await b.workers(with_blocks=True)
+        assert (w.indexed_blocks, w.last_seq) == (6, 6)
+        # an overlap ending in a Cleared still clears; the skipped part does nothing
+        res = await b.apply_events("a", [KvEvent(6, Removed(tuple(c1))), KvEvent(7, Cleared()),
+                                         KvEvent(8, Stored(tuple(c2)))])
+        assert (res.status, res.applied, res.last_seq) == (ApplyStatus.OK, 2, 8)
+        assert await b.lookup(NS, c1, T0) == {} and await b.lookup(NS, c3, T0) == {}
+        assert await b.lookup(NS, c2, T0) == {"a": BlockMatch(2, 2)}
+        gap = await b.apply_events("a", [KvEvent(10, Cleared()), KvEvent(11, Cleared())])
+        assert (gap.status, gap.applied, gap.last_seq) == (ApplyStatus.GAP, 0, 8)
+        assert await b.lookup(NS, c2, T0) == {"a": BlockMatch(2, 2)}
 
     run(backend_factory, body)
 
@@ -176,6 +212,69 @@ def test_register_heartbeat_purge(backend_factory: Callable[[], IndexBackend]) -
         assert await b.register(rec("b", ns=other)) is True
         assert await b.lookup(NS, chain, T0) == {}
         assert (await b.get_worker("b")).ns == other  # type: ignore[union-attr]
+
+    run(backend_factory, body)
+
+
+# uint64 ids that differ only beyond a double's 53-bit mantissa (Lua numbers are doubles)
+OLD_INC, NEW_INC = 2**64 - 1, 2**64 - 2
+
+
+def test_a_stale_incarnation_is_refused_and_changes_nothing(
+        backend_factory: Callable[[], IndexBackend]) -> None:
+    async def body(b: IndexBackend) -> None:
+        c1, c2 = H(1, 2, 3), H(4, 5)
+        await b.register(rec("a", incarnation=OLD_INC))
+        await b.apply_events("a", [KvEvent(1, Stored(tuple(c1)))], OLD_INC)
+        await b.heartbeat("a", WorkerLoad(running=1), 1, T0 + 1, OLD_INC)
+        # the process restarted: a new incarnation registers the same id, seqs from 1 again
+        await b.register(rec("a", hb=T0 + 2, incarnation=NEW_INC))
+        await b.apply_events("a", [KvEvent(1, Stored(tuple(c2)))], NEW_INC)
+        before = await b.get_worker("a")
+        # delayed calls of the dead process: all refused, nothing changes
+        for call in (b.apply_events("a", [KvEvent(2, Removed(tuple(c2))),
+                                          KvEvent(3, Stored(tuple(c1)))], OLD_INC),
+                     b.apply_events("a", [], OLD_INC),
+                     b.heartbeat("a", WorkerLoad(running=9), 5, T0 + 9, OLD_INC),
+                     b.sync_worker("a", 7, [Stored(tuple(c1))], OLD_INC),
+                     b.apply_events("a", [KvEvent(2, Cleared())], 0)):  # no incarnation
+            with pytest.raises(StaleIncarnation, match="stale incarnation"):
+                await call
+        assert await b.get_worker("a") == before
+        assert before is not None and before.incarnation == NEW_INC and before.last_seq == 1
+        assert await b.lookup(NS, c1, T0) == {}
+        assert await b.lookup(NS, c2, T0) == {"a": BlockMatch(2, 2)}
+        # the current incarnation goes on
+        hb = await b.heartbeat("a", WorkerLoad(), 1, T0 + 10, NEW_INC)
+        assert (hb.known, hb.last_seq) == (True, 1)
+        assert await b.sync_worker("a", 4, [Stored(tuple(c1))], NEW_INC) == 3
+        # incarnation 0 (a client without one) matches only a record registered with 0
+        await b.register(rec("z"))
+        assert (await b.apply_events("z", [KvEvent(1, Stored(tuple(c1)))])).applied == 1
+        with pytest.raises(StaleIncarnation):
+            await b.heartbeat("z", WorkerLoad(), 1, T0, NEW_INC)
+
+    run(backend_factory, body)
+
+
+def test_a_stale_batch_racing_a_reregistration_never_lands(
+        backend_factory: Callable[[], IndexBackend]) -> None:
+    """Register (new incarnation) and a batch of the old one, concurrently: whichever runs
+    first, the new incarnation's record ends up holding nothing of the old one's."""
+    async def body(b: IndexBackend) -> None:
+        chain = H(1, 2)
+        for i in range(30):
+            old, new = 2 * i + 1, 2 * i + 2
+            await b.register(rec("a", incarnation=old))
+
+            async def stale(incarnation: int) -> None:
+                with contextlib.suppress(StaleIncarnation):
+                    await b.apply_events("a", [KvEvent(1, Stored(tuple(chain)))], incarnation)
+
+            await asyncio.gather(stale(old), b.register(rec("a", incarnation=new)))
+            assert await b.lookup(NS, chain, T0) == {}
+            w = await b.get_worker("a")
+            assert w is not None and (w.incarnation, w.last_seq) == (new, 0)
 
     run(backend_factory, body)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import struct
 
 import pytest
 from hypothesis import given, settings
@@ -43,11 +44,33 @@ def test_salt_seed_and_algo_are_part_of_the_key() -> None:
     assert memo.block_hashes(toks, 24) == block_hashes(toks, 24)
 
 
-def test_lora_mm_short_and_out_of_range_prompts_bypass_the_memo() -> None:
+def test_salted_small_blocks_never_take_an_unsalted_large_block_entry() -> None:
+    """The old key (root + packed tokens + salt bytes) of block 0 at block size 8 with a salt
+    equal to the packed bytes of tokens 8..15 was the key of block 0 at block size 16."""
+    toks = list(range(1, 17))  # each id < 128 packs to ASCII bytes: valid UTF-8 as a salt
+    salt = struct.pack("<8q", *toks[8:]).decode()
+    memo = BlockHashMemo()
+    assert memo.block_hashes(toks, 16) == block_hashes(toks, 16)
+    assert memo.block_hashes(toks[:8], 8, salt=salt) == block_hashes(toks[:8], 8, salt=salt)
+    # and the other way round, on a fresh memo
+    memo = BlockHashMemo()
+    assert memo.block_hashes(toks[:8], 8, salt=salt) == block_hashes(toks[:8], 8, salt=salt)
+    assert memo.block_hashes(toks, 16) == block_hashes(toks, 16)
+
+
+def test_lora_is_part_of_the_key() -> None:
     memo = BlockHashMemo()
     toks = list(range(40))
-    assert memo.block_hashes(toks, 16, lora=("ad", "/p")) == block_hashes(
-        toks, 16, lora=("ad", "/p"))
+    for lora in (None, ("ad", "/p"), ("a", "d/p"), ("ad", "/q"), ("", "")):
+        for _ in range(2):
+            want = block_hashes(toks, 16, lora=lora)
+            assert memo.block_hashes(toks, 16, lora=lora) == want
+    assert memo.hits == 5 * 2
+
+
+def test_mm_short_and_out_of_range_prompts_bypass_the_memo() -> None:
+    memo = BlockHashMemo()
+    toks = list(range(40))
     mm = [("img", 3, 20)]
     assert memo.block_hashes(toks, 16, mm=mm) == block_hashes(toks, 16, mm=mm)
     assert memo.block_hashes(toks[:15], 16) == []
