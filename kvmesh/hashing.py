@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import threading
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -88,10 +89,27 @@ def _head(major: int, n: int) -> bytes:
     return bytes((m | 27,)) + n.to_bytes(8, "big")
 
 
-# Encodings of token ids, indexed by id. Grown on demand up to every id below 2**18 (all
-# current vocabularies, Llama 3 and Qwen included); larger ids use the generic encoder.
-_UINT: list[bytes] = []
+# Encodings of token ids, indexed by id, for every id below len(_UINT); grown on demand up to
+# every id below 2**18 (all current vocabularies, Llama 3 and Qwen included); larger ids use
+# the generic encoder. Thread safety: the table is an immutable tuple that is only ever
+# replaced whole (one atomic rebinding, under _UINT_GROW so two growers do not race), never
+# mutated, so a reader that took a reference sees a complete table and the fast path takes
+# no lock. This is the module's only mutable state.
+_UINT: tuple[bytes, ...] = ()
 _UINT_CAP = 1 << 18
+_UINT_GROW = threading.Lock()
+
+
+def _uint_table(hi: int) -> tuple[bytes, ...]:
+    """A table that covers id ``hi`` (``hi < _UINT_CAP``), growing the shared one if needed."""
+    global _UINT
+    with _UINT_GROW:
+        table = _UINT
+        if hi >= len(table):
+            size = max(1 << 16, 1 << int(hi).bit_length())
+            table = table + tuple(_head(0, i) for i in range(len(table), size))
+            _UINT = table
+    return table
 
 
 def _cbor_tokens(token_ids: Sequence[int]) -> list[bytes]:
@@ -101,10 +119,9 @@ def _cbor_tokens(token_ids: Sequence[int]) -> list[bytes]:
     lo, hi = min(token_ids), max(token_ids)
     if lo < 0 or hi >= _UINT_CAP:
         return [_cbor_int(int(t)) for t in token_ids]
-    if hi >= len(_UINT):
-        size = max(1 << 16, 1 << int(hi).bit_length())
-        _UINT.extend(_head(0, i) for i in range(len(_UINT), size))
-    table = _UINT
+    table = _UINT  # one read: later growth by another thread cannot change this tuple
+    if hi >= len(table):
+        table = _uint_table(hi)
     return [table[t] for t in token_ids]
 
 
