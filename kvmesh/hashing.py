@@ -25,9 +25,10 @@ encodes each token id once per sequence (not once per block). Tests cross-check 
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -69,8 +70,40 @@ def hash_value(algo: str, obj: Any) -> bytes:
 
 
 def none_hash(algo: str = DEFAULT_ALGO, seed: str | None = None) -> bytes:
-    """The root parent hash: ``H(seed)``; ``seed="0"`` matches vLLM run with PYTHONHASHSEED=0."""
+    """The root parent hash: ``H(seed)``; ``seed="0"`` matches vLLM run with PYTHONHASHSEED=0.
+
+    Pure: ``seed=None`` is ``DEFAULT_SEED`` whatever the environment says; processes pick
+    their seed once at start with ``resolve_seed``."""
     return hash_value(algo, DEFAULT_SEED if seed is None else seed)
+
+
+def resolve_seed(algo: str | None, seed: str | None = None,
+                 env: Mapping[str, str] | None = None) -> str:
+    """The root seed a worker or service process runs with, by vLLM's rule.
+
+    Precedence: an explicit non-empty ``seed`` (``--hash-seed``) wins; else ``PYTHONHASHSEED``
+    from ``env`` (default ``os.environ``) when it is set, used verbatim as vLLM does; else
+    ``DEFAULT_SEED`` for sha256 and sha256_cbor. For xxhash and xxhash_cbor vLLM would draw a
+    random seed per process, so no two processes would agree: that raises ``ValueError``
+    (refuse to start). ``algo=None`` (the service, which serves every algorithm) resolves
+    like sha256; a worker with an xxhash algorithm carries an explicit seed, which the
+    service's root-hash check at registration compares with its own.
+    """
+    if algo is not None:
+        _check_algo(algo)
+    if seed:
+        return seed
+    env_seed = (os.environ if env is None else env).get("PYTHONHASHSEED")
+    if env_seed is not None:
+        return env_seed
+    if algo is not None and algo.startswith("xxhash"):
+        raise ValueError(
+            f"hash algo {algo} needs an explicit seed: pass --hash-seed or set PYTHONHASHSEED "
+            "(the same value on every worker, service replica and vLLM instance). Without "
+            "one, vLLM seeds xxhash with a random value per process (a predictable seed would "
+            "let an attacker precompute colliding blocks), so no two processes would compute "
+            "the same block hashes and the index would never match.")
+    return DEFAULT_SEED
 
 
 # --- fast canonical CBOR for the fixed block shape ---------------------------------------
@@ -148,6 +181,21 @@ def hash_block(parent: bytes, tokens: Sequence[int], extra_keys: Extra, algo: st
                          *_cbor_tokens(tokens), _cbor_extra(extra_keys)))
         return _digest(algo)(data)
     return hash_value(algo, (parent, tuple(tokens), extra_keys))
+
+
+def lora_key(name: str, path: str) -> Lora | None:
+    """The one definition of a request's LoRA, used by the service and the worker alike.
+
+    An empty name and path (an unset or empty ``Lora`` message) is no LoRA: ``None``, no
+    extra key, the same hashes as the base model. A name gives ``(name, path)``, hashed as
+    ``("lora", name, path)`` on every block (vLLM's key; its ``LoRARequest`` always has a
+    name and a path). A path without a name raises ``ValueError`` (a caller error).
+    """
+    if not name:
+        if path:
+            raise ValueError("lora.path is set but lora.name is empty")
+        return None
+    return (name, path)
 
 
 def extra_keys(block_start: int, block_end: int, *, salt: str | None = None,
