@@ -1,9 +1,11 @@
-"""The block-hash chain: byte-identical to vLLM v1's prefix-caching hashes.
+"""The block-hash chain: byte-identical to vLLM v1's prefix-caching hashes (vLLM >= 0.31).
 
 A block's hash is ``H((parent_hash, tuple(block_token_ids), extra_keys_or_None))`` and only
 FULL blocks are hashed. Block 0's parent is ``none_hash(algo, seed) = H(seed)``. Every worker
 and every service replica of one cluster must agree on ``algo`` and ``seed``, otherwise the
 index silently finds nothing (the service checks the root hash at registration for that).
+Processes pick the seed at start with ``resolve_seed``, by vLLM's rule: ``--hash-seed``, else
+``PYTHONHASHSEED``, else ``"vllm-none-hash"`` (sha256 algorithms only; see there for xxhash).
 
 Algorithms (the names vLLM uses for ``--prefix-caching-hash-algo``):
 
@@ -13,8 +15,16 @@ Algorithms (the names vLLM uses for ``--prefix-caching-hash-algo``):
 - ``xxhash_cbor``: canonical CBOR, xxh3_128 (16 bytes)
 
 Extra keys, in this order, are tagged tuples: ``("lora", name, path)`` on every block of a
-LoRA request, ``("mm", identifier, offset - block_start)`` for every multimodal item whose
-token range overlaps the block, ``("cache_salt", salt)`` on block 0 only. No keys -> ``None``.
+LoRA request (``lora_key`` defines when a request has one), ``("mm", identifier, offset -
+block_start)`` for every multimodal item whose token range overlaps the block,
+``("cache_salt", salt)`` on block 0 only. No keys -> ``None``. These are exactly the keys vLLM
+hashes from 0.31 on (``generate_block_hash_extra_keys`` in vllm/v1/core/kv_cache_utils.py;
+vLLM <= 0.30 hashed them untagged, with the LoRA name only, so its salted, LoRA and
+multimodal hashes differ). vLLM's KV events still publish extra keys untagged
+(``to_event_extra_keys``: bare LoRA name, ``(identifier, offset)``, bare salt), so a bridge
+from vLLM events uses the block hashes they carry and never rebuilds keys from them. vLLM's
+fourth key, ``("prompt_embeds", sha256 of the block's embeddings)`` for prompt-embedding
+requests, is not supported: kvmesh requests are token ids only.
 
 The CBOR algorithms do not call cbor2 per block: the input always has the fixed shape
 ``[bytes, [uint...], null | [...]]``, so the encoder below writes those bytes directly and
