@@ -1,9 +1,11 @@
-"""The block-hash chain: byte-identical to vLLM v1's prefix-caching hashes.
+"""The block-hash chain: byte-identical to vLLM v1's prefix-caching hashes (vLLM >= 0.31).
 
 A block's hash is ``H((parent_hash, tuple(block_token_ids), extra_keys_or_None))`` and only
 FULL blocks are hashed. Block 0's parent is ``none_hash(algo, seed) = H(seed)``. Every worker
 and every service replica of one cluster must agree on ``algo`` and ``seed``, otherwise the
 index silently finds nothing (the service checks the root hash at registration for that).
+Processes pick the seed at start with ``resolve_seed``, by vLLM's rule: ``--hash-seed``, else
+``PYTHONHASHSEED``, else ``"vllm-none-hash"`` (sha256 algorithms only; see there for xxhash).
 
 Algorithms (the names vLLM uses for ``--prefix-caching-hash-algo``):
 
@@ -13,8 +15,16 @@ Algorithms (the names vLLM uses for ``--prefix-caching-hash-algo``):
 - ``xxhash_cbor``: canonical CBOR, xxh3_128 (16 bytes)
 
 Extra keys, in this order, are tagged tuples: ``("lora", name, path)`` on every block of a
-LoRA request, ``("mm", identifier, offset - block_start)`` for every multimodal item whose
-token range overlaps the block, ``("cache_salt", salt)`` on block 0 only. No keys -> ``None``.
+LoRA request (``lora_key`` defines when a request has one), ``("mm", identifier, offset -
+block_start)`` for every multimodal item whose token range overlaps the block,
+``("cache_salt", salt)`` on block 0 only. No keys -> ``None``. These are exactly the keys vLLM
+hashes from 0.31 on (``generate_block_hash_extra_keys`` in vllm/v1/core/kv_cache_utils.py;
+vLLM <= 0.30 hashed them untagged, with the LoRA name only, so its salted, LoRA and
+multimodal hashes differ). vLLM's KV events still publish extra keys untagged
+(``to_event_extra_keys``: bare LoRA name, ``(identifier, offset)``, bare salt), so a bridge
+from vLLM events uses the block hashes they carry and never rebuilds keys from them. vLLM's
+fourth key, ``("prompt_embeds", sha256 of the block's embeddings)`` for prompt-embedding
+requests, is not supported: kvmesh requests are token ids only.
 
 The CBOR algorithms do not call cbor2 per block: the input always has the fixed shape
 ``[bytes, [uint...], null | [...]]``, so the encoder below writes those bytes directly and
@@ -25,8 +35,10 @@ encodes each token id once per sequence (not once per block). Tests cross-check 
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -68,8 +80,40 @@ def hash_value(algo: str, obj: Any) -> bytes:
 
 
 def none_hash(algo: str = DEFAULT_ALGO, seed: str | None = None) -> bytes:
-    """The root parent hash: ``H(seed)``; ``seed="0"`` matches vLLM run with PYTHONHASHSEED=0."""
+    """The root parent hash: ``H(seed)``; ``seed="0"`` matches vLLM run with PYTHONHASHSEED=0.
+
+    Pure: ``seed=None`` is ``DEFAULT_SEED`` whatever the environment says; processes pick
+    their seed once at start with ``resolve_seed``."""
     return hash_value(algo, DEFAULT_SEED if seed is None else seed)
+
+
+def resolve_seed(algo: str | None, seed: str | None = None,
+                 env: Mapping[str, str] | None = None) -> str:
+    """The root seed a worker or service process runs with, by vLLM's rule.
+
+    Precedence: an explicit non-empty ``seed`` (``--hash-seed``) wins; else ``PYTHONHASHSEED``
+    from ``env`` (default ``os.environ``) when it is set, used verbatim as vLLM does; else
+    ``DEFAULT_SEED`` for sha256 and sha256_cbor. For xxhash and xxhash_cbor vLLM would draw a
+    random seed per process, so no two processes would agree: that raises ``ValueError``
+    (refuse to start). ``algo=None`` (the service, which serves every algorithm) resolves
+    like sha256; a worker with an xxhash algorithm carries an explicit seed, which the
+    service's root-hash check at registration compares with its own.
+    """
+    if algo is not None:
+        _check_algo(algo)
+    if seed:
+        return seed
+    env_seed = (os.environ if env is None else env).get("PYTHONHASHSEED")
+    if env_seed is not None:
+        return env_seed
+    if algo is not None and algo.startswith("xxhash"):
+        raise ValueError(
+            f"hash algo {algo} needs an explicit seed: pass --hash-seed or set PYTHONHASHSEED "
+            "(the same value on every worker, service replica and vLLM instance). Without "
+            "one, vLLM seeds xxhash with a random value per process (a predictable seed would "
+            "let an attacker precompute colliding blocks), so no two processes would compute "
+            "the same block hashes and the index would never match.")
+    return DEFAULT_SEED
 
 
 # --- fast canonical CBOR for the fixed block shape ---------------------------------------
@@ -88,10 +132,27 @@ def _head(major: int, n: int) -> bytes:
     return bytes((m | 27,)) + n.to_bytes(8, "big")
 
 
-# Encodings of token ids, indexed by id. Grown on demand up to every id below 2**18 (all
-# current vocabularies, Llama 3 and Qwen included); larger ids use the generic encoder.
-_UINT: list[bytes] = []
+# Encodings of token ids, indexed by id, for every id below len(_UINT); grown on demand up to
+# every id below 2**18 (all current vocabularies, Llama 3 and Qwen included); larger ids use
+# the generic encoder. Thread safety: the table is an immutable tuple that is only ever
+# replaced whole (one atomic rebinding, under _UINT_GROW so two growers do not race), never
+# mutated, so a reader that took a reference sees a complete table and the fast path takes
+# no lock. This is the module's only mutable state.
+_UINT: tuple[bytes, ...] = ()
 _UINT_CAP = 1 << 18
+_UINT_GROW = threading.Lock()
+
+
+def _uint_table(hi: int) -> tuple[bytes, ...]:
+    """A table that covers id ``hi`` (``hi < _UINT_CAP``), growing the shared one if needed."""
+    global _UINT
+    with _UINT_GROW:
+        table = _UINT
+        if hi >= len(table):
+            size = max(1 << 16, 1 << int(hi).bit_length())
+            table = table + tuple(_head(0, i) for i in range(len(table), size))
+            _UINT = table
+    return table
 
 
 def _cbor_tokens(token_ids: Sequence[int]) -> list[bytes]:
@@ -101,10 +162,9 @@ def _cbor_tokens(token_ids: Sequence[int]) -> list[bytes]:
     lo, hi = min(token_ids), max(token_ids)
     if lo < 0 or hi >= _UINT_CAP:
         return [_cbor_int(int(t)) for t in token_ids]
-    if hi >= len(_UINT):
-        size = max(1 << 16, 1 << int(hi).bit_length())
-        _UINT.extend(_head(0, i) for i in range(len(_UINT), size))
-    table = _UINT
+    table = _UINT  # one read: later growth by another thread cannot change this tuple
+    if hi >= len(table):
+        table = _uint_table(hi)
     return [table[t] for t in token_ids]
 
 
@@ -131,6 +191,21 @@ def hash_block(parent: bytes, tokens: Sequence[int], extra_keys: Extra, algo: st
                          *_cbor_tokens(tokens), _cbor_extra(extra_keys)))
         return _digest(algo)(data)
     return hash_value(algo, (parent, tuple(tokens), extra_keys))
+
+
+def lora_key(name: str, path: str) -> Lora | None:
+    """The one definition of a request's LoRA, used by the service and the worker alike.
+
+    An empty name and path (an unset or empty ``Lora`` message) is no LoRA: ``None``, no
+    extra key, the same hashes as the base model. A name gives ``(name, path)``, hashed as
+    ``("lora", name, path)`` on every block (vLLM's key; its ``LoRARequest`` always has a
+    name and a path). A path without a name raises ``ValueError`` (a caller error).
+    """
+    if not name:
+        if path:
+            raise ValueError("lora.path is set but lora.name is empty")
+        return None
+    return (name, path)
 
 
 def extra_keys(block_start: int, block_end: int, *, salt: str | None = None,

@@ -36,8 +36,9 @@ def register_service(app: typer.Typer) -> None:
             None, envvar="KVMESH_WORKER_TOKEN",
             help="Separate token for Register/Heartbeat/Publish/Sync."),
         metrics_port: int | None = typer.Option(None, help="Serve Prometheus metrics here."),
-        hash_seed: str | None = typer.Option(None, envvar="KVMESH_HASH_SEED",
-                                             help="Root hash seed (default vLLM's)."),
+        hash_seed: str | None = typer.Option(
+            None, envvar="KVMESH_HASH_SEED", help="Root hash seed; default as vLLM: "
+            "PYTHONHASHSEED if set, else 'vllm-none-hash'."),
         policy: str = typer.Option("kvmesh", help="Default routing policy: kvmesh, "
                                    "prefix_only, least_loaded, round_robin, random."),
         worker_secret: str | None = typer.Option(
@@ -69,7 +70,7 @@ def register_service(app: typer.Typer) -> None:
         import asyncio
         import logging
 
-        from kvmesh.hashing import DEFAULT_SEED
+        from kvmesh.hashing import resolve_seed
         from service.config import ServiceConfig
 
         kind = backend if backend != "auto" else ("redis" if redis_url else "memory")
@@ -79,7 +80,7 @@ def register_service(app: typer.Typer) -> None:
             cfg = ServiceConfig(backend=kind, redis_url=redis_url, token=token or None,
                                 worker_token=worker_token or None, metrics_port=metrics_port,
                                 worker_secret=worker_secret or None,
-                                hash_seed=hash_seed or DEFAULT_SEED, policy=policy,
+                                hash_seed=resolve_seed(None, hash_seed), policy=policy,
                                 tls_cert_file=tls_cert, tls_key_file=tls_key,
                                 tls_ca_file=tls_ca, tls_client_auth=tls_client_auth,
                                 max_message_bytes=max_message_bytes,

@@ -58,7 +58,8 @@ class ServiceConfig:
     redis_timeout_s: float = 0.5          # socket timeout of every Redis call
     policy: str = "kvmesh"                # default when a RouteRequest names none
     weights: CostWeights = field(default_factory=CostWeights)
-    hash_seed: str = DEFAULT_SEED         # root hash = none_hash(algo, hash_seed)
+    hash_seed: str = DEFAULT_SEED         # root hash = none_hash(algo, hash_seed); the CLI
+                                          # sets it with kvmesh.hashing.resolve_seed
     token: str | None = None              # router token (Route/Stats); see service.auth
     worker_token: str | None = None       # shared, unbound token of Register/Heartbeat/...
     worker_secret: str | None = None      # worker tokens bound to their id (worker_tokens)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from kvmesh.hashing import ALGOS
+from kvmesh.hashing import ALGOS, lora_key
 from kvmesh.v1 import index_pb2 as pb
 from service.config import POLICIES, ServiceConfig
 from service.index.base import (
@@ -166,11 +166,10 @@ def route(req: pb.RouteRequest, cfg: ServiceConfig) -> RouteInput:
     if len(req.salt.encode()) > cfg.max_salt_bytes:
         raise RequestError(INVALID, f"salt is {len(req.salt.encode())} bytes; the limit is "
                            f"{cfg.max_salt_bytes}")
-    lora = None
-    if req.HasField("lora") and (req.lora.name or req.lora.path):
-        if not req.lora.name:
-            raise RequestError(INVALID, "lora.path is set but lora.name is empty")
-        lora = (req.lora.name, req.lora.path)
+    try:
+        lora = lora_key(req.lora.name, req.lora.path)  # unset message: "" and "", no LoRA
+    except ValueError as e:
+        raise RequestError(INVALID, str(e)) from None
     mm = []
     for i, item in enumerate(req.mm):
         if not item.identifier or len(item.identifier) > 1024:

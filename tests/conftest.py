@@ -1,12 +1,19 @@
 """Session fixtures for every test package: one real Valkey/Redis, emptied per test."""
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 
 import pytest
 
 from deploy.redis_server import RedisServer, start_redis
+
+# Worker and service processes take their root hash seed from PYTHONHASHSEED when it is set
+# (as vLLM does); tests compute roots with none_hash(algo), the default seed, so the processes
+# they start must not inherit a seed from the shell that runs pytest.
+for _var in ("PYTHONHASHSEED", "KVMESH_HASH_SEED"):
+    os.environ.pop(_var, None)
 
 
 @pytest.fixture(scope="session")

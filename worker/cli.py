@@ -21,7 +21,10 @@ def register(app: typer.Typer) -> None:
                                           help="token presented to the service (its bound "
                                           "`kvmesh worker-token`, or the shared one)"),
         hash_algo: str = typer.Option("sha256_cbor", help="block-hash algorithm"),
-        hash_seed: str = typer.Option(None, help="root-hash seed (cluster-wide)"),
+        hash_seed: str = typer.Option(None, envvar="KVMESH_HASH_SEED",
+                                      help="root-hash seed (cluster-wide); default as vLLM: "
+                                      "PYTHONHASHSEED if set, else 'vllm-none-hash' for sha256 "
+                                      "algos; xxhash algos need one"),
         device: str = typer.Option(None, help="cpu or cuda[:N] (default: cuda if present)"),
         heartbeat_s: float = typer.Option(1.0, help="heartbeat interval in seconds"),
         max_batched_tokens: int = typer.Option(2048, help="token budget per engine step"),
@@ -40,6 +43,7 @@ def register(app: typer.Typer) -> None:
         import asyncio
         import logging
 
+        from kvmesh.hashing import resolve_seed
         from kvmesh.tls import tls_files
         from worker.main import WorkerOptions, serve
 
@@ -47,6 +51,7 @@ def register(app: typer.Typer) -> None:
         services = tuple(a.strip() for a in (service or "").split(",") if a.strip())
         try:
             tls = tls_files(tls_cert, tls_key, tls_ca, tls_client_auth)
+            hash_seed = resolve_seed(hash_algo, hash_seed)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from e
         asyncio.run(serve(WorkerOptions(

@@ -5,7 +5,7 @@ import asyncio
 import logging
 import signal
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvmesh.tls import TlsFiles
 
@@ -26,7 +26,7 @@ class WorkerOptions:
     token: str | None = None          # router token its WorkerService requires (--token)
     service_token: str | None = None  # what it presents to the service (--service-token)
     hash_algo: str = "sha256_cbor"
-    hash_seed: str | None = None
+    hash_seed: str | None = None      # None: kvmesh.hashing.resolve_seed's default (as vLLM)
     device: str | None = None
     heartbeat_s: float = 1.0
     max_batched_tokens: int = 2048
@@ -39,13 +39,14 @@ class WorkerOptions:
 async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or SIGINT/SIGTERM). Prints one ``listening on`` line
     once the server accepts calls; launchers wait for it."""
-    from kvmesh.hashing import none_hash
+    from kvmesh.hashing import none_hash, resolve_seed
     from worker.async_engine import AsyncEngine
     from worker.engine import Engine
     from worker.scheduler import SchedulerConfig
     from worker.server import create_server
     from worker.service_link import ServiceLink
 
+    opts = replace(opts, hash_seed=resolve_seed(opts.hash_algo, opts.hash_seed))
     engine = Engine.from_pretrained(
         opts.model, block_size=opts.block_size, num_blocks=opts.num_blocks, device=opts.device,
         hash_algo=opts.hash_algo, hash_seed=opts.hash_seed,

@@ -16,6 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvmesh.auth import BearerAuth, shared_token
+from kvmesh.hashing import lora_key
 from kvmesh.limits import RequestLimits, transport_cap
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 from worker.async_engine import AsyncEngine
@@ -53,7 +54,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         params = SamplingParams(max_tokens=sp.max_tokens, temperature=sp.temperature,
                                 seed=sp.seed if sp.HasField("seed") else None,
                                 ignore_eos=sp.ignore_eos)
-        lora = (request.lora.name, request.lora.path) if request.HasField("lora") else None
+        try:  # the service's definition too, so both hash an empty-named Lora alike
+            lora = lora_key(request.lora.name, request.lora.path)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         mm = tuple((m.identifier, m.offset, m.length) for m in request.mm)
         if any(m.length <= 0 for m in request.mm):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,

@@ -57,6 +57,9 @@ def test_known_answers_match_vllm_style_reference(algo):
 
 # Pinned: tokens 100..139, block size 16, the last of the two full blocks' hashes, plain and
 # with salt "acme". A change here breaks every deployed index: bump the namespace, not these.
+# The sha256 and sha256_cbor rows are also what vLLM 0.31-0.33 computes (see VLLM_031 below
+# for how); the xxhash rows use seed "vllm-none-hash", which vLLM never uses for xxhash (it
+# draws a random seed unless PYTHONHASHSEED is set), so they are kvmesh's own.
 PINNED = {
     "sha256": ("f1a08810157991d5280c49952540afc2feab260cd65a24bb2e94951059393917",
                "a390e2ef4f7e990b3089220f8d7ec82f07120d41a219f07fa4146fe4a3ba5981"),
@@ -72,6 +75,39 @@ def test_pinned_vectors(algo):
     tokens = list(range(100, 140))
     assert block_hashes(tokens, 16, algo=algo)[-1].hex() == PINNED[algo][0]
     assert block_hashes(tokens, 16, algo=algo, salt="acme")[-1].hex() == PINNED[algo][1]
+
+
+# Computed by vLLM's own code, not by kvmesh: the pure-Python files of the vllm 0.33.0 wheel
+# (`pip download --no-deps vllm==0.33.0`; vllm/v1/core/kv_cache_utils.py, vllm/utils/hashing.py,
+# vllm/lora/request.py) imported with stubs for their other vllm imports, then
+# `init_none_hash(get_hash_fn_by_name(algo))` and `get_request_block_hasher(16, fn)(request)`
+# on a request with `all_token_ids` 100..139 and, one at a time, `cache_salt="acme"`,
+# `lora_request=LoRARequest("sql-adapter", 1, "/adapters/sql")` or one `mm_features` item
+# (identifier "img-abc", offset 10, length 12); the last block's hash. PYTHONHASHSEED unset for
+# the sha256 rows (vLLM's seed "vllm-none-hash"), PYTHONHASHSEED=0 for the xxhash_cbor row.
+# The 0.31.0 wheel gives the same values; 0.30.0 hashed untagged extra keys and gives others
+# (sha256_cbor salted 2521a1f8..., LoRA 29dd3d09..., mm b721f7f1...).
+LORA = ("sql-adapter", "/adapters/sql")
+MM = [("img-abc", 10, 12)]
+VLLM_031 = {  # (algo, seed): (salted, LoRA, multimodal)
+    ("sha256", None): ("a390e2ef4f7e990b3089220f8d7ec82f07120d41a219f07fa4146fe4a3ba5981",
+                       "9bf6a539551aa215231ae552cf240658b2cb919e1fe1c0040a6a9448d2044fb2",
+                       "072a04263a2b9b61dbd0b851f4fd4c0bc49936da11d556b446fedcee3b6c08d5"),
+    ("sha256_cbor", None): ("8bc980b65e7d914db186aa3facfd4feb33427aa4bfc08420b9c8878dc27a7926",
+                            "2c6fe6ce98ade7993d8e77d643fde1ec411e3b1d6e3383f14fc296f36255f41c",
+                            "3b74be2ed1e7ecab02cbeee670a4db967418116c079bc0bbf9773b63b24e4041"),
+    ("xxhash_cbor", "0"): ("94706a810675b95cb8bff6c9878ab090", "cd75f4111b2e5248d19c081f804fec8b",
+                           "e4af0d41edd86efb197f90ff6b633b8a"),
+}
+
+
+@pytest.mark.parametrize(("algo", "seed"), list(VLLM_031))
+def test_tagged_extra_keys_match_vllm_0_31(algo, seed):
+    tokens = list(range(100, 140))
+    salted, lora, mm = VLLM_031[algo, seed]
+    assert block_hashes(tokens, 16, algo=algo, seed=seed, salt="acme")[-1].hex() == salted
+    assert block_hashes(tokens, 16, algo=algo, seed=seed, lora=LORA)[-1].hex() == lora
+    assert block_hashes(tokens, 16, algo=algo, seed=seed, mm=MM)[-1].hex() == mm
 
 
 def test_seed_reproduces_pythonhashseed():
