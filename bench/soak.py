@@ -17,22 +17,11 @@ import random
 import signal
 import threading
 import time
+from dataclasses import asdict
 
 import typer
 
-
-def rss_mib(pid: int | None) -> float:
-    """Resident set size of ``pid`` in MiB (0 when it is gone)."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+from bench.rss import rss_mib, table, trends
 
 
 class Load:
@@ -128,10 +117,11 @@ def run(minutes: float, workers: int, fault_every: float, interval: float,
         while time.monotonic() < end:
             now = time.monotonic()
             if now >= next_sample:
-                procs = {p.name: rss_mib(p.pid) for p in cluster.services + cluster.workers
-                         if p.alive}
+                alive = [p for p in cluster.services + cluster.workers if p.alive]
+                procs = {p.name: rss_mib(p.pid) for p in alive}
                 samples.append({"t": round(now - t0, 1), "done": load.done,
-                                "failed": load.failed, "rss_mib": procs})
+                                "failed": load.failed, "rss_mib": procs,
+                                "pid": {p.name: p.pid for p in alive}})
                 log(f"done {load.done:6d}  failed {load.failed:3d}  rss MiB "
                     + " ".join(f"{k}={v:.0f}" for k, v in procs.items()))
                 next_sample = now + interval
@@ -143,15 +133,10 @@ def run(minutes: float, workers: int, fault_every: float, interval: float,
     finally:
         load.stop()
         cluster.stop()
-    warm = [s for s in samples if s["t"] >= warmup_s] or samples
-    growth = {}
-    for name in warm[0]["rss_mib"]:
-        series = [s["rss_mib"][name] for s in warm if name in s["rss_mib"]]
-        if len(series) == len(warm):  # alive the whole time: a fair leak check
-            growth[name] = series[-1] / series[0] if series[0] else 0.0
     return {"minutes": minutes, "done": load.done, "failed": load.failed,
-            "faults": step, "rss_growth": growth, "errors": load.errors[:5],
-            "samples": samples}
+            "faults": step, "warmup_s": warmup_s,
+            "rss": [{**asdict(r), "verdict": r.verdict()} for r in trends(samples, warmup_s)],
+            "errors": load.errors[:5], "samples": samples}
 
 
 def register(bench: typer.Typer) -> None:
@@ -160,7 +145,8 @@ def register(bench: typer.Typer) -> None:
              workers: int = typer.Option(3),
              fault_every: float = typer.Option(45.0, help="seconds between faults"),
              interval: float = typer.Option(30.0, help="seconds between samples"),
-             warmup: float = typer.Option(60.0, help="seconds before RSS counts as warm"),
+             warmup: float = typer.Option(60.0, help="seconds of each process's life "
+                                          "before its RSS counts as warm"),
              as_json: bool = typer.Option(False, "--json")) -> None:
         """Mixed load with periodic faults; requests done/failed and RSS over time."""
         res = run(minutes, workers, fault_every, interval, warmup, as_json)
@@ -168,7 +154,6 @@ def register(bench: typer.Typer) -> None:
             print(json.dumps(res))
             return
         print(f"requests done {res['done']}, failed {res['failed']}, faults {res['faults']}")
-        for name, g in res["rss_growth"].items():
-            print(f"  {name}: RSS last/first (warm) = {g:.3f}")
+        print(*table(trends(res["samples"], warmup), warmup), sep="\n")
         if res["errors"]:
             print("first errors:", *res["errors"], sep="\n  ")

@@ -1,7 +1,12 @@
 """`kvmesh up` (a whole cluster in the foreground) and `kvmesh demo`."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
+
+if TYPE_CHECKING:
+    from kvmesh.tls import TlsFiles
 
 
 def register(app: typer.Typer) -> None:
@@ -23,12 +28,35 @@ def register(app: typer.Typer) -> None:
         gpus_per_worker: float = typer.Option(None, help="ray backend: GPUs per worker, "
                                               "fractions allowed (default: 1 if the "
                                               "cluster has GPUs, else 0)"),
+        worker_secret: str = typer.Option(
+            None, envvar="KVMESH_WORKER_SECRET", help="local backend: secret of the workers' "
+            "tokens, each bound to its worker id (at least 16 bytes)"),
+        tls_cert: str = typer.Option(None, help="local backend: PEM certificate every server "
+                                     "serves and presents as a client (with --tls-key)"),
+        tls_key: str = typer.Option(None, help="PEM private key of --tls-cert"),
+        tls_ca: str = typer.Option(None, help="PEM CA every process verifies its peers with"),
+        tls_client_auth: bool = typer.Option(False, help="require client certificates "
+                                             "signed by --tls-ca (mutual TLS)"),
         verbose: bool = typer.Option(False, help="echo every child's output"),
     ) -> None:
         """Start Redis/Valkey, the service and N workers; Ctrl-C or SIGTERM stops them all."""
         import signal
         import threading
 
+        from kvmesh.tls import tls_files
+        from service.worker_tokens import MIN_SECRET_BYTES
+
+        try:
+            tls = tls_files(tls_cert, tls_key, tls_ca, tls_client_auth)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from e
+        if backend == "ray" and (tls is not None or worker_secret):
+            raise typer.BadParameter("TLS and --worker-secret need --backend local")
+        if worker_secret and len(worker_secret.encode()) < MIN_SECRET_BYTES:
+            raise typer.BadParameter(f"--worker-secret needs at least {MIN_SECRET_BYTES} bytes")
+        if tls is not None and (tls.cert is None or tls.ca is None):
+            # every process serves with the certificate and dials its peers with the CA
+            raise typer.BadParameter("TLS needs --tls-cert, --tls-key and --tls-ca")
         if backend == "ray":
             from deploy.ray.cli import run_up  # issue: Ray backend
 
@@ -45,7 +73,8 @@ def register(app: typer.Typer) -> None:
         cluster = LocalCluster(ClusterSpec(
             workers=workers, port=port, redis_url=redis_url, model=model,
             block_size=block_size, num_blocks=num_blocks, token=token,
-            service_replicas=service_replicas, echo=verbose))
+            service_replicas=service_replicas, echo=verbose,
+            worker_secret=worker_secret or None, tls=tls))
         try:
             cluster.start()
             print(f"redis    {cluster.redis_url}" + ("" if redis_url else " (embedded)"))
@@ -53,8 +82,8 @@ def register(app: typer.Typer) -> None:
                 print(f"service  {s.address}")
             for w in cluster.workers:
                 print(f"worker   {w.address}  ({w.name})")
-            print(f"ready: kvmesh stats --service {','.join(cluster.service_addresses)}",
-                  flush=True)
+            print(f"ready: kvmesh stats --service {','.join(cluster.service_addresses)}"
+                  + _tls_hint(tls), flush=True)
             while not stop.wait(0.5):
                 dead = [p.name for p in cluster.services + cluster.workers if not p.alive]
                 if dead:
@@ -92,3 +121,11 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]demo failed:[/red] {exc}")
             raise typer.Exit(1) from None
         console.print(verdict(results))
+
+
+def _tls_hint(tls: TlsFiles | None) -> str:
+    """The ``kvmesh stats`` flags that reach a cluster served with ``tls`` (paths only)."""
+    if tls is None or not tls.dials_tls:
+        return ""
+    mutual = f" --tls-cert {tls.cert} --tls-key {tls.key}" if tls.client_auth else ""
+    return f" --tls-ca {tls.ca}{mutual}"

@@ -121,8 +121,9 @@ class LocalCluster:
         if s.hash_seed:
             args += ["--hash-seed", s.hash_seed]
         args += _tls_args(s.tls)
+        # a worker gets its own token, never the secret that mints every worker's
         env = {"KVMESH_WORKER_TOKEN": self.service_token(worker_id),
-               "KVMESH_TOKEN": s.token or ""}
+               "KVMESH_TOKEN": s.token or "", "KVMESH_WORKER_SECRET": ""}
         proc = ServerProcess(worker_id, "worker", args, echo=s.echo, env=env)
         self.workers.append(proc)
         if start:

@@ -82,10 +82,22 @@ class KvmeshPolicy(Policy):
                 + w.decode_weight * load.decode_tokens + w.running_weight * load.running)
 
     def fits(self, prompt_tokens: int, v: WorkerView) -> bool:
+        """Whether ``v`` can admit the request now: its free blocks, less the request's own
+        cache hits that may be among them, cover the blocks it must allocate.
+
+        A worker's free count includes its cached blocks that no request holds; admitting
+        the request takes its free hits off the free queue too, so they are no room for
+        its new blocks (counting them as room credits each free hit twice). The load report
+        does not say which hits are free, so up to ``min(hits, free)`` of them are assumed
+        to be: a worker that fits can admit the request without waiting. (Hits held by
+        running requests are thereby under-credited, which only demotes a nearly full
+        worker behind one with room.)
+        """
         if not self.w.free_block_guard or v.load.total_blocks == 0:
             return True  # no capacity reported: nothing to guard
-        needed = math.ceil(prompt_tokens / v.block_size) - v.match.gpu
-        return v.load.free_blocks >= needed
+        hits, free = v.match.gpu, v.load.free_blocks
+        needed = math.ceil(prompt_tokens / v.block_size) - hits
+        return free - min(hits, free) >= needed
 
     def rank(self, prompt_tokens: int, workers: Sequence[WorkerView],
              rng: random.Random) -> list[Ranked]:

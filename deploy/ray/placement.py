@@ -29,18 +29,33 @@ ON_HEAD: dict[str, object] = {"resources": {HEAD_RESOURCE: 0.001}}
 def _free_ports(count: int) -> list[int]:
     import socket
 
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    # a ServiceActor listens on both (the node IP once when it is loopback itself)
+    hosts = dict.fromkeys([ray.util.get_node_ip_address(), "127.0.0.1"])
+    socks: list[socket.socket] = []
+    ports: list[int] = []
     try:
-        for s in socks:  # all bound at once: the ports are distinct
-            s.bind((ray.util.get_node_ip_address(), 0))
-        return [s.getsockname()[1] for s in socks]
+        tries = 100 * count
+        while len(ports) < count and tries:  # every socket held until the end: distinct
+            tries -= 1
+            port = 0
+            try:
+                for host in hosts:
+                    socks.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    socks[-1].bind((host, port))
+                    port = socks[-1].getsockname()[1]
+            except OSError:
+                continue  # taken on loopback: try another
+            ports.append(port)
+        if len(ports) < count:
+            raise RuntimeError(f"only {len(ports)} of {count} ports free on {list(hosts)}")
+        return ports
     finally:
         for s in socks:
             s.close()
 
 
 def free_ports_on_head(count: int, timeout: float = 60.0) -> list[int]:
-    """``count`` distinct ports free on the head node's IP at this moment."""
+    """``count`` distinct ports free on the head node's IP and on its loopback now."""
     return ray.get(_free_ports.remote(count), timeout=timeout)
 
 

@@ -52,6 +52,10 @@ def test_up_prints_service_addresses_and_sigterm_removes_every_actor(ray_cluster
                                        f"{name}-worker-0"]
         with KvmeshClient(services) as client:
             assert client.generate(list(range(40)), max_tokens=2).worker_id == f"{name}-w0"
+        # on its own node the service answers on loopback too, as the local backend's does
+        loopback = f"127.0.0.1:{services[0].rpartition(':')[2]}"
+        with KvmeshClient([loopback], timeout=10) as client:
+            assert [w["alive"] for w in client.stats()["workers"]] == [True]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, "\n".join(lines[-40:])
         time.sleep(0.2)  # the reader thread drains the last lines

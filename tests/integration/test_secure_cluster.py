@@ -3,9 +3,16 @@ routers (client library, CLI, gateway) get through with the CA, their certificat
 token; without any one of them they are refused."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
+import psutil
 import pytest
 from typer.testing import CliRunner
 
@@ -14,13 +21,15 @@ from client.cli import app
 from client.gateway.app import GatewayConfig
 from deploy.local import ClusterSpec, LocalCluster
 from kvmesh.tls import TlsFiles
-from kvmesh.v1 import worker_pb2, worker_pb2_grpc
+from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2, worker_pb2_grpc
+from service.worker_tokens import mint
 from tests.gateway.conftest import LiveGateway
 
 if TYPE_CHECKING:  # the certs fixture skips where `cryptography` is missing
     from tests.certificates import Certs
 
 TOKEN = "router-secret-token"
+SECRET = "cluster-worker-secret-0123456789"
 PROMPT = list(range(10, 60))
 
 
@@ -29,7 +38,7 @@ def secure(certs: Certs):
     tls = TlsFiles(cert=str(certs.server_cert), key=str(certs.server_key), ca=str(certs.ca),
                    client_auth=True)
     spec = ClusterSpec(workers=1, num_blocks=64, token=TOKEN, tls=tls,
-                       worker_secret="cluster-worker-secret-0123456789")
+                       worker_secret=SECRET)
     with LocalCluster(spec) as cluster:  # start() returns once the worker registered
         yield cluster
 
@@ -89,3 +98,61 @@ def test_cli_and_gateway_speak_tls(secure: LocalCluster, certs: Certs) -> None:
         assert done.usage.completion_tokens == 2
     finally:
         gateway.stop()
+
+
+def test_kvmesh_up_takes_tls_and_worker_secret_flags(certs: Certs) -> None:
+    """`kvmesh up` (local backend) serves mutual TLS and worker tokens bound by the secret,
+    which reaches its children in their environment, never on their command lines."""
+    kvmesh = str(Path(sys.executable).parent / "kvmesh")
+    tls = TlsFiles(cert=str(certs.server_cert), key=str(certs.server_key), ca=str(certs.ca),
+                   client_auth=True)
+    cmd = [kvmesh, "up", "--workers", "1", "--port", "0", "--num-blocks", "64",
+           "--worker-secret", SECRET, "--tls-cert", tls.cert, "--tls-key", tls.key,
+           "--tls-ca", tls.ca, "--tls-client-auth"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "KVMESH_TOKEN": TOKEN})
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if line.startswith("ready:"):
+                ready.set()
+        ready.set()  # exited
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        ready.wait(120)
+        hint = next((ln for ln in lines if ln.startswith("ready:")), None)
+        assert hint is not None, "\n".join(lines[-40:])
+        assert f"--tls-ca {tls.ca}" in hint  # the hint's command reaches the cluster as served
+        services = [ln.split()[1] for ln in lines if ln.startswith("service ")]
+        with KvmeshClient(services, TOKEN, tls=tls) as kv:
+            out = kv.generate(PROMPT, max_tokens=3, ignore_eos=True)
+            again = kv.generate(PROMPT, max_tokens=3, ignore_eos=True)
+            stats = kv.stats()
+        assert again.token_ids == out.token_ids and again.num_cached_tokens == 48
+        assert [w["alive"] for w in stats["workers"]] == [True]  # joined with its bound token
+        with grpc.secure_channel(services[0], tls.channel_credentials()) as ch:
+            stub = index_pb2_grpc.IndexServiceStub(ch)
+            with pytest.raises(grpc.RpcError) as err:  # the secret is on: router token refused
+                stub.Heartbeat(index_pb2.HeartbeatRequest(worker_id="worker-0"), timeout=5,
+                               metadata=[("authorization", f"Bearer {TOKEN}")])
+            assert err.value.code() in (grpc.StatusCode.UNAUTHENTICATED,
+                                        grpc.StatusCode.PERMISSION_DENIED)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert len(children) >= 3  # valkey, service, worker
+        for child in children:
+            line = " ".join(child.cmdline())
+            assert SECRET not in line and mint(SECRET, "worker-0") not in line, line
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, "\n".join(lines[-40:])
+        reader.join(5)
+        assert lines[-1] == "stopped"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

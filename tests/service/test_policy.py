@@ -65,6 +65,22 @@ def test_kvmesh_free_block_guard_skips_full_workers_unless_all_are() -> None:
     assert KvmeshPolicy().fits(1000, unknown)
 
 
+def test_kvmesh_free_block_guard_does_not_count_free_hits_as_room() -> None:
+    # An idle worker: its 30 cached hit blocks are free, so they are among its 40 free
+    # blocks. Admitting a 63-block prompt takes the 30 hits AND 33 new blocks off the
+    # free queue: 63 > 40, it cannot hold it (the old guard saw 40 >= 63 - 30 and said yes).
+    idle = view("idle", 30, free_blocks=40, total_blocks=40)
+    assert not KvmeshPolicy().fits(1000, idle)
+    cold = view("cold", 0, free_blocks=70, total_blocks=100)
+    assert ids(KvmeshPolicy().rank(1000, [idle, cold], random.Random(0))) == ["cold", "idle"]
+    # room for the new blocks besides the hits: it fits and its prefix wins
+    roomy = view("roomy", 30, free_blocks=63, total_blocks=100)
+    assert KvmeshPolicy().fits(1000, roomy)
+    assert ids(KvmeshPolicy().rank(1000, [roomy, cold], random.Random(0))) == ["roomy", "cold"]
+    whole = view("whole", 63, free_blocks=10, total_blocks=100)  # fully cached prompt
+    assert KvmeshPolicy().fits(1000, whole)
+
+
 def test_kvmesh_breaks_ties_at_random() -> None:
     workers = [view(w) for w in "abcd"]
     rng = random.Random(7)
