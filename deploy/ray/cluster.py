@@ -46,6 +46,7 @@ from deploy.ray.service_actor import ServiceActor
 from deploy.ray.spec import RaySpec, worker_bundle
 from deploy.ray.worker_actor import WorkerActor
 from deploy.ray.worker_host import WorkerConfig
+from kvmesh.hashing import DEFAULT_ALGO, resolve_seed
 
 NAMESPACE = "kvmesh"
 
@@ -114,8 +115,9 @@ class RayCluster:
                                "heartbeat_interval_s": s.heartbeat_s,
                                "liveness_timeout_s": max(3.0, 3 * s.heartbeat_s),
                                "purge_after_s": max(10.0, 10 * s.heartbeat_s)}
-        if s.hash_seed:
-            out["hash_seed"] = s.hash_seed
+        # Resolved once on the driver (vLLM's rule) so that every replica and worker actor
+        # runs with the driver's seed, whatever environment Ray gives the actors.
+        out["hash_seed"] = resolve_seed(None, s.hash_seed)
         return out
 
     def _start_services(self, timeout: float) -> None:
@@ -149,7 +151,8 @@ class RayCluster:
             config = WorkerConfig(
                 worker_id=worker_id, services=tuple(self.service_addresses), model=s.model,
                 block_size=s.block_size, num_blocks=s.num_blocks,
-                token=s.token, service_token=s.worker_token or s.token, hash_seed=s.hash_seed,
+                token=s.token, service_token=s.worker_token or s.token,
+                hash_seed=resolve_seed(DEFAULT_ALGO, s.hash_seed),
                 heartbeat_s=s.heartbeat_s, max_batched_tokens=s.max_batched_tokens,
                 device=s.device)
             self.workers.append(WorkerActor.options(

@@ -69,7 +69,7 @@ class WorkerHost:
         """Build and serve; returns once the gRPC server is up (address known)."""
         import ray
 
-        from kvmesh.hashing import DEFAULT_ALGO, none_hash
+        from kvmesh.hashing import DEFAULT_ALGO, none_hash, resolve_seed
         from worker.async_engine import AsyncEngine
         from worker.engine import Engine
         from worker.scheduler import SchedulerConfig
@@ -77,9 +77,11 @@ class WorkerHost:
         from worker.service_link import ServiceLink
 
         cfg = self.config
+        # vLLM's rule, read in this process: --hash-seed, else PYTHONHASHSEED, else the default.
+        seed = resolve_seed(DEFAULT_ALGO, cfg.hash_seed)
         engine = Engine.from_pretrained(
             cfg.model, block_size=cfg.block_size, num_blocks=cfg.num_blocks,
-            device=pick_device(cfg.device), hash_seed=cfg.hash_seed,
+            device=pick_device(cfg.device), hash_seed=seed,
             scheduler=SchedulerConfig(max_batched_tokens=cfg.max_batched_tokens))
         if cfg.warmup:  # its blocks carry a salt no request uses: they never match
             engine.generate([list(range(1, 2 * cfg.block_size + 2))], max_tokens=2,
@@ -97,7 +99,7 @@ class WorkerHost:
                 list(cfg.services), self.runner, worker_id=cfg.worker_id,
                 address=self.address, model=cfg.model, token=cfg.service_token,
                 heartbeat_s=cfg.heartbeat_s,
-                root_hash=none_hash(DEFAULT_ALGO, cfg.hash_seed))
+                root_hash=none_hash(DEFAULT_ALGO, seed))
             self._link_task = asyncio.create_task(self.link.run())
         return self
 

@@ -76,3 +76,14 @@ def test_compared_routers_and_the_table():
            "per_replica": [2, 1]}
     table = render({name: row for name in ROUTERS})
     assert len(table.splitlines()) == 1 + len(ROUTERS) and "50.0%" in table
+
+
+def test_the_driver_resolves_the_hash_seed_as_vllm_does(monkeypatch):
+    """Actors run with the driver's seed: PYTHONHASHSEED, unless hash_seed is given."""
+    from deploy.ray.cluster import RayCluster
+
+    monkeypatch.setenv("PYTHONHASHSEED", "7")
+    assert RayCluster(RaySpec())._service_settings()["hash_seed"] == "7"
+    assert RayCluster(RaySpec(hash_seed="s"))._service_settings()["hash_seed"] == "s"
+    monkeypatch.delenv("PYTHONHASHSEED")
+    assert RayCluster(RaySpec())._service_settings()["hash_seed"] == "vllm-none-hash"
