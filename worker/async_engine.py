@@ -38,7 +38,11 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._thread = threading.Thread(target=self._run, name="kvmesh-engine", daemon=True)
         self.on_step: Callable[[Engine], None] | None = None  # runs on the engine thread
+        # ``error``: a failure that left the engine's state unknown (all requests failed);
+        # health checks report it. A ``StepFailed`` is recovered from: only counted.
         self.error: BaseException | None = None
+        self.failed_steps = 0
+        self.last_step_error: StepFailed | None = None
         self.load: dict[str, int] = engine.load()  # refreshed by the engine thread
 
     def start(self) -> AsyncEngine:
@@ -117,10 +121,13 @@ class AsyncEngine:
             try:
                 outputs = self.engine.step()
             except StepFailed as exc:  # fails the step's requests, not the worker
-                self.error = exc
+                log.error("%s", exc, exc_info=exc.__cause__)
+                self.failed_steps += 1
+                self.last_step_error = exc
                 self._fail(exc.seqs, exc)
                 outputs = []
             except BaseException as exc:  # engine state unknown: fail everything queued
+                log.critical("engine step failed outside its scope", exc_info=exc)
                 self.error = exc
                 sched = self.engine.scheduler
                 seqs = list(sched.running) + list(sched.waiting)

@@ -233,14 +233,20 @@ class Engine:
     def generate(self, prompts: list[list[int]], max_tokens: int = 16,
                  salt: str | None = None, temperature: float = 0.0, seed: int | None = None,
                  lora: Lora | None = None, ignore_eos: bool = False) -> list[Completion]:
-        """Run ``prompts`` to completion as one continuously batched workload."""
+        """Run ``prompts`` to completion as one continuously batched workload. Raises
+        ``StepFailed`` if a step fails; the whole batch is then aborted."""
         params = SamplingParams(max_tokens, temperature, seed, ignore_eos)
         prompts = [[int(t) for t in p] for p in prompts]
         for p in prompts:  # validate all first so a bad prompt leaves nothing queued
             self.validate(p, params)
         seqs = [self.enqueue(p, params, salt=salt, lora=lora) for p in prompts]
-        while any(s.status is not SeqStatus.FINISHED for s in seqs):
-            self.step()
+        try:
+            while any(s.status is not SeqStatus.FINISHED for s in seqs):
+                self.step()
+        except BaseException:  # StepFailed: the rest of the batch must not linger queued
+            for s in seqs:
+                self.abort(s)
+            raise
         return [Completion(s.output_ids, s.num_cached_tokens, s.finish_reason,
                            s.num_prompt_tokens, s.ttft_s or 0.0) for s in seqs]
 

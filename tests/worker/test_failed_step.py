@@ -12,6 +12,7 @@ import random
 
 import pytest
 
+from tests.worker.faults import FailingForward
 from worker import Engine
 from worker.engine import StepFailed
 from worker.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored
@@ -21,23 +22,6 @@ from worker.sequence import SamplingParams, Seq, SeqStatus
 BS = 4
 PROMPT = [random.Random(11).randrange(3, 250) for _ in range(25)]  # 6 full blocks + 1
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
-
-
-class FailOnCall:
-    """Wraps a model's forward: call number ``fail_at`` (from 1) raises before any KV is
-    written, as an out-of-memory error at the first layer would."""
-
-    def __init__(self, engine: Engine, fail_at: int) -> None:
-        self.forward = engine.model.forward
-        self.fail_at = fail_at
-        self.calls = 0
-        engine.model.forward = self
-
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        if self.calls == self.fail_at:
-            raise RuntimeError("CUDA out of memory (injected)")
-        return self.forward(*args, **kwargs)
 
 
 def engine(**sched) -> Engine:
@@ -90,7 +74,7 @@ def check_retries(e: Engine, events: list, prompts: list[list[int]]) -> None:
 
 def test_first_forward_fails_same_step_hits_included():
     e = engine()
-    FailOnCall(e, 1)
+    FailingForward(e, 1)
     # Two requests sharing 5 blocks, admitted in the same step: the second hits the blocks
     # the first cached at scheduling time, before any KV was written.
     a = e.add_request(PROMPT, GREEDY)
@@ -105,7 +89,7 @@ def test_first_forward_fails_same_step_hits_included():
 
 def test_failure_mid_chunked_prefill_keeps_the_chunks_that_were_written():
     e = engine(max_batched_tokens=8)  # 25 tokens: chunks of 8, 8, 8, 1
-    FailOnCall(e, 3)
+    FailingForward(e, 3)
     seq = e.add_request(PROMPT, GREEDY)
     failures = run(e, [seq])
     assert [f.seqs for f in failures] == [[seq]]
@@ -118,7 +102,7 @@ def test_failure_mid_chunked_prefill_keeps_the_chunks_that_were_written():
 
 def test_failure_in_a_decode_batch_spares_requests_outside_it():
     e = engine(max_seqs=2)
-    FailOnCall(e, 2)  # call 1 prefills a and b, call 2 is their first decode
+    FailingForward(e, 2)  # call 1 prefills a and b, call 2 is their first decode
     a = e.add_request(PROMPT[:7], GREEDY)   # the decode fills block 1
     b = e.add_request(PROMPT[8:15], GREEDY)
     c = e.add_request(PROMPT[16:], GREEDY)  # waits (max_seqs): not in the failed step
@@ -135,8 +119,18 @@ def test_failure_in_a_decode_batch_spares_requests_outside_it():
 @pytest.mark.parametrize("fail_at", [1, 2, 4, 6])
 def test_events_leave_the_index_with_exactly_the_pool_set(fail_at):
     e = engine(max_batched_tokens=8, max_seqs=3)
-    FailOnCall(e, fail_at)
+    FailingForward(e, fail_at)
     prompts = [PROMPT, PROMPT[:13] + [1, 2, 3, 4, 5], PROMPT[4:20]]
     seqs = [e.add_request(p, GREEDY) for p in prompts]
     assert run(e, seqs)
     check_retries(e, [], prompts)
+
+
+def test_batch_call_that_fails_leaves_nothing_queued():
+    e = engine(max_seqs=1)
+    FailingForward(e, 1)
+    with pytest.raises(StepFailed):
+        e.generate([PROMPT, PROMPT[3:]], max_tokens=4, ignore_eos=True)
+    assert not e.has_work() and e.kv.num_free_blocks == e.kv.num_blocks
+    assert e.generate([PROMPT[3:]], max_tokens=6, ignore_eos=True)[0].token_ids == fresh(
+        PROMPT[3:])

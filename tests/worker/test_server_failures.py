@@ -11,26 +11,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
+from tests.worker.faults import FailingForward
 from worker import Engine
 from worker.async_engine import AsyncEngine
 from worker.sequence import SamplingParams
 from worker.server import create_server
 
 PROMPT = list(range(40, 90))
-
-
-class Broken:
-    """A model forward that raises while ``on`` is set (a failing GPU)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.forward = engine.model.forward
-        self.on = True
-        engine.model.forward = self
-
-    def __call__(self, *args, **kwargs):
-        if self.on:
-            raise RuntimeError("CUDA error: an illegal memory access (injected)")
-        return self.forward(*args, **kwargs)
 
 
 async def _with_worker(fn, runner: AsyncEngine):
@@ -64,7 +51,7 @@ async def _code(call) -> grpc.StatusCode:
 
 def test_every_rpc_has_its_code_while_the_engine_fails():
     engine = Engine.from_pretrained("tiny", num_blocks=64)
-    broken = Broken(engine)
+    broken = FailingForward(engine)
     want = Engine.from_pretrained("tiny", num_blocks=64).generate(
         [PROMPT], max_tokens=4, ignore_eos=True)[0].token_ids
 
@@ -78,15 +65,17 @@ def test_every_rpc_has_its_code_while_the_engine_fails():
         assert set(calls) == {m.name for m in methods}, "a WorkerService RPC is not covered"
         got = {name: await _code(call()) for name, call in calls.items()}
         health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest())
-        broken.on = False  # the fault clears: the same worker serves the same prompt
+        broken.failing = False  # the fault clears: the same worker serves the same prompt
         after = [t async for m in stub.Generate(_gen(PROMPT)) for t in m.token_ids]
         return got, health, after
 
-    got, health, after = asyncio.run(_with_worker(body, AsyncEngine(engine).start()))
+    runner = AsyncEngine(engine).start()
+    got, health, after = asyncio.run(_with_worker(body, runner))
+    assert runner.failed_steps == 1 and runner.error is None  # recovered: still healthy
     assert all(code != grpc.StatusCode.UNKNOWN for code, _ in got.values()), got
     code, details = got["Generate"]
     assert code == grpc.StatusCode.INTERNAL
-    assert "step failed" in details and "illegal memory access" in details
+    assert "step failed" in details and "out of memory" in details
     assert "another worker" in details
     assert got["Stats"][0] == grpc.StatusCode.OK
     assert got["FetchBlocks"][0] == grpc.StatusCode.UNIMPLEMENTED
