@@ -23,7 +23,7 @@ from kvmesh.hashing import DEFAULT_ALGO, Lora, MMItem
 from worker.kv_cache import KVCacheManager, KVRequest
 from worker.model import AttentionMetadata, load_model
 from worker.sampler import sample
-from worker.scheduler import Scheduler, SchedulerConfig
+from worker.scheduler import Scheduled, Scheduler, SchedulerConfig
 from worker.sequence import SamplingParams, Seq, SeqStatus
 
 DEFAULT_KV_BYTES_CPU = 256 << 20
@@ -37,6 +37,17 @@ class RequestError(ValueError):
     def __init__(self, message: str, *, too_large: bool = False) -> None:
         super().__init__(message)
         self.too_large = too_large
+
+
+class StepFailed(RuntimeError):
+    """A step raised (out of memory, a kernel error, ...): the worker's fault, not the
+    request's. ``seqs`` were scheduled in it and are aborted (finish reason ``"error"``);
+    no block whose KV the step should have written stays cached. The engine serves on."""
+
+    def __init__(self, seqs: list[Seq], cause: BaseException) -> None:
+        super().__init__(f"engine step failed ({type(cause).__name__}: {cause}); "
+                         f"{len(seqs)} request(s) in it were aborted")
+        self.seqs = seqs
 
 
 @dataclass(frozen=True)
@@ -156,9 +167,24 @@ class Engine:
     # --- the step -------------------------------------------------------------------
 
     def step(self) -> list[StepOutput]:
-        work = self.scheduler.schedule()
-        if not work:
-            return []
+        """Schedule and run one batch. Raises ``StepFailed`` if anything in it raises: the
+        batch's blocks are uncached (see ``KVCacheManager.step``) and its sequences
+        aborted, while sequences outside it keep their state and later steps serve them."""
+        work: list[Scheduled] | None = None
+        try:
+            with self.kv.step():
+                work = self.scheduler.schedule()
+                return self._run(work) if work else []
+        except Exception as exc:
+            # A failure inside scheduling leaves the batch unknown: every running sequence
+            # may hold a block cached in it, so all of them go.
+            seqs = [w.seq for w in work] if work is not None else list(self.scheduler.running)
+            for seq in seqs:
+                if seq.status is not SeqStatus.FINISHED:
+                    self.scheduler.finish(seq, "error")
+            raise StepFailed(seqs, exc) from exc
+
+    def _run(self, work: list[Scheduled]) -> list[StepOutput]:
         tokens: list[int] = []
         rows = []
         for w in work:
@@ -207,14 +233,20 @@ class Engine:
     def generate(self, prompts: list[list[int]], max_tokens: int = 16,
                  salt: str | None = None, temperature: float = 0.0, seed: int | None = None,
                  lora: Lora | None = None, ignore_eos: bool = False) -> list[Completion]:
-        """Run ``prompts`` to completion as one continuously batched workload."""
+        """Run ``prompts`` to completion as one continuously batched workload. Raises
+        ``StepFailed`` if a step fails; the whole batch is then aborted."""
         params = SamplingParams(max_tokens, temperature, seed, ignore_eos)
         prompts = [[int(t) for t in p] for p in prompts]
         for p in prompts:  # validate all first so a bad prompt leaves nothing queued
             self.validate(p, params)
         seqs = [self.enqueue(p, params, salt=salt, lora=lora) for p in prompts]
-        while any(s.status is not SeqStatus.FINISHED for s in seqs):
-            self.step()
+        try:
+            while any(s.status is not SeqStatus.FINISHED for s in seqs):
+                self.step()
+        except BaseException:  # StepFailed: the rest of the batch must not linger queued
+            for s in seqs:
+                self.abort(s)
+            raise
         return [Completion(s.output_ids, s.num_cached_tokens, s.finish_reason,
                            s.num_prompt_tokens, s.ttft_s or 0.0) for s in seqs]
 

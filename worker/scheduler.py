@@ -54,8 +54,10 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> list[Scheduled]:
-        """Pick this step's work and allocate its slots. The caller must run every returned
-        item and then call :meth:`finish_step` before scheduling again."""
+        """Pick this step's work and allocate its slots (caching the blocks it fills). Call it
+        inside ``KVCacheManager.step``; the caller must run every returned item before
+        scheduling again, and if that fails, finish every returned sequence (their blocks
+        are uncached; see ``Engine.step``)."""
         budget = self.config.max_batched_tokens
         out: list[Scheduled] = []
         preempted = False

@@ -4,7 +4,9 @@
 ``finished=True`` and the request's facts (cached tokens, time to first token measured on
 the worker, the worker id). Bad requests are refused before they reach the engine:
 INVALID_ARGUMENT for what the caller must fix, RESOURCE_EXHAUSTED for a request bigger than
-this worker's whole KV pool; the worker keeps serving either way.
+this worker's whole KV pool; the worker keeps serving either way. A request whose engine
+step failed (``StepFailed``: the worker's fault) is answered INTERNAL, which clients fail
+over on; no handler ever answers UNKNOWN (``worker.internal_errors``).
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from kvmesh.hashing import lora_key
 from kvmesh.limits import RequestLimits, transport_cap
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 from worker.async_engine import AsyncEngine
-from worker.engine import RequestError
+from worker.engine import RequestError, StepFailed
+from worker.internal_errors import InternalErrors
 from worker.metrics import WorkerMetrics
 from worker.sequence import SamplingParams
 
@@ -89,6 +92,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             code = (grpc.StatusCode.RESOURCE_EXHAUSTED if exc.too_large
                     else grpc.StatusCode.INVALID_ARGUMENT)
             await context.abort(code, str(exc))
+        except StepFailed as exc:
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                f"worker {self.worker_id}: {exc}; this request was not "
+                                "served here and may be retried on another worker")
 
     async def Stats(self, request, context) -> worker_pb2.WorkerStatsResponse:
         stats = await self.runner.call(lambda e: (e.kv.stats, e.load(), e.requests_done))
@@ -126,11 +133,12 @@ async def create_server(address: str, runner: AsyncEngine, *, worker_id: str,
                         ) -> tuple[grpc.aio.Server, int, WorkerServicer]:
     """Build (not start) the server; bind ``host:0`` for a free port. Returns the port.
 
-    Interceptors, outermost first: request limits (``kvmesh.limits``: calls in flight per
-    connection, request bytes, undecodable requests -> INVALID_ARGUMENT), then the router
-    ``token`` if given (``router_auth``), then ``interceptors``. ``credentials``: serve TLS.
+    Interceptors, outermost first: ``InternalErrors`` (nothing answers UNKNOWN), request
+    limits (``kvmesh.limits``: calls in flight per connection, request bytes, undecodable
+    requests -> INVALID_ARGUMENT), then the router ``token`` if given (``router_auth``),
+    then ``interceptors``. ``credentials``: serve TLS.
     """
-    chain: list[grpc.aio.ServerInterceptor] = [RequestLimits(
+    chain: list[grpc.aio.ServerInterceptor] = [InternalErrors(), RequestLimits(
         max_inflight=max_inflight_per_conn, max_message_bytes=max_message_bytes)]
     if token:
         chain.append(router_auth(token))

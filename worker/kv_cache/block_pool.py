@@ -16,6 +16,9 @@ unhashed blocks):
   HEAD so they are handed out before any cached block.
 - Every cached block carries its :class:`BlockContent`; :meth:`get_cached_block` only
   returns a block whose content matches the caller's tokens, so a hash collision is a miss.
+- A cached block's KV is written, or is being written by the step in progress. A step that
+  fails hands the blocks it cached to :meth:`uncache_blocks`, so a hash whose only holders
+  were never written is neither a hit here nor (after its ``BlockRemoved``) in the index.
 """
 from __future__ import annotations
 
@@ -147,6 +150,11 @@ class BlockPool:
         return blocks
 
     def _evict(self, block: KVCacheBlock) -> bytes | None:
+        """Drop ``block``'s hash as an eviction; return the hash if no other block holds it."""
+        self.evictions += 1
+        return self._drop_hash(block)
+
+    def _drop_hash(self, block: KVCacheBlock) -> bytes | None:
         """Drop ``block``'s hash; return the hash if no other block holds it."""
         block_hash = block.block_hash
         assert block_hash is not None
@@ -155,11 +163,33 @@ class BlockPool:
         block.block_hash = None
         block.content = None
         self.num_cached_blocks -= 1
-        self.evictions += 1
         if holders:
             return None
         del self.cached[block_hash]
         return block_hash
+
+    def uncache_blocks(self, blocks: Iterable[KVCacheBlock]) -> list[bytes]:
+        """Forget the hashes of ``blocks`` whose KV was never written (a failed step).
+
+        Blocks without a hash are skipped. Each block keeps its references; a free one
+        moves to the head of the free queue (it holds nothing reusable now). One
+        ``BlockRemoved`` lists the hashes no block holds any more: a hash also held by
+        another block (a duplicate computed earlier, so written) stays cached and is not
+        reported, so the index's set stays exactly this pool's. Returns those hashes.
+        """
+        removed: list[bytes] = []
+        for block in blocks:
+            if block.block_hash is None:
+                continue
+            gone = self._drop_hash(block)
+            if gone is not None:
+                removed.append(gone)
+            if block.ref_cnt == 0:
+                self.free_queue.remove(block)
+                self.free_queue.appendleft(block)
+        if removed:
+            self._emit(BlockRemoved(self._seq + 1, removed, self.tier))
+        return removed
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on each block (cache hits); a free block leaves the free queue

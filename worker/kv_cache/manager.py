@@ -24,11 +24,21 @@ must therefore write a scheduled step's KV before any request attends to it (tru
 layer writes the whole batch's KV before computing attention, or when requests are run
 in the order they were scheduled).
 
+Invariant: a cached block's KV is written, or is being written by the step in progress.
+The engine runs each step (scheduling included) inside :meth:`KVCacheManager.step`, which
+remembers the blocks cached meanwhile; if the step raises, they are uncached (and removed
+from the index by one ``BlockRemoved``) before the exception propagates. Every request
+scheduled in a failed step must then be freed: its block table may hold the uncached
+blocks (its own, or a batch-mate's that it hit in the same step). Blocks cached by earlier
+steps (the first chunks of a chunked prefill, a preempted request's blocks) were written
+and stay cached.
+
 Not thread-safe: call everything, ``take_events`` included, from the engine's loop.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kvmesh.hashing import ALGOS, DEFAULT_ALGO, extend_block_hashes, extra_keys
@@ -91,6 +101,7 @@ class KVCacheManager:
         self._blocks: dict[str, list[KVCacheBlock]] = {}  # request id -> block table
         self._num_cached: dict[str, int] = {}  # request id -> leading blocks already cached
         self._counts = [0] * 6  # requests, queries, hits, then the same for preempted
+        self._unwritten: list[KVCacheBlock] | None = None  # cached by the open step
 
     # --- sizing -----------------------------------------------------------------------
 
@@ -224,6 +235,28 @@ class KVCacheManager:
         self.pool.cache_full_blocks(table, req.block_hashes, req.token_ids, num_cached,
                                     num_full, self.block_size, extras)
         self._num_cached[req.request_id] = num_full
+        if self._unwritten is not None:
+            self._unwritten.extend(table[num_cached:num_full])
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """Scope of one engine step: schedule, then write the scheduled KV.
+
+        On a normal exit the blocks cached inside are written. If the body raises, every
+        block cached inside is uncached (``BlockPool.uncache_blocks``: a ``BlockRemoved``
+        for each hash no written block still holds) and the exception propagates; the
+        caller must then free every request scheduled in the step. Not reentrant.
+        """
+        if self._unwritten is not None:
+            raise RuntimeError("a step is already open")
+        self._unwritten = []
+        try:
+            yield
+        except BaseException:
+            self.pool.uncache_blocks(self._unwritten)
+            raise
+        finally:
+            self._unwritten = None
 
     def _record(self, req: KVRequest, num_hits: int) -> None:
         base = 3 if req.num_preemptions else 0
