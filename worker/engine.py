@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from kvmesh.hashing import DEFAULT_ALGO, Lora, MMItem
+from kvmesh.hashing import DEFAULT_ALGO, Lora, MMItem, lora_key
 from worker.kv_cache import KVCacheManager, KVRequest
 from worker.model import AttentionMetadata, load_model
 from worker.sampler import sample
@@ -149,6 +149,7 @@ class Engine:
         """``add_request`` for a prompt already converted to ints and validated (the batch
         call and the asyncio driver validate first, so a bad request never gets queued)."""
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        lora = lora_key(*lora) if lora is not None else None  # ("", "") is no LoRA, as on the wire
         seq = Seq(KVRequest(rid, prompt, salt=salt or None, lora=lora, mm=tuple(mm)),
                   params, num_prompt_tokens=len(prompt))
         if params.temperature > 0:

@@ -88,3 +88,4 @@ def test_an_empty_lora_is_no_lora():
     assert lora_key("ad", "/p") == ("ad", "/p")
     with pytest.raises(ValueError, match="name is empty"):
         lora_key("", "/p")
+

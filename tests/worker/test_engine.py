@@ -145,3 +145,15 @@ def test_reported_queue_counts_only_prefill_still_to_do():
     engine.add_request(prompt + [1, 2, 3], SamplingParams(1))  # 40 of 43 tokens cached
     engine.add_request([7] * 9, SamplingParams(1))              # nothing cached
     assert engine.load()["queued_prefill_tokens"] == 3 + 9
+
+
+def test_an_empty_lora_is_no_lora_as_on_the_wire():
+    """Engine(lora=("", "")) hashes like no LoRA, as the worker and service read the message
+    (kvmesh.hashing.lora_key): a library user and the index agree on the blocks."""
+    engine = Engine.from_pretrained("tiny", block_size=BS, num_blocks=32)
+    prompt = list(range(3, 16))
+    engine.generate([prompt], max_tokens=1)
+    [again] = engine.generate([prompt], max_tokens=1, lora=("", ""))
+    assert again.num_cached_tokens == 12
+    [named] = engine.generate([prompt], max_tokens=1, lora=("adapter", ""))
+    assert named.num_cached_tokens == 0
