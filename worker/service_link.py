@@ -122,6 +122,7 @@ class ServiceLink:
         self._max_events = batch_max   # learned from refusals: see _refused
         self._max_hashes = batch_max_hashes
         self._idx = 0
+        self._closing: set[asyncio.Task] = set()  # old channels being closed
         self._channel: grpc.aio.Channel | None = None
         self._stub: index_pb2_grpc.IndexServiceStub | None = None
         self._kick = asyncio.Event()       # wakes the event task
@@ -195,12 +196,20 @@ class ServiceLink:
             return
         channel, self._channel, self._stub = self._channel, None, None
         self._idx += 1
-        if channel is not None:
-            await channel.close()
+        if channel is not None:  # in the background: the other task may have a call on it
+            task = asyncio.create_task(channel.close(grace=self.timeout))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
-    async def _failed(self, err: grpc.aio.AioRpcError,
-                      stub: index_pb2_grpc.IndexServiceStub) -> None:
+    async def _failed(self, err: Exception, stub: index_pb2_grpc.IndexServiceStub) -> None:
+        """Account for a failed call on ``stub``; the caller backs off and retries."""
         self.connected = False
+        if isinstance(err, grpc.aio.UsageError):
+            return  # its channel was closed by the other task's move to the next address
+        if not isinstance(err, grpc.aio.AioRpcError):
+            log.error("service link of %s: unexpected error", self.worker_id, exc_info=err)
+            self.counters["error_unexpected"] += 1
+            return
         self.counters[f"error_{err.code().name.lower()}"] += 1
         if err.code() in RETRYABLE:
             await self._next_service(stub)
@@ -238,8 +247,8 @@ class ServiceLink:
                         await self._heartbeat(stub)
                     else:
                         await self._register(stub)
-                except grpc.aio.AioRpcError as err:
-                    await self._failed(err, stub)
+                except Exception as exc:  # this task must outlive any error
+                    await self._failed(exc, stub)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 2.0)
                     continue
@@ -269,8 +278,8 @@ class ServiceLink:
                 if self.need_sync:
                     await self._sync(stub)
                 await self._publish(stub)
-            except grpc.aio.AioRpcError as err:
-                await self._failed(err, stub)
+            except Exception as exc:  # this task must outlive any error
+                await self._failed(exc, stub)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
