@@ -129,7 +129,7 @@ class ServiceLink:
         self._beat_kick = asyncio.Event()  # wakes the beat task
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
-        self._dropped_seen = 0  # engine thread: the pool's events_dropped at the last collect
+        self._dropped_seen = engine.kv.events_dropped  # engine thread: as of the last collect
         # Publish/Sync calls in flight, and a counter bumped as each starts and ends: a
         # heartbeat overlapping one may report a last_seq the index has already passed.
         self._inflight = 0

@@ -127,7 +127,7 @@ def test_outbox_stays_bounded_while_the_service_is_down_and_resyncs_after(redis_
             for r in range(1, 31):
                 await run_round(runner, prompts(r))
                 assert link.outbox.blocks <= bound and link.pending <= bound
-            assert link.counters["overflows"] >= 1 and not link.connected
+            assert link.counters["overflows"] >= 1 and link.counters["error_unavailable"] >= 1
             async with service_at(port, **cfg):
                 row = await eventually(lambda: worker_row(kv),
                                        lambda w: exact(w, runner.engine) and w["alive"])
@@ -179,5 +179,31 @@ def test_a_backlog_over_the_batch_limit_is_indexed_and_the_worker_stays_live(
             for p in batch[::7]:
                 want = len(p) // 4 * 4
                 assert (await kv.route(p, dry_run=True)).matched_tokens == want
+
+    asyncio.run(main())
+
+
+def test_a_worker_whose_snapshot_is_refused_stays_live(redis_url):
+    """A refusal that never ends (a snapshot over ``--max-snapshot-blocks``): the index
+    cannot take the worker's blocks, but the worker keeps heartbeating and stays routable."""
+    port = free_port()
+
+    async def main():
+        async with service_at(port, backend="redis", redis_url=redis_url, **LIVE,
+                              max_snapshot_blocks=4), \
+                linked_engine(port) as (runner, link), \
+                AsyncKvmeshClient(f"127.0.0.1:{port}") as kv:
+            await run_round(runner, prompts(0, 10))  # 20 cached blocks: too big a snapshot
+            await eventually(lambda: asyncio.sleep(0, link.counters),
+                             lambda c: c["error_resource_exhausted"] >= 2)
+            beats = link.counters["heartbeats"]
+
+            async def live_row():
+                row = await worker_row(kv)
+                assert row["alive"], row
+                return row
+
+            await eventually(live_row, lambda w: link.counters["heartbeats"] >= beats + 8)
+            assert link.counters["resyncs"] == 0
 
     asyncio.run(main())
