@@ -207,3 +207,27 @@ def test_a_worker_whose_snapshot_is_refused_stays_live(redis_url):
             assert link.counters["resyncs"] == 0
 
     asyncio.run(main())
+
+
+def test_heartbeats_overlapping_publishes_ask_no_resync(redis_url):
+    """With publishing and heartbeats in separate tasks, a heartbeat can carry a last_seq
+    that an overlapping publish has already moved the index past; the service calls that
+    "index ahead" and asks for a resync. Such answers are rechecked, never obeyed: a busy
+    worker (a load change and new events after every request) never resyncs."""
+    from worker.sequence import SamplingParams
+
+    port = free_port()
+
+    async def main():
+        async with service_at(port, backend="redis", redis_url=redis_url, **LIVE), \
+                linked_engine(port) as (runner, link), \
+                AsyncKvmeshClient(f"127.0.0.1:{port}") as kv:
+            await eventually(lambda: worker_row(kv), lambda w: exact(w, runner.engine))
+            for r in range(300):
+                async for _ in runner.generate([r % 250, 1, 2, 3, 4, 5, 6, 7, 8],
+                                               SamplingParams(max_tokens=2), request_id=f"{r}"):
+                    pass
+            await eventually(lambda: worker_row(kv), lambda w: exact(w, runner.engine))
+            assert link.counters["resyncs"] == 1 and link.counters["gaps"] == 0
+
+    asyncio.run(main())
