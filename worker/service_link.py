@@ -9,6 +9,11 @@ dropped and nothing is applied twice or missed.
 
 Service replicas are interchangeable (all state is in Redis): on UNAVAILABLE the link moves
 to the next address and carries on.
+
+Nothing grows without bound: events wait in a bounded :class:`~worker.outbox.Outbox` (and
+the pool bounds its unread ones); whatever a bound drops is replaced by a snapshot.
+Heartbeats run in their own task, so no publish problem can take a healthy worker out of
+routing.
 """
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ import collections
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 
@@ -24,11 +31,17 @@ from kvmesh.v1 import index_pb2, index_pb2_grpc
 from worker.async_engine import AsyncEngine
 from worker.engine import Engine
 from worker.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from worker.outbox import MAX_BLOCKS, Outbox
 
 log = logging.getLogger("kvmesh.worker.link")
 
 TIERS = {"gpu": index_pb2.TIER_GPU, "cpu": index_pb2.TIER_CPU}
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# CANCELLED: the other task moved to the next address and closed the channel under us.
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+             grpc.StatusCode.CANCELLED)
+# A publish refused for what it carries: sending it again can never succeed.
+REFUSED = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT)
+T = TypeVar("T")
 EAGER_BEAT_S = 0.1
 
 
@@ -63,17 +76,32 @@ def snapshot_chains(hashes: list[bytes], parents: list[bytes | None],
 
 
 class ServiceLink:
+    """Keeps the index in step with one worker: two tasks on the worker's event loop.
+
+    - the beat task registers and heartbeats; it never waits on events, so a worker whose
+      publishes fail (a refused batch, a slow index) stays live and routable;
+    - the event task resyncs and publishes the outbox, in batches of at most ``batch_max``
+      events and ``batch_max_hashes`` block hashes (below the service's defaults,
+      ``--max-batch-events`` / ``--max-batch-hashes``). A batch refused as too large
+      (RESOURCE_EXHAUSTED) is halved and retried; a single event refused is replaced by a
+      snapshot resync, as is everything dropped when the outbox overflows.
+    """
+
     def __init__(self, addresses: list[str], runner: AsyncEngine, *, worker_id: str,
                  address: str, model: str, root_hash: bytes, token: str | None = None,
-                 heartbeat_s: float = 1.0, batch_max: int = 512, rpc_timeout_s: float = 3.0,
+                 heartbeat_s: float = 1.0, batch_max: int = 512,
+                 batch_max_hashes: int = 65_536, max_pending_blocks: int = MAX_BLOCKS,
+                 rpc_timeout_s: float = 3.0,
                  credentials: grpc.ChannelCredentials | None = None) -> None:
         if not addresses:
             raise ValueError("at least one service address is needed")
+        if batch_max < 1 or batch_max_hashes < 1:
+            raise ValueError("batch_max and batch_max_hashes must be >= 1")
         self.addresses = addresses
         self.runner = runner
         engine = runner.engine
-        # This process's incarnation: random, non-zero, sent on every call, so the index
-        # refuses a delayed call of a dead predecessor that had the same worker id.
+        # A random epoch of this process: the index refuses what an earlier process under
+        # the same worker id publishes late.
         self.incarnation = secrets.randbits(64) or 1
         self.register_req = index_pb2.RegisterWorkerRequest(
             worker_id=worker_id, address=address, model=model, block_size=engine.block_size,
@@ -82,42 +110,77 @@ class ServiceLink:
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.heartbeat_s = heartbeat_s
         self.batch_max = batch_max
+        self.batch_max_hashes = batch_max_hashes
         self.timeout = rpc_timeout_s
         self.credentials = credentials
-        self.pending: collections.deque[KVEvent] = collections.deque()
+        self.outbox = Outbox(max_pending_blocks)
         self.last_seq = 0  # last event seq the service has applied (or a snapshot covered)
         self.registered = False
         self.need_sync = True
         self.connected = False  # the last call reached a service
         self.counters = collections.Counter()
+        self._max_events = batch_max   # learned from refusals: see _refused
+        self._max_hashes = batch_max_hashes
         self._idx = 0
+        self._closing: set[asyncio.Task] = set()  # old channels being closed
         self._channel: grpc.aio.Channel | None = None
         self._stub: index_pb2_grpc.IndexServiceStub | None = None
-        self._kick = asyncio.Event()
+        self._kick = asyncio.Event()       # wakes the event task
+        self._beat_kick = asyncio.Event()  # wakes the beat task
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._dropped_seen = engine.kv.events_dropped  # engine thread: as of the last collect
+        # Publish/Sync calls in flight, and a counter bumped as each starts and ends: a
+        # heartbeat overlapping one may report a last_seq the index has already passed.
+        self._inflight = 0
+        self._epoch = 0
+        self._recheck = False  # a heartbeat's resync answer was deferred: beat again soon
         self.drop_next_batch = False  # fault injection for tests: lose one batch in transit
         # (running, waiting) as of the last heartbeat. A change (a request finished) sends
         # the next heartbeat early, at most every EAGER_BEAT_S: the router's cost model must
         # not see a worker as busy for up to a second after it went idle.
         self._beat_key = (0, 0)
 
+    @property
+    def pending(self) -> int:
+        """Events waiting to be published."""
+        return len(self.outbox)
+
     # --- engine thread --------------------------------------------------------------
 
     def collect(self, engine: Engine) -> None:
-        """Move the pool's new events into the outbox and notice load changes (runs on the
-        engine thread)."""
+        """Hand the pool's new events (and whether the pool dropped some unread) to the
+        event loop, and notice load changes (runs on the engine thread)."""
         events = engine.kv.take_events()
-        if events:
-            self.pending.extend(events)  # deque.extend is atomic under the GIL
-        if (events or self._load_key() != self._beat_key) and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._kick.set)
+        dropped = engine.kv.events_dropped
+        lost, self._dropped_seen = dropped != self._dropped_seen, dropped
+        if (events or lost or self._load_key() != self._beat_key) and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._receive, events, lost)
 
     def _load_key(self) -> tuple[int, int]:
         load = self.runner.load
         return load["running"], load["waiting"]
 
     # --- event loop -----------------------------------------------------------------
+
+    def _receive(self, events: list[KVEvent], lost: bool) -> None:
+        if lost:
+            self._overflow("the engine's unread events")
+        if self.need_sync:
+            pass  # the coming snapshot is taken later, so it covers these: keep nothing
+        elif events and not self.outbox.add(events, after=self.last_seq):
+            self._overflow("the outbox")
+        if events or lost:
+            self._kick.set()
+        if self._load_key() != self._beat_key:
+            self._beat_kick.set()
+
+    def _overflow(self, where: str) -> None:
+        self.counters["overflows"] += 1
+        log.warning("%s overflowed: events dropped, resyncing %s with a snapshot",
+                    where, self.worker_id)
+        self.outbox.clear()
+        self.need_sync = True
 
     def _connect(self) -> index_pb2_grpc.IndexServiceStub:
         if self._stub is None:
@@ -127,116 +190,206 @@ class ServiceLink:
             self._stub = index_pb2_grpc.IndexServiceStub(self._channel)
         return self._stub
 
-    async def _next_service(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-        self._channel = self._stub = None
+    async def _next_service(self, failed: index_pb2_grpc.IndexServiceStub) -> None:
+        """Move on to the next address, unless the other task already left ``failed``."""
+        if self._stub is not failed:
+            return
+        channel, self._channel, self._stub = self._channel, None, None
         self._idx += 1
+        if channel is not None:  # in the background: the other task may have a call on it
+            task = asyncio.create_task(channel.close(grace=self.timeout))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _failed(self, err: Exception, stub: index_pb2_grpc.IndexServiceStub) -> None:
+        """Account for a failed call on ``stub``; the caller backs off and retries."""
+        self.connected = False
+        if isinstance(err, grpc.aio.UsageError):
+            return  # its channel was closed by the other task's move to the next address
+        if not isinstance(err, grpc.aio.AioRpcError):
+            log.error("service link of %s: unexpected error", self.worker_id, exc_info=err)
+            self.counters["error_unexpected"] += 1
+            return
+        self.counters[f"error_{err.code().name.lower()}"] += 1
+        if err.code() in RETRYABLE:
+            await self._next_service(stub)
+        elif err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
+            log.warning("service refused %s: %s", self.worker_id, err.details())
+            self.registered = False
+            self._beat_kick.set()
+        else:
+            log.warning("service call failed: %s %s", err.code().name, err.details())
 
     async def run(self) -> None:
         """Keep the index in step with this worker until :meth:`close`."""
         self._loop = asyncio.get_running_loop()
         self.runner.on_step = self.collect
+        tasks = [asyncio.create_task(self._beats()), asyncio.create_task(self._events())]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _beats(self) -> None:
+        """Register when needed and heartbeat every ``heartbeat_s`` (early on a load
+        change); nothing here waits on events."""
         backoff = 0.1
         next_beat = last_beat = 0.0
         while not self._closed:
-            try:
-                if not self.registered:
-                    await self._register()
-                if self.need_sync:
-                    await self._sync()
-                await self._publish()
-                now = time.monotonic()
-                if now >= next_beat or (self._load_key() != self._beat_key
-                                        and now - last_beat >= EAGER_BEAT_S):
-                    await self._heartbeat()
-                    last_beat = time.monotonic()
-                    next_beat = last_beat + self.heartbeat_s
+            now = time.monotonic()
+            eager = ((self._recheck or self._load_key() != self._beat_key)
+                     and now - last_beat >= EAGER_BEAT_S)
+            if not self.registered or now >= next_beat or eager:
+                stub = self._connect()
+                try:
+                    if self.registered:
+                        await self._heartbeat(stub)
+                    else:
+                        await self._register(stub)
+                except Exception as exc:  # this task must outlive any error
+                    await self._failed(exc, stub)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                    continue
                 self.connected = True
                 backoff = 0.1
-            except grpc.aio.AioRpcError as err:
-                self.connected = False
-                self.counters[f"error_{err.code().name.lower()}"] += 1
-                if err.code() in RETRYABLE:
-                    await self._next_service()
-                elif err.code() in (grpc.StatusCode.NOT_FOUND,
-                                    grpc.StatusCode.FAILED_PRECONDITION):
-                    log.warning("service refused %s: %s", self.worker_id, err.details())
-                    self.registered = False
-                else:
-                    log.warning("service call failed: %s %s", err.code().name, err.details())
+                last_beat = time.monotonic()
+                next_beat = last_beat + self.heartbeat_s
+            wait = max(0.0, next_beat - time.monotonic())
+            if self._recheck or self._load_key() != self._beat_key:
+                wait = min(wait, max(0.0, last_beat + EAGER_BEAT_S - time.monotonic()))
+            self._beat_kick.clear()
+            try:
+                await asyncio.wait_for(self._beat_kick.wait(), timeout=wait)
+            except TimeoutError:
+                pass
+
+    async def _events(self) -> None:
+        """Resync when needed and publish the outbox, once registered."""
+        backoff = 0.1
+        while not self._closed:
+            self._kick.clear()
+            if not self.registered or not (self.need_sync or self.outbox):
+                await self._kick.wait()
+                continue
+            stub = self._connect()
+            try:
+                if self.need_sync:
+                    await self._sync(stub)
+                await self._publish(stub)
+            except Exception as exc:  # this task must outlive any error
+                await self._failed(exc, stub)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
-            wait = max(0.0, next_beat - time.monotonic())
-            if self._load_key() != self._beat_key:
-                wait = min(wait, max(0.0, last_beat + EAGER_BEAT_S - time.monotonic()))
-            if not self.pending:
-                try:
-                    await asyncio.wait_for(self._kick.wait(), timeout=wait)
-                except TimeoutError:
-                    pass
-            self._kick.clear()
+            self.connected = True
+            backoff = 0.1
 
-    async def _register(self) -> None:
+    async def _register(self, stub: index_pb2_grpc.IndexServiceStub) -> None:
         self.register_req.load.CopyFrom(index_pb2.WorkerLoad(**self.runner.load))
-        resp = await self._connect().RegisterWorker(self.register_req, timeout=self.timeout,
-                                                    metadata=self.metadata)
+        resp = await stub.RegisterWorker(self.register_req, timeout=self.timeout,
+                                         metadata=self.metadata)
         if resp.heartbeat_interval_ms:
             self.heartbeat_s = resp.heartbeat_interval_ms / 1000
+        self._max_events, self._max_hashes = self.batch_max, self.batch_max_hashes
         self.registered = True
         self.need_sync = True  # a snapshot after every registration: never trust old state
         self.counters["registrations"] += 1
+        self._kick.set()
 
-    async def _sync(self) -> None:
-        snap = await self.runner.call(lambda e: e.kv.cached_block_hashes())
-        blocks = snapshot_chains(snap.block_hashes, snap.parents, TIERS[snap.tier])
-        req = index_pb2.SyncWorkerRequest(worker_id=self.worker_id, seq=snap.seq, blocks=blocks,
-                                          incarnation=self.incarnation)
-        await self._connect().SyncWorker(req, timeout=max(self.timeout, 10.0),
-                                         metadata=self.metadata)
-        while self.pending and self.pending[0].seq <= snap.seq:
-            self.pending.popleft()
+    async def _rpc(self, call: Callable[..., Awaitable[T]], req: object,
+                   timeout: float) -> T:
+        """A Publish or Sync call, counted as in flight (see :meth:`_heartbeat`)."""
+        self._inflight += 1
+        self._epoch += 1
+        try:
+            return await call(req, timeout=timeout, metadata=self.metadata)
+        finally:
+            self._inflight -= 1
+            self._epoch += 1
+
+    async def _sync(self, stub: index_pb2_grpc.IndexServiceStub) -> None:
+        self.need_sync = False  # a request for another resync from now on is kept
+        try:
+            snap = await self.runner.call(lambda e: e.kv.cached_block_hashes())
+            blocks = snapshot_chains(snap.block_hashes, snap.parents, TIERS[snap.tier])
+            req = index_pb2.SyncWorkerRequest(worker_id=self.worker_id, seq=snap.seq,
+                                              blocks=blocks, incarnation=self.incarnation)
+            await self._rpc(stub.SyncWorker, req, max(self.timeout, 10.0))
+        except BaseException:
+            self.need_sync = True
+            raise
+        self.outbox.drop_through(snap.seq)
         self.last_seq = snap.seq
-        self.need_sync = False
         self.counters["resyncs"] += 1
 
-    async def _publish(self) -> None:
-        while self.pending and not self.need_sync:
-            batch = [self.pending[i] for i in range(min(self.batch_max, len(self.pending)))]
+    async def _publish(self, stub: index_pb2_grpc.IndexServiceStub) -> None:
+        while self.outbox and not self.need_sync and self.registered:
+            batch = self.outbox.batch(self._max_events, self._max_hashes)
             if self.drop_next_batch:  # lost in transit: the service must notice the gap
                 self.drop_next_batch = False
-                for _ in batch:
-                    self.pending.popleft()
+                self.outbox.drop_through(batch[-1].seq)
                 continue
             req = index_pb2.PublishEventsRequest(
                 worker_id=self.worker_id, events=[event_to_proto(e) for e in batch],
                 incarnation=self.incarnation)
-            resp = await self._connect().PublishEvents(req, timeout=self.timeout,
-                                                       metadata=self.metadata)
+            try:
+                resp = await self._rpc(stub.PublishEvents, req, self.timeout)
+            except grpc.aio.AioRpcError as err:
+                if err.code() not in REFUSED:
+                    raise
+                self._refused(batch, err)
+                continue
             if resp.resync:
                 self.need_sync = True
                 self.counters["gaps"] += 1
                 return
-            for _ in batch:
-                self.pending.popleft()
+            self.outbox.drop_through(batch[-1].seq)
             self.last_seq = batch[-1].seq
             self.counters["events_published"] += len(batch)
 
-    async def _heartbeat(self) -> None:
+    def _refused(self, batch: list[KVEvent], err: grpc.aio.AioRpcError) -> None:
+        """The service will never take ``batch``: halve the batch limits if that can help
+        (it refuses batches over its ``--max-batch-events`` / ``--max-batch-hashes``),
+        else give its events up for a snapshot."""
+        self.counters["refused"] += 1
+        if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and len(batch) > 1:
+            hashes = sum(len(getattr(e, "block_hashes", ())) for e in batch)
+            self._max_events = max(1, len(batch) // 2)
+            self._max_hashes = max(1, hashes // 2)
+            log.info("service refused %d events (%s); batches now at most %d events",
+                     len(batch), err.details(), self._max_events)
+            return
+        log.warning("service refused event %d of %s (%s %s): resyncing with a snapshot",
+                    batch[0].seq, self.worker_id, err.code().name, err.details())
+        self.need_sync = True
+
+    async def _heartbeat(self, stub: index_pb2_grpc.IndexServiceStub) -> None:
         load = self.runner.load
         self._beat_key = (load["running"], load["waiting"])
-        resp = await self._connect().Heartbeat(index_pb2.HeartbeatRequest(
+        self._recheck = False
+        quiet, epoch = self._inflight == 0, self._epoch
+        resp = await stub.Heartbeat(index_pb2.HeartbeatRequest(
             worker_id=self.worker_id, load=index_pb2.WorkerLoad(**load),
-            last_seq=self.last_seq, incarnation=self.incarnation), timeout=self.timeout,
-            metadata=self.metadata)
+            last_seq=self.last_seq, incarnation=self.incarnation),
+            timeout=self.timeout, metadata=self.metadata)
+        self.counters["heartbeats"] += 1
         if resp.reregister:
             self.registered = False
+        elif resp.resync and not (quiet and epoch == self._epoch):
+            # A publish or sync overlapped this beat: the index may be ahead of the
+            # last_seq it carried. Not evidence of a lost index: ask again soon instead.
+            self.counters["beat_resync_deferred"] += 1
+            self._recheck = True
+            return
         if resp.resync:
             self.need_sync = True
+            self._kick.set()
 
     async def close(self) -> None:
         self._closed = True
         self._kick.set()
+        self._beat_kick.set()
         if self._channel is not None:
             await self._channel.close()

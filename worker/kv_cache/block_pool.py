@@ -28,6 +28,11 @@ from .block import BlockContent, Extra, FreeBlockQueue, KVCacheBlock
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, CacheSnapshot, KVEvent
 
 TIERS = ("gpu", "cpu")
+# Bound of the unread event backlog, in blocks (an event weighs 1 + its block hashes, and its
+# tokens are proportional to those): with nobody reading events (no service link, or an
+# ``Engine`` used directly) they would otherwise grow with traffic forever. A reader taking
+# events every step stays far below it (a step touches at most a few thousand blocks).
+MAX_PENDING_BLOCKS = 32_768
 
 
 class BlockPool:
@@ -48,6 +53,9 @@ class BlockPool:
         self.evictions = 0
         self._events: list[KVEvent] = []
         self._seq = 0
+        self.max_pending_blocks = MAX_PENDING_BLOCKS
+        self._pending_blocks = 0
+        self.events_dropped = 0  # events discarded unread because the backlog overflowed
 
     # --- lookup -----------------------------------------------------------------------
 
@@ -244,13 +252,21 @@ class BlockPool:
         return self._seq
 
     def _emit(self, event: KVEvent) -> None:
+        """Queue ``event``. Past ``max_pending_blocks`` the whole unread backlog is dropped
+        (counted in :attr:`events_dropped`); seqs still advance, so a reader sees the loss
+        as a gap and resyncs from :meth:`snapshot`, which covers every seq up to its own."""
         assert event.seq == self._seq + 1
         self._seq = event.seq
         self._events.append(event)
+        self._pending_blocks += 1 + len(getattr(event, "block_hashes", ()))
+        if self._pending_blocks > self.max_pending_blocks:
+            self.events_dropped += len(self._events)
+            self._events, self._pending_blocks = [], 0
 
     def take_events(self) -> list[KVEvent]:
-        """Events emitted since the last call, oldest first."""
-        events, self._events = self._events, []
+        """Events emitted since the last call, oldest first. If :attr:`events_dropped`
+        grew since the reader last looked, events before these were lost."""
+        events, self._events, self._pending_blocks = self._events, [], 0
         return events
 
     def snapshot(self) -> CacheSnapshot:

@@ -292,8 +292,18 @@ class KVCacheManager:
     # --- reporting --------------------------------------------------------------------
 
     def take_events(self) -> list[KVEvent]:
-        """KV events since the last call, oldest first (sequence numbers from 1, no gaps)."""
+        """KV events since the last call, oldest first (sequence numbers from 1, no gaps
+        unless :attr:`events_dropped` grew in between)."""
         return self.pool.take_events()
+
+    @property
+    def events_dropped(self) -> int:
+        """Events discarded unread (cumulative): the pool keeps at most
+        ``pool.max_pending_blocks`` blocks' worth of untaken events and drops the whole
+        backlog past it, so memory stays bounded when nobody takes them. A reader that sees
+        this grow since its last look missed events: it must resync from
+        :meth:`cached_block_hashes` (valid as of its ``seq``) and keep only later events."""
+        return self.pool.events_dropped
 
     def cached_block_hashes(self) -> CacheSnapshot:
         """Every cached hash with this pool's tier and the last event seq it reflects (for a
