@@ -47,7 +47,15 @@ from service.validate import RequestError
 
 log = logging.getLogger("kvmesh.service")
 T = TypeVar("T")
-_HASH_IN_THREAD = 65536  # prompts this long are hashed off the event loop
+# Hashing work (blocks x (1 + multimodal items): every block checks every item) from which a
+# Route hashes in a worker thread, so that the loop keeps answering heartbeats meanwhile.
+# ~4096 blocks of plain prompt hash in a few ms: below that a thread costs more than it saves.
+_HASH_IN_THREAD = 4096
+
+
+def hash_work(n_tokens: int, block_size: int, n_mm: int) -> int:
+    """Units of hashing work of one chain: its blocks x (1 + its multimodal items)."""
+    return (n_tokens // max(block_size, 1) + 1) * (1 + n_mm)
 
 
 def now_ms() -> int:
@@ -255,7 +263,7 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
                                                seed=self.cfg.hash_seed, salt=inp.salt,
                                                lora=inp.lora, mm=inp.mm)
 
-        if len(inp.tokens) >= _HASH_IN_THREAD:
+        if hash_work(len(inp.tokens), block_size, len(inp.mm)) >= _HASH_IN_THREAD:
             return await asyncio.to_thread(run)
         return run()
 
