@@ -118,13 +118,16 @@ return {1, seq, prev}
 # ARGV[1] = chain prefix 'kvm:{<ns>|', ARGV[2] = worker id,
 # ARGV[3] = seq of the first event, ARGV[4] = seq of the last event,
 # ARGV[5] = W, the hex width of one block hash, ARGV[6] = the worker's incarnation,
-# ARGV[7..] = the events, flattened (HASHES = the block hashes' hex, concatenated):
+# ARGV[7], ARGV[8] = the block cap: per pool block, floor (BlockCap; per pool 0 = no cap),
+# ARGV[9..] = the events, flattened (HASHES = the block hashes' hex, concatenated):
 #   'S' tierbits parent_hex_or_empty HASHES   (BlockStored, chain order)
 #   'R' tierbits HASHES                       (BlockRemoved)
 #   'C'                                       (AllBlocksCleared)
 # Events with seq <= the record's seq were applied before (a retried batch): skipped.
+# A batch that leaves the worker holding more than its cap (max(per_pool * the record's
+# 'total', floor)) drops all the worker's entries and resets its seq to 0 (it must resync).
 # Returns {status, applied, last seq}: status 1 applied, 0 duplicate, -1 gap, -2 unknown,
-# -3 stale incarnation (nothing applied).
+# -3 stale incarnation (nothing applied), -4 over the cap ({-4, cap, 0}).
 APPLY = PRELUDE + r"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return {-2, 0, 0} end
 local cp, wid, held, w = ARGV[1], ARGV[2], KEYS[2], tonumber(ARGV[5])
@@ -132,7 +135,7 @@ local last = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 if (redis.call('HGET', KEYS[1], 'inc') or '0') ~= ARGV[6] then return {-3, 0, last} end
 if tonumber(ARGV[4]) <= last then return {0, 0, last} end
 if tonumber(ARGV[3]) > last + 1 then return {-1, 0, last} end
-local i, applied, seq = 7, 0, tonumber(ARGV[3])
+local i, applied, seq = 9, 0, tonumber(ARGV[3])
 while i <= #ARGV do
   local op, fresh = ARGV[i], seq > last
   if op == 'S' then
@@ -156,6 +159,16 @@ while i <= #ARGV do
   if fresh then applied = applied + 1 end
   seq = seq + 1
 end
+local per_pool = tonumber(ARGV[7])
+if per_pool > 0 then
+  local total = tonumber(redis.call('HGET', KEYS[1], 'total') or '0')
+  local cap = math.max(per_pool * total, tonumber(ARGV[8]))
+  if redis.call('HLEN', held) > cap then
+    forget_all(cp, wid, held)
+    redis.call('HSET', KEYS[1], 'seq', '0')
+    return {-4, cap, 0}
+  end
+end
 redis.call('HSET', KEYS[1], 'seq', ARGV[4])
 return {1, applied, tonumber(ARGV[4])}
 """
@@ -164,14 +177,19 @@ return {1, applied, tonumber(ARGV[4])}
 # ARGV[1] = chain prefix, ARGV[2] = worker id, ARGV[3] = snapshot seq, ARGV[4] = W (hex
 # width of a hash), ARGV[5] = block hashes (hex, concatenated), ARGV[6] = their chain roots
 # (hex, concatenated, same order; resolved by the caller), ARGV[7] = their tier masks, one
-# digit each, ARGV[8] = the worker's incarnation
-# Returns the number of blocks indexed, -1 for an unknown worker, -2 for a stale incarnation
-# (nothing changed).
+# digit each, ARGV[8] = the worker's incarnation, ARGV[9], ARGV[10] = the block cap (as APPLY)
+# Returns the number of blocks indexed, -1 for an unknown worker, -2 for a stale incarnation,
+# -3 - cap for a snapshot over the cap (nothing changed in these three cases).
 SYNC = PRELUDE + r"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 if (redis.call('HGET', KEYS[1], 'inc') or '0') ~= ARGV[8] then return -2 end
 local cp, wid, held, w = ARGV[1], ARGV[2], KEYS[2], tonumber(ARGV[4])
 local hs, roots, masks = ARGV[5], ARGV[6], ARGV[7]
+if tonumber(ARGV[9]) > 0 then
+  local total = tonumber(redis.call('HGET', KEYS[1], 'total') or '0')
+  local cap = math.max(tonumber(ARGV[9]) * total, tonumber(ARGV[10]))
+  if #masks > cap then return -3 - cap end
+end
 forget_all(cp, wid, held)
 for k = 1, #masks do
   local a = (k - 1) * w + 1

@@ -105,7 +105,8 @@ def test_unauthenticated_large_requests_are_refused_before_they_are_read(
         grown = mem.peak - before
         # The old code held every body (up to 2x the limit each): ~100 MiB here; now only
         # HTTP/2 flow-control windows (measured ~8 MiB).
-        assert grown < n * size / 3, f"RSS grew {grown / MIB:.1f} MiB for {n * size / MIB:.0f} MiB sent"
+        assert grown < n * size / 3, (
+            f"RSS grew {grown / MIB:.1f} MiB for {n * size / MIB:.0f} MiB sent")
     finally:
         for ch in channels:
             ch.close()
