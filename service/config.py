@@ -81,7 +81,7 @@ class ServiceConfig:
     max_message_bytes: int = 16 * 1024 * 1024  # also gRPC's receive limit (kvmesh.limits)
     max_mm_items: int = 64                # multimodal items of one Route (hashing cost is
                                           # blocks x items)
-    indexed_blocks_per_pool: int = 2      # a worker may index at most this many times the
+    indexed_blocks_per_pool: int = 4      # a worker may index at most this many times the
     min_indexed_cap: int = 1024           # total_blocks it reports, and at least this many
     max_inflight_per_conn: int = 1024     # calls in flight per client connection; 0: no cap
     metrics_port: int | None = None

@@ -99,12 +99,16 @@ class BlockCap:
 
 class OverCap(Exception):
     """A worker's events or snapshot would index more blocks than its :class:`BlockCap`.
-    A snapshot over the cap changed nothing; a batch of events that went over it dropped
-    every entry of the worker and reset its seq to 0 (it must resync)."""
 
-    def __init__(self, worker_id: str, cap: int, snapshot: bool) -> None:
-        what = ("its snapshot was refused" if snapshot
-                else "its entries were dropped: resync with a snapshot")
+    Checked before any work: a snapshot of more distinct blocks than the cap, or a batch
+    for which (indexed blocks + hashes stored - hashes removed) exceeds it, changes nothing
+    (``dropped`` False). That estimate can only overcount (re-stores, removals of blocks
+    not indexed); a batch that passes it yet ends over the cap (impossible today: kept as a
+    backstop) drops every entry of the worker and resets its seq to 0 (``dropped``)."""
+
+    def __init__(self, worker_id: str, cap: int, dropped: bool = False) -> None:
+        what = ("its entries were dropped: resync with a snapshot" if dropped
+                else "refused, nothing changed")
         super().__init__(f"worker {worker_id!r} would index more than {cap} blocks, its cap "
                          f"(a multiple of the total_blocks it reports); {what}")
         self.worker_id = worker_id

@@ -33,6 +33,17 @@ from service.index.base import (
 _SWEEP_AT = 4096  # provisional entries per namespace before expired ones are swept
 
 
+def _net_hashes(events: Sequence[KvEvent]) -> int:
+    """Hashes stored minus hashes removed by ``events`` (the cap's cheap estimate)."""
+    n = 0
+    for ev in events:
+        if isinstance(ev.op, Stored):
+            n += len(ev.op.hashes)
+        elif isinstance(ev.op, Removed):
+            n -= len(ev.op.hashes)
+    return n
+
+
 class MemoryBackend(IndexBackend):
     """Dict-backed index; see ``service.index.base`` for the contract."""
 
@@ -130,6 +141,9 @@ class MemoryBackend(IndexBackend):
         new = events[max(rec.last_seq + 1 - events[0].seq, 0):]  # skip the applied overlap
         blocks = self._blocks.setdefault(rec.ns, {})
         held = self._held.setdefault(worker_id, {})
+        limit = cap.limit(rec.load.total_blocks)
+        if limit is not None and len(held) + _net_hashes(events) > limit:  # as redis APPLY
+            raise OverCap(worker_id, limit)
         for ev in new:
             op = ev.op
             if isinstance(op, Stored):
@@ -151,7 +165,7 @@ class MemoryBackend(IndexBackend):
             self._forget_all(worker_id)
             self._held[worker_id] = {}
             rec.last_seq = 0
-            raise OverCap(worker_id, limit, snapshot=False)
+            raise OverCap(worker_id, limit, dropped=True)
         rec.last_seq = events[-1].seq
         return ApplyResult(ApplyStatus.OK, len(new), rec.last_seq)
 
@@ -163,7 +177,7 @@ class MemoryBackend(IndexBackend):
         resolved = resolve_snapshot(blocks)
         limit = cap.limit(rec.load.total_blocks)
         if limit is not None and len(resolved) > limit:
-            raise OverCap(worker_id, limit, snapshot=True)
+            raise OverCap(worker_id, limit)
         self._forget_all(worker_id)
         table = self._blocks.setdefault(rec.ns, {})
         held: dict[bytes, bytes] = {}

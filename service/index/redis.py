@@ -262,7 +262,7 @@ class RedisBackend(IndexBackend):
         if status == -3:
             raise StaleIncarnation(worker_id, incarnation)
         if status == -4:
-            raise OverCap(worker_id, int(applied), snapshot=False)
+            raise OverCap(worker_id, int(applied), dropped=bool(int(last)))
         kind = {1: ApplyStatus.OK, 0: ApplyStatus.DUPLICATE, -1: ApplyStatus.GAP}.get(
             int(status), ApplyStatus.UNKNOWN_WORKER)
         return ApplyResult(kind, int(applied), int(last))
@@ -279,7 +279,7 @@ class RedisBackend(IndexBackend):
         if n == -2:
             raise StaleIncarnation(worker_id, incarnation)
         if n <= -3:
-            raise OverCap(worker_id, -3 - n, snapshot=True)
+            raise OverCap(worker_id, -3 - n)
         return None if n < 0 else n
 
     async def purge_worker(self, worker_id: str, heartbeat_before_ms: int | None = None) -> bool:

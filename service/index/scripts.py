@@ -124,10 +124,12 @@ return {1, seq, prev}
 #   'R' tierbits HASHES                       (BlockRemoved)
 #   'C'                                       (AllBlocksCleared)
 # Events with seq <= the record's seq were applied before (a retried batch): skipped.
-# A batch that leaves the worker holding more than its cap (max(per_pool * the record's
-# 'total', floor)) drops all the worker's entries and resets its seq to 0 (it must resync).
+# The block cap is max(per_pool * the record's 'total', floor): a batch for which indexed +
+# stored - removed hashes exceeds it is refused before any work ({-4, cap, 0}); one that
+# still ends over it (a backstop) drops all the worker's entries and resets its seq to 0
+# ({-4, cap, 1}: it must resync).
 # Returns {status, applied, last seq}: status 1 applied, 0 duplicate, -1 gap, -2 unknown,
-# -3 stale incarnation (nothing applied), -4 over the cap ({-4, cap, 0}).
+# -3 stale incarnation (nothing applied), -4 over the cap.
 APPLY = PRELUDE + r"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return {-2, 0, 0} end
 local cp, wid, held, w = ARGV[1], ARGV[2], KEYS[2], tonumber(ARGV[5])
@@ -135,6 +137,18 @@ local last = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 if (redis.call('HGET', KEYS[1], 'inc') or '0') ~= ARGV[6] then return {-3, 0, last} end
 if tonumber(ARGV[4]) <= last then return {0, 0, last} end
 if tonumber(ARGV[3]) > last + 1 then return {-1, 0, last} end
+local per_pool, cap = tonumber(ARGV[7]), 0
+if per_pool > 0 then
+  cap = math.max(per_pool * tonumber(redis.call('HGET', KEYS[1], 'total') or '0'),
+                 tonumber(ARGV[8]))
+  local n, k = redis.call('HLEN', held), 9
+  while k <= #ARGV do
+    if ARGV[k] == 'S' then n, k = n + #ARGV[k + 3] / w, k + 4
+    elseif ARGV[k] == 'R' then n, k = n - #ARGV[k + 2] / w, k + 3
+    else k = k + 1 end
+  end
+  if n > cap then return {-4, cap, 0} end
+end
 local i, applied, seq = 9, 0, tonumber(ARGV[3])
 while i <= #ARGV do
   local op, fresh = ARGV[i], seq > last
@@ -159,15 +173,10 @@ while i <= #ARGV do
   if fresh then applied = applied + 1 end
   seq = seq + 1
 end
-local per_pool = tonumber(ARGV[7])
-if per_pool > 0 then
-  local total = tonumber(redis.call('HGET', KEYS[1], 'total') or '0')
-  local cap = math.max(per_pool * total, tonumber(ARGV[8]))
-  if redis.call('HLEN', held) > cap then
-    forget_all(cp, wid, held)
-    redis.call('HSET', KEYS[1], 'seq', '0')
-    return {-4, cap, 0}
-  end
+if per_pool > 0 and redis.call('HLEN', held) > cap then
+  forget_all(cp, wid, held)
+  redis.call('HSET', KEYS[1], 'seq', '0')
+  return {-4, cap, 1}
 end
 redis.call('HSET', KEYS[1], 'seq', ARGV[4])
 return {1, applied, tonumber(ARGV[4])}
