@@ -14,6 +14,11 @@ Contract, checked before any handler runs:
   all are); a bound grant on a request-streaming method is refused.
 
 Token comparison is constant-time (``hmac.compare_digest``).
+
+An unauthenticated call is refused WITHOUT reading its request message: the interceptor
+sees only the method and the metadata (headers), and answers with a request-streaming
+handler (:func:`_refuse_unread`) that aborts before asking for the first message, so gRPC
+never buffers the body of a call without a valid token.
 """
 from __future__ import annotations
 
@@ -78,6 +83,23 @@ def _deny(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
     return grpc.unary_unary_rpc_method_handler(deny, **kw)
 
 
+def _refuse_unread(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
+                   message: str) -> grpc.RpcMethodHandler:
+    """A handler that aborts with ``code``/``message`` before reading any request message.
+
+    It is request-streaming whatever the method is: grpc.aio reads a unary request in full
+    before calling its handler, but hands a streaming handler an iterator it reads only on
+    demand. The client cannot tell (the call ends with a status and no message)."""
+
+    async def refuse(_requests: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(code, message)
+
+    kw = {"response_serializer": handler.response_serializer}
+    if handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse, **kw)
+    return grpc.stream_unary_rpc_method_handler(refuse, **kw)
+
+
 def _bind(handler: grpc.RpcMethodHandler, method: str, identity: str) -> grpc.RpcMethodHandler:
     """``handler`` refusing requests whose ``worker_id`` is not ``identity``."""
     if handler.request_streaming:
@@ -136,7 +158,7 @@ class BearerAuth(grpc.aio.ServerInterceptor):
             role = self.role_of(method)
             why = ("missing 'authorization: Bearer <token>' metadata" if not token
                    else f"invalid {role} token")
-            return _deny(handler, grpc.StatusCode.UNAUTHENTICATED, f"{method}: {why}")
+            return _refuse_unread(handler, grpc.StatusCode.UNAUTHENTICATED, f"{method}: {why}")
         if granted.identity is not None:
             return _bind(handler, method, granted.identity)
         return handler

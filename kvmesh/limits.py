@@ -9,14 +9,21 @@ and reflection are left alone):
   A stream counts until it ends. ``0`` disables the limit. This is an interceptor with a
   counter per connection, not grpc's ``maximum_concurrent_rpcs`` (a server-wide cap with a
   generic message): one greedy client cannot take the whole server's capacity.
-* **message size**: a request over ``max_message_bytes`` is refused with RESOURCE_EXHAUSTED
-  naming the limit and its flag. The server's transport cap (:func:`transport_cap`) is set
-  above the limit so that such requests reach this check; beyond the cap gRPC itself refuses
-  them (also RESOURCE_EXHAUSTED, with gRPC's own message).
+* **message size**: the server's transport receive limit IS ``max_message_bytes``
+  (:func:`server_options`): gRPC refuses a bigger request with RESOURCE_EXHAUSTED while it
+  arrives, so no request over the limit is ever buffered whole. (It used to be twice the
+  limit, so that this interceptor could name the flag: that let every call, even an
+  unauthenticated one, make the server hold 2x the limit.) The size check here stays as a
+  second line for servers built with other options.
+* **streams per connection**: the HTTP/2 ``max_concurrent_streams`` setting is
+  ``max_inflight + 1``: a client cannot open more streams than that on one connection (its
+  extra calls wait client-side), so one connection can make the server receive at most that
+  many messages at once; the one over ``max_inflight`` still reaches this interceptor and is
+  refused with a message naming the flag.
 * **decoding**: bytes that do not parse as the method's request message are refused with
   INVALID_ARGUMENT (without this, gRPC answers UNKNOWN).
 
-Requests the auth interceptor already refused (their handler decodes nothing) pass through
+Requests the auth interceptor already refused (their handler reads no message) pass through
 untouched, so a caller without a valid token learns nothing from these checks.
 """
 from __future__ import annotations
@@ -31,9 +38,14 @@ KVMESH_PREFIX = "/kvmesh.v1."
 _TOO_MUCH = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-def transport_cap(max_message_bytes: int) -> int:
-    """The gRPC receive limit for a server enforcing ``max_message_bytes`` itself."""
-    return min(2 * max_message_bytes + 1024, 2**31 - 1)
+def server_options(max_message_bytes: int, max_inflight: int) -> list[tuple[str, int]]:
+    """gRPC server options enforcing ``max_message_bytes`` on the transport (send and
+    receive) and, when ``max_inflight`` > 0, ``max_inflight + 1`` streams per connection."""
+    cap = min(max_message_bytes, 2**31 - 1)
+    options = [("grpc.max_receive_message_length", cap), ("grpc.max_send_message_length", cap)]
+    if max_inflight:
+        options.append(("grpc.max_concurrent_streams", max_inflight + 1))
+    return options
 
 
 class RequestLimits(grpc.aio.ServerInterceptor):

@@ -64,6 +64,13 @@ def register_service(app: typer.Typer) -> None:
             _DEFAULTS.max_batch_hashes, help="Block hashes in one PublishEvents/SyncWorker."),
         max_snapshot_blocks: int = typer.Option(_DEFAULTS.max_snapshot_blocks,
                                                 help="Blocks in one SyncWorker snapshot."),
+        max_mm_items: int = typer.Option(_DEFAULTS.max_mm_items,
+                                         help="Multimodal items in one Route."),
+        indexed_blocks_per_pool: int = typer.Option(
+            _DEFAULTS.indexed_blocks_per_pool, help="A worker may index at most this many "
+            "times the total_blocks it reports (and at least --min-indexed-cap)."),
+        min_indexed_cap: int = typer.Option(_DEFAULTS.min_indexed_cap,
+                                            help="Blocks any worker may index."),
         log_level: str = typer.Option("info", help="debug | info | warning | error."),
     ) -> None:
         """Run the metadata service (index + routing) until Ctrl-C / SIGTERM."""
@@ -88,7 +95,10 @@ def register_service(app: typer.Typer) -> None:
                                 max_prompt_tokens=max_prompt_tokens,
                                 max_batch_events=max_batch_events,
                                 max_batch_hashes=max_batch_hashes,
-                                max_snapshot_blocks=max_snapshot_blocks)
+                                max_snapshot_blocks=max_snapshot_blocks,
+                                max_mm_items=max_mm_items,
+                                indexed_blocks_per_pool=indexed_blocks_per_pool,
+                                min_indexed_cap=min_indexed_cap)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from e
         asyncio.run(_serve(f"{host}:{port}", cfg))

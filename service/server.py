@@ -29,7 +29,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from kvmesh.limits import RequestLimits, transport_cap
+from kvmesh.limits import RequestLimits, server_options
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from service.auth import service_auth
@@ -145,8 +145,7 @@ async def create_server(address: str, config: ServiceConfig,
     auth = service_auth(config)
     if auth is not None:
         interceptors.append(auth)
-    options = [("grpc.max_receive_message_length", transport_cap(config.max_message_bytes)),
-               ("grpc.max_send_message_length", config.max_message_bytes),
+    options = [*server_options(config.max_message_bytes, config.max_inflight_per_conn),
                ("grpc.so_reuseport", 0)]
     server = grpc.aio.server(interceptors=interceptors, options=options)
     pb_grpc.add_IndexServiceServicer_to_server(servicer, server)

@@ -32,9 +32,11 @@ from service.hash_memo import BlockHashMemo
 from service.index.base import (
     DIGEST_BYTES,
     ApplyStatus,
+    BlockCap,
     BlockMatch,
     IndexBackend,
     IndexUnavailable,
+    OverCap,
     StaleIncarnation,
     WorkerLoad,
     WorkerRecord,
@@ -47,7 +49,15 @@ from service.validate import RequestError
 
 log = logging.getLogger("kvmesh.service")
 T = TypeVar("T")
-_HASH_IN_THREAD = 65536  # prompts this long are hashed off the event loop
+# Hashing work (blocks x (1 + multimodal items): every block checks every item) from which a
+# Route hashes in a worker thread, so that the loop keeps answering heartbeats meanwhile.
+# ~4096 blocks of plain prompt hash in a few ms: below that a thread costs more than it saves.
+_HASH_IN_THREAD = 4096
+
+
+def hash_work(n_tokens: int, block_size: int, n_mm: int) -> int:
+    """Units of hashing work of one chain: its blocks x (1 + its multimodal items)."""
+    return (n_tokens // max(block_size, 1) + 1) * (1 + n_mm)
 
 
 def now_ms() -> int:
@@ -88,6 +98,8 @@ def _rpc(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             await context.abort(e.code, e.message)
         except StaleIncarnation as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except OverCap as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except IndexUnavailable as e:
             self.mark_down()
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"index backend unreachable: {e}")
@@ -107,6 +119,7 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         self.cfg = config
         self.backend = backend
         self.table = WorkerTable(int(config.liveness_timeout_s * 1000))
+        self.block_cap = BlockCap(config.indexed_blocks_per_pool, config.min_indexed_cap)
         self.metrics = ServiceMetrics()
         self.policies: dict[str, Policy] = make_policies(config.weights)
         self.rng = random.Random()
@@ -206,7 +219,8 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         validate.worker_id(req.worker_id)
         rec = await self._record(req.worker_id)
         events = validate.events(list(req.events), DIGEST_BYTES[rec.algo], self.cfg)
-        res = await self.backend.apply_events(req.worker_id, events, req.incarnation)
+        res = await self.backend.apply_events(req.worker_id, events, req.incarnation,
+                                              self.block_cap)
         if res.status is ApplyStatus.UNKNOWN_WORKER:
             self.table.remove(req.worker_id)
             raise RequestError(grpc.StatusCode.NOT_FOUND, f"unknown worker {req.worker_id!r} "
@@ -222,7 +236,8 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         validate.worker_id(req.worker_id)
         rec = await self._record(req.worker_id)
         blocks = validate.snapshot(req, DIGEST_BYTES[rec.algo], self.cfg)
-        n = await self.backend.sync_worker(req.worker_id, req.seq, blocks, req.incarnation)
+        n = await self.backend.sync_worker(req.worker_id, req.seq, blocks, req.incarnation,
+                                           self.block_cap)
         if n is None:
             self.table.remove(req.worker_id)
             raise RequestError(grpc.StatusCode.NOT_FOUND, f"unknown worker {req.worker_id!r}: "
@@ -255,7 +270,7 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
                                                seed=self.cfg.hash_seed, salt=inp.salt,
                                                lora=inp.lora, mm=inp.mm)
 
-        if len(inp.tokens) >= _HASH_IN_THREAD:
+        if hash_work(len(inp.tokens), block_size, len(inp.mm)) >= _HASH_IN_THREAD:
             return await asyncio.to_thread(run)
         return run()
 

@@ -170,6 +170,9 @@ def route(req: pb.RouteRequest, cfg: ServiceConfig) -> RouteInput:
         lora = lora_key(req.lora.name, req.lora.path)  # unset message: "" and "", no LoRA
     except ValueError as e:
         raise RequestError(INVALID, str(e)) from None
+    if len(req.mm) > cfg.max_mm_items:
+        raise RequestError(INVALID, f"{len(req.mm)} multimodal items; the limit is "
+                           f"{cfg.max_mm_items} per request (--max-mm-items)")
     mm = []
     for i, item in enumerate(req.mm):
         if not item.identifier or len(item.identifier) > 1024:

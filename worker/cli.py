@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
                                              "signed by --tls-ca (mutual TLS)"),
         max_inflight_per_conn: int = typer.Option(1024, help="calls in flight per client "
                                                   "connection (0: unlimited)"),
-        max_message_bytes: int = typer.Option(64 << 20, help="largest request, bytes"),
+        max_message_bytes: int = typer.Option(16 << 20, help="largest request, bytes"),
     ) -> None:
         """Run one worker: KV pool + model + gRPC WorkerService (+ index registration)."""
         import asyncio

@@ -33,7 +33,7 @@ class WorkerOptions:
     metrics_port: int | None = None
     tls: TlsFiles | None = None       # cert/key: serve TLS; ca: verify the service (the link)
     max_inflight_per_conn: int = 1024
-    max_message_bytes: int = 64 << 20
+    max_message_bytes: int = 16 << 20
 
 
 async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:

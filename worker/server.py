@@ -19,7 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvmesh.auth import BearerAuth, shared_token
 from kvmesh.hashing import lora_key
-from kvmesh.limits import RequestLimits, transport_cap
+from kvmesh.limits import RequestLimits, server_options
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 from worker.async_engine import AsyncEngine
 from worker.engine import RequestError, StepFailed
@@ -27,8 +27,9 @@ from worker.internal_errors import InternalErrors
 from worker.metrics import WorkerMetrics
 from worker.sequence import SamplingParams
 
-MAX_MESSAGE_BYTES = 64 << 20  # --max-message-bytes
+MAX_MESSAGE_BYTES = 16 << 20  # --max-message-bytes
 DEFAULT_MAX_INFLIGHT = 1024  # --max-inflight-per-conn (calls in flight per connection)
+MAX_MM_ITEMS = 64  # multimodal items per request: hashing costs blocks x items
 
 
 @dataclass
@@ -45,8 +46,10 @@ class PrecisionCounter:
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
-    def __init__(self, runner: AsyncEngine, worker_id: str, model_name: str) -> None:
+    def __init__(self, runner: AsyncEngine, worker_id: str, model_name: str,
+                 max_mm_items: int = MAX_MM_ITEMS) -> None:
         self.runner = runner
+        self.max_mm_items = max_mm_items
         self.worker_id = worker_id
         self.model_name = model_name
         self.precision = PrecisionCounter()
@@ -61,6 +64,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             lora = lora_key(request.lora.name, request.lora.path)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if len(request.mm) > self.max_mm_items:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{len(request.mm)} multimodal items; the limit is "
+                                f"{self.max_mm_items} per request")
         mm = tuple((m.identifier, m.offset, m.length) for m in request.mm)
         if any(m.length <= 0 for m in request.mm):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -130,6 +137,7 @@ async def create_server(address: str, runner: AsyncEngine, *, worker_id: str,
                         token: str | None = None,
                         max_inflight_per_conn: int = DEFAULT_MAX_INFLIGHT,
                         max_message_bytes: int = MAX_MESSAGE_BYTES,
+                        max_mm_items: int = MAX_MM_ITEMS,
                         ) -> tuple[grpc.aio.Server, int, WorkerServicer]:
     """Build (not start) the server; bind ``host:0`` for a free port. Returns the port.
 
@@ -142,10 +150,9 @@ async def create_server(address: str, runner: AsyncEngine, *, worker_id: str,
         max_inflight=max_inflight_per_conn, max_message_bytes=max_message_bytes)]
     if token:
         chain.append(router_auth(token))
-    server = grpc.aio.server(interceptors=[*chain, *interceptors], options=[
-        ("grpc.max_receive_message_length", transport_cap(max_message_bytes)),
-        ("grpc.max_send_message_length", max_message_bytes)])
-    servicer = WorkerServicer(runner, worker_id, model_name)
+    server = grpc.aio.server(interceptors=[*chain, *interceptors],
+                             options=server_options(max_message_bytes, max_inflight_per_conn))
+    servicer = WorkerServicer(runner, worker_id, model_name, max_mm_items)
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

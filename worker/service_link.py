@@ -90,7 +90,7 @@ class ServiceLink:
     def __init__(self, addresses: list[str], runner: AsyncEngine, *, worker_id: str,
                  address: str, model: str, root_hash: bytes, token: str | None = None,
                  heartbeat_s: float = 1.0, batch_max: int = 512,
-                 batch_max_hashes: int = 65_536, max_pending_blocks: int = MAX_BLOCKS,
+                 batch_max_hashes: int = 8192, max_pending_blocks: int = MAX_BLOCKS,
                  rpc_timeout_s: float = 3.0,
                  credentials: grpc.ChannelCredentials | None = None) -> None:
         if not addresses:

@@ -85,6 +85,37 @@ class StaleIncarnation(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class BlockCap:
+    """How many blocks one worker may have indexed: ``per_pool`` times the ``total_blocks``
+    its last Register/Heartbeat reported, and at least ``floor``. ``per_pool == 0``: no cap.
+    A real worker holds at most its pool, so only a lying or buggy one reaches the cap."""
+
+    per_pool: int = 0
+    floor: int = 0
+
+    def limit(self, total_blocks: int) -> int | None:
+        return max(self.per_pool * total_blocks, self.floor) if self.per_pool else None
+
+
+class OverCap(Exception):
+    """A worker's events or snapshot would index more blocks than its :class:`BlockCap`.
+
+    Checked before any work: a snapshot of more distinct blocks than the cap, or a batch
+    for which (indexed blocks + hashes stored - hashes removed) exceeds it, changes nothing
+    (``dropped`` False). That estimate can only overcount (re-stores, removals of blocks
+    not indexed); a batch that passes it yet ends over the cap (impossible today: kept as a
+    backstop) drops every entry of the worker and resets its seq to 0 (``dropped``)."""
+
+    def __init__(self, worker_id: str, cap: int, dropped: bool = False) -> None:
+        what = ("its entries were dropped: resync with a snapshot" if dropped
+                else "refused, nothing changed")
+        super().__init__(f"worker {worker_id!r} would index more than {cap} blocks, its cap "
+                         f"(a multiple of the total_blocks it reports); {what}")
+        self.worker_id = worker_id
+        self.cap = cap
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerLoad:
     running: int = 0
     waiting: int = 0
@@ -234,17 +265,19 @@ class IndexBackend(abc.ABC):
 
     @abc.abstractmethod
     async def apply_events(self, worker_id: str, events: Sequence[KvEvent],
-                           incarnation: int = 0) -> ApplyResult:
+                           incarnation: int = 0, cap: BlockCap = BlockCap()) -> ApplyResult:
         """Apply one batch atomically (see the module rules). ``events`` have consecutive
         seqs (the caller validates). Raises StaleIncarnation (applying nothing) when
-        ``incarnation`` is not the record's."""
+        ``incarnation`` is not the record's, and OverCap when the worker ends the batch
+        holding more than ``cap`` allows (its entries are then all dropped, seq 0)."""
 
     @abc.abstractmethod
     async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[Stored],
-                          incarnation: int = 0) -> int | None:
+                          incarnation: int = 0, cap: BlockCap = BlockCap()) -> int | None:
         """Replace the worker's entries with a snapshot and set its last seq to ``seq``.
         Returns the number of blocks indexed, or None for an unknown worker. Raises
-        StaleIncarnation (changing nothing) when ``incarnation`` is not the record's."""
+        StaleIncarnation or OverCap (a snapshot of more blocks than ``cap`` allows),
+        changing nothing, when ``incarnation`` is not the record's."""
 
     @abc.abstractmethod
     async def purge_worker(self, worker_id: str, heartbeat_before_ms: int | None = None) -> bool:

@@ -12,11 +12,13 @@ from service.index.base import (
     TIER_GPU,
     ApplyResult,
     ApplyStatus,
+    BlockCap,
     BlockMatch,
     Cleared,
     HeartbeatResult,
     IndexBackend,
     KvEvent,
+    OverCap,
     Removed,
     StaleIncarnation,
     Stored,
@@ -29,6 +31,17 @@ from service.index.base import (
 )
 
 _SWEEP_AT = 4096  # provisional entries per namespace before expired ones are swept
+
+
+def _net_hashes(events: Sequence[KvEvent]) -> int:
+    """Hashes stored minus hashes removed by ``events`` (the cap's cheap estimate)."""
+    n = 0
+    for ev in events:
+        if isinstance(ev.op, Stored):
+            n += len(ev.op.hashes)
+        elif isinstance(ev.op, Removed):
+            n -= len(ev.op.hashes)
+    return n
 
 
 class MemoryBackend(IndexBackend):
@@ -115,7 +128,7 @@ class MemoryBackend(IndexBackend):
         del held[h]
 
     async def apply_events(self, worker_id: str, events: Sequence[KvEvent],
-                           incarnation: int = 0) -> ApplyResult:
+                           incarnation: int = 0, cap: BlockCap = BlockCap()) -> ApplyResult:
         rec = self._current(worker_id, incarnation)
         if rec is None:
             return ApplyResult(ApplyStatus.UNKNOWN_WORKER, 0, 0)
@@ -128,6 +141,9 @@ class MemoryBackend(IndexBackend):
         new = events[max(rec.last_seq + 1 - events[0].seq, 0):]  # skip the applied overlap
         blocks = self._blocks.setdefault(rec.ns, {})
         held = self._held.setdefault(worker_id, {})
+        limit = cap.limit(rec.load.total_blocks)
+        if limit is not None and len(held) + _net_hashes(events) > limit:  # as redis APPLY
+            raise OverCap(worker_id, limit)
         for ev in new:
             op = ev.op
             if isinstance(op, Stored):
@@ -144,18 +160,28 @@ class MemoryBackend(IndexBackend):
             elif isinstance(op, Cleared):
                 self._forget_all(worker_id)
                 held = self._held.setdefault(worker_id, {})
+        limit = cap.limit(rec.load.total_blocks)
+        if limit is not None and len(held) > limit:  # as the redis APPLY script
+            self._forget_all(worker_id)
+            self._held[worker_id] = {}
+            rec.last_seq = 0
+            raise OverCap(worker_id, limit, dropped=True)
         rec.last_seq = events[-1].seq
         return ApplyResult(ApplyStatus.OK, len(new), rec.last_seq)
 
     async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[Stored],
-                          incarnation: int = 0) -> int | None:
+                          incarnation: int = 0, cap: BlockCap = BlockCap()) -> int | None:
         rec = self._current(worker_id, incarnation)
         if rec is None:
             return None
+        resolved = resolve_snapshot(blocks)
+        limit = cap.limit(rec.load.total_blocks)
+        if limit is not None and len(resolved) > limit:
+            raise OverCap(worker_id, limit)
         self._forget_all(worker_id)
         table = self._blocks.setdefault(rec.ns, {})
         held: dict[bytes, bytes] = {}
-        for h, (root, mask) in resolve_snapshot(blocks).items():
+        for h, (root, mask) in resolved.items():
             held[h] = root
             table.setdefault(h, {})[worker_id] = mask
         self._held[worker_id] = held

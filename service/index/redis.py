@@ -53,12 +53,14 @@ from service.index import scripts
 from service.index.base import (
     ApplyResult,
     ApplyStatus,
+    BlockCap,
     BlockMatch,
     Cleared,
     HeartbeatResult,
     IndexBackend,
     IndexUnavailable,
     KvEvent,
+    OverCap,
     Removed,
     StaleIncarnation,
     Stored,
@@ -235,7 +237,7 @@ class RedisBackend(IndexBackend):
         return HeartbeatResult(True, int(seq), int(prev))
 
     async def apply_events(self, worker_id: str, events: Sequence[KvEvent],
-                           incarnation: int = 0) -> ApplyResult:
+                           incarnation: int = 0, cap: BlockCap = BlockCap()) -> ApplyResult:
         if not events:  # a read: nothing to apply, so nothing to race with
             rec = await self.get_worker(worker_id)
             if rec is None:
@@ -254,25 +256,30 @@ class RedisBackend(IndexBackend):
                 flat.append("C")
         width = 2 * _width(events)
         args = [chain_prefix, worker_id, events[0].seq, events[-1].seq, width,
-                str(incarnation), *flat]
+                str(incarnation), cap.per_pool, cap.floor, *flat]
         status, applied, last = await self._worker_call(worker_id, self._apply, args,
                                                         [-2, 0, 0])
         if status == -3:
             raise StaleIncarnation(worker_id, incarnation)
+        if status == -4:
+            raise OverCap(worker_id, int(applied), dropped=bool(int(last)))
         kind = {1: ApplyStatus.OK, 0: ApplyStatus.DUPLICATE, -1: ApplyStatus.GAP}.get(
             int(status), ApplyStatus.UNKNOWN_WORKER)
         return ApplyResult(kind, int(applied), int(last))
 
     async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[Stored],
-                          incarnation: int = 0) -> int | None:
+                          incarnation: int = 0, cap: BlockCap = BlockCap()) -> int | None:
         resolved = resolve_snapshot(blocks)
         width = 2 * len(next(iter(resolved))) if resolved else 64
         args = [chain_prefix, worker_id, seq, width, _hexes(list(resolved)),
                 _hexes([r for r, _ in resolved.values()]),
-                "".join(str(m) for _, m in resolved.values()), str(incarnation)]
+                "".join(str(m) for _, m in resolved.values()), str(incarnation),
+                cap.per_pool, cap.floor]
         n = int(await self._worker_call(worker_id, self._sync, args, -1))
         if n == -2:
             raise StaleIncarnation(worker_id, incarnation)
+        if n <= -3:
+            raise OverCap(worker_id, -3 - n)
         return None if n < 0 else n
 
     async def purge_worker(self, worker_id: str, heartbeat_before_ms: int | None = None) -> bool:

@@ -118,13 +118,18 @@ return {1, seq, prev}
 # ARGV[1] = chain prefix 'kvm:{<ns>|', ARGV[2] = worker id,
 # ARGV[3] = seq of the first event, ARGV[4] = seq of the last event,
 # ARGV[5] = W, the hex width of one block hash, ARGV[6] = the worker's incarnation,
-# ARGV[7..] = the events, flattened (HASHES = the block hashes' hex, concatenated):
+# ARGV[7], ARGV[8] = the block cap: per pool block, floor (BlockCap; per pool 0 = no cap),
+# ARGV[9..] = the events, flattened (HASHES = the block hashes' hex, concatenated):
 #   'S' tierbits parent_hex_or_empty HASHES   (BlockStored, chain order)
 #   'R' tierbits HASHES                       (BlockRemoved)
 #   'C'                                       (AllBlocksCleared)
 # Events with seq <= the record's seq were applied before (a retried batch): skipped.
+# The block cap is max(per_pool * the record's 'total', floor): a batch for which indexed +
+# stored - removed hashes exceeds it is refused before any work ({-4, cap, 0}); one that
+# still ends over it (a backstop) drops all the worker's entries and resets its seq to 0
+# ({-4, cap, 1}: it must resync).
 # Returns {status, applied, last seq}: status 1 applied, 0 duplicate, -1 gap, -2 unknown,
-# -3 stale incarnation (nothing applied).
+# -3 stale incarnation (nothing applied), -4 over the cap.
 APPLY = PRELUDE + r"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return {-2, 0, 0} end
 local cp, wid, held, w = ARGV[1], ARGV[2], KEYS[2], tonumber(ARGV[5])
@@ -132,7 +137,19 @@ local last = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 if (redis.call('HGET', KEYS[1], 'inc') or '0') ~= ARGV[6] then return {-3, 0, last} end
 if tonumber(ARGV[4]) <= last then return {0, 0, last} end
 if tonumber(ARGV[3]) > last + 1 then return {-1, 0, last} end
-local i, applied, seq = 7, 0, tonumber(ARGV[3])
+local per_pool, cap = tonumber(ARGV[7]), 0
+if per_pool > 0 then
+  cap = math.max(per_pool * tonumber(redis.call('HGET', KEYS[1], 'total') or '0'),
+                 tonumber(ARGV[8]))
+  local n, k = redis.call('HLEN', held), 9
+  while k <= #ARGV do
+    if ARGV[k] == 'S' then n, k = n + #ARGV[k + 3] / w, k + 4
+    elseif ARGV[k] == 'R' then n, k = n - #ARGV[k + 2] / w, k + 3
+    else k = k + 1 end
+  end
+  if n > cap then return {-4, cap, 0} end
+end
+local i, applied, seq = 9, 0, tonumber(ARGV[3])
 while i <= #ARGV do
   local op, fresh = ARGV[i], seq > last
   if op == 'S' then
@@ -156,6 +173,11 @@ while i <= #ARGV do
   if fresh then applied = applied + 1 end
   seq = seq + 1
 end
+if per_pool > 0 and redis.call('HLEN', held) > cap then
+  forget_all(cp, wid, held)
+  redis.call('HSET', KEYS[1], 'seq', '0')
+  return {-4, cap, 1}
+end
 redis.call('HSET', KEYS[1], 'seq', ARGV[4])
 return {1, applied, tonumber(ARGV[4])}
 """
@@ -164,14 +186,19 @@ return {1, applied, tonumber(ARGV[4])}
 # ARGV[1] = chain prefix, ARGV[2] = worker id, ARGV[3] = snapshot seq, ARGV[4] = W (hex
 # width of a hash), ARGV[5] = block hashes (hex, concatenated), ARGV[6] = their chain roots
 # (hex, concatenated, same order; resolved by the caller), ARGV[7] = their tier masks, one
-# digit each, ARGV[8] = the worker's incarnation
-# Returns the number of blocks indexed, -1 for an unknown worker, -2 for a stale incarnation
-# (nothing changed).
+# digit each, ARGV[8] = the worker's incarnation, ARGV[9], ARGV[10] = the block cap (as APPLY)
+# Returns the number of blocks indexed, -1 for an unknown worker, -2 for a stale incarnation,
+# -3 - cap for a snapshot over the cap (nothing changed in these three cases).
 SYNC = PRELUDE + r"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 if (redis.call('HGET', KEYS[1], 'inc') or '0') ~= ARGV[8] then return -2 end
 local cp, wid, held, w = ARGV[1], ARGV[2], KEYS[2], tonumber(ARGV[4])
 local hs, roots, masks = ARGV[5], ARGV[6], ARGV[7]
+if tonumber(ARGV[9]) > 0 then
+  local total = tonumber(redis.call('HGET', KEYS[1], 'total') or '0')
+  local cap = math.max(tonumber(ARGV[9]) * total, tonumber(ARGV[10]))
+  if #masks > cap then return -3 - cap end
+end
 forget_all(cp, wid, held)
 for k = 1, #masks do
   local a = (k - 1) * w + 1

@@ -143,9 +143,7 @@ def test_every_call_gets_a_deliberate_answer_and_refusals_change_nothing(
         assert details, "every refusal says why"
         assert unchanged(before, fuzzed.dump()), f"{method} refused ({code}): index changed"
     if len(payload) > LIMITS.max_message_bytes:
-        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
-        if len(payload) < 2 * LIMITS.max_message_bytes:
-            assert "--max-message-bytes" in details
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED  # by the transport, as it arrives
 
 
 def test_the_service_survived_and_still_routes(fuzzed: Fuzzed) -> None:

@@ -134,9 +134,9 @@ def test_oversized_and_undecodable_requests(runner: AsyncEngine) -> None:
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     async for _ in stub.Generate(_req([255] * 3000)):
                         pass
+                # refused by the transport as it arrives (never buffered whole)
                 assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                assert "limit is 4096" in err.value.details()
-                assert "--max-message-bytes" in err.value.details()
+                assert "larger than max" in err.value.details()
                 raw = ch.unary_stream("/kvmesh.v1.WorkerService/Generate")
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     async for _ in raw(b"\xff\xff\xff"):
