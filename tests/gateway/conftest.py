@@ -60,7 +60,7 @@ class Stack:
     w2: FakeWorker
     w1_address: str
     w2_address: str
-    gateway: LiveGateway          # no tenant keys: cache_salt passes through
+    gateway: LiveGateway          # no tenant keys: cache_salt passes through, else random
     tenant_gateway: LiveGateway   # --tenant-keys TENANT_KEYS with SECRET
 
     def reset(self) -> None:
