@@ -141,3 +141,22 @@ def test_readable_tenant_keys_file_is_warned_about(tmp_path: Path,
     with caplog.at_level(logging.WARNING, logger="kvmesh.file_perms"):
         build_config("127.0.0.1:1", tenant_keys=keys, salt_secret="s")
     assert not caplog.records
+
+
+def test_streams_give_their_slots_back(stack: Stack) -> None:
+    """However a stream ends (finished, failed before its first token, failed mid-way), its
+    caller's slot is free again once the response is over."""
+    slots = stack.gateway.server.config.app.state.gateway.slots
+    client = stack.gateway.openai()
+    assert "".join(c.choices[0].text for c in client.completions.create(
+        model="tiny", prompt="x", max_tokens=4, stream=True)) == "defg"
+    stack.index.candidates = []
+    with pytest.raises(openai.InternalServerError):
+        client.completions.create(model="tiny", prompt="x", stream=True)
+    stack.reset()
+    stack.index.candidates = stack.index.candidates[:1]
+    stack.w1.mode = "abort"
+    with pytest.raises(openai.APIError):
+        for _ in client.completions.create(model="tiny", prompt="x", max_tokens=6, stream=True):
+            pass
+    wait_for(lambda: slots.in_use("addr\0127.0.0.1") == 0)  # released after the last byte
