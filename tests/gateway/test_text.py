@@ -128,3 +128,12 @@ def test_gateway_modules_do_not_import_torch() -> None:
     code = ("import sys, client.gateway.app, client.gateway.cli; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_tiny_context_matches_the_workers_model() -> None:
+    """The gateway checks prompt lengths against the tiny model's context without importing
+    the worker (torch); the two numbers must agree."""
+    from client.gateway.cli import model_context
+    from worker.model.loader import TINY_CONFIG
+
+    assert model_context("tiny") == TINY_CONFIG["max_position_embeddings"]
