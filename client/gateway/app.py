@@ -10,6 +10,11 @@ streaming answers carry ``x-kvmesh-worker`` (cached tokens are in the usage chun
 ``stream_options.include_usage`` asks for). Every error is OpenAI-shaped JSON
 (``client.gateway.errors``); an error after a stream began arrives as a last
 ``data: {"error": ...}`` event before ``[DONE]``.
+
+Limits, all checked before anything is routed (so a refused request costs the cluster
+nothing): the body size (``client.gateway.bodylimit``, before the body is read), prompts
+per batch (400), prompt + ``max_tokens`` against the model's context (400), and prompts
+generating at once per tenant (``client.gateway.slots``, 429 with ``Retry-After``).
 """
 from __future__ import annotations
 
@@ -22,21 +27,25 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from client.async_client import AsyncKvmeshClient
 from client.errors import KvmeshError
+from client.gateway.bodylimit import BodyLimit
 from client.gateway.chat import ChatFormatError, message_text, render_chat
 from client.gateway.errors import OpenAIError, from_kvmesh, install_handlers
 from client.gateway.formats import DONE, ResponseShape, sse
 from client.gateway.generation import Job, Outcome, generate_text, start_stream
+from client.gateway.limits import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONCURRENT
 from client.gateway.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     OpenAIRequest,
     Unsupported,
 )
-from client.gateway.tenants import Tenancy
-from client.gateway.tokenizer import ByteLevelTokenizer, Tokenizer
+from client.gateway.slots import Lease, TenantSlots
+from client.gateway.tenants import Salting, Tenancy, salting
+from client.gateway.tokenizer import TINY_CONTEXT, ByteLevelTokenizer, Tokenizer
 from kvmesh.tls import TlsFiles
 
 WORKER_HEADER = "x-kvmesh-worker"
@@ -49,7 +58,11 @@ class GatewayConfig:
     """What one gateway serves: the service replicas, the model, tokenizer and tenancy.
 
     ``token`` is the kvmesh service/worker bearer token (not a caller's API key);
-    ``tenancy`` None means no API keys are checked and ``cache_salt`` passes through.
+    ``tenancy`` None means no API keys are checked: ``cache_salt`` passes through, and a
+    request without one gets a random salt of its own unless ``shared_cache`` (the
+    ``--insecure-shared-cache`` timing oracle; see ``client.gateway.tenants``).
+    ``max_model_len`` is the model's context (prompt + ``max_tokens``);
+    ``max_batch_prompts`` must not exceed ``max_concurrent`` (a batch could never run).
     """
 
     service: str | list[str]
@@ -59,6 +72,32 @@ class GatewayConfig:
     tenancy: Tenancy | None = None
     generate_timeout: float = 120.0
     tls: TlsFiles | None = None  # TLS to the kvmesh service and workers (client side)
+    shared_cache: bool = False
+    max_model_len: int = TINY_CONTEXT
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_batch_prompts: int = DEFAULT_MAX_BATCH
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT  # prompts generating at once, per tenant
+
+    def __post_init__(self) -> None:
+        if self.max_model_len < 2:
+            raise ValueError("--max-model-len must be at least 2")
+        if not 1 <= self.max_batch_prompts <= self.max_concurrent:
+            raise ValueError("--max-batch-prompts must be between 1 and "
+                             "--max-concurrent-per-tenant")
+
+
+class _LeasedStream(StreamingResponse):
+    """A stream that gives its tenant's slots back when it ends, however it ends."""
+
+    def __init__(self, *args: Any, lease: Lease, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lease = lease
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.lease.release()
 
 
 class _Gateway:
@@ -68,6 +107,7 @@ class _Gateway:
         self.config = config
         self.kv: AsyncKvmeshClient | None = None
         self.started = int(time.time())
+        self.slots = TenantSlots(config.max_concurrent)
 
     def client(self) -> AsyncKvmeshClient:
         if self.kv is None:  # created inside the serving loop (grpc.aio channels bind to it)
@@ -88,8 +128,8 @@ class _Gateway:
                               code="invalid_api_key", type_="invalid_request_error")
         return tenant
 
-    def check(self, body: OpenAIRequest, tenant: str | None) -> str | None:
-        """Check model and fields for the authenticated ``tenant``; returns the salt."""
+    def check(self, body: OpenAIRequest, tenant: str | None) -> Salting:
+        """Check model and fields for the authenticated ``tenant``; returns its salting."""
         if body.model != self.config.model_name:
             raise OpenAIError(404, f"The model `{body.model}` does not exist; this gateway "
                               f"serves `{self.config.model_name}`", param="model",
@@ -98,13 +138,11 @@ class _Gateway:
             body.check_supported()
         except Unsupported as exc:
             raise OpenAIError(400, str(exc), param=exc.param, code="unsupported") from None
-        if tenant is not None:
-            assert self.config.tenancy is not None
-            return self.config.tenancy.salt(tenant, body.cache_salt)
-        return body.cache_salt
+        return salting(self.config.tenancy, tenant, body.cache_salt, self.config.shared_cache)
 
-    def token_ids(self, prompt: str | list[int], param: str) -> list[int]:
-        """Prompt ids of text or of a token list (ids checked against the vocabulary)."""
+    def token_ids(self, prompt: str | list[int], param: str, max_tokens: int) -> list[int]:
+        """Prompt ids of text or of a token list (ids checked against the vocabulary, and
+        with ``max_tokens`` against the model's context)."""
         tok = self.config.tokenizer
         if isinstance(prompt, str):
             ids = tok.encode(prompt)
@@ -116,20 +154,35 @@ class _Gateway:
                                   f"[0, {tok.vocab_size})", param=param)
         if not ids:
             raise OpenAIError(400, "the prompt is empty", param=param)
+        context = self.config.max_model_len
+        if len(ids) + max_tokens > context:
+            raise OpenAIError(400, f"this model's maximum context length is {context} tokens; "
+                              f"the prompt has {len(ids)} and max_tokens asks for "
+                              f"{max_tokens}", param=param, code="context_length_exceeded")
         return ids
 
-    def job(self, body: OpenAIRequest, ids: list[int], salt: str | None, max_tokens: int) -> Job:
-        return Job(ids, salt, max_tokens, body.sampling_temperature(), body.seed,
-                   body.stop_strings())
+    def job(self, body: OpenAIRequest, ids: list[int], salted: Salting,
+            max_tokens: int) -> Job:
+        return Job(ids, salted.salt, max_tokens, body.sampling_temperature(), body.seed,
+                   body.stop_strings(), salted.report_cached)
 
-    async def answer(self, shape: ResponseShape, jobs: list[Job],
-                     body: OpenAIRequest) -> JSONResponse | StreamingResponse:
-        """Generate ``jobs`` and answer with a body, or a stream for ``body.stream``."""
-        if body.stream:
-            if len(jobs) != 1:
-                raise OpenAIError(400, "streaming takes a single prompt", param="prompt")
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return await self.stream(shape, jobs[0], include_usage)
+    async def answer(self, shape: ResponseShape, jobs: list[Job], body: OpenAIRequest,
+                     lease: Lease) -> JSONResponse | StreamingResponse:
+        """Generate ``jobs`` and answer with a body, or a stream for ``body.stream``;
+        ``lease`` (the tenant's slots) is released once the answer is complete."""
+        if not body.stream:
+            try:
+                return await self.whole(shape, jobs)
+            finally:
+                lease.release()
+        if len(jobs) != 1:
+            lease.release()
+            raise OpenAIError(400, "streaming takes a single prompt", param="prompt")
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return await self.stream(shape, jobs[0], include_usage, lease)
+
+    async def whole(self, shape: ResponseShape, jobs: list[Job]) -> JSONResponse:
+        """Generate ``jobs`` to the end: one body with a choice per job."""
         kv, tok = self.client(), self.config.tokenizer
         if len(jobs) == 1:
             outcomes = [await generate_text(kv, tok, jobs[0])]
@@ -148,11 +201,15 @@ class _Gateway:
         return JSONResponse(shape.body([(o.text, o.finish_reason) for o in outcomes], usage),
                             headers=headers)
 
-    async def stream(self, shape: ResponseShape, job: Job,
-                     include_usage: bool) -> StreamingResponse:
+    async def stream(self, shape: ResponseShape, job: Job, include_usage: bool,
+                     lease: Lease) -> StreamingResponse:
         """Start the generation (errors before the first token are HTTP errors), then
-        stream it as server-sent events."""
-        started = await start_stream(self.client(), self.config.tokenizer, job)
+        stream it as server-sent events; ``lease`` is released when the stream ends."""
+        try:
+            started = await start_stream(self.client(), self.config.tokenizer, job)
+        except BaseException:
+            lease.release()
+            raise
 
         async def events() -> AsyncIterator[str]:
             try:
@@ -171,13 +228,20 @@ class _Gateway:
                 await started.events.aclose()
             yield DONE
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={WORKER_HEADER: started.worker_id, **_STREAM_HEADERS})
+        return _LeasedStream(events(), media_type="text/event-stream", lease=lease,
+                             headers={WORKER_HEADER: started.worker_id, **_STREAM_HEADERS})
 
     def models(self) -> dict[str, Any]:
         return {"object": "list",
                 "data": [{"id": self.config.model_name, "object": "model",
                           "created": self.started, "owned_by": "kvmesh"}]}
+
+
+def _slot_owner(request: Request, tenant: str | None) -> str:
+    """Whose concurrency slots a request takes: its tenant, else its client address."""
+    if tenant is not None:
+        return f"tenant\0{tenant}"
+    return f"addr\0{request.client.host if request.client else '?'}"
 
 
 def _tenant(request: Request) -> str | None:
@@ -202,6 +266,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app = FastAPI(title="kvmesh gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gw
     install_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -212,29 +277,35 @@ def create_app(config: GatewayConfig) -> FastAPI:
         return gw.models()
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest,
-                          tenant: Tenant) -> JSONResponse | StreamingResponse:
-        salt = gw.check(body, tenant)
+    async def completions(body: CompletionRequest, tenant: Tenant,
+                          request: Request) -> JSONResponse | StreamingResponse:
+        salted = gw.check(body, tenant)
         try:
             prompts = body.prompts()
         except Unsupported as exc:
             raise OpenAIError(400, str(exc), param=exc.param) from None
-        many = len(prompts) > 1
-        jobs = [gw.job(body, gw.token_ids(p, f"prompt[{i}]" if many else "prompt"), salt,
-                       body.max_new_tokens()) for i, p in enumerate(prompts)]
-        return await gw.answer(ResponseShape(False, config.model_name), jobs, body)
+        if len(prompts) > config.max_batch_prompts:
+            raise OpenAIError(400, f"a batch takes at most {config.max_batch_prompts} prompts, "
+                              f"got {len(prompts)}", param="prompt", code="batch_too_large")
+        many, new = len(prompts) > 1, body.max_new_tokens()
+        jobs = [gw.job(body, gw.token_ids(p, f"prompt[{i}]" if many else "prompt", new),
+                       salted, new) for i, p in enumerate(prompts)]
+        lease = gw.slots.take(_slot_owner(request, tenant), len(jobs))
+        return await gw.answer(ResponseShape(False, config.model_name), jobs, body, lease)
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(body: ChatCompletionRequest,
-                               tenant: Tenant) -> JSONResponse | StreamingResponse:
-        salt = gw.check(body, tenant)
+    async def chat_completions(body: ChatCompletionRequest, tenant: Tenant,
+                               request: Request) -> JSONResponse | StreamingResponse:
+        salted = gw.check(body, tenant)
         try:
             turns = [(m.role, message_text(m.content, f"messages[{i}]"))
                      for i, m in enumerate(body.messages)]
             prompt = render_chat(turns)
         except ChatFormatError as exc:
             raise OpenAIError(400, str(exc), param=exc.param) from None
-        job = gw.job(body, gw.token_ids(prompt, "messages"), salt, body.max_new_tokens())
-        return await gw.answer(ResponseShape(True, config.model_name), [job], body)
+        new = body.max_new_tokens()
+        job = gw.job(body, gw.token_ids(prompt, "messages", new), salted, new)
+        lease = gw.slots.take(_slot_owner(request, tenant))
+        return await gw.answer(ResponseShape(True, config.model_name), [job], body, lease)
 
     return app

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from client.gateway.tokenizer import TINY
+from client.gateway.limits import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONCURRENT
+from client.gateway.tokenizer import TINY, TINY_CONTEXT
 
 if TYPE_CHECKING:
     from client.gateway.app import GatewayConfig
@@ -26,16 +27,35 @@ def _has_chat_template(model_dir: Path) -> bool:
     return isinstance(config, dict) and bool(config.get("chat_template"))
 
 
+def model_context(source: str) -> int | None:
+    """The context length of ``tiny`` or of a model directory, as its worker reads it
+    (``max_position_embeddings`` in ``config.json``, 2048 when absent); None for a directory
+    without a readable ``config.json`` (a tokenizer-only copy)."""
+    if source == TINY:
+        return TINY_CONTEXT
+    try:
+        config = json.loads((Path(source) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    text = config.get("text_config", config) if isinstance(config, dict) else {}
+    return int(text.get("max_position_embeddings", config.get("max_position_embeddings",
+                                                                 2048)))
+
+
 def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
                  served_model_name: str | None = None, token: str | None = None,
                  tenant_keys: Path | None = None, salt_secret: str | None = None,
-                 generate_timeout: float = 120.0, tls: TlsFiles | None = None) -> GatewayConfig:
+                 generate_timeout: float = 120.0, tls: TlsFiles | None = None, *,
+                 shared_cache: bool = False, max_model_len: int | None = None,
+                 limits: dict[str, int] | None = None) -> GatewayConfig:
     """The gateway's configuration from its flags.
 
     The model is ``model_dir`` if given, else ``model`` (``tiny`` or a directory); it is
     served under ``served_model_name``, else ``tiny`` or the directory's name; ``tls`` is
-    the client side of TLS to the kvmesh service and workers (its files are read here). Raises
-    ``ValueError`` (or ``OSError``) with a readable message for bad flags.
+    the client side of TLS to the kvmesh service and workers (its files are read here).
+    ``max_model_len`` defaults to the model's own context; ``limits`` holds the other
+    ``GatewayConfig`` limits by field name. Raises ``ValueError`` (or ``OSError``) with a
+    readable message for bad flags.
     """
     from client.failover import parse_addresses
     from client.gateway.app import GatewayConfig
@@ -56,8 +76,17 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
         typer.echo("warning: no --salt-secret (KVMESH_GATEWAY_SECRET): tenant salts are random "
                    "for this process, so they change on restart and differ between gateway "
                    "replicas", err=True)
+    if tenancy is None and shared_cache:
+        typer.echo("warning: --insecure-shared-cache: requests without cache_salt share one "
+                   "cache, and each caller's latency shows what others asked (a timing "
+                   "oracle); cached-token counts are hidden from them", err=True)
+    context = max_model_len if max_model_len is not None else model_context(source)
+    if context is None:
+        raise ValueError(f"{source} has no readable config.json to take the model's context "
+                         "length from: give --max-model-len")
     return GatewayConfig(service=addresses, model_name=name, tokenizer=tokenizer, token=token,
-                         tenancy=tenancy, generate_timeout=generate_timeout, tls=tls)
+                         tenancy=tenancy, generate_timeout=generate_timeout, tls=tls,
+                         shared_cache=shared_cache, max_model_len=context, **(limits or {}))
 
 
 def gateway_cmd(
@@ -85,6 +114,21 @@ def gateway_cmd(
         "replicas.")] = None,
     generate_timeout: Annotated[float, typer.Option(
         "--generate-timeout", help="Seconds one generation may take on one worker.")] = 120.0,
+    insecure_shared_cache: Annotated[bool, typer.Option(
+        "--insecure-shared-cache", help="Without --tenant-keys, let requests without "
+        "cache_salt share one cache (default: each gets a random salt). Anyone can then "
+        "probe others' prompts by timing.")] = False,
+    max_model_len: Annotated[int | None, typer.Option(
+        "--max-model-len", help="Prompt + max_tokens limit (default: the model's "
+        "context).")] = None,
+    max_body_bytes: Annotated[int, typer.Option(
+        "--max-body-bytes", help="Largest request body (413 above).")] = DEFAULT_MAX_BODY_BYTES,
+    max_batch_prompts: Annotated[int, typer.Option(
+        "--max-batch-prompts",
+        help="Most prompts in one completions request.")] = DEFAULT_MAX_BATCH,
+    max_concurrent: Annotated[int, typer.Option(
+        "--max-concurrent-per-tenant", help="Prompts one tenant (API key's tenant, else "
+        "client IP) may have generating at once (429 above).")] = DEFAULT_MAX_CONCURRENT,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "info",
     tls_ca: Annotated[str | None, typer.Option(
         "--tls-ca", envvar="KVMESH_TLS_CA",
@@ -101,7 +145,11 @@ def gateway_cmd(
 
         config = build_config(service, model, model_dir, served_model_name, token,
                               tenant_keys, salt_secret, generate_timeout,
-                              tls_files(tls_cert, tls_key, tls_ca))
+                              tls_files(tls_cert, tls_key, tls_ca),
+                              shared_cache=insecure_shared_cache, max_model_len=max_model_len,
+                              limits={"max_body_bytes": max_body_bytes,
+                                      "max_batch_prompts": max_batch_prompts,
+                                      "max_concurrent": max_concurrent})
     except (OSError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -21,9 +21,17 @@ UNAVAILABLE            503     no live worker or service replica
 DEADLINE_EXCEEDED      504
 anything else          500
 =====================  ======  ===============================================
+
+Callers never see the cluster's inside: a kvmesh error's full text (which names service
+replicas and workers by address, and carries gRPC transport details) is logged on the
+``client.gateway`` logger; the body says what the status means, and only for the client's
+own mistakes (400 and 413: a prompt the model cannot take) adds the server's reason, with
+anything shaped like ``host:port`` replaced by ``<address>``.
 """
 from __future__ import annotations
 
+import logging
+import re
 from http import HTTPStatus
 from typing import Any
 
@@ -46,6 +54,24 @@ _STATUS = {
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
 
+log = logging.getLogger("client.gateway")
+
+# What each status tells a caller when the server's own words stay in the log.
+_PUBLIC = {
+    401: "the kvmesh cluster rejected the gateway's credentials (see the gateway's log)",
+    403: "the kvmesh cluster refused the gateway's request (see the gateway's log)",
+    404: "the kvmesh cluster does not know this request's target",
+    503: "the kvmesh cluster is unavailable for this request now (no worker could "
+         "take it, or one stopped); retry later",
+    504: "the request took longer than the gateway's deadline",
+}
+_REASON_SHOWN = frozenset({400, 413})
+# host:port, [v6]:port and gRPC's ipv4:/ipv6:/unix: target forms.
+_ADDRESS = re.compile(r"(?:\b(?:ipv4|ipv6|dns|unix):)?(?:\[[0-9A-Fa-f:.%]+\]|[\w.-]+):\d{1,5}\b"
+                      r"|\bunix:[^\s,;)]+")
+# ``client.failover.Failures.surface`` appends the earlier failures after this marker.
+_EARLIER = " (after "
+
 _TYPES = {400: "invalid_request_error", 401: "authentication_error",
           403: "permission_error", 404: "not_found_error", 413: "invalid_request_error",
           429: "rate_limit_error"}
@@ -55,9 +81,11 @@ class OpenAIError(Exception):
     """An error answered as OpenAI-shaped JSON with HTTP ``status``."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, type_: str | None = None) -> None:
+                 code: str | None = None, type_: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.headers = headers
         self.message = message
         self.param = param
         self.code = code
@@ -71,15 +99,24 @@ class OpenAIError(Exception):
 
     def response(self) -> JSONResponse:
         """The HTTP response carrying ``body()``."""
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def public_reason(message: str) -> str:
+    """A server's reason fit for a caller: the last failure only, addresses masked."""
+    return _ADDRESS.sub("<address>", message.split(_EARLIER, 1)[0])
 
 
 def from_kvmesh(err: KvmeshError) -> OpenAIError:
-    """The OpenAI error for a kvmesh client failure (status per the module's table)."""
+    """The OpenAI error for a kvmesh client failure (status per the module's table); logs
+    the full message, which the returned error does not carry."""
     status = _STATUS.get(err.code, 500)
-    message = err.message
-    if err.code is grpc.StatusCode.UNAUTHENTICATED:
-        message = f"the kvmesh service rejected the gateway's token (--token): {message}"
+    log.warning("kvmesh call failed: %s: %r", err.code.name, err.message)
+    if status in _REASON_SHOWN:
+        message = public_reason(err.message)
+    else:
+        message = _PUBLIC.get(status, "the kvmesh cluster failed this request (see the "
+                              "gateway's log)")
     return OpenAIError(status, message, code=err.code.name.lower())
 
 
@@ -107,7 +144,8 @@ def _validation(_: Request, exc: Exception) -> JSONResponse:
 def _http(_: Request, exc: Exception) -> JSONResponse:
     status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
     detail = getattr(exc, "detail", None) or HTTPStatus(status).phrase
-    return OpenAIError(status, str(detail)).response()
+    headers = getattr(exc, "headers", None)
+    return OpenAIError(status, str(detail), headers=dict(headers) if headers else None).response()
 
 
 def _openai(_: Request, exc: Exception) -> JSONResponse:

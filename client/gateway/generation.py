@@ -20,7 +20,11 @@ from client.results import GenerateResult
 
 @dataclass(frozen=True)
 class Job:
-    """What to generate: prompt ids, the salt already decided, and sampling."""
+    """What to generate: prompt ids, the salt already decided, and sampling.
+
+    ``report_cached`` False: the caller is told 0 cached tokens, whatever the worker served
+    (its salt is shared with callers it did not choose; see ``client.gateway.tenants``).
+    """
 
     token_ids: list[int]
     salt: str | None
@@ -28,6 +32,7 @@ class Job:
     temperature: float
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    report_cached: bool = True
 
 
 @dataclass(frozen=True)
@@ -46,8 +51,8 @@ def _finish_reason(result: GenerateResult) -> str:
 
 def _outcome(job: Job, text: str, stream: TextStream, result: GenerateResult) -> Outcome:
     completion = stream.num_tokens if stream.stopped else len(result.token_ids)
-    usage = Usage(result.prompt_tokens or len(job.token_ids), completion,
-                  result.num_cached_tokens)
+    cached = result.num_cached_tokens if job.report_cached else 0
+    usage = Usage(result.prompt_tokens or len(job.token_ids), completion, cached)
     return Outcome(text, "stop" if stream.stopped else _finish_reason(result), usage,
                    result.worker_id)
 

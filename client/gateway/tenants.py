@@ -10,8 +10,18 @@ The second form is used when the request carries vLLM's ``cache_salt``: a tenant
 its own cache further (per end user, say), but since its tenant name is inside the MAC, no
 ``cache_salt`` it sends can produce another tenant's salt. Every gateway replica of a cluster
 must share ``secret`` for their tenants' prefixes to be shared; without one a random secret
-is drawn at start (salts then change on restart). Without a tenant-keys file, ``cache_salt``
-is passed through unchanged and no API key is required.
+is drawn at start (salts then change on restart).
+
+Without a tenant-keys file no API key is required, and isolation is still the default
+(vLLM's CVE-2025-46570: a shared cache whose hits are visible is an oracle for other users'
+prompts): a request's ``cache_salt`` is its salt, unchanged (whoever knows that salt shares
+that cache, by choice), and a request without one gets a random salt of its own, so it
+shares nothing. Only ``shared=True`` (``--insecure-shared-cache``) sends unsalted requests
+into one cache that every caller shares.
+
+Cached-token counts are reported only for a salt the caller holds (its tenant's, its own
+``cache_salt``, or its random one): a hit there was filled by that caller, or by someone it
+chose to share with. An unsalted request in a shared cache is told 0.
 
 Key file formats: a JSON object ``{"<api key>": "<tenant>", ...}``, or text lines
 ``<api key> <tenant>`` (blank lines and ``#`` comments skipped).
@@ -23,9 +33,36 @@ import hmac
 import json
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
+from kvmesh.file_perms import warn_if_readable_by_others
+
 SALT_CONTEXT = b"kvmesh-tenant\0"
+
+
+@dataclass(frozen=True)
+class Salting:
+    """The salt one request is hashed with, and whether its cache hits may be reported."""
+
+    salt: str | None
+    report_cached: bool
+
+
+def salting(tenancy: Tenancy | None, tenant: str | None, cache_salt: str | None,
+            shared: bool = False) -> Salting:
+    """The salt of a request from ``tenant`` (None without tenancy) carrying ``cache_salt``.
+
+    Invariant: ``salt`` is None only when ``shared`` and neither tenancy nor ``cache_salt``
+    apply, and exactly then ``report_cached`` is False.
+    """
+    if tenancy is not None and tenant is not None:
+        return Salting(tenancy.salt(tenant, cache_salt), True)
+    if cache_salt:
+        return Salting(cache_salt, True)
+    if shared:
+        return Salting(None, False)
+    return Salting(secrets.token_hex(16), True)  # private to this request (its batch)
 
 
 class TenantKeyError(ValueError):
@@ -85,7 +122,9 @@ class Tenancy:
 
     @classmethod
     def from_file(cls, path: str | Path, secret: bytes | str | None = None) -> Tenancy:
-        """Load a key file; raises ``OSError`` or ``TenantKeyError``."""
+        """Load a key file (warning when others may read it); raises ``OSError`` or
+        ``TenantKeyError``."""
+        warn_if_readable_by_others(path, "--tenant-keys file")
         return cls(parse_tenant_keys(Path(path).read_text(encoding="utf-8")), secret)
 
     @property

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 TINY = "tiny"
+TINY_CONTEXT = 8192  # the tiny model's max_position_embeddings (worker.model.loader.TINY_CONFIG)
 _BYTE_SPECIALS = 3  # BOS 256, EOS 257, PAD 258 in the tiny vocabulary
 
 

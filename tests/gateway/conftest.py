@@ -60,7 +60,8 @@ class Stack:
     w2: FakeWorker
     w1_address: str
     w2_address: str
-    gateway: LiveGateway          # no tenant keys: cache_salt passes through
+    index_address: str
+    gateway: LiveGateway          # no tenant keys: cache_salt passes through, else random
     tenant_gateway: LiveGateway   # --tenant-keys TENANT_KEYS with SECRET
 
     def reset(self) -> None:
@@ -97,7 +98,7 @@ def _stack() -> Iterator[Stack]:
     plain = LiveGateway(GatewayConfig(service=index_address, generate_timeout=5))
     tenants = LiveGateway(GatewayConfig(service=index_address, generate_timeout=5,
                                         tenancy=Tenancy(TENANT_KEYS, SECRET)))
-    stack = Stack(index, w1, w2, addresses[0], addresses[1], plain, tenants)
+    stack = Stack(index, w1, w2, addresses[0], addresses[1], index_address, plain, tenants)
     yield stack
     plain.stop()
     tenants.stop()

@@ -32,8 +32,11 @@ def test_completion_text_usage_and_headers(stack: Stack) -> None:
     assert req.sampling.max_tokens == 4
     assert req.sampling.seed == 7
     assert req.sampling.temperature == 1.0  # OpenAI's default
-    assert req.salt == ""
+    assert len(req.salt) == 32  # no tenant keys, no cache_salt: a random salt of its own
+    assert stack.index.routes[-1].salt == req.salt
     assert list(stack.index.routes[-1].token_ids) == list(b"hello")
+    client.completions.create(model="tiny", prompt="hello", max_tokens=1)
+    assert stack.last_request.salt not in ("", req.salt)  # shared with no later request
 
 
 def test_token_prompt_default_max_tokens_and_cache_salt(stack: Stack) -> None:

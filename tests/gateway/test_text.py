@@ -93,10 +93,13 @@ def test_model_dir_uses_its_tokenizer_json(tmp_path: Path) -> None:
     assert tok.vocab_size == 4
     stream = TextStream(tok)
     assert stream.push([1]) + stream.push([2, 3]) + stream.finish() == tok.decode([1, 2, 3])
-    config = build_config("127.0.0.1:1", model_dir=model_dir)
-    assert config.model_name == "my-model"
-    assert build_config("127.0.0.1:1", model=str(model_dir),
-                        served_model_name="m").model_name == "m"
+    with pytest.raises(ValueError, match="--max-model-len"):  # no config.json: no context
+        build_config("127.0.0.1:1", model_dir=model_dir)
+    config = build_config("127.0.0.1:1", model_dir=model_dir, max_model_len=64)
+    assert config.model_name == "my-model" and config.max_model_len == 64
+    (model_dir / "config.json").write_text('{"max_position_embeddings": 512}')
+    config = build_config("127.0.0.1:1", model=str(model_dir), served_model_name="m")
+    assert config.model_name == "m" and config.max_model_len == 512
     with pytest.raises(FileNotFoundError):
         load_tokenizer(tmp_path)
 
@@ -125,3 +128,12 @@ def test_gateway_modules_do_not_import_torch() -> None:
     code = ("import sys, client.gateway.app, client.gateway.cli; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_tiny_context_matches_the_workers_model() -> None:
+    """The gateway checks prompt lengths against the tiny model's context without importing
+    the worker (torch); the two numbers must agree."""
+    from client.gateway.cli import model_context
+    from worker.model.loader import TINY_CONFIG
+
+    assert model_context("tiny") == TINY_CONFIG["max_position_embeddings"]

@@ -1,0 +1,58 @@
+"""Per-tenant concurrency: how many prompts one tenant may have generating at once.
+
+A request takes one slot per prompt (a batch of 8 takes 8) for as long as it generates (a
+stream until its last event); a request that does not fit in its tenant's free slots is
+refused at once with 429 and ``Retry-After``, before anything is routed, so one tenant
+cannot occupy every worker while others wait. The tenant is the API key's tenant, or, without
+tenant keys, the caller's IP address. Slots live in this process: N gateway replicas allow N
+times the cap.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from client.gateway.errors import OpenAIError
+from client.gateway.limits import DEFAULT_MAX_CONCURRENT, RETRY_AFTER_S
+
+
+class Lease:
+    """Slots held by one request; ``release`` gives them back (idempotent)."""
+
+    def __init__(self, slots: TenantSlots, tenant: str, count: int) -> None:
+        self._slots = slots
+        self._tenant = tenant
+        self._count = count
+
+    def release(self) -> None:
+        if self._count:
+            self._slots._give_back(self._tenant, self._count)
+            self._count = 0
+
+
+class TenantSlots:
+    """At most ``limit`` slots in use per tenant (single event loop: no lock needed)."""
+
+    def __init__(self, limit: int = DEFAULT_MAX_CONCURRENT) -> None:
+        if limit < 1:
+            raise ValueError("the per-tenant concurrency limit must be at least 1")
+        self.limit = limit
+        self._used: Counter[str] = Counter()
+
+    def in_use(self, tenant: str) -> int:
+        """Slots ``tenant`` holds now."""
+        return self._used[tenant]
+
+    def take(self, tenant: str, count: int = 1) -> Lease:
+        """``count`` slots for ``tenant``; raises a 429 ``OpenAIError`` when they do not fit."""
+        if self._used[tenant] + count > self.limit:
+            raise OpenAIError(429, f"too many concurrent requests for this tenant (at most "
+                              f"{self.limit} prompts generating at once); retry later",
+                              code="concurrency_limit", type_="rate_limit_error",
+                              headers={"retry-after": str(RETRY_AFTER_S)})
+        self._used[tenant] += count
+        return Lease(self, tenant, count)
+
+    def _give_back(self, tenant: str, count: int) -> None:
+        self._used[tenant] -= count
+        if self._used[tenant] <= 0:
+            del self._used[tenant]
