@@ -31,6 +31,7 @@ class WorkerOptions:
     heartbeat_s: float = 1.0
     max_batched_tokens: int = 2048
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"   # /metrics has no authentication: loopback unless told
     tls: TlsFiles | None = None       # cert/key: serve TLS; ca: verify the service (the link)
     max_inflight_per_conn: int = 1024
     max_message_bytes: int = 64 << 20
@@ -66,7 +67,8 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
         from worker.metrics import WorkerMetrics
 
         servicer.metrics = WorkerMetrics(runner, worker_id)
-        metrics_note = f", metrics on :{servicer.metrics.serve(opts.metrics_port, opts.host)}"
+        mport = servicer.metrics.serve(opts.metrics_port, opts.metrics_host)
+        metrics_note = f", metrics on :{mport}"
     await server.start()
     address = f"{opts.host}:{port}"
     link = None
