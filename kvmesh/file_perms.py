@@ -1,10 +1,11 @@
-"""A warning for secret files (private keys, API-key lists) that others may read.
+"""Warn about secret files (TLS private keys, tenant-key files) that other users can reach.
 
-Secrets belong in files only their owner can read (mode 0600 or 0400). A file that the
-group or everyone may read is still used, since refusing it would break working setups,
-but every process that loads one says so once, on the ``kvmesh.file_perms`` logger (which
-reaches stderr even before logging is configured, through Python's last-resort handler).
-Windows has no POSIX mode bits to check; nothing is reported there.
+A key file open to its group or to everyone leaks the credential to every local account
+that can read it, as ssh says of a private key in mode 0644. kvmesh warns but does not
+refuse (containers and secret mounts often show group bits the operator cannot change),
+once per load, on the ``kvmesh.file_perms`` logger (which reaches stderr even before logging
+is configured, through Python's last-resort handler). Windows has no POSIX mode bits: nothing
+is reported there.
 """
 from __future__ import annotations
 
@@ -16,23 +17,19 @@ from pathlib import Path
 log = logging.getLogger("kvmesh.file_perms")
 
 
-def warn_if_readable_by_others(path: str | os.PathLike[str], what: str) -> str | None:
-    """Log and return a warning when ``path`` is readable by its group or by everyone.
-
-    ``what`` names the file for the reader (``"--tenant-keys"``, ``"TLS private key"``).
-    Returns ``None`` when the file is private, missing, or the platform has no mode bits
-    (a missing file is the caller's error to report, not this function's).
-    """
+def warn_if_readable_by_others(path: str | Path, what: str) -> bool:
+    """Log a warning naming ``what`` (``"--tls-key"``, ``"--tenant-keys file"``) when ``path``
+    grants its group or others any permission (``mode & 0o077``); return whether it warned.
+    A file that cannot be stat'ed is left to the caller's read to report."""
     if os.name == "nt":
-        return None
+        return False
     try:
-        mode = Path(path).stat().st_mode
+        mode = stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
-        return None
-    if not mode & (stat.S_IRGRP | stat.S_IROTH):
-        return None
-    who = "everyone" if mode & stat.S_IROTH else "its group"
-    message = (f"{what} {os.fspath(path)} is readable by {who} (mode "
-               f"{stat.S_IMODE(mode):04o}); it holds secrets: chmod 600 it")
-    log.warning("%s", message)
-    return message
+        return False
+    if not mode & 0o077:
+        return False
+    who = "everyone" if mode & 0o007 else "its group"
+    log.warning("%s %r is readable by other users (readable by %s, mode %04o): it holds a "
+                "secret; chmod 600 it", what, str(path), who, mode)
+    return True

@@ -7,10 +7,12 @@ Every process has at most one identity and one trust root:
 * ``ca``: the CA certificate(s) this process trusts. A client speaks TLS exactly when it has
   a ``ca`` and verifies the server against it (certificate chain and name: the host of the
   address it dials, or ``server_name`` when set). A server with ``client_auth`` requires
-  every client to present a certificate signed by ``ca``.
+  every client to present a certificate signed by ``ca``. A client with a certificate but
+  no ``ca`` is refused (``ValueError``): it would otherwise dial in plaintext, silently.
 
 Missing or unreadable files raise ``ValueError`` naming the flag, when the credentials are
-built (at start), never later.
+built (at start), never later. A private key readable by other users is logged as a warning
+(``kvmesh.file_perms``).
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+
+from kvmesh.file_perms import warn_if_readable_by_others
 
 
 def _read(path: str, flag: str) -> bytes:
@@ -57,20 +61,32 @@ class TlsFiles:
         """Credentials for ``add_secure_port``, or ``None`` (plaintext) without a cert."""
         if self.cert is None or self.key is None:
             return None
-        pair = (_read(self.key, "--tls-key"), _read(self.cert, "--tls-cert"))
+        pair = (self._key(), _read(self.cert, "--tls-cert"))
         roots = _read(self.ca, "--tls-ca") if self.ca is not None else None
         return grpc.ssl_server_credentials(
             [pair], root_certificates=roots if self.client_auth else None,
             require_client_auth=self.client_auth)
 
     def channel_credentials(self) -> grpc.ChannelCredentials | None:
-        """Credentials for ``secure_channel``, or ``None`` (plaintext) without a CA."""
+        """Credentials for ``secure_channel``, or ``None`` (plaintext) without a CA.
+
+        Raises ``ValueError`` for a client certificate without a CA: the caller asked for TLS
+        (and maybe mutual TLS) and would get plaintext."""
         if self.ca is None:
+            if self.cert is not None:
+                raise ValueError("--tls-cert/--tls-key without --tls-ca: a client speaks TLS "
+                                 "only with the CA that signed the servers' certificates; "
+                                 "give --tls-ca (refusing to fall back to plaintext)")
             return None
-        key = _read(self.key, "--tls-key") if self.key is not None else None
+        key = self._key() if self.key is not None else None
         cert = _read(self.cert, "--tls-cert") if self.cert is not None else None
         return grpc.ssl_channel_credentials(root_certificates=_read(self.ca, "--tls-ca"),
                                             private_key=key, certificate_chain=cert)
+
+    def _key(self) -> bytes:
+        assert self.key is not None
+        warn_if_readable_by_others(self.key, "--tls-key")
+        return _read(self.key, "--tls-key")
 
     def channel_options(self) -> tuple[tuple[str, str], ...]:
         """Extra channel options (the server-name override, when set)."""

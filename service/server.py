@@ -123,7 +123,7 @@ class IndexServer:
             if rec.heartbeat_ms < deadline and await self.backend.purge_worker(
                     rec.worker_id, heartbeat_before_ms=deadline):
                 self.servicer.table.remove(rec.worker_id)
-                log.info("purged worker %s (no heartbeat for %.1fs)", rec.worker_id,
+                log.info("purged worker %r (no heartbeat for %.1fs)", rec.worker_id,
                          self.config.purge_after_s)
 
 

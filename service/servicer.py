@@ -175,7 +175,7 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         had = await self.backend.register(rec)
         self.table.upsert(rec)
         self.metrics.resyncs.labels("register").inc()
-        log.info("registered worker %s at %s (ns %s%s)", req.worker_id, req.address, ns,
+        log.info("registered worker %r at %r (ns %r%s)", req.worker_id, req.address, ns,
                  ", replacing earlier state" if had else "")
         return pb.RegisterWorkerResponse(
             namespace=ns, resync=True,
@@ -242,7 +242,7 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
             self.table.remove(req.worker_id)
             raise RequestError(grpc.StatusCode.NOT_FOUND, f"unknown worker {req.worker_id!r}: "
                                "register again")
-        log.info("worker %s synced: %d blocks at seq %d", req.worker_id, n, req.seq)
+        log.info("worker %r synced: %d blocks at seq %d", req.worker_id, n, req.seq)
         return pb.SyncWorkerResponse(indexed_blocks=n)
 
     # --- router RPCs --------------------------------------------------------------------

@@ -7,6 +7,7 @@ root-hash check (FAILED_PRECONDITION) need state and live in the servicer.
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -27,6 +28,13 @@ from service.index.base import (
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 TOO_BIG = grpc.StatusCode.RESOURCE_EXHAUSTED
 WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}")
+# host:port, the host bracketed when IPv6; the port ASCII digits (str.isdigit takes "²")
+_ADDRESS = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]{2,45})\]|(?P<host>[^\[\]:]{1,253})):"
+                      r"(?P<port>[0-9]{1,5})", re.ASCII)
+# RFC 1123 hostname: dot-separated labels of letters, digits and inner hyphens, <= 63 each
+_HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(?:\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*",
+                       re.ASCII)
+_DOTTED = re.compile(r"[0-9.]+")
 MAX_SEQ = 2**53  # seqs travel through Lua numbers (doubles)
 _TIERS = frozenset(pb.Tier.values())
 
@@ -55,12 +63,39 @@ def load(msg: pb.WorkerLoad) -> WorkerLoad:
                       msg.total_blocks, msg.decode_tokens)
 
 
+def address(value: str) -> str:
+    """A worker's ``host:port``: the host an RFC 1123 hostname, an IPv4 address or a
+    bracketed IPv6 one (``[::1]:50051``), the port 1-65535. Anything else (newlines, spaces,
+    ``@``, a path) is refused: addresses reach logs, clients and gRPC targets."""
+    m = _ADDRESS.fullmatch(value) if len(value) <= 256 else None
+    ok = m is not None and 0 < int(m["port"]) < 65536
+    if ok and m["v6"] is not None:
+        try:
+            ipaddress.IPv6Address(m["v6"])
+        except ValueError:
+            ok = False
+    elif ok:  # all digits and dots: an IPv4 address, not a hostname ("1.2.3.999")
+        host = m["host"]
+        ok = _is_ipv4(host) if _DOTTED.fullmatch(host) else bool(_HOSTNAME.fullmatch(host))
+    if not ok:
+        raise RequestError(INVALID, f"address {value[:64]!r} must be host:port with a "
+                           "hostname, an IPv4 address or a bracketed IPv6 address, and a "
+                           "port in [1, 65535]")
+    return value
+
+
+def _is_ipv4(host: str) -> bool:
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def register(req: pb.RegisterWorkerRequest) -> None:
     """Shape checks of RegisterWorker (the root hash VALUE is checked by the servicer)."""
     worker_id(req.worker_id)
-    host, _, port = req.address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536 or len(req.address) > 256:
-        raise RequestError(INVALID, f"address {req.address[:64]!r} must be host:port")
+    address(req.address)
     if not req.model or len(req.model) > 256:
         raise RequestError(INVALID, "model must be 1-256 characters")
     if not 1 <= req.block_size <= 65536:

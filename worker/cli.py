@@ -29,6 +29,8 @@ def register(app: typer.Typer) -> None:
         heartbeat_s: float = typer.Option(1.0, help="heartbeat interval in seconds"),
         max_batched_tokens: int = typer.Option(2048, help="token budget per engine step"),
         metrics_port: int = typer.Option(None, help="serve Prometheus /metrics on this port"),
+        metrics_host: str = typer.Option("127.0.0.1", help="interface of /metrics (no "
+                                         "authentication: loopback unless you mean it)"),
         tls_cert: str = typer.Option(None, help="PEM certificate: serve TLS (with --tls-key)"),
         tls_key: str = typer.Option(None, help="PEM private key of --tls-cert"),
         tls_ca: str = typer.Option(None, help="PEM CA: verify the service over TLS (and, "
@@ -59,6 +61,7 @@ def register(app: typer.Typer) -> None:
             worker_id=worker_id, services=services, token=token or None,
             service_token=service_token or None, hash_algo=hash_algo,
             hash_seed=hash_seed, device=device, heartbeat_s=heartbeat_s,
-            max_batched_tokens=max_batched_tokens, metrics_port=metrics_port, tls=tls,
+            max_batched_tokens=max_batched_tokens, metrics_port=metrics_port,
+            metrics_host=metrics_host, tls=tls,
             max_inflight_per_conn=max_inflight_per_conn,
             max_message_bytes=max_message_bytes)))

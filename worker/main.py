@@ -31,6 +31,7 @@ class WorkerOptions:
     heartbeat_s: float = 1.0
     max_batched_tokens: int = 2048
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"   # /metrics has no authentication: loopback unless told
     tls: TlsFiles | None = None       # cert/key: serve TLS; ca: verify the service (the link)
     max_inflight_per_conn: int = 1024
     max_message_bytes: int = 16 << 20
@@ -47,12 +48,14 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     from worker.service_link import ServiceLink
 
     opts = replace(opts, hash_seed=resolve_seed(opts.hash_algo, opts.hash_seed))
+    tls = opts.tls
+    # before the model loads: a certificate without a CA is refused here, not after start
+    link_creds = tls.channel_credentials() if tls is not None and opts.services else None
     engine = Engine.from_pretrained(
         opts.model, block_size=opts.block_size, num_blocks=opts.num_blocks, device=opts.device,
         hash_algo=opts.hash_algo, hash_seed=opts.hash_seed,
         scheduler=SchedulerConfig(max_batched_tokens=opts.max_batched_tokens))
     runner = AsyncEngine(engine).start()
-    tls = opts.tls
     server, port, servicer = await create_server(
         f"{opts.host}:{opts.port}", runner, worker_id=opts.worker_id or "",
         model_name=opts.model, token=opts.token,
@@ -66,7 +69,8 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
         from worker.metrics import WorkerMetrics
 
         servicer.metrics = WorkerMetrics(runner, worker_id)
-        metrics_note = f", metrics on :{servicer.metrics.serve(opts.metrics_port, opts.host)}"
+        mport = servicer.metrics.serve(opts.metrics_port, opts.metrics_host)
+        metrics_note = f", metrics on :{mport}"
     await server.start()
     address = f"{opts.host}:{port}"
     link = None
@@ -76,7 +80,7 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
                            model=opts.model, token=opts.service_token,
                            heartbeat_s=opts.heartbeat_s,
                            root_hash=none_hash(opts.hash_algo, opts.hash_seed),
-                           credentials=tls.channel_credentials() if tls is not None else None)
+                           credentials=link_creds)
         tasks.append(asyncio.create_task(link.run()))
     print(f"kvmesh worker {worker_id} listening on {address} "
           f"({engine.kv.num_blocks} blocks of {opts.block_size}{metrics_note})", flush=True)

@@ -67,6 +67,8 @@ class WorkerMetrics:
                               buckets=TTFT_BUCKETS, registry=self.registry)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
-        """Expose ``/metrics`` over HTTP; returns the bound port (``port=0``: a free one)."""
+        """Expose ``/metrics`` over HTTP on ``host``; returns the bound port (``port=0``: a
+        free one). The endpoint has no authentication: keep ``host`` on loopback unless the
+        network it faces may read the worker's load and cache figures."""
         server, _ = start_http_server(port, addr=host, registry=self.registry)
         return server.server_port

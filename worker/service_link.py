@@ -177,7 +177,7 @@ class ServiceLink:
 
     def _overflow(self, where: str) -> None:
         self.counters["overflows"] += 1
-        log.warning("%s overflowed: events dropped, resyncing %s with a snapshot",
+        log.warning("%s overflowed: events dropped, resyncing %r with a snapshot",
                     where, self.worker_id)
         self.outbox.clear()
         self.need_sync = True
@@ -207,18 +207,18 @@ class ServiceLink:
         if isinstance(err, grpc.aio.UsageError):
             return  # its channel was closed by the other task's move to the next address
         if not isinstance(err, grpc.aio.AioRpcError):
-            log.error("service link of %s: unexpected error", self.worker_id, exc_info=err)
+            log.error("service link of %r: unexpected error", self.worker_id, exc_info=err)
             self.counters["error_unexpected"] += 1
             return
         self.counters[f"error_{err.code().name.lower()}"] += 1
         if err.code() in RETRYABLE:
             await self._next_service(stub)
         elif err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
-            log.warning("service refused %s: %s", self.worker_id, err.details())
+            log.warning("service refused %r: %r", self.worker_id, err.details())
             self.registered = False
             self._beat_kick.set()
         else:
-            log.warning("service call failed: %s %s", err.code().name, err.details())
+            log.warning("service call failed: %s %r", err.code().name, err.details())
 
     async def run(self) -> None:
         """Keep the index in step with this worker until :meth:`close`."""
@@ -358,10 +358,10 @@ class ServiceLink:
             hashes = sum(len(getattr(e, "block_hashes", ())) for e in batch)
             self._max_events = max(1, len(batch) // 2)
             self._max_hashes = max(1, hashes // 2)
-            log.info("service refused %d events (%s); batches now at most %d events",
+            log.info("service refused %d events (%r); batches now at most %d events",
                      len(batch), err.details(), self._max_events)
             return
-        log.warning("service refused event %d of %s (%s %s): resyncing with a snapshot",
+        log.warning("service refused event %d of %r (%s %r): resyncing with a snapshot",
                     batch[0].seq, self.worker_id, err.code().name, err.details())
         self.need_sync = True
 

@@ -27,6 +27,11 @@ Contract:
   replica for the next one in time. A code the table surfaces (the request's own fault,
   e.g. INVALID_ARGUMENT) falls back for that request only and does not skip the index.
 - ``counters`` counts ``index`` and ``fallback_*`` decisions (for logs and tests).
+- TLS to the service: ``tls_ca`` (verify the service; TLS exactly when given), plus
+  ``tls_cert``/``tls_key`` for mutual TLS and ``tls_server_name`` when the certificate
+  names another host, as in ``kvmesh.tls.TlsFiles``. The paths are read on the node the
+  router runs on, at ``initialize_state``: a missing file or a certificate without a CA
+  raises ``ValueError`` there rather than routing by power-of-two choices forever.
 """
 from __future__ import annotations
 
@@ -50,6 +55,7 @@ from ray.serve._private.request_router.request_router import (
 from client.errors import KvmeshError
 from deploy.ray.request import request_field
 from kvmesh.retry import Source, retried
+from kvmesh.tls import TlsFiles
 
 log = logging.getLogger("kvmesh.ray.router")
 _BAD = re.compile(r"[^A-Za-z0-9._:@/-]")
@@ -79,8 +85,16 @@ class KvmeshRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
 
     def initialize_state(self, service_addresses: list[str] | str = (),
                          token: str | None = None, index_timeout_s: float = 0.5,
-                         retry_after_s: float = 1.0, max_ranks: int = 8) -> None:
+                         retry_after_s: float = 1.0, max_ranks: int = 8,
+                         tls_ca: str | None = None, tls_cert: str | None = None,
+                         tls_key: str | None = None, tls_server_name: str | None = None
+                         ) -> None:
         """Called by Serve with ``request_router_kwargs``."""
+        self._tls: TlsFiles | None = None
+        if tls_ca or tls_cert or tls_key:
+            self._tls = TlsFiles(cert=tls_cert, key=tls_key, ca=tls_ca,
+                                 server_name=tls_server_name)
+            self._tls.channel_credentials()  # unreadable files or no CA: fail now, loudly
         if isinstance(service_addresses, str):
             service_addresses = [a for a in service_addresses.split(",") if a]
         self._addresses = list(service_addresses)
@@ -99,7 +113,7 @@ class KvmeshRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         if self._client is None or self._client_loop is not loop:  # grpc.aio is per loop
             from client import AsyncKvmeshClient
 
-            self._client = AsyncKvmeshClient(self._addresses, self._token,
+            self._client = AsyncKvmeshClient(self._addresses, self._token, tls=self._tls,
                                              timeout=self._timeout / len(self._addresses))
             self._client_loop = loop
         return self._client

@@ -147,3 +147,54 @@ def test_request_prompt(arg, expected):
 
     assert asyncio.run(main()) == expected
     assert request_prompt(None) is None
+
+
+def test_tls_options_reach_the_index_client(certs):
+    """The router reaches a TLS-only service (a real one, with a worker registered as a
+    replica) through its ``tls_*`` options; without them it can only fall back. Refused
+    settings (a certificate without a CA, an unreadable CA) fail at ``initialize_state``."""
+    import grpc
+
+    from kvmesh.tls import TlsFiles
+    from kvmesh.v1 import index_pb2_grpc as pb_grpc
+    from service.config import ServiceConfig
+    from service.server import create_server
+    from tests.service.simworker import SimWorker
+
+    def router(**kw):
+        r = KvmeshRequestRouter(deployment_id=DEP, handle_source=DeploymentHandleSource.UNKNOWN)
+        r.initialize_state(index_timeout_s=5.0, **kw)
+        r.update_replicas([FakeReplica(u) for u in ("a1", "b2")])
+        return r
+
+    async def main():
+        cfg = ServiceConfig(tls_cert_file=str(certs.server_cert),
+                            tls_key_file=str(certs.server_key))
+        server, port = await create_server("127.0.0.1:0", cfg)
+        await server.start()
+        addr = [f"localhost:{port}"]
+        try:
+            creds = TlsFiles(ca=str(certs.ca)).channel_credentials()
+            async with grpc.aio.secure_channel(addr[0], creds) as ch:
+                w = SimWorker(pb_grpc.IndexServiceStub(ch), wid("b2"))
+                await w.join()
+                await w.store(list(range(1, 33)))
+            ranks = {}
+            for name, kw in (("tls", {"tls_ca": str(certs.ca)}), ("plain", {})):
+                r = router(service_addresses=addr, **kw)
+                got = await r.choose_replicas(r._replicas_list,
+                                              pending(ServeRequest(token_ids=list(range(1, 34)))))
+                ranks[name] = ([[x.replica_id.unique_id for x in rank] for rank in got],
+                               dict(r.counters))
+            return ranks
+        finally:
+            await server.stop(None)
+
+    ranks = asyncio.run(main())
+    assert ranks["tls"] == ([["b2"], ["a1"]], {"index": 1})
+    assert ranks["plain"][1] == {"fallback_unreachable": 1}
+    with pytest.raises(ValueError, match="without --tls-ca"):
+        router(service_addresses=["h:1"], tls_cert=str(certs.client_cert),
+               tls_key=str(certs.client_key))
+    with pytest.raises(ValueError, match="--tls-ca .*cannot read"):
+        router(service_addresses=["h:1"], tls_ca="/nonexistent/ca.pem")

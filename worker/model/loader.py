@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 import torch
@@ -117,12 +117,31 @@ def init_random(model: LlamaModel, seed: int, std: float) -> None:
             param.copy_(torch.empty(param.shape).normal_(0.0, std, generator=gen))
 
 
+def _shard(root: Path, name: object) -> Path:
+    """``root / name`` for a shard ``name`` of the index, confined to ``root``.
+
+    The index is data that travels with downloaded checkpoints: an absolute name, a ``..``
+    part or a folder resolving outside ``root`` raises ``ValueError``. The file itself may be
+    a symlink (a Hugging Face cache snapshot links its files to ``../../blobs``)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"model.safetensors.index.json names shard {name!r}: not a file name")
+    rel = PurePosixPath(name.replace("\\", "/"))
+    if rel.is_absolute() or PureWindowsPath(name).drive or ".." in rel.parts:
+        raise ValueError(f"model.safetensors.index.json names shard {name!r}, outside the "
+                         f"model directory {root}: shards must be relative paths inside it")
+    file = root / rel
+    if not file.parent.resolve().is_relative_to(root.resolve()):
+        raise ValueError(f"model.safetensors.index.json names shard {name!r}, whose folder "
+                         f"resolves outside the model directory {root}")
+    return file
+
+
 def _weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
         with index.open() as f:
             weight_map: dict[str, str] = json.load(f)["weight_map"]
-        return [path / name for name in sorted(set(weight_map.values()))]
+        return [_shard(path, name) for name in sorted(set(weight_map.values()))]
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {path}")
@@ -171,7 +190,7 @@ def load_weights(model: LlamaModel, path: Path) -> None:
         shown = ", ".join(missing[:5]) + more
         raise KeyError(f"checkpoint {path} is missing tensor(s): {shown}")
     if unexpected:
-        log.warning("ignored %d unexpected tensor(s), e.g. %s", len(unexpected), unexpected[0])
+        log.warning("ignored %d unexpected tensor(s), e.g. %r", len(unexpected), unexpected[0])
 
 
 def _copy_tensor(

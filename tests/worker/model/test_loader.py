@@ -165,3 +165,42 @@ def test_hf_tokenizer(tmp_path):
     assert tok.decode([3, 4]) == "hello world"
     with pytest.raises(FileNotFoundError):
         load_tokenizer(tmp_path / "missing")
+
+
+def _index_dir(llama_dir, tmp_path, shard: str):
+    """A model dir whose index maps every tensor to ``shard``; a full, valid checkpoint
+    lies at ``tmp_path/outside.safetensors`` (what an escaping index would load)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text((llama_dir / "config.json").read_text())
+    tensors = load_file(llama_dir / "model.safetensors")
+    save_file(tensors, tmp_path / "outside.safetensors")
+    index = {"metadata": {}, "weight_map": {k: shard for k in tensors}}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    return model
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "ABS", "sub/outside.safetensors"])
+def test_index_shards_outside_the_model_dir_are_refused(llama_dir, tmp_path, monkeypatch,
+                                                        shard):
+    """Attack: an index naming ``../x``, an absolute path, or a folder symlinked out of the
+    directory made the loader read files from outside ``--model DIR``."""
+    import worker.model.loader as loader
+
+    if shard == "ABS":
+        shard = str(tmp_path / "outside.safetensors")
+    model = _index_dir(llama_dir, tmp_path, shard)
+    (model / "sub").symlink_to(tmp_path, target_is_directory=True)
+    opened = []
+    real = loader.safe_open
+    monkeypatch.setattr(loader, "safe_open", lambda f, **kw: opened.append(f) or real(f, **kw))
+    with pytest.raises(ValueError, match="outside the model directory"):
+        load_model(model, device="cpu")
+    assert opened == []  # refused before reading any shard
+
+
+def test_index_shard_symlinked_file_inside_loads(llama_dir, tmp_path):
+    """A Hugging Face cache snapshot links each file to ``../../blobs/<hash>``: allowed."""
+    model = _index_dir(llama_dir, tmp_path, "model-00001-of-00001.safetensors")
+    (model / "model-00001-of-00001.safetensors").symlink_to(tmp_path / "outside.safetensors")
+    load_model(model, device="cpu")
