@@ -29,8 +29,8 @@ def register(app: typer.Typer) -> None:
                                               "fractions allowed (default: 1 if the "
                                               "cluster has GPUs, else 0)"),
         worker_secret: str = typer.Option(
-            None, envvar="KVMESH_WORKER_SECRET", help="local backend: secret of the workers' "
-            "tokens, each bound to its worker id (at least 16 bytes)"),
+            None, envvar="KVMESH_WORKER_SECRET", help="secret of the workers' tokens, each "
+            "bound to its worker id (at least 16 bytes; default: a random one)"),
         tls_cert: str = typer.Option(None, help="local backend: PEM certificate every server "
                                      "serves and presents as a client (with --tls-key)"),
         tls_key: str = typer.Option(None, help="PEM private key of --tls-cert"),
@@ -43,6 +43,7 @@ def register(app: typer.Typer) -> None:
         import signal
         import threading
 
+        from kvmesh.redact import redact_url
         from kvmesh.tls import tls_files
         from service.worker_tokens import MIN_SECRET_BYTES
 
@@ -50,8 +51,8 @@ def register(app: typer.Typer) -> None:
             tls = tls_files(tls_cert, tls_key, tls_ca, tls_client_auth)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from e
-        if backend == "ray" and (tls is not None or worker_secret):
-            raise typer.BadParameter("TLS and --worker-secret need --backend local")
+        if backend == "ray" and tls is not None:
+            raise typer.BadParameter("TLS needs --backend local")
         if worker_secret and len(worker_secret.encode()) < MIN_SECRET_BYTES:
             raise typer.BadParameter(f"--worker-secret needs at least {MIN_SECRET_BYTES} bytes")
         if tls is not None and (tls.cert is None or tls.ca is None):
@@ -63,7 +64,7 @@ def register(app: typer.Typer) -> None:
             run_up(workers=workers, port=port, redis_url=redis_url, model=model,
                    ray_address=ray_address, gpus_per_worker=gpus_per_worker,
                    service_replicas=service_replicas, block_size=block_size,
-                   num_blocks=num_blocks, token=token)
+                   num_blocks=num_blocks, token=token, worker_secret=worker_secret or None)
             return
         from deploy.local import ClusterSpec, LocalCluster
 
@@ -77,7 +78,8 @@ def register(app: typer.Typer) -> None:
             worker_secret=worker_secret or None, tls=tls))
         try:
             cluster.start()
-            print(f"redis    {cluster.redis_url}" + ("" if redis_url else " (embedded)"))
+            print(f"redis    {redact_url(cluster.redis_url or '')}"
+                  + ("" if redis_url else " (embedded)"))
             for s in cluster.services:
                 print(f"service  {s.address}")
             for w in cluster.workers:

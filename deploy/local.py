@@ -4,15 +4,33 @@ Everything is a real process: an embedded Valkey (or ``--redis-url``), ``python 
 service`` and ``python -m worker`` children on free loopback ports. ``LocalCluster`` is what
 ``kvmesh up``, ``kvmesh demo``, the end-to-end benchmarks and the integration tests use.
 ``stop()`` ends every child within ``timeout`` seconds (SIGTERM, then SIGKILL).
+
+Credentials (who holds what):
+
+- the embedded Valkey requires a random password; its URL (``redis://:PW@...``) goes to the
+  service replicas only, in ``KVMESH_REDIS_URL``;
+- the service replicas get the router token (``KVMESH_TOKEN``) and the worker secret
+  (``KVMESH_WORKER_SECRET``; generated when the spec has neither a secret nor a shared
+  worker token, so worker calls never accept the router token);
+- each worker gets only its own minted token (``KVMESH_WORKER_TOKEN``) and the token its
+  WorkerService requires, ``worker_access_token(router token)``
+  (``KVMESH_WORKER_ACCESS_TOKEN``): never the router token, the secret or the Redis URL.
+
+Every secret travels in the child's environment, never on its command line (``ps`` and
+``/proc/PID/cmdline`` show that to every local user); every secret variable is set, empty
+when unused, so nothing leaks in from the launcher's own environment.
 """
 from __future__ import annotations
 
+import dataclasses
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from deploy.process import ServerProcess, wait_all
 from deploy.redis_server import RedisServer, start_redis
+from kvmesh.auth import worker_access_token
 
 if TYPE_CHECKING:
     from client import KvmeshClient
@@ -31,9 +49,10 @@ class ClusterSpec:
     model: str = "tiny"
     block_size: int = 16
     num_blocks: int | None = None
-    token: str | None = None          # router token: service Route/Stats and workers' calls
+    token: str | None = None          # router token: service Route/Stats (workers: derived)
     worker_token: str | None = None   # shared token of the worker calls (unbound)
-    worker_secret: str | None = None  # per-worker tokens bound to their ids (minted here)
+    worker_secret: str | None = None  # per-worker tokens bound to their ids (minted here;
+    #                                   None and no worker_token: a random one)
     tls: TlsFiles | None = None       # every server serves it, every client dials with it
     hash_seed: str | None = None
     heartbeat_s: float = 1.0
@@ -46,7 +65,11 @@ class ClusterSpec:
 
 class LocalCluster:
     def __init__(self, spec: ClusterSpec | None = None) -> None:
-        self.spec = spec or ClusterSpec()
+        spec = spec or ClusterSpec()
+        if spec.worker_secret is None and spec.worker_token is None:
+            # worker calls then never accept the router token (service.auth)
+            spec = dataclasses.replace(spec, worker_secret=secrets.token_urlsafe(32))
+        self.spec = spec
         self.redis: RedisServer | None = None
         self.redis_url: str | None = self.spec.redis_url
         self.services: list[ServerProcess] = []
@@ -84,15 +107,19 @@ class LocalCluster:
 
     def _service_args(self, port: int) -> list[str]:
         s = self.spec
-        args = ["--host", s.host, "--port", str(port), "--redis-url", self.redis_url,
-                "--policy", s.policy, *s.extra_service_args]
-        if s.token:
-            args += ["--token", s.token]
-        if s.worker_token:
-            args += ["--worker-token", s.worker_token]
+        args = ["--host", s.host, "--port", str(port), "--policy", s.policy,
+                *s.extra_service_args]
         if s.hash_seed:
             args += ["--hash-seed", s.hash_seed]
         return args + _tls_args(s.tls)
+
+    def _service_env(self) -> dict[str, str]:
+        """A replica's secrets (see the module docstring)."""
+        s = self.spec
+        return {"KVMESH_REDIS_URL": self.redis_url or "", "KVMESH_TOKEN": s.token or "",
+                "KVMESH_WORKER_TOKEN": s.worker_token or "",
+                "KVMESH_WORKER_SECRET": s.worker_secret or "",
+                "KVMESH_WORKER_ACCESS_TOKEN": ""}
 
     def start_service(self, i: int, port: int | None = None) -> ServerProcess:
         """Start (or restart, on its old port) service replica ``i``."""
@@ -103,8 +130,7 @@ class LocalCluster:
             proc.cmd[3:] = self._service_args(port)
         else:
             proc = ServerProcess(f"service-{i}", "service", self._service_args(port),
-                                 echo=self.spec.echo,
-                                 env={"KVMESH_WORKER_SECRET": self.spec.worker_secret or ""})
+                                 echo=self.spec.echo, env=self._service_env())
             self.services.append(proc)
         return proc.start()
 
@@ -121,9 +147,10 @@ class LocalCluster:
         if s.hash_seed:
             args += ["--hash-seed", s.hash_seed]
         args += _tls_args(s.tls)
-        # a worker gets its own token, never the secret that mints every worker's
+        # its own token, never the secret that mints every worker's nor the router token
         env = {"KVMESH_WORKER_TOKEN": self.service_token(worker_id),
-               "KVMESH_TOKEN": s.token or "", "KVMESH_WORKER_SECRET": ""}
+               "KVMESH_WORKER_ACCESS_TOKEN": worker_access_token(s.token) if s.token else "",
+               "KVMESH_TOKEN": "", "KVMESH_WORKER_SECRET": "", "KVMESH_REDIS_URL": ""}
         proc = ServerProcess(worker_id, "worker", args, echo=s.echo, env=env)
         self.workers.append(proc)
         if start:
@@ -132,13 +159,14 @@ class LocalCluster:
 
     def service_token(self, worker_id: str) -> str:
         """The token worker ``worker_id`` presents to the service: its bound token when the
-        spec has a ``worker_secret``, else the shared worker token, else the router token."""
+        spec has a ``worker_secret`` (always, unless a shared ``worker_token`` was given),
+        else the shared worker token."""
         s = self.spec
         if s.worker_secret:
             from service.worker_tokens import mint
 
             return mint(s.worker_secret, worker_id)
-        return s.worker_token or s.token or ""
+        return s.worker_token or ""
 
     def client(self, **kw: Any) -> KvmeshClient:
         """A ``KvmeshClient`` of this cluster's services with its token and TLS (``kw``: more

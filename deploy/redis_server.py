@@ -5,6 +5,14 @@ Contract:
 
 - ``start_redis(port=0)`` returns a running :class:`RedisServer` bound to 127.0.0.1 (or the
   given host) that already answers ``PING``; ``port=0`` picks a free port.
+- Every server requires a password (``requirepass``; random unless one is given) and keeps
+  protected mode on: a client without the password gets ``NOAUTH``. ``url`` carries it
+  (``redis://:PASSWORD@host:port/0``), so whoever holds the URL holds the credential: hand
+  it to children in their environment (``KVMESH_REDIS_URL``) and print it only through
+  ``kvmesh.redact.redact_url``. The password and every other setting reach the server in a
+  config file written 0600 in a private (0700) temporary directory, never on its command
+  line, which ``/proc/PID/cmdline`` shows to every local user. The password survives
+  ``restart()``, so clients holding the URL reconnect.
 - Nothing is persisted (``--save "" --appendonly no``, a private temporary ``--dir``), so a
   server stopped and started again on the same port comes back EMPTY; tests rely on that to
   simulate "Redis restarted with no data".
@@ -16,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -24,6 +33,8 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
+
+from kvmesh.redact import redact_url
 
 __all__ = ["RedisServer", "find_redis_binary", "start_redis"]
 
@@ -52,23 +63,34 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def _ping(host: str, port: int, timeout: float = 0.5) -> bool:
-    """True when the server answers PING with PONG (not LOADING or an error)."""
+def _ping(url: str, timeout: float = 0.5) -> bool:
+    """True when the server at ``url`` answers PING (not LOADING, not an error)."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
     try:
-        with socket.create_connection((host, port), timeout=timeout) as s:
-            s.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return s.recv(64).startswith(b"+PONG")
-    except OSError:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
         return False
+    finally:
+        client.close()
+
+
+def _config(port: int, host: str, workdir: str, password: str) -> str:
+    """The server's config file (values quoted: the password is ``token_urlsafe``)."""
+    return "\n".join([
+        f"port {port}", f'bind "{host}"', "protected-mode yes", f'requirepass "{password}"',
+        'save ""', "appendonly no", f'dir "{workdir}"', "daemonize no", ""])
 
 
 class RedisServer:
     """One Redis/Valkey child process on a fixed ``host:port`` (restartable on that port)."""
 
     def __init__(self, port: int, *, host: str = "127.0.0.1", executable: str | None = None,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), password: str | None = None) -> None:
         self.host = host
         self.port = port
+        self.password = password or secrets.token_urlsafe(24)
         self.executable = executable or find_redis_binary()
         self.extra_args = tuple(extra_args)
         self._proc: subprocess.Popen[bytes] | None = None
@@ -76,8 +98,14 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        """``redis://host:port/0``: what redis-py's ``from_url`` and ``--redis-url`` take."""
-        return f"redis://{self.host}:{self.port}/0"
+        """``redis://:PASSWORD@host:port/0``: what redis-py's ``from_url`` and
+        ``--redis-url`` take. A secret: see the module contract."""
+        return f"redis://:{self.password}@{self.host}:{self.port}/0"
+
+    @property
+    def config_file(self) -> str | None:
+        """Path of the running server's config file (0600; it holds the password)."""
+        return str(Path(self._dir.name) / "server.conf") if self._dir is not None else None
 
     @property
     def pid(self) -> int | None:
@@ -98,10 +126,12 @@ class RedisServer:
         """Start (or restart, empty) on ``self.port``; returns once PING answers PONG."""
         if self.alive:
             return self
-        self._dir = tempfile.TemporaryDirectory(prefix="kvmesh-redis-")
-        cmd = [self.executable, "--port", str(self.port), "--bind", self.host,
-               "--save", "", "--appendonly", "no", "--dir", self._dir.name,
-               "--daemonize", "no", "--protected-mode", "no", *self.extra_args]
+        self._dir = tempfile.TemporaryDirectory(prefix="kvmesh-redis-")  # mode 0700
+        conf = Path(self._dir.name) / "server.conf"
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(_config(self.port, self.host, self._dir.name, self.password))
+        cmd = [self.executable, str(conf), *self.extra_args]
         with open(Path(self._dir.name) / "server.log", "wb") as log:  # the child keeps a copy
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL)
@@ -113,7 +143,7 @@ class RedisServer:
                 self._cleanup()
                 raise RuntimeError(f"{self.executable} exited at start on port {self.port}:\n"
                                    f"{tail}")
-            if _ping(self.host, self.port):
+            if _ping(self.url):
                 return self
             time.sleep(0.02)
         tail = self._log_tail()
@@ -160,20 +190,22 @@ class RedisServer:
 
     def __repr__(self) -> str:
         state = "running" if self.alive else "stopped"
-        return f"RedisServer({self.url}, {state}, pid={self.pid})"
+        return f"RedisServer({redact_url(self.url)}, {state}, pid={self.pid})"
 
 
 def start_redis(port: int = 0, *, host: str = "127.0.0.1", executable: str | None = None,
-                extra_args: tuple[str, ...] = (), timeout: float = 10.0) -> RedisServer:
+                extra_args: tuple[str, ...] = (), timeout: float = 10.0,
+                password: str | None = None) -> RedisServer:
     """Start a Redis-protocol server on ``host:port`` (``port=0``: a free one) and wait for it.
 
+    ``password``: the one to require (default: a random one; see ``RedisServer.url``).
     Raises ``FileNotFoundError`` when no server binary exists and ``RuntimeError`` /
     ``TimeoutError`` when it does not come up (the message carries the server's log).
     """
     attempts = 3 if port == 0 else 1
     for attempt in range(attempts):
         server = RedisServer(port or _free_port(host), host=host, executable=executable,
-                             extra_args=extra_args)
+                             extra_args=extra_args, password=password)
         try:
             return server.start(timeout)
         except RuntimeError:

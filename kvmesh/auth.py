@@ -22,6 +22,7 @@ never buffers the body of a call without a valid token.
 """
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -55,6 +56,17 @@ def shared_token(role: str, expected: str) -> Verifier:
         return Grant(role) if hmac.compare_digest(token.encode(), want) else None
 
     return verify
+
+
+def worker_access_token(router_token: str) -> str:
+    """The token clients send to workers' WorkerService (Generate/Stats), derived from the
+    router token: HMAC-SHA256(router_token, "kvmesh worker access v1"), hex.
+
+    Workers are configured with this token, never the router token, so a worker (or an
+    impostor registered as one) that collects it cannot Route, read Stats or register
+    anything at the service; the router token cannot be recovered from it.
+    """
+    return hmac.new(router_token.encode(), b"kvmesh worker access v1", hashlib.sha256).hexdigest()
 
 
 def bearer(metadata: Sequence[tuple[str, Any]] | None) -> str:

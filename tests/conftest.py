@@ -1,8 +1,10 @@
-"""Session fixtures for every test package: one real Valkey/Redis, emptied per test."""
+"""Session fixtures for every test package: one real Valkey/Redis, emptied per test.
+
+The server requires a password, as every Valkey kvmesh starts does: tests reach it through
+``redis_url`` / ``redis_server.url`` (``redis://:PASSWORD@127.0.0.1:PORT/0``)."""
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 
 import pytest
@@ -25,9 +27,10 @@ def redis_server() -> Iterator[RedisServer]:
 
 
 def _flushall(server: RedisServer) -> None:
-    with socket.create_connection((server.host, server.port), timeout=5) as s:
-        s.sendall(b"*1\r\n$8\r\nFLUSHALL\r\n")
-        assert s.recv(64).startswith(b"+OK")
+    import redis
+
+    with redis.Redis.from_url(server.url, socket_timeout=5) as client:
+        assert client.flushall()
 
 
 @pytest.fixture

@@ -96,8 +96,8 @@ def run(workers: int = 8, routes: int = 400, rounds: int = 4, threads: int = 4,
     variants = {"": "1", "_nomemo": "0"}  # result-key suffix -> MEMO argument of serve
     ports = {v: _free_port() for v in variants}
     redis = start_redis()
-    services = {v: ServerProcess(f"service{v}", "bench.route.serve",
-                                 [redis.url, str(ports[v]), memo])
+    services = {v: ServerProcess(f"service{v}", "bench.route.serve", [str(ports[v]), memo],
+                                 env={"KVMESH_REDIS_URL": redis.url})
                 for v, memo in variants.items()}
     fleet: SimFleet | None = None
     clients: dict[str, Any] = {}

@@ -1,7 +1,8 @@
-"""The service child of `kvmesh bench route`: ``python -m bench.route.serve REDIS_URL
-METRICS_PORT MEMO`` runs ``create_server`` (redis backend, default settings) until SIGTERM and
-prints ``listening on HOST:PORT`` once it serves. ``MEMO`` 0 replaces the service's block-hash
-memo with plain hashing, to measure what the memo buys."""
+"""The service child of `kvmesh bench route`: ``python -m bench.route.serve METRICS_PORT
+MEMO`` (the Redis URL, password included, in env ``KVMESH_REDIS_URL``) runs
+``create_server`` (redis backend, default settings) until SIGTERM and prints ``listening on
+HOST:PORT`` once it serves. ``MEMO`` 0 replaces the service's block-hash memo with plain
+hashing, to measure what the memo buys."""
 from __future__ import annotations
 
 import asyncio
@@ -43,6 +44,8 @@ async def _serve(redis_url: str, metrics_port: int, memo: bool = True) -> None:
 
 
 if __name__ == "__main__":
+    import os
     import sys
 
-    asyncio.run(_serve(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"))
+    # the URL carries the Redis password: it comes in the environment, not on argv
+    asyncio.run(_serve(os.environ["KVMESH_REDIS_URL"], int(sys.argv[1]), sys.argv[2] == "1"))

@@ -147,7 +147,8 @@ def compare(routers: tuple[str, ...] = ROUTERS, *, replicas: int = 3, num_blocks
             app = kvmesh_app(index, replicas=replicas,
                              router=router_config(name, cluster.service_addresses),
                              num_cpus=REPLICA_CPUS, num_blocks=num_blocks, warmup=True,
-                             heartbeat_s=heartbeat_s)
+                             heartbeat_s=heartbeat_s,
+                             worker_secret=cluster.spec.worker_secret)
             handles[name] = serve.run(app, name=f"cmp-{name}", route_prefix=None,
                                       logging_config=QUIET)
         start = time.perf_counter()

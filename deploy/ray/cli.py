@@ -18,6 +18,7 @@ from typing import Any
 
 from deploy.ray.cluster import NAMESPACE, RayCluster
 from deploy.ray.spec import RaySpec
+from kvmesh.redact import redact_url
 
 
 def _install(handler: Any) -> None:
@@ -43,7 +44,8 @@ def _watch(cluster: RayCluster, stop: threading.Event, every_s: float = 2.0) -> 
 def run_up(workers: int, port: int, redis_url: str | None, model: str, *,
            ray_address: str | None = None, gpus_per_worker: float | None = None,
            service_replicas: int = 1, block_size: int = 16, num_blocks: int | None = None,
-           token: str | None = None, name: str | None = None,
+           token: str | None = None, worker_secret: str | None = None,
+           name: str | None = None,
            stop: threading.Event | None = None) -> None:
     """Run kvmesh on Ray until a signal (or ``stop``) arrives; always cleans up."""
     stop = stop or threading.Event()
@@ -58,7 +60,8 @@ def run_up(workers: int, port: int, redis_url: str | None, model: str, *,
     spec = RaySpec(workers=workers, service_replicas=service_replicas, redis_url=redis_url,
                    ray_address=ray_address, model=model, block_size=block_size,
                    num_blocks=num_blocks, gpus_per_worker=gpus_per_worker, port=port,
-                   token=token, **({"name": name} if name else {}))
+                   token=token, worker_secret=worker_secret,
+                   **({"name": name} if name else {}))
     cluster = RayCluster(spec)
     _install(on_signal)
     try:
@@ -74,7 +77,8 @@ def run_up(workers: int, port: int, redis_url: str | None, model: str, *,
         print(f"ray      {ray.get_runtime_context().gcs_address}", flush=True)
         print(f"actors   {spec.name}-* in namespace {NAMESPACE} "
               f"(worker resources {cluster.bundle})", flush=True)
-        print(f"redis    {cluster.redis_url}" + ("" if redis_url else " (embedded)"),
+        print(f"redis    {redact_url(cluster.redis_url or '')}"
+              + ("" if redis_url else " (embedded)"),
               flush=True)
         for address in cluster.service_addresses:
             print(f"service  {address}", flush=True)

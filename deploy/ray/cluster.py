@@ -19,6 +19,12 @@ Contract:
   on fixed ports by default (``spec.service_placement``): a restarted one keeps its
   address. A restarted worker comes back with the same worker id, a new address and an
   empty pool, and registers by itself.
+- Credentials: the embedded Redis requires a random password (its URL goes to the service
+  replicas only); the replicas verify per-worker tokens minted from ``spec.worker_secret``
+  (random when neither it nor ``spec.worker_token`` is given), so worker calls never accept
+  the router token; each worker actor gets only its own minted token and
+  ``worker_access_token(spec.token)`` for its WorkerService, never the router token or the
+  secret. Actor arguments travel through Ray, not on any command line.
 - ``stop()`` asks every actor to stop, kills it, releases the placement groups and, if
   ``start()`` created the Ray connection, disconnects (a local Ray it started ends with it).
   Idempotent; safe after a failed start.
@@ -28,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import secrets
 import time
 from typing import Any
 
@@ -46,6 +53,7 @@ from deploy.ray.service_actor import ServiceActor
 from deploy.ray.spec import RaySpec, worker_bundle
 from deploy.ray.worker_actor import WorkerActor
 from deploy.ray.worker_host import WorkerConfig
+from kvmesh.auth import worker_access_token
 from kvmesh.hashing import DEFAULT_ALGO, resolve_seed
 
 NAMESPACE = "kvmesh"
@@ -56,6 +64,8 @@ class RayCluster:
 
     def __init__(self, spec: RaySpec | None = None, **overrides: Any) -> None:
         self.spec = dataclasses.replace(spec or RaySpec(), **overrides)
+        if self.spec.worker_secret is None and self.spec.worker_token is None:
+            self.spec = dataclasses.replace(self.spec, worker_secret=secrets.token_urlsafe(32))
         self.redis_url: str | None = self.spec.redis_url
         self.service_addresses: list[str] = []
         self.services: list[Any] = []      # ServiceActor handles
@@ -112,6 +122,7 @@ class RayCluster:
     def _service_settings(self) -> dict[str, Any]:
         s = self.spec
         out: dict[str, Any] = {"token": s.token, "worker_token": s.worker_token,
+                               "worker_secret": s.worker_secret,
                                "heartbeat_interval_s": s.heartbeat_s,
                                "liveness_timeout_s": max(3.0, 3 * s.heartbeat_s),
                                "purge_after_s": max(10.0, 10 * s.heartbeat_s)}
@@ -151,7 +162,8 @@ class RayCluster:
             config = WorkerConfig(
                 worker_id=worker_id, services=tuple(self.service_addresses), model=s.model,
                 block_size=s.block_size, num_blocks=s.num_blocks,
-                token=s.token, service_token=s.worker_token or s.token,
+                token=worker_access_token(s.token) if s.token else None,
+                service_token=self.service_token(worker_id),
                 hash_seed=resolve_seed(DEFAULT_ALGO, s.hash_seed),
                 heartbeat_s=s.heartbeat_s, max_batched_tokens=s.max_batched_tokens,
                 device=s.device)
@@ -164,6 +176,15 @@ class RayCluster:
         if wait:
             self.wait_ready(timeout, worker_ids=ids)
         return ids
+
+    def service_token(self, worker_id: str) -> str | None:
+        """What worker ``worker_id`` presents to the service: its token minted from the
+        worker secret, else the shared worker token."""
+        if self.spec.worker_secret:
+            from service.worker_tokens import mint
+
+            return mint(self.spec.worker_secret, worker_id)
+        return self.spec.worker_token
 
     def worker_infos(self, timeout: float = 60.0) -> list[dict[str, Any]]:
         """``WorkerActor.info()`` of every worker (waits for restarting ones)."""

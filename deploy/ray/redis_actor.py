@@ -6,8 +6,11 @@ home of the single stateful process. The actor is pinned there with the head nod
 
 Contract:
 
-- The constructor starts a Valkey/Redis child bound to this node's IP (``start_redis``);
-  ``url()`` answers ``redis://<head-ip>:<port>/0``.
+- The constructor starts a Valkey/Redis child bound to this node's IP (``start_redis``):
+  other nodes' service replicas must reach it, so it cannot stay on loopback; it requires a
+  random password instead (protected mode on). ``url()`` answers
+  ``redis://:PASSWORD@<head-ip>:<port>/0``: a secret, which Ray hands to the service actors
+  as an argument (never a command line) and which is printed only redacted.
 - ``stop()`` ends the child gracefully; the child also dies with the actor's process when
   Ray ends it. The actor is NOT restarted (``max_restarts=0``): a new Valkey would come back
   empty on another port, which no running service replica knows. Production clusters pass
@@ -30,7 +33,7 @@ class RedisActor:
         self._server = start_redis(port, host=ray.util.get_node_ip_address())
 
     def url(self) -> str:
-        """Where the index lives: ``redis://host:port/0``."""
+        """Where the index lives, with its password: ``redis://:PASSWORD@host:port/0``."""
         return self._server.url
 
     def stop(self) -> None:

@@ -13,6 +13,11 @@ engine step that produced tokens, ``{"token_ids": [...]}``, and ends with one di
 ``finished=True``, ``num_cached_tokens`` (what this replica served from its prefix cache),
 ``prompt_tokens``, ``ttft_s`` (measured in the replica) and ``worker_id``. Bad requests raise
 ``worker.engine.RequestError`` to the caller; the replica keeps serving.
+
+Credentials: a replica's worker id is only known once it runs, so it is given the
+service's ``worker_secret`` and mints its own bound token from it at start (keeping only
+that token); its WorkerService requires ``worker_access_token(token)``, never the router
+token itself.
 """
 from __future__ import annotations
 
@@ -35,14 +40,19 @@ class KvmeshReplica:
     async def __init__(self, service_addresses: list[str], model: str = "tiny",
                        block_size: int = 16, num_blocks: int | None = None,
                        token: str | None = None, worker_token: str | None = None,
-                       hash_seed: str | None = None,
+                       worker_secret: str | None = None, hash_seed: str | None = None,
                        heartbeat_s: float = 1.0, max_batched_tokens: int = 2048,
                        warmup: bool = True) -> None:
+        from kvmesh.auth import worker_access_token
+        from service.worker_tokens import mint
+
         self.worker_id = serve_worker_id(serve.get_replica_context().replica_id)
+        service_token = mint(worker_secret, self.worker_id) if worker_secret else worker_token
         self._host = await WorkerHost(WorkerConfig(
             worker_id=self.worker_id, services=tuple(service_addresses), model=model,
-            block_size=block_size, num_blocks=num_blocks, token=token,
-            service_token=worker_token or token, hash_seed=hash_seed,
+            block_size=block_size, num_blocks=num_blocks,
+            token=worker_access_token(token) if token else None,
+            service_token=service_token, hash_seed=hash_seed,
             heartbeat_s=heartbeat_s, max_batched_tokens=max_batched_tokens,
             warmup=warmup)).start()
 

@@ -54,8 +54,10 @@ class RaySpec:
     placement_strategy: str = "SPREAD"
     service_placement: str = "head"       # head | spread (see the class docstring)
     port: int = 0
-    token: str | None = None
-    worker_token: str | None = None
+    token: str | None = None              # router token (workers get a token derived from it)
+    worker_token: str | None = None       # shared token of the worker calls (unbound)
+    worker_secret: str | None = None      # per-worker bound tokens; None and no worker_token:
+    #                                       a random one (the router token never registers)
     hash_seed: str | None = None
     heartbeat_s: float = 1.0
     max_batched_tokens: int = 2048
@@ -84,6 +86,8 @@ class RaySpec:
             raise ValueError("service_placement must be 'head' or 'spread'")
         if self.placement_strategy not in ("SPREAD", "STRICT_SPREAD", "PACK"):
             raise ValueError("placement_strategy must be SPREAD, STRICT_SPREAD or PACK")
+        if self.worker_secret is not None and len(self.worker_secret.encode()) < 16:
+            raise ValueError("worker_secret must be at least 16 bytes")
         if not 0 <= self.port < 65536 - self.service_replicas:
             raise ValueError(f"port {self.port} is out of range")
 

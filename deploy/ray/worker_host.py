@@ -33,8 +33,9 @@ class WorkerConfig:
     model: str = "tiny"
     block_size: int = 16
     num_blocks: int | None = None
-    token: str | None = None          # router token its WorkerService requires (None: open)
-    service_token: str | None = None  # what it presents to the service (worker role)
+    token: str | None = None          # what its WorkerService requires (None: open): launchers
+    #                                   give worker_access_token(router token), never that
+    service_token: str | None = None  # what it presents to the service (its minted token)
     hash_seed: str | None = None
     heartbeat_s: float = 1.0
     max_batched_tokens: int = 2048

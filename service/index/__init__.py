@@ -7,14 +7,20 @@ __all__ = ["IndexBackend", "IndexUnavailable", "StaleIncarnation", "open_backend
 
 
 def open_backend(kind: str, redis_url: str | None = None, timeout_s: float = 0.5) -> IndexBackend:
-    """A backend by name: ``memory``, or ``redis`` on ``redis_url`` (connects lazily)."""
+    """A backend by name: ``memory``, or ``redis`` on ``redis_url`` (connects lazily).
+
+    ``redis_url`` is any URL redis-py's ``from_url`` takes, passed through unchanged: a
+    password (``redis://:PASSWORD@host:port/0``, or ``user:PASSWORD@`` with ACLs) and TLS
+    (``rediss://...?ssl_ca_certs=CA.pem``, also ``ssl_certfile``/``ssl_keyfile`` for a
+    client certificate). It carries a secret: never log it unredacted (kvmesh.redact).
+    """
     if kind == "memory":
         from service.index.memory import MemoryBackend
 
         return MemoryBackend()
     if kind == "redis":
         if not redis_url:
-            raise ValueError("the redis backend needs a URL (redis://host:port/db)")
+            raise ValueError("the redis backend needs a URL (redis://[:PASSWORD@]host:port/db)")
         from service.index.redis import RedisBackend
 
         return RedisBackend.from_url(redis_url, timeout_s)

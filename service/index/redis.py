@@ -155,7 +155,8 @@ class RedisBackend(IndexBackend):
 
     @classmethod
     def from_url(cls, url: str, timeout_s: float = 0.5) -> RedisBackend:
-        """A backend on ``url``; connects lazily (the server may be down at start)."""
+        """A backend on ``url`` (password and ``rediss://`` TLS options as redis-py takes
+        them); connects lazily (the server may be down at start)."""
         client = aioredis.Redis.from_url(
             url, decode_responses=True, socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 1),

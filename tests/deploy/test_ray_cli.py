@@ -16,18 +16,28 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
+import pytest
 import ray
+import redis
 
 from client import KvmeshClient
+from kvmesh.v1 import index_pb2, index_pb2_grpc
+from service.worker_tokens import mint
 from tests.deploy.conftest import kvmesh_actors, wait_for
+
+SECRET = "ray-cli-worker-secret-0123456789"
 
 
 def test_up_prints_service_addresses_and_sigterm_removes_every_actor(ray_cluster):
+    """Also: ``--worker-secret`` (here from its env var) reaches the Ray backend, and the
+    embedded Redis wants its password, which is printed only redacted."""
     kvmesh = str(Path(sys.executable).parent / "kvmesh")
     cmd = [kvmesh, "up", "--backend", "ray", "--ray-address",
            ray_cluster.address, "--workers", "1", "--port", "0", "--num-blocks", "32"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                 "KVMESH_WORKER_SECRET": SECRET})
     lines: list[str] = []
     ready = threading.Event()
 
@@ -52,6 +62,21 @@ def test_up_prints_service_addresses_and_sigterm_removes_every_actor(ray_cluster
                                        f"{name}-worker-0"]
         with KvmeshClient(services) as client:
             assert client.generate(list(range(40)), max_tokens=2).worker_id == f"{name}-w0"
+        printed = next(ln.split()[1] for ln in lines if ln.startswith("redis "))
+        assert printed.startswith("redis://:***@"), printed
+        host, _, port = printed.rpartition("@")[2].partition("/")[0].rpartition(":")
+        with redis.Redis(host=host, port=int(port), protocol=2) as anyone, \
+                pytest.raises(redis.AuthenticationError):
+            anyone.keys("*")
+        with grpc.insecure_channel(services[0]) as ch:  # the worker's token, from SECRET
+            hb = index_pb2_grpc.IndexServiceStub(ch).Heartbeat
+            with pytest.raises(grpc.RpcError) as err:  # no token: refused
+                hb(index_pb2.HeartbeatRequest(worker_id=f"{name}-w0"), timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.RpcError) as err:  # its token, stale incarnation: past auth
+                hb(index_pb2.HeartbeatRequest(worker_id=f"{name}-w0"), timeout=10,
+                   metadata=[("authorization", f"Bearer {mint(SECRET, name + '-w0')}")])
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         # on its own node the service answers on loopback too, as the local backend's does
         loopback = f"127.0.0.1:{services[0].rpartition(':')[2]}"
         with KvmeshClient([loopback], timeout=10) as client:

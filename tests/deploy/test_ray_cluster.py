@@ -100,3 +100,24 @@ def test_restarted_service_replica_keeps_its_address(kv, client):
     with KvmeshClient(old) as c:
         after = wait_for(lambda: c.route(question(1), dry_run=True), timeout=20)
     assert after.matched_tokens == before.matched_tokens
+
+
+def test_worker_calls_need_a_minted_token_and_redis_its_password(kv):
+    """Attack on a Ray deployment with no flags: register as a worker, or write the index,
+    without any credential. The generated worker secret and Redis password refuse both."""
+    import grpc
+    import redis
+
+    from kvmesh.v1 import index_pb2, index_pb2_grpc
+
+    assert kv.spec.worker_secret and len(kv.spec.worker_secret) >= 32
+    with grpc.insecure_channel(kv.service_addresses[0]) as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            index_pb2_grpc.IndexServiceStub(ch).RegisterWorker(index_pb2.RegisterWorkerRequest(
+                worker_id="impostor", address="127.0.0.1:1"), timeout=10)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    args = redis.connection.parse_url(kv.redis_url)
+    assert args["password"]
+    with redis.Redis(host=args["host"], port=args["port"], protocol=2) as anyone, \
+            pytest.raises(redis.AuthenticationError):
+        anyone.hset(f"kvmesh:w:{kv.worker_ids[0]}", "address", "127.0.0.1:1")

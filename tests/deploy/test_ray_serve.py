@@ -40,7 +40,8 @@ def index(ray_cluster):
 
 @pytest.fixture(scope="module")
 def handle(index):
-    app = kvmesh_app(index.service_addresses, replicas=2, num_cpus=0.25, num_blocks=64)
+    app = kvmesh_app(index.service_addresses, replicas=2, num_cpus=0.25, num_blocks=64,
+                     worker_secret=index.spec.worker_secret)  # each mints its own token
     return serve.run(app, name="kvm", route_prefix=None, logging_config=QUIET)
 
 
