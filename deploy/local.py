@@ -7,6 +7,7 @@ service`` and ``python -m worker`` children on free loopback ports. ``LocalClust
 """
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,8 @@ class ClusterSpec:
 class LocalCluster:
     def __init__(self, spec: ClusterSpec | None = None) -> None:
         self.spec = spec or ClusterSpec()
+        if self.spec.token and not (self.spec.worker_secret or self.spec.worker_token):
+            self.spec.worker_secret = secrets.token_urlsafe(32)  # never the token
         self.redis: RedisServer | None = None
         self.redis_url: str | None = self.spec.redis_url
         self.services: list[ServerProcess] = []

@@ -14,9 +14,15 @@ Contract, checked before any handler runs:
   all are); a bound grant on a request-streaming method is refused.
 
 Token comparison is constant-time (``hmac.compare_digest``).
+
+Workers are never given the router token: their WorkerService checks the *worker access
+token* :func:`worker_access_token` derives from it, and clients send workers only that. A
+fake worker (an address an attacker slipped into the index) thus learns a token that
+cannot call the service's Route/Stats nor register anything: HMAC is one-way.
 """
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +56,13 @@ def shared_token(role: str, expected: str) -> Verifier:
         return Grant(role) if hmac.compare_digest(token.encode(), want) else None
 
     return verify
+
+
+def worker_access_token(router_token: str) -> str:
+    """The token clients send to workers (and workers require) in a cluster whose router
+    token is ``router_token``: HMAC-SHA256 under a fixed label, hex. One-way: holding it
+    gives no way back to the router token."""
+    return hmac.new(router_token.encode(), b"kvmesh worker access v1", hashlib.sha256).hexdigest()
 
 
 def bearer(metadata: Sequence[tuple[str, Any]] | None) -> str:
