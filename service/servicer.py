@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import random
 import time
@@ -84,13 +85,16 @@ def _rpc(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     """Turn RequestError into ``context.abort``, an unreachable backend into UNAVAILABLE and
     anything else (a bug) into INTERNAL with a message and a logged traceback: an exception
     escaping a grpc.aio handler would reach the client as UNKNOWN, which says nothing and
-    which no retry rule can classify."""
+    which no retry rule can classify. A handler with a ``context`` parameter gets the call's
+    context too (to read its metadata)."""
+    wants_context = "context" in inspect.signature(fn).parameters  # to read call metadata
 
     @functools.wraps(fn)
-    async def wrapper(self: IndexServicer, request: Any, context: grpc.aio.ServicerContext,
-                      **kw: Any) -> T:
+    async def wrapper(self: IndexServicer, request: Any, context: grpc.aio.ServicerContext) -> T:
         try:
-            return await fn(self, request, **kw)
+            if wants_context:
+                return await fn(self, request, context)
+            return await fn(self, request)
         except RequestError as e:
             await context.abort(e.code, e.message)
         except StaleIncarnation as e:
@@ -152,16 +156,12 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
 
     # --- worker RPCs --------------------------------------------------------------------
 
+    @_rpc
     async def RegisterWorker(self, req: pb.RegisterWorkerRequest,
                              context: grpc.aio.ServicerContext) -> pb.RegisterWorkerResponse:
         """Register (or re-register) a worker; the record remembers the fingerprint of the
         credential presented, so a live worker id cannot be taken over by another one."""
         credential = fingerprint(bearer(context.invocation_metadata()))
-        return await self._register(req, context, credential=credential)
-
-    @_rpc
-    async def _register(self, req: pb.RegisterWorkerRequest,
-                        credential: str) -> pb.RegisterWorkerResponse:
         validate.register(req)
         expected = none_hash(req.hash_algo, self.cfg.hash_seed)
         if req.root_hash != expected:
