@@ -81,6 +81,22 @@ def test_a_service_with_only_a_router_token_refuses_to_start(redis_url: str) -> 
     assert "--worker-secret" in proc.stderr and "never accepted on worker calls" in proc.stderr
 
 
+def test_kvmesh_up_with_a_router_token_accepts_no_worker_call_with_it() -> None:
+    """The issue's setup: ``kvmesh up --token T`` and nothing else (the launcher gives the
+    service a worker secret of its own); T registers nothing."""
+    import redis
+
+    with LocalCluster(ClusterSpec(workers=0, token=ROUTER)) as bare, \
+            grpc.insecure_channel(bare.service_addresses[0]) as ch:
+        stub = pb_grpc.IndexServiceStub(ch)
+        assert code_of(stub.RegisterWorker, register("intruder", "127.0.0.1:1", 7),
+                       metadata=bearer(ROUTER)) == grpc.StatusCode.UNAUTHENTICATED
+        assert code_of(stub.Heartbeat, pb.HeartbeatRequest(worker_id="intruder", incarnation=7),
+                       metadata=bearer(ROUTER)) == grpc.StatusCode.UNAUTHENTICATED
+        db = redis.Redis.from_url(bare.redis_url, decode_responses=True)
+        assert db.hget(REGISTRY, "intruder") is None
+
+
 def test_the_router_token_is_no_worker_credential(cluster: LocalCluster) -> None:
     import redis
 
