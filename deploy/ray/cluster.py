@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import secrets
 import time
 from typing import Any
 
@@ -56,6 +57,8 @@ class RayCluster:
 
     def __init__(self, spec: RaySpec | None = None, **overrides: Any) -> None:
         self.spec = dataclasses.replace(spec or RaySpec(), **overrides)
+        if self.spec.token and not self.spec.worker_token:  # never the router token
+            self.spec = dataclasses.replace(self.spec, worker_token=secrets.token_urlsafe(32))
         self.redis_url: str | None = self.spec.redis_url
         self.service_addresses: list[str] = []
         self.services: list[Any] = []      # ServiceActor handles

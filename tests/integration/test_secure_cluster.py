@@ -20,6 +20,7 @@ from client import KvmeshClient, KvmeshError
 from client.cli import app
 from client.gateway.app import GatewayConfig
 from deploy.local import ClusterSpec, LocalCluster
+from kvmesh.auth import worker_access_token
 from kvmesh.tls import TlsFiles
 from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2, worker_pb2_grpc
 from service.worker_tokens import mint
@@ -68,7 +69,8 @@ def test_each_missing_credential_is_refused(secure: LocalCluster, certs: Certs) 
                 pytest.raises(KvmeshError) as err:
             kv.stats()
         assert err.value.code == code, name
-    # the worker itself wants the router token too, over TLS
+    # the worker itself wants the access token derived from the router token, over TLS;
+    # the router token itself is refused there
     worker = secure.worker_addresses[0]
     creds = TlsFiles(ca=str(certs.ca), cert=str(certs.client_cert),
                      key=str(certs.client_key)).channel_credentials()
@@ -77,8 +79,12 @@ def test_each_missing_credential_is_refused(secure: LocalCluster, certs: Certs) 
         with pytest.raises(grpc.RpcError) as err:
             stub.Stats(worker_pb2.WorkerStatsRequest(), timeout=3)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        stats = stub.Stats(worker_pb2.WorkerStatsRequest(), timeout=3,
-                           metadata=[("authorization", f"Bearer {TOKEN}")])
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Stats(worker_pb2.WorkerStatsRequest(), timeout=3,
+                       metadata=[("authorization", f"Bearer {TOKEN}")])
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        stats = stub.Stats(worker_pb2.WorkerStatsRequest(), timeout=3, metadata=[
+            ("authorization", f"Bearer {worker_access_token(TOKEN)}")])
         assert stats.worker_id == "worker-0"
 
 
