@@ -181,3 +181,20 @@ def test_a_fake_worker_never_receives_the_router_token(cluster: LocalCluster) ->
             == {f"Bearer {worker_access_token(ROUTER)}"}
     finally:
         server.stop(0)
+
+
+def test_a_worker_restarted_on_another_port_comes_back(cluster: LocalCluster) -> None:
+    """The takeover guard must not lock out the id's rightful owner: killed and restarted on
+    a new port, the worker is refused while its old record lives, then registers."""
+    from tests.cluster_scenarios import wait_for
+
+    old = cluster.workers[0]
+    old.kill()                                                            # kill -9
+    new = cluster.add_worker("worker-0")
+    assert new.address != old.address
+    with cluster.client() as kv:
+        wait_for(lambda: [(w["address"], w["alive"]) for w in kv.stats()["workers"]
+                          if w["worker_id"] == "worker-0"] == [(new.address, True)],
+                 timeout=30)
+        res = kv.generate([(7 * i) % 200 + 1 for i in range(40)], max_tokens=2)
+    assert (res.worker_id, res.address) == ("worker-0", new.address)
