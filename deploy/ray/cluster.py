@@ -154,7 +154,7 @@ class RayCluster:
             config = WorkerConfig(
                 worker_id=worker_id, services=tuple(self.service_addresses), model=s.model,
                 block_size=s.block_size, num_blocks=s.num_blocks,
-                token=s.token, service_token=s.worker_token or s.token,
+                token=s.token, service_token=s.worker_token,
                 hash_seed=resolve_seed(DEFAULT_ALGO, s.hash_seed),
                 heartbeat_s=s.heartbeat_s, max_batched_tokens=s.max_batched_tokens,
                 device=s.device)

@@ -42,7 +42,7 @@ class KvmeshReplica:
         self._host = await WorkerHost(WorkerConfig(
             worker_id=self.worker_id, services=tuple(service_addresses), model=model,
             block_size=block_size, num_blocks=num_blocks, token=token,
-            service_token=worker_token or token, hash_seed=hash_seed,
+            service_token=worker_token, hash_seed=hash_seed,
             heartbeat_s=heartbeat_s, max_batched_tokens=max_batched_tokens,
             warmup=warmup)).start()
 
