@@ -153,3 +153,17 @@ def test_oversized_and_undecodable_requests(runner: AsyncEngine) -> None:
             await server.stop(None)
 
     asyncio.run(main())
+
+
+def test_the_worker_keeps_only_the_access_token() -> None:
+    """``--token T`` derives the access token and drops T; ``--access-token`` must match T's
+    derivation when both are given (a worker no client of T could call is refused)."""
+    from worker.main import access_token_of
+
+    access = worker_access_token("router-tok")
+    assert access_token_of("router-tok", None) == access
+    assert access_token_of(None, access) == access
+    assert access_token_of("router-tok", access) == access
+    assert access_token_of(None, None) is None
+    with pytest.raises(ValueError, match="access token"):
+        access_token_of("router-tok", "something-else")
