@@ -25,6 +25,7 @@ from client.convert import (
     route_request,
     route_result,
     stats_dict,
+    worker_metadata,
     worker_stats_dict,
 )
 from client.errors import BrokenStream, KvmeshError
@@ -62,6 +63,7 @@ class AsyncKvmeshClient:
                  tls: TlsFiles | None = None) -> None:
         self._ring = ReplicaRing(parse_addresses(addresses))
         self._metadata = auth_metadata(token)
+        self._worker_metadata = worker_metadata(token)
         self._credentials = tls.channel_credentials() if tls is not None else None
         self._options = CHANNEL_OPTIONS + (tls.channel_options() if tls is not None else ())
         self.timeout = timeout
@@ -142,7 +144,7 @@ class AsyncKvmeshClient:
                 continue
             greq.index_matched_tokens = cand.matched_tokens
             yield cand, StreamAssembler(cand, attempt), self._conn(cand.address).worker.Generate(
-                greq, timeout=self.generate_timeout, metadata=self._metadata)
+                greq, timeout=self.generate_timeout, metadata=self._worker_metadata)
 
     async def generate(self, token_ids: Iterable[int], max_tokens: int = 16,
                        salt: str | None = None, temperature: float = 0.0,
@@ -226,7 +228,8 @@ class AsyncKvmeshClient:
         """One worker's own statistics (``WorkerService.Stats``): load, cache, precision."""
         try:
             response = await self._conn(address).worker.Stats(
-                worker_pb2.WorkerStatsRequest(), timeout=self.timeout, metadata=self._metadata)
+                worker_pb2.WorkerStatsRequest(), timeout=self.timeout,
+                metadata=self._worker_metadata)
         except grpc.RpcError as err:
             raise KvmeshError.from_rpc(err) from None
         return worker_stats_dict(response, address)

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 Service = Annotated[str, typer.Option("--service", envvar="KVMESH_SERVICE",
                                       help="Metadata service replica(s): HOST:PORT[,HOST:PORT]")]
 Token = Annotated[str | None, typer.Option("--token", envvar="KVMESH_TOKEN",
-                                           help="Bearer token for the service and workers.")]
+                                           help="Router token (the service's --token); workers "
+                                           "get only the access token derived from it.")]
 Tokens = Annotated[str | None, typer.Option("--tokens", help="Prompt token ids: 1,2,3")]
 Text = Annotated[str | None, typer.Option("--text", help="Prompt text (byte-level tokens).")]
 Salt = Annotated[str | None, typer.Option("--salt", help="Cache salt (tenant isolation).")]

@@ -15,6 +15,7 @@ from google.protobuf.message import Message
 
 from client.errors import BrokenStream
 from client.results import Candidate, GenerateResult, RouteResult
+from kvmesh.auth import worker_access_token
 from kvmesh.v1 import index_pb2, worker_pb2
 
 LoraSpec = str | tuple[str, str] | Mapping[str, str] | index_pb2.Lora | None
@@ -24,6 +25,14 @@ MmSpec = tuple[str, int, int] | Mapping[str, Any] | index_pb2.MultimodalItem
 def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     """The call metadata carrying ``token`` as ``authorization: Bearer <token>`` (or none)."""
     return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def worker_metadata(router_token: str | None) -> tuple[tuple[str, str], ...]:
+    """The call metadata for a worker: the access token derived from ``router_token``
+    (``kvmesh.auth.worker_access_token``), never the router token itself, which lets its
+    holder Route and read Stats: the index names the workers a client calls, so a worker
+    is trusted less than the service."""
+    return auth_metadata(worker_access_token(router_token) if router_token else None)
 
 
 def _lora(spec: LoraSpec) -> index_pb2.Lora | None:

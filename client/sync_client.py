@@ -10,7 +10,9 @@ Contract:
   engine step ...) or the stream drops, the whole request restarts on the next candidate.
   A result is returned only when a worker finished the request, never a partial one, and a
   finished request is never run again.
-* ``token`` is sent as ``authorization: Bearer <token>`` on every call (service and workers).
+* ``token`` (the router token) is sent as ``authorization: Bearer <token>`` on service calls
+  only; workers get ``kvmesh.auth.worker_access_token(token)`` instead, so a worker (or a
+  fake one whose address reached the index) never learns a token that can Route.
 * ``tls`` (``kvmesh.tls.TlsFiles``): with a ``ca``, every channel (service and workers) is
   TLS and verifies the server's certificate against it; ``cert``/``key`` are presented as a
   client certificate when a server requires one. Without it, channels are plaintext.
@@ -38,6 +40,7 @@ from client.convert import (
     route_request,
     route_result,
     stats_dict,
+    worker_metadata,
     worker_stats_dict,
 )
 from client.errors import BrokenStream, KvmeshError
@@ -66,6 +69,7 @@ class KvmeshClient:
                  tls: TlsFiles | None = None) -> None:
         self._ring = ReplicaRing(parse_addresses(addresses))
         self._metadata = auth_metadata(token)
+        self._worker_metadata = worker_metadata(token)
         self._credentials = tls.channel_credentials() if tls is not None else None
         self._options = CHANNEL_OPTIONS + (tls.channel_options() if tls is not None else ())
         self.timeout = timeout
@@ -152,7 +156,7 @@ class KvmeshClient:
             assembler = StreamAssembler(cand, attempt)
             greq.index_matched_tokens = cand.matched_tokens
             call = self._conn(cand.address).worker.Generate(
-                greq, timeout=self.generate_timeout, metadata=self._metadata)
+                greq, timeout=self.generate_timeout, metadata=self._worker_metadata)
             try:
                 for message in call:
                     assembler.feed(message)
@@ -181,7 +185,8 @@ class KvmeshClient:
         """One worker's own statistics (``WorkerService.Stats``): load, cache, precision."""
         try:
             response = self._conn(address).worker.Stats(
-                worker_pb2.WorkerStatsRequest(), timeout=self.timeout, metadata=self._metadata)
+                worker_pb2.WorkerStatsRequest(), timeout=self.timeout,
+                metadata=self._worker_metadata)
         except grpc.RpcError as err:
             raise KvmeshError.from_rpc(err) from None
         return worker_stats_dict(response, address)

@@ -19,6 +19,11 @@ An unauthenticated call is refused WITHOUT reading its request message: the inte
 sees only the method and the metadata (headers), and answers with a request-streaming
 handler (:func:`_refuse_unread`) that aborts before asking for the first message, so gRPC
 never buffers the body of a call without a valid token.
+
+Workers are never given the router token: their WorkerService checks the *worker access
+token* :func:`worker_access_token` derives from it, and clients send workers only that. A
+fake worker (an address an attacker slipped into the index) thus learns a token that
+cannot call the service's Route/Stats nor register anything: HMAC is one-way.
 """
 from __future__ import annotations
 

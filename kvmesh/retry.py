@@ -83,7 +83,8 @@ TABLE: tuple[Rule, ...] = (
     Rule(_SC.NOT_FOUND, _S, _S, "names something that does not exist (same on every server)"),
     Rule(_SC.UNIMPLEMENTED, _S, _S,
          "a method or feature this deployment lacks: every server runs the same version"),
-    Rule(_SC.ALREADY_EXISTS, _S, _S, "not answered by kvmesh; no safe retry meaning"),
+    Rule(_SC.ALREADY_EXISTS, _S, _S,
+         "only RegisterWorker answers it (a live worker holds the id); routers never see it"),
     Rule(_SC.ABORTED, _S, _S, "not answered by kvmesh; no safe retry meaning"),
     Rule(_SC.DATA_LOSS, _S, _S, "not answered by kvmesh; never hidden"),
 )

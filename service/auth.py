@@ -5,27 +5,66 @@ Roles:
 * *router* (``token``): Route, Stats and server reflection.
 * *worker*: RegisterWorker, Heartbeat, PublishEvents and SyncWorker. Accepted tokens:
   a token minted from ``worker_secret`` for the request's own worker id (bound: acting for
-  another id is PERMISSION_DENIED, see ``service.worker_tokens``); the shared
-  ``worker_token`` if set (unbound); and, only when neither ``worker_token`` nor
-  ``worker_secret`` is configured, the router ``token`` (one token for everything).
+  another id is PERMISSION_DENIED, see ``service.worker_tokens``) and the shared
+  ``worker_token`` if set (unbound). The router token is NEVER a worker credential: every
+  gateway and router holds it, and a worker credential can put addresses into the index.
 
 A role with no token configured is open; the gRPC health service is always open. Missing or
 wrong tokens get UNAUTHENTICATED before any handler runs.
+
+A service with a router token but no worker credential refuses to start
+(:func:`check_credentials`, called by ``ServiceConfig``): its worker calls would otherwise
+be either open to anyone (the router token protecting Route but not the index) or closed to
+every worker (a cluster that can never serve). Give it ``--worker-secret`` (workers present
+``kvmesh worker-token --worker-id ID``) or ``--worker-token``.
+
+:func:`fingerprint` names the credential a worker registered with (stored in its record, so
+that a live worker id cannot be taken over with another credential; ``servicer``).
 """
 from __future__ import annotations
 
+import hashlib
+from typing import TYPE_CHECKING
+
 from kvmesh.auth import BearerAuth, Verifier, shared_token
 from service import worker_tokens
-from service.config import ServiceConfig
+
+if TYPE_CHECKING:  # service.config calls check_credentials
+    from service.config import ServiceConfig
 
 SERVICE = "/kvmesh.v1.IndexService/"
 WORKER_METHODS = frozenset(SERVICE + m for m in
                            ("RegisterWorker", "Heartbeat", "PublishEvents", "SyncWorker"))
+_FINGERPRINT_LABEL = b"kvmesh credential fingerprint v1\x00"
 
 
 def role_of(method: str) -> str:
     """``"worker"`` for the worker calls, ``"router"`` for everything else."""
     return "worker" if method in WORKER_METHODS else "router"
+
+
+def check_credentials(token: str | None, worker_token: str | None,
+                      worker_secret: str | None) -> None:
+    """Raise ``ValueError`` for a credential set that would let the router token act as a
+    worker, or leave workers unable to join: a router token with no worker credential, or a
+    worker credential equal to the router token."""
+    if not token:
+        return
+    if not worker_token and not worker_secret:
+        raise ValueError(
+            "a router token (--token) needs a worker credential too: --worker-secret S (each "
+            "worker presents `kvmesh worker-token --worker-id ID` as its --service-token) or "
+            "--worker-token W; the router token is never accepted on worker calls")
+    if token in (worker_token, worker_secret):
+        raise ValueError("the worker token / worker secret must differ from the router token")
+
+
+def fingerprint(token: str) -> str:
+    """A short, one-way name of the credential ``token`` ("" for none): SHA-256 under a
+    label, 128 bits in hex. Records store this, never the token."""
+    if not token:
+        return ""
+    return hashlib.sha256(_FINGERPRINT_LABEL + token.encode()).hexdigest()[:32]
 
 
 def service_auth(cfg: ServiceConfig) -> BearerAuth | None:
@@ -36,8 +75,6 @@ def service_auth(cfg: ServiceConfig) -> BearerAuth | None:
         worker.append(worker_tokens.verifier("worker", cfg.worker_secret))
     if cfg.worker_token:
         worker.append(shared_token("worker", cfg.worker_token))
-    elif cfg.token and not cfg.worker_secret:
-        worker.append(shared_token("worker", cfg.token))
     if not router and not worker:
         return None
     return BearerAuth(role_of, {"router": router, "worker": worker})

@@ -31,7 +31,9 @@ def register_service(app: typer.Typer) -> None:
         backend: str = typer.Option("auto", help="redis | memory | auto (redis iff a URL "
                                     "is given)."),
         token: str | None = typer.Option(None, envvar="KVMESH_TOKEN",
-                                         help="Bearer token required on every call."),
+                                         help="Router token: required on Route/Stats, "
+                                         "never accepted on worker calls (so it needs "
+                                         "--worker-secret or --worker-token)."),
         worker_token: str | None = typer.Option(
             None, envvar="KVMESH_WORKER_TOKEN",
             help="Separate token for Register/Heartbeat/Publish/Sync."),

@@ -60,7 +60,7 @@ class ServiceConfig:
     weights: CostWeights = field(default_factory=CostWeights)
     hash_seed: str = DEFAULT_SEED         # root hash = none_hash(algo, hash_seed); the CLI
                                           # sets it with kvmesh.hashing.resolve_seed
-    token: str | None = None              # router token (Route/Stats); see service.auth
+    token: str | None = None              # router token (Route/Stats only); service.auth
     worker_token: str | None = None       # shared, unbound token of Register/Heartbeat/...
     worker_secret: str | None = None      # worker tokens bound to their id (worker_tokens)
     heartbeat_interval_s: float = 1.0
@@ -107,6 +107,9 @@ class ServiceConfig:
             raise ValueError("tls_client_auth needs tls_ca_file and a server certificate")
         if self.worker_secret is not None and len(self.worker_secret.encode()) < 16:
             raise ValueError("worker_secret must be at least 16 bytes")
+        from service.auth import check_credentials  # lazily: it imports grpc
+
+        check_credentials(self.token, self.worker_token, self.worker_secret)
         limits = ("max_prompt_tokens", "max_salt_bytes", "max_batch_events",
                   "max_batch_hashes", "max_snapshot_blocks", "max_message_bytes",
                   "max_mm_items", "indexed_blocks_per_pool", "min_indexed_cap")

@@ -4,7 +4,10 @@ keeps (the worker table, metrics, round-robin counter) is a cache or per-replica
 Error contract: malformed input -> INVALID_ARGUMENT, over a limit -> RESOURCE_EXHAUSTED,
 unknown worker on Publish/Sync -> NOT_FOUND (register again), root hash mismatch ->
 FAILED_PRECONDITION, a Heartbeat/Publish/Sync of an incarnation other than the one that
-registered last -> FAILED_PRECONDITION ("stale incarnation", see ``service.index.base``),
+registered last -> FAILED_PRECONDITION ("stale incarnation", see ``service.index.base``), a
+RegisterWorker for an id a live worker holds from another address or credential ->
+ALREADY_EXISTS (the state of the id, not the caller's rights, refuses it: a worker restarted
+on a new port gets it too, and its link retries until the old record expires),
 backend unreachable on a worker call -> UNAVAILABLE (retry). Route and Stats never fail
 because of the backend: they answer from the worker table with ``degraded=true``. A
 rejected request changes nothing. Every handler goes through :func:`_rpc`, so no handler
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import random
 import time
@@ -23,10 +27,12 @@ from typing import Any, TypeVar
 
 import grpc
 
+from kvmesh.auth import bearer
 from kvmesh.hashing import none_hash
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from service import validate
+from service.auth import fingerprint
 from service.config import ServiceConfig
 from service.hash_memo import BlockHashMemo
 from service.index.base import (
@@ -38,6 +44,7 @@ from service.index.base import (
     IndexUnavailable,
     OverCap,
     StaleIncarnation,
+    WorkerIdInUse,
     WorkerLoad,
     WorkerRecord,
     namespace,
@@ -88,11 +95,15 @@ def _rpc(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     """Turn RequestError into ``context.abort``, an unreachable backend into UNAVAILABLE and
     anything else (a bug) into INTERNAL with a message and a logged traceback: an exception
     escaping a grpc.aio handler would reach the client as UNKNOWN, which says nothing and
-    which no retry rule can classify."""
+    which no retry rule can classify. A handler with a ``context`` parameter gets the call's
+    context too (to read its metadata)."""
+    wants_context = "context" in inspect.signature(fn).parameters  # to read call metadata
 
     @functools.wraps(fn)
     async def wrapper(self: IndexServicer, request: Any, context: grpc.aio.ServicerContext) -> T:
         try:
+            if wants_context:
+                return await fn(self, request, context)
             return await fn(self, request)
         except RequestError as e:
             await context.abort(e.code, e.message)
@@ -100,6 +111,8 @@ def _rpc(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except OverCap as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except WorkerIdInUse as e:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
         except IndexUnavailable as e:
             self.mark_down()
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"index backend unreachable: {e}")
@@ -157,7 +170,11 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
     # --- worker RPCs --------------------------------------------------------------------
 
     @_rpc
-    async def RegisterWorker(self, req: pb.RegisterWorkerRequest) -> pb.RegisterWorkerResponse:
+    async def RegisterWorker(self, req: pb.RegisterWorkerRequest,
+                             context: grpc.aio.ServicerContext) -> pb.RegisterWorkerResponse:
+        """Register (or re-register) a worker; the record remembers the fingerprint of the
+        credential presented, so a live worker id cannot be taken over by another one."""
+        credential = fingerprint(bearer(context.invocation_metadata()))
         validate.register(req)
         expected = none_hash(req.hash_algo, self.cfg.hash_seed)
         if req.root_hash != expected:
@@ -171,8 +188,10 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         now = now_ms()
         rec = WorkerRecord(req.worker_id, ns, req.address, req.model, req.block_size,
                            req.hash_algo, validate.load(req.load), heartbeat_ms=now,
-                           registered_ms=now, incarnation=req.incarnation)
-        had = await self.backend.register(rec)
+                           registered_ms=now, incarnation=req.incarnation,
+                           credential=credential)
+        had = await self.backend.register(
+            rec, live_after_ms=now - int(self.cfg.liveness_timeout_s * 1000))
         self.table.upsert(rec)
         self.metrics.resyncs.labels("register").inc()
         log.info("registered worker %r at %r (ns %r%s)", req.worker_id, req.address, ns,

@@ -16,7 +16,13 @@ def register(app: typer.Typer) -> None:
         service: str = typer.Option(None, envvar="KVMESH_SERVICE",
                                     help="metadata service address(es), comma-separated"),
         token: str = typer.Option(None, envvar="KVMESH_TOKEN",
-                                  help="router token this worker's Generate/Stats require"),
+                                  help="the cluster's router token: the worker derives its "
+                                  "access token from it and keeps only that"),
+        access_token: str = typer.Option(None, envvar="KVMESH_WORKER_ACCESS_TOKEN",
+                                         help="token its Generate/Stats require (clients "
+                                         "derive it from their router token); preferred "
+                                         "over --token: the worker never sees the router "
+                                         "token"),
         service_token: str = typer.Option(None, envvar="KVMESH_WORKER_TOKEN",
                                           help="token presented to the service (its bound "
                                           "`kvmesh worker-token`, or the shared one)"),
@@ -47,18 +53,19 @@ def register(app: typer.Typer) -> None:
 
         from kvmesh.hashing import resolve_seed
         from kvmesh.tls import tls_files
-        from worker.main import WorkerOptions, serve
+        from worker.main import WorkerOptions, access_token_of, serve
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         services = tuple(a.strip() for a in (service or "").split(",") if a.strip())
         try:
             tls = tls_files(tls_cert, tls_key, tls_ca, tls_client_auth)
             hash_seed = resolve_seed(hash_algo, hash_seed)
+            access_token = access_token_of(token, access_token)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from e
         asyncio.run(serve(WorkerOptions(
             port=port, host=host, model=model, block_size=block_size, num_blocks=num_blocks,
-            worker_id=worker_id, services=services, token=token or None,
+            worker_id=worker_id, services=services, access_token=access_token,
             service_token=service_token or None, hash_algo=hash_algo,
             hash_seed=hash_seed, device=device, heartbeat_s=heartbeat_s,
             max_batched_tokens=max_batched_tokens, metrics_port=metrics_port,

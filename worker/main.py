@@ -14,7 +14,12 @@ log = logging.getLogger("kvmesh.worker")
 
 @dataclass
 class WorkerOptions:
-    """Everything ``serve`` reads; ``kvmesh worker`` maps its flags onto it."""
+    """Everything ``serve`` reads; ``kvmesh worker`` maps its flags onto it.
+
+    Clients authenticate to the worker with ``access_token``; given only the router
+    ``token``, the worker derives ``kvmesh.auth.worker_access_token(token)`` and drops the
+    router token (:func:`access_token_of`), so it never holds a credential of the service.
+    """
 
     port: int = 0
     host: str = "127.0.0.1"
@@ -23,7 +28,8 @@ class WorkerOptions:
     num_blocks: int | None = None
     worker_id: str | None = None
     services: tuple[str, ...] = ()
-    token: str | None = None          # router token its WorkerService requires (--token)
+    token: str | None = None          # router token (--token): only derives access_token
+    access_token: str | None = None   # what its WorkerService requires (--access-token)
     service_token: str | None = None  # what it presents to the service (--service-token)
     hash_algo: str = "sha256_cbor"
     hash_seed: str | None = None      # None: kvmesh.hashing.resolve_seed's default (as vLLM)
@@ -37,6 +43,19 @@ class WorkerOptions:
     max_message_bytes: int = 16 << 20
 
 
+def access_token_of(token: str | None, access_token: str | None) -> str | None:
+    """The access token a worker requires: ``access_token``, else the one derived from the
+    router ``token``, else None (open). Raises ``ValueError`` when both are given and
+    disagree (a worker that no client of this router token could call)."""
+    from kvmesh.auth import worker_access_token
+
+    derived = worker_access_token(token) if token else None
+    if access_token and derived and access_token != derived:
+        raise ValueError("--access-token is not the access token of --token (it must be "
+                         "kvmesh.auth.worker_access_token(router token)); give only one")
+    return access_token or derived
+
+
 async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or SIGINT/SIGTERM). Prints one ``listening on`` line
     once the server accepts calls; launchers wait for it."""
@@ -47,7 +66,8 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     from worker.server import create_server
     from worker.service_link import ServiceLink
 
-    opts = replace(opts, hash_seed=resolve_seed(opts.hash_algo, opts.hash_seed))
+    opts = replace(opts, hash_seed=resolve_seed(opts.hash_algo, opts.hash_seed),
+                   access_token=access_token_of(opts.token, opts.access_token), token=None)
     tls = opts.tls
     # before the model loads: a certificate without a CA is refused here, not after start
     link_creds = tls.channel_credentials() if tls is not None and opts.services else None
@@ -58,7 +78,7 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     runner = AsyncEngine(engine).start()
     server, port, servicer = await create_server(
         f"{opts.host}:{opts.port}", runner, worker_id=opts.worker_id or "",
-        model_name=opts.model, token=opts.token,
+        model_name=opts.model, access_token=opts.access_token,
         credentials=tls.server_credentials() if tls is not None else None,
         max_inflight_per_conn=opts.max_inflight_per_conn,
         max_message_bytes=opts.max_message_bytes)

@@ -125,16 +125,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         yield  # pragma: no cover - makes this an async generator like the other stream
 
 
-def router_auth(token: str) -> BearerAuth:
-    """The worker's access policy: every WorkerService call needs the router ``token``
-    (the one the service checks on Route/Stats); gRPC health stays open."""
-    return BearerAuth(lambda _method: "router", {"router": [shared_token("router", token)]})
+def access_auth(access_token: str) -> BearerAuth:
+    """The worker's access policy: every WorkerService call needs the worker access token
+    (``kvmesh.auth.worker_access_token`` of the cluster's router token, never the router
+    token itself); gRPC health stays open."""
+    return BearerAuth(lambda _method: "client",
+                      {"client": [shared_token("client", access_token)]})
 
 
 async def create_server(address: str, runner: AsyncEngine, *, worker_id: str,
                         model_name: str, interceptors=(),
                         credentials: grpc.ServerCredentials | None = None,
-                        token: str | None = None,
+                        access_token: str | None = None,
                         max_inflight_per_conn: int = DEFAULT_MAX_INFLIGHT,
                         max_message_bytes: int = MAX_MESSAGE_BYTES,
                         max_mm_items: int = MAX_MM_ITEMS,
@@ -143,13 +145,13 @@ async def create_server(address: str, runner: AsyncEngine, *, worker_id: str,
 
     Interceptors, outermost first: ``InternalErrors`` (nothing answers UNKNOWN), request
     limits (``kvmesh.limits``: calls in flight per connection, request bytes, undecodable
-    requests -> INVALID_ARGUMENT), then the router ``token`` if given (``router_auth``),
+    requests -> INVALID_ARGUMENT), then the ``access_token`` if given (``access_auth``),
     then ``interceptors``. ``credentials``: serve TLS.
     """
     chain: list[grpc.aio.ServerInterceptor] = [InternalErrors(), RequestLimits(
         max_inflight=max_inflight_per_conn, max_message_bytes=max_message_bytes)]
-    if token:
-        chain.append(router_auth(token))
+    if access_token:
+        chain.append(access_auth(access_token))
     server = grpc.aio.server(interceptors=[*chain, *interceptors],
                              options=server_options(max_message_bytes, max_inflight_per_conn))
     servicer = WorkerServicer(runner, worker_id, model_name, max_mm_items)

@@ -70,6 +70,7 @@ class WorkerHost:
         """Build and serve; returns once the gRPC server is up (address known)."""
         import ray
 
+        from kvmesh.auth import worker_access_token
         from kvmesh.hashing import DEFAULT_ALGO, none_hash, resolve_seed
         from worker.async_engine import AsyncEngine
         from worker.engine import Engine
@@ -89,7 +90,7 @@ class WorkerHost:
                             salt="kvmesh-warmup")
         self.runner = AsyncEngine(engine).start()
         host = cfg.host or ray.util.get_node_ip_address()
-        auth = {"token": cfg.token} if cfg.token else {}
+        auth = {"access_token": worker_access_token(cfg.token)} if cfg.token else {}
         self._server, port, _ = await create_server(
             f"{host}:{cfg.port}", self.runner, worker_id=cfg.worker_id, model_name=cfg.model,
             **auth)

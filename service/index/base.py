@@ -37,7 +37,12 @@ Rules:
 - A snapshot replaces the worker's entries; it is an unordered set of chains: a block is kept
   iff following parents inside the snapshot reaches a chain start (``resolve_snapshot``).
 - ``register`` drops whatever an earlier registration of the same worker id left (in any
-  namespace) and starts a fresh record with last seq 0 and the new incarnation.
+  namespace) and starts a fresh record with last seq 0 and the new incarnation. Takeover
+  guard: with ``live_after_ms``, a record of that id whose last heartbeat is newer (a LIVE
+  worker) and whose address or credential fingerprint differs from the new one is kept
+  and :class:`WorkerIdInUse` raised, checked in the same atomic step. The same address
+  and credential may re-register at once (a worker restarted on its port); anything else
+  waits until the old record stops heartbeating for a liveness timeout.
 
 Times are milliseconds given by the caller (the service's clock), so backends hold no clock.
 """
@@ -82,6 +87,16 @@ class StaleIncarnation(Exception):
                          "process registered this worker id since; register again")
         self.worker_id = worker_id
         self.incarnation = incarnation
+
+
+class WorkerIdInUse(Exception):
+    """A registration for a worker id a live worker holds from another address or
+    credential; nothing was changed."""
+
+    def __init__(self, worker_id: str) -> None:
+        super().__init__(f"worker id {worker_id!r} is held by a live worker registered from "
+                         "another address or credential; retry once it stops heartbeating")
+        self.worker_id = worker_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +144,9 @@ class WorkerLoad:
 class WorkerRecord:
     """A registered worker. ``last_seq``: last event seq the index applied;
     ``reported_seq``: the worker's own last seq as of its latest heartbeat;
-    ``incarnation``: the process that registered it (see the module rules)."""
+    ``incarnation``: the process that registered it (see the module rules);
+    ``credential``: ``service.auth.fingerprint`` of the token it registered with ("" for
+    none), never the token itself."""
 
     worker_id: str
     ns: str
@@ -144,6 +161,7 @@ class WorkerRecord:
     registered_ms: int = 0
     indexed_blocks: int = -1  # filled by ``workers(with_blocks=True)``; -1: not counted
     incarnation: int = 0
+    credential: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,9 +271,11 @@ class IndexBackend(abc.ABC):
     name: str = "?"
 
     @abc.abstractmethod
-    async def register(self, record: WorkerRecord) -> bool:
+    async def register(self, record: WorkerRecord, live_after_ms: int | None = None) -> bool:
         """Create ``record`` (last seq 0), dropping earlier state of its worker id.
-        Returns True when earlier state existed."""
+        Returns True when earlier state existed. Raises WorkerIdInUse (changing nothing)
+        when a record of the id heartbeated after ``live_after_ms`` from another address or
+        credential (see the module rules)."""
 
     @abc.abstractmethod
     async def heartbeat(self, worker_id: str, load: WorkerLoad, reported_seq: int,

@@ -22,6 +22,7 @@ from service.index.base import (
     Removed,
     StaleIncarnation,
     Stored,
+    WorkerIdInUse,
     WorkerLoad,
     WorkerRecord,
     best_tier,
@@ -71,9 +72,13 @@ class MemoryBackend(IndexBackend):
                 if not entry:
                     del blocks[h]
 
-    async def register(self, record: WorkerRecord) -> bool:
+    async def register(self, record: WorkerRecord, live_after_ms: int | None = None) -> bool:
         wid = record.worker_id
-        had = wid in self._records
+        old = self._records.get(wid)
+        if (old is not None and live_after_ms is not None and old.heartbeat_ms > live_after_ms
+                and (old.address, old.credential) != (record.address, record.credential)):
+            raise WorkerIdInUse(wid)
+        had = old is not None
         self._forget_all(wid)
         self._records[wid] = copy_record(record, last_seq=0, reported_seq=0, indexed_blocks=-1)
         self._held[wid] = {}

@@ -6,8 +6,9 @@ the FIRST block hash of the chain a block belongs to)::
 
     kvm:workers             HASH  worker_id -> NS                              (registry)
     kvm:{NS|w:ID}           HASH  the worker's record: address model bs algo seq rseq hb
-                                  reg inc running waiting queued free total decode
-                                  (inc: incarnation, a decimal string; absent = 0)
+                                  reg inc cred running waiting queued free total decode
+                                  (inc: incarnation, a decimal string; absent = 0;
+                                  cred: credential fingerprint; absent = "")
     kvm:{NS|w:ID}:blocks    HASH  HASH -> ROOT              (reverse index: purge, resync)
     kvm:{NS|ROOT}:b:HASH    STRING ";worker=mask;worker=mask..."  (who holds the block;
                                   mask = one digit of tier bits: 1 GPU, 2 CPU, 4 disk)
@@ -64,6 +65,7 @@ from service.index.base import (
     Removed,
     StaleIncarnation,
     Stored,
+    WorkerIdInUse,
     WorkerLoad,
     WorkerRecord,
     resolve_snapshot,
@@ -127,7 +129,8 @@ def _record(wid: str, ns: str, f: dict[str, str]) -> WorkerRecord:
                         model=f.get("model", ""), block_size=int(f.get("bs", 0)),
                         algo=f.get("algo", ""), load=load, last_seq=int(f.get("seq", 0)),
                         reported_seq=int(f.get("rseq", 0)), heartbeat_ms=int(f.get("hb", 0)),
-                        registered_ms=int(f.get("reg", 0)), incarnation=int(f.get("inc", 0)))
+                        registered_ms=int(f.get("reg", 0)), incarnation=int(f.get("inc", 0)),
+                        credential=f.get("cred", ""))
 
 
 def _load_args(load: WorkerLoad) -> list[Any]:
@@ -215,15 +218,20 @@ class RedisBackend(IndexBackend):
 
     # --- writes -------------------------------------------------------------------------
 
-    async def register(self, record: WorkerRecord) -> bool:
+    async def register(self, record: WorkerRecord, live_after_ms: int | None = None) -> bool:
         wk = worker_key(record.ns, record.worker_id)
         fields: list[Any] = ["address", record.address, "model", record.model,
                              "bs", record.block_size, "algo", record.algo, "seq", 0, "rseq", 0,
                              "hb", record.heartbeat_ms, "reg", record.registered_ms,
-                             "inc", str(record.incarnation), *_load_args(record.load)]
+                             "inc", str(record.incarnation), "cred", record.credential,
+                             *_load_args(record.load)]
+        guard = [("" if live_after_ms is None else live_after_ms), record.address,
+                 record.credential]
         async with self._guard():
             had = await self._register(self.client, [REGISTRY, wk, wk + ":blocks"],
-                                       [record.worker_id, record.ns, *fields])
+                                       [record.worker_id, record.ns, *guard, *fields])
+        if had == -1:
+            raise WorkerIdInUse(record.worker_id)
         self._ns_of[record.worker_id] = record.ns
         return bool(had)
 

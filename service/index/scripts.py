@@ -76,14 +76,23 @@ end
 
 # KEYS[1] = registry 'kvm:workers' (HASH worker id -> ns)
 # KEYS[2] = the new record 'kvm:{<ns>|w:<id>}', KEYS[3] = its reverse index (..':blocks')
-# ARGV[1] = worker id, ARGV[2] = ns, ARGV[3..] = record field/value pairs
-# Returns 1 when state of an earlier registration of this worker id was dropped, else 0.
+# ARGV[1] = worker id, ARGV[2] = ns, ARGV[3] = live-after ms ('': no takeover guard),
+# ARGV[4] = the new address, ARGV[5] = the new credential fingerprint,
+# ARGV[6..] = record field/value pairs
+# Returns -1 (nothing changed) when the id's record heartbeated after ARGV[3] from another
+# address or credential (a live worker holds the id); 1 when state of an earlier
+# registration of this worker id was dropped, else 0.
 REGISTER = PRELUDE + r"""
 local wid, ns = ARGV[1], ARGV[2]
 local had = 0
 local old = redis.call('HGET', KEYS[1], wid)
 if old then
   local rk = worker_key(old, wid)
+  local f = redis.call('HMGET', rk, 'hb', 'address', 'cred')
+  if ARGV[3] ~= '' and f[1] and tonumber(f[1]) > tonumber(ARGV[3])
+      and (f[2] ~= ARGV[4] or (f[3] or '') ~= ARGV[5]) then
+    return -1
+  end
   forget_all('kvm:{' .. old .. '|', wid, rk .. ':blocks')
   redis.call('DEL', rk)
   had = 1
@@ -94,7 +103,7 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
 end
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[1], wid, ns)
-for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
 return had
 """
 

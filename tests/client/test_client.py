@@ -8,6 +8,7 @@ import pytest
 
 from client import AsyncKvmeshClient, GenerateResult, KvmeshError, RouteResult
 from client.failover import parse_addresses
+from kvmesh.auth import worker_access_token
 from kvmesh.retry import ReplicaRing
 from kvmesh.v1 import index_pb2
 from tests.client.fake_servers import FakeIndex, FakeWorker, candidate, closed_port_address
@@ -52,15 +53,19 @@ def test_route_converts_response_and_sends_request(cluster, make_client) -> None
     assert sent.policy == "prefix_only" and sent.max_candidates == 2
 
 
-def test_token_sent_as_bearer_everywhere(cluster, make_client) -> None:
-    worker = FakeWorker("w1", token="s3cret")
-    index = FakeIndex([candidate("w1", cluster.worker(worker))], token="s3cret")
+def test_router_token_to_the_service_access_token_to_workers(cluster, make_client) -> None:
+    access = worker_access_token("s3cret")
+    worker = FakeWorker("w1", token=access)
+    worker_address = cluster.worker(worker)
+    index = FakeIndex([candidate("w1", worker_address)], token="s3cret")
     kv = make_client(cluster.index(index), token="s3cret")
     kv.route([1])
     kv.generate([1], max_tokens=2)
     kv.stats()
-    assert all(md["authorization"] == "Bearer s3cret" for md in index.metadata + worker.metadata)
-    assert len(index.metadata) == 3 and len(worker.metadata) == 1
+    kv.worker_stats(worker_address)
+    assert all(md["authorization"] == "Bearer s3cret" for md in index.metadata)
+    assert all(md["authorization"] == f"Bearer {access}" for md in worker.metadata)
+    assert len(index.metadata) == 3 and len(worker.metadata) == 2
 
 
 def test_wrong_token_raises_unauthenticated(cluster, make_client) -> None:

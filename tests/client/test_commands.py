@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from client.cli import app
 from client.commands import decode_bytes, encode_text
+from kvmesh.auth import worker_access_token
 from kvmesh.v1 import index_pb2
 from tests.client.fake_servers import FakeIndex, FakeWorker, candidate, closed_port_address
 
@@ -63,7 +64,7 @@ def test_route_table(service) -> None:
 
 
 def test_generate_text_json_with_env_token(cluster) -> None:
-    worker = FakeWorker("w1", token="tok")
+    worker = FakeWorker("w1", token=worker_access_token("tok"))
     index = FakeIndex([candidate("w1", cluster.worker(worker))], token="tok")
     result = runner.invoke(app, ["generate", "--service", cluster.index(index), "--text", "hi",
                                  "--max-tokens", "2", "--json"], env={"KVMESH_TOKEN": "tok"})

@@ -37,7 +37,8 @@ def test_register_adds_the_service_command() -> None:
 
 
 def test_python_m_service_serves_and_stops(redis_url: str) -> None:
-    env = {**os.environ, "KVMESH_TOKEN": "tok", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "KVMESH_TOKEN": "tok", "KVMESH_WORKER_SECRET": "w" * 16,
+           "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "service", "--port", "0", "--redis-url", redis_url,
          "--metrics-port", "0", "--log-level", "warning"],

@@ -123,7 +123,7 @@ def test_default_prompt_limit_is_one_million_tokens() -> None:
 
 def test_router_token_guards_every_call_but_health() -> None:
     async def main() -> None:
-        async with serve(ServiceConfig(token="s3cret")) as r:
+        async with serve(ServiceConfig(token="s3cret", worker_token="w-s3cret")) as r:
             unauth = grpc.StatusCode.UNAUTHENTICATED
             assert await code_of(route(r.stub, prompt(8))) == unauth
             assert await code_of(route(r.stub, prompt(8), token="wrong")) == unauth
@@ -139,7 +139,8 @@ def test_router_token_guards_every_call_but_health() -> None:
             assert await code_of(reflect()) == unauth
             health = health_pb2_grpc.HealthStub(r.channel)
             assert (await health.Check(health_pb2.HealthCheckRequest())).status == 1
-            await SimWorker(r.stub, "a", token="s3cret").join()
+            assert await code_of(SimWorker(r.stub, "a", token="s3cret").register()) == unauth
+            await SimWorker(r.stub, "a", token="w-s3cret").join()
             res = await route(r.stub, prompt(8), token="s3cret")
             assert res.candidates[0].worker_id == "a"
 
@@ -173,7 +174,8 @@ def test_tls_with_token(tmp_path: Path) -> None:
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
                     "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    cfg = ServiceConfig(token="t", tls_cert_file=str(cert), tls_key_file=str(key))
+    cfg = ServiceConfig(token="t", worker_secret="w" * 16, tls_cert_file=str(cert),
+                        tls_key_file=str(key))
 
     async def main() -> None:
         server, port = await create_server("127.0.0.1:0", cfg)

@@ -1,4 +1,5 @@
-"""The worker's server: router token, TLS, calls in flight per connection, request bytes."""
+"""The worker's server: access token (derived from the router token), TLS, calls in flight
+per connection, request bytes."""
 from __future__ import annotations
 
 import asyncio
@@ -8,6 +9,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from kvmesh.auth import worker_access_token
 from kvmesh.tls import TlsFiles
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 from worker import Engine
@@ -17,7 +19,8 @@ from worker.server import create_server
 if TYPE_CHECKING:  # the certs fixture skips where `cryptography` is missing
     from tests.certificates import Certs
 
-TOKEN = [("authorization", "Bearer router-tok")]
+ROUTER = [("authorization", "Bearer router-tok")]
+TOKEN = [("authorization", f"Bearer {worker_access_token('router-tok')}")]
 
 
 def _req(tokens: list[int], max_tokens: int = 2) -> worker_pb2.GenerateRequest:
@@ -53,11 +56,11 @@ def runner():
     r.stop()
 
 
-def test_router_token_and_tls_guard_every_worker_call(runner: AsyncEngine, certs: Certs) -> None:
+def test_access_token_and_tls_guard_every_worker_call(runner: AsyncEngine, certs: Certs) -> None:
     tls = TlsFiles(cert=str(certs.server_cert), key=str(certs.server_key))
 
     async def main() -> None:
-        server, port = await _serve(runner, token="router-tok",
+        server, port = await _serve(runner, access_token=worker_access_token("router-tok"),
                                     credentials=tls.server_credentials())
         target = f"127.0.0.1:{port}"
         ok, unauth = grpc.StatusCode.OK, grpc.StatusCode.UNAUTHENTICATED
@@ -70,6 +73,8 @@ def test_router_token_and_tls_guard_every_worker_call(runner: AsyncEngine, certs
                     ("authorization", "Bearer wrong")])) == unauth
                 assert await _code(stub.Stats(worker_pb2.WorkerStatsRequest())) == unauth
                 assert await _code(stub.FetchBlocks(worker_pb2.FetchBlocksRequest())) == unauth
+                # the router token itself is not a worker credential
+                assert await _code(stub.Generate(_req([1, 2, 3]), metadata=ROUTER)) == unauth
                 assert await _code(stub.Generate(_req([1, 2, 3]), metadata=TOKEN)) == ok
                 assert await _code(stub.Stats(worker_pb2.WorkerStatsRequest(),
                                               metadata=TOKEN)) == ok
@@ -148,3 +153,17 @@ def test_oversized_and_undecodable_requests(runner: AsyncEngine) -> None:
             await server.stop(None)
 
     asyncio.run(main())
+
+
+def test_the_worker_keeps_only_the_access_token() -> None:
+    """``--token T`` derives the access token and drops T; ``--access-token`` must match T's
+    derivation when both are given (a worker no client of T could call is refused)."""
+    from worker.main import access_token_of
+
+    access = worker_access_token("router-tok")
+    assert access_token_of("router-tok", None) == access
+    assert access_token_of(None, access) == access
+    assert access_token_of("router-tok", access) == access
+    assert access_token_of(None, None) is None
+    with pytest.raises(ValueError, match="access token"):
+        access_token_of("router-tok", "something-else")
