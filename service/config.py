@@ -54,15 +54,16 @@ class ServiceConfig:
     """
 
     backend: str = "memory"
-    redis_url: str | None = None
+    # Secrets stay out of repr(), so a logged or printed config never shows them.
+    redis_url: str | None = field(default=None, repr=False)  # may hold a password
     redis_timeout_s: float = 0.5          # socket timeout of every Redis call
     policy: str = "kvmesh"                # default when a RouteRequest names none
     weights: CostWeights = field(default_factory=CostWeights)
     hash_seed: str = DEFAULT_SEED         # root hash = none_hash(algo, hash_seed); the CLI
                                           # sets it with kvmesh.hashing.resolve_seed
-    token: str | None = None              # router token (Route/Stats only); service.auth
-    worker_token: str | None = None       # shared, unbound token of Register/Heartbeat/...
-    worker_secret: str | None = None      # worker tokens bound to their id (worker_tokens)
+    token: str | None = field(default=None, repr=False)  # router token: Route/Stats only
+    worker_token: str | None = field(default=None, repr=False)  # shared, unbound worker token
+    worker_secret: str | None = field(default=None, repr=False)  # mints id-bound tokens
     heartbeat_interval_s: float = 1.0
     liveness_timeout_s: float = 3.0       # no heartbeat for this long: out of routing
     purge_after_s: float = 10.0           # no heartbeat for this long: the janitor purges

@@ -165,3 +165,13 @@ def test_mutual_tls_refuses_a_client_certificate_from_another_ca(tmp_path: Path,
             await server.stop(None)
 
     asyncio.run(main())
+
+
+def test_a_printed_service_config_shows_no_secret():
+    """A config in a log line or a traceback never carries the Redis password or a token."""
+    from service.config import ServiceConfig
+
+    cfg = ServiceConfig(backend="redis", redis_url="redis://:hunter2pw@127.0.0.1:6379/0",
+                        token="router-token-secret", worker_secret="w" * 24)
+    text = repr(cfg)
+    assert "hunter2pw" not in text and "router-token-secret" not in text and "w" * 24 not in text
