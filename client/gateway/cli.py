@@ -104,7 +104,7 @@ def gateway_cmd(
         "directory's name).")] = None,
     token: Annotated[str | None, typer.Option(
         "--token", envvar="KVMESH_TOKEN",
-        help="Bearer token for the kvmesh service and workers.")] = None,
+        help="Router token of the kvmesh service (workers get only its access token).")] = None,
     tenant_keys: Annotated[Path | None, typer.Option(
         "--tenant-keys", help="API keys -> tenants (JSON object or '<key> <tenant>' lines); "
         "turns on API-key auth and per-tenant salts.")] = None,

@@ -61,7 +61,8 @@ class PeakRss:
 def service() -> Iterator[ServerProcess]:
     proc = ServerProcess("limits-service", "service",
                          ["--port", "0", "--backend", "memory", "--log-level", "error"],
-                         env={"KVMESH_TOKEN": TOKEN}).start()
+                         env={"KVMESH_TOKEN": TOKEN,
+                              "KVMESH_WORKER_SECRET": "worker-secret-of-this-attack"}).start()
     try:
         yield proc
     finally:
