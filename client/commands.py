@@ -10,33 +10,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from kvmesh.cli_options import DEFAULT_SERVICE, Policy, Service, TlsCa, TlsCert, TlsKey, Token
+
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from client.sync_client import KvmeshClient
 
-Service = Annotated[str, typer.Option("--service", envvar="KVMESH_SERVICE",
-                                      help="Metadata service replica(s): HOST:PORT[,HOST:PORT]")]
-Token = Annotated[str | None, typer.Option("--token", envvar="KVMESH_TOKEN",
-                                           help="Router token (the service's --token); workers "
-                                           "get only the access token derived from it.")]
 Tokens = Annotated[str | None, typer.Option("--tokens", help="Prompt token ids: 1,2,3")]
 Text = Annotated[str | None, typer.Option("--text", help="Prompt text (byte-level tokens).")]
 Salt = Annotated[str | None, typer.Option("--salt", help="Cache salt (tenant isolation).")]
-Policy = Annotated[str | None, typer.Option("--policy", help="Routing policy override.")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Per-call timeout, seconds.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
-TlsCa = Annotated[str | None, typer.Option(
-    "--tls-ca", envvar="KVMESH_TLS_CA", help="PEM CA: talk TLS, verifying servers with it.")]
-TlsCert = Annotated[str | None, typer.Option(
-    "--tls-cert", envvar="KVMESH_TLS_CERT", help="PEM client certificate (mutual TLS).")]
-TlsKey = Annotated[str | None, typer.Option(
-    "--tls-key", envvar="KVMESH_TLS_KEY", help="PEM private key of --tls-cert.")]
-DEFAULT_SERVICE = "127.0.0.1:50051"
+TINY_MODEL = "tiny"  # the worker's built-in model: byte vocabulary, random weights
 
 
 def encode_text(text: str) -> list[int]:
@@ -144,6 +136,8 @@ def generate_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
     with _client(service, token, timeout, (tls_ca, tls_cert, tls_key)) as kv:
         result = kv.generate(prompt, max_tokens=max_tokens, salt=salt,
                              temperature=temperature, seed=seed, policy=policy)
+        if text is not None and not json_out:
+            _note_random_model(kv, result.address)
     out = dataclasses.asdict(result)
     if text is not None:
         out["text"] = decode_bytes(result.token_ids)
@@ -156,6 +150,22 @@ def generate_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
                + (f", {result.attempts} attempts" if result.attempts > 1 else ""))
     typer.echo(f"text: {out['text']!r}" if text is not None
                else "tokens: " + ",".join(map(str, result.token_ids)))
+
+
+def _note_random_model(kv: KvmeshClient, address: str) -> None:
+    """Say on stderr that the worker's ``tiny`` model has random weights, so its text is
+    noise by design (a newcomer would otherwise think decoding broke). Best effort: a
+    worker that does not answer ``Stats`` gets no note."""
+    from client.errors import KvmeshError
+
+    try:
+        model = kv.worker_stats(address).get("model")
+    except KvmeshError:
+        return
+    if model == TINY_MODEL:
+        typer.echo("note: the worker serves the 'tiny' model, whose weights are random: its "
+                   "text is noise by design (start workers with --model DIR for real text)",
+                   err=True)
 
 
 def _worker_details(kv: KvmeshClient, workers: list[dict[str, Any]]) -> None:
@@ -196,29 +206,51 @@ def stats_cmd(service: Service = DEFAULT_SERVICE, token: Token = None,
     print_stats(data)
 
 
-def print_stats(data: dict[str, Any]) -> None:
-    """Render ``KvmeshClient.stats()`` output (optionally with ``worker_stats``) as tables."""
+# The columns of one worker: (heading, cell of a ``stats()`` worker dict).
+_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+    ("worker", lambda w: w["worker_id"]),
+    ("address", lambda w: w["address"]),
+    ("alive", lambda w: "[green]yes[/]" if w["alive"] else "[red]no[/]"),
+    ("run/wait", lambda w: f"{w.get('running', 0)}/{w.get('waiting', 0)}"),
+    ("queued prefill", lambda w: str(w.get("queued_prefill_tokens", 0))),
+    ("blocks free/total", lambda w: f"{w.get('free_blocks', 0)}/{w.get('total_blocks', 0)}"),
+    ("indexed", lambda w: str(w.get("indexed_blocks", 0))),
+    ("cached blocks", lambda w: str(_cache(w)["cached_blocks"]) if _cache(w) else "-"),
+    ("hit rate", lambda w: f"{_cache(w)['hit_rate']:.1%}" if _cache(w) else "-"),
+    ("heartbeat", lambda w: f"{w.get('heartbeat_age_s', 0.0):.1f}s ago"),
+)
+
+
+def _cache(w: dict[str, Any]) -> dict[str, Any]:
+    return (w.get("worker_stats") or {}).get("cache") or {}
+
+
+def print_stats(data: dict[str, Any], console: Console | None = None) -> None:
+    """Render ``KvmeshClient.stats()`` output (optionally with ``worker_stats``) as tables.
+
+    One row per worker when the table fits ``console``'s width; otherwise (80 columns, a
+    pipe) one two-column block per worker, so no cell is ever cut to "…".
+    """
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    table = Table(title=f"kvmesh workers (service {data.get('service', '?')})")
-    for col in ("worker", "address", "alive", "run/wait", "queued prefill", "blocks free/total",
-                "indexed", "cached blocks", "hit rate", "heartbeat"):
+    console = console or Console()
+    title = f"kvmesh workers (service {data.get('service', '?')})"
+    table = Table(title=title)
+    for col, _ in _COLUMNS:
         table.add_column(col, justify="left" if col in ("worker", "address") else "right")
     for w in data["workers"]:
-        ws = w.get("worker_stats") or {}
-        cache = ws.get("cache") or {}
-        table.add_row(
-            w["worker_id"], w["address"], "[green]yes[/]" if w["alive"] else "[red]no[/]",
-            f"{w.get('running', 0)}/{w.get('waiting', 0)}",
-            str(w.get("queued_prefill_tokens", 0)),
-            f"{w.get('free_blocks', 0)}/{w.get('total_blocks', 0)}",
-            str(w.get("indexed_blocks", 0)),
-            str(cache["cached_blocks"]) if cache else "-",
-            f"{cache['hit_rate']:.1%}" if cache else "-",
-            f"{w.get('heartbeat_age_s', 0.0):.1f}s ago")
-    console.print(table)
+        table.add_row(*(cell(w) for _, cell in _COLUMNS))
+    natural = console.measure(table, options=console.options.update_width(10_000)).maximum
+    if natural <= console.width:
+        console.print(table)
+    else:
+        console.print(f"[bold]{title}[/]")
+        for w in data["workers"]:
+            block = Table(show_header=False, title=w["worker_id"], title_justify="left")
+            for col, cell in _COLUMNS[1:]:
+                block.add_row(col, cell(w))
+            console.print(block)
     if not data["workers"]:
         console.print("no workers registered")
     if data.get("degraded"):

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvmesh.hashing import DEFAULT_SEED
+from kvmesh.policies import POLICIES
 
 if TYPE_CHECKING:  # grpc stays unimported until a server is built (`kvmesh --help` is fast)
     from kvmesh.tls import TlsFiles
 
-POLICIES = ("kvmesh", "prefix_only", "least_loaded", "round_robin", "random")
 BACKENDS = ("memory", "redis")
 
 

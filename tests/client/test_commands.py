@@ -112,3 +112,55 @@ def test_bad_prompt_arguments_exit_2(args) -> None:
     result = runner.invoke(app, ["route", "--service", "127.0.0.1:1", *args])
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ")
+
+
+def test_stats_fits_80_columns_without_truncation(service) -> None:
+    """Piped or in an 80-column terminal every cell shows whole (a block per worker)."""
+    result = runner.invoke(app, ["stats", "--service", service.address], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.stdout
+    assert max(map(len, result.stdout.splitlines())) <= 80
+    for text in ("w1", "w2", "5/64", "2/1", "75.0%", "routes_total",
+                 "127.0.0.1:"):
+        assert text in result.stdout
+
+
+def test_print_stats_keeps_the_wide_table_when_it_fits(service) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from client.commands import print_stats
+
+    out = StringIO()
+    data = {"service": "s", "workers": [{"worker_id": "w1", "address": "127.0.0.1:5000",
+                                         "alive": True}], "counters": {}}
+    print_stats(data, Console(file=out, width=200))
+    assert "hit rate" in out.getvalue() and "…" not in out.getvalue()
+    narrow = StringIO()
+    print_stats(data, Console(file=narrow, width=80))
+    assert "127.0.0.1:5000" in narrow.getvalue() and "…" not in narrow.getvalue()
+
+
+def test_generate_text_notes_the_random_tiny_model(service) -> None:
+    result = runner.invoke(app, ["generate", "--service", service.address, "--text", "hi",
+                                 "--max-tokens", "2"])
+    assert result.exit_code == 0, result.output
+    assert "text: " in result.stdout
+    assert "note: " in result.stderr and "'tiny'" in result.stderr and "random" in result.stderr
+
+
+def test_generate_tokens_has_no_model_note(service) -> None:
+    result = runner.invoke(app, ["generate", "--service", service.address, "--tokens", "1,2",
+                                 "--max-tokens", "2"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+
+
+def test_policy_choices_come_from_the_contract_list() -> None:
+    from kvmesh.policies import POLICIES
+
+    result = runner.invoke(app, ["route", "--service", "127.0.0.1:1", "--tokens", "1",
+                                 "--policy", "nope"])
+    assert result.exit_code == 2
+    assert all(name in result.output for name in POLICIES)

@@ -1,0 +1,72 @@
+"""The command-line options every kvmesh CLI shares, declared once as ``Annotated`` types.
+
+Each option reads one environment variable, the same for every command that takes it (the
+table in ``docs/operations.md``), and offers its choices from the list that defines them
+(``kvmesh.hashing.ALGOS``, ``kvmesh.policies.POLICIES``), never from hand-typed help. A
+command gives the default as the parameter's default, so one type serves a client (whose
+``--service`` defaults to the local service) and a worker (whose ``--service`` is optional).
+
+Lives in ``kvmesh/`` because the worker and service CLIs may import only this package.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import typer
+
+from kvmesh.hashing import ALGOS
+from kvmesh.policies import POLICIES
+
+DEFAULT_SERVICE = "127.0.0.1:50051"
+
+Service = Annotated[str | None, typer.Option(
+    "--service", envvar="KVMESH_SERVICE",
+    help="Metadata service replica(s): HOST:PORT[,HOST:PORT]")]
+RedisUrl = Annotated[str | None, typer.Option(
+    "--redis-url", envvar="KVMESH_REDIS_URL", help="Redis/Valkey URL of the shared index.")]
+# Literal[...] of the defining tuple: typer offers (and checks) exactly those choices.
+Policy = Annotated[Literal[POLICIES] | None, typer.Option(
+    "--policy", envvar="KVMESH_POLICY", help="Routing policy.")]
+HashAlgo = Annotated[Literal[ALGOS], typer.Option(
+    "--hash-algo", envvar="KVMESH_HASH_ALGO", help="Block-hash algorithm (cluster-wide).")]
+HashSeed = Annotated[str | None, typer.Option(
+    "--hash-seed", envvar="KVMESH_HASH_SEED",
+    help="Root-hash seed (cluster-wide); default as vLLM: PYTHONHASHSEED if set, else "
+    "'vllm-none-hash' for sha256 algos; xxhash algos need one.")]
+
+# Credentials (docs/security.md): the router token never reaches a worker.
+Token = Annotated[str | None, typer.Option(
+    "--token", envvar="KVMESH_TOKEN",
+    help="Router token (the service's --token): Route/Stats need it; workers get only the "
+    "access token derived from it.")]
+WorkerToken = Annotated[str | None, typer.Option(
+    "--worker-token", envvar="KVMESH_WORKER_TOKEN",
+    help="Separate token for Register/Heartbeat/Publish/Sync.")]
+ServiceToken = Annotated[str | None, typer.Option(
+    "--service-token", envvar="KVMESH_WORKER_TOKEN",
+    help="Token a worker presents to the service (its bound `kvmesh worker-token`, or the "
+    "shared --worker-token).")]
+AccessToken = Annotated[str | None, typer.Option(
+    "--access-token", envvar="KVMESH_WORKER_ACCESS_TOKEN",
+    help="Token a worker's Generate/Stats require (clients derive it from their router "
+    "token); preferred over --token: the worker never sees the router token.")]
+WorkerSecret = Annotated[str | None, typer.Option(
+    "--worker-secret", envvar="KVMESH_WORKER_SECRET",
+    help="Secret of worker tokens bound to their worker id (mint them with `kvmesh "
+    "worker-token`); at least 16 bytes.")]
+
+# TLS: a server serves --tls-cert/--tls-key; a client presents them (mutual TLS); everyone
+# verifies peers with --tls-ca.
+TlsCa = Annotated[str | None, typer.Option(
+    "--tls-ca", envvar="KVMESH_TLS_CA",
+    help="PEM CA: talk TLS, verifying servers with it (and, with --tls-client-auth, the "
+    "clients).")]
+TlsCert = Annotated[str | None, typer.Option(
+    "--tls-cert", envvar="KVMESH_TLS_CERT",
+    help="PEM certificate (with --tls-key): servers serve TLS with it, clients present it "
+    "(mutual TLS).")]
+TlsKey = Annotated[str | None, typer.Option(
+    "--tls-key", envvar="KVMESH_TLS_KEY", help="PEM private key of --tls-cert.")]
+TlsClientAuth = Annotated[bool, typer.Option(
+    "--tls-client-auth/--no-tls-client-auth", envvar="KVMESH_TLS_CLIENT_AUTH",
+    help="Require client certificates signed by --tls-ca (mutual TLS).")]
