@@ -5,6 +5,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from kvmesh import cli_options as opt
+
 if TYPE_CHECKING:
     from kvmesh.tls import TlsFiles
 
@@ -14,12 +16,11 @@ def register(app: typer.Typer) -> None:
     def up(
         workers: int = typer.Option(2, help="number of worker processes"),
         port: int = typer.Option(50051, help="service port (0: a free one)"),
-        redis_url: str = typer.Option(None, envvar="KVMESH_REDIS_URL",
-                                      help="use this Redis/Valkey instead of an embedded one"),
+        redis_url: opt.RedisUrl = None,
         model: str = typer.Option("tiny", help="'tiny' or a Hugging Face model directory"),
         block_size: int = typer.Option(16),
         num_blocks: int = typer.Option(None, help="KV blocks per worker (default: memory)"),
-        token: str = typer.Option(None, envvar="KVMESH_TOKEN", help="bearer token"),
+        token: opt.Token = None,
         service_replicas: int = typer.Option(1, help="service replicas over one Redis"),
         backend: str = typer.Option("local", help="local (processes) or ray"),
         ray_address: str = typer.Option(None, help="ray backend: an existing Ray cluster "
@@ -28,15 +29,11 @@ def register(app: typer.Typer) -> None:
         gpus_per_worker: float = typer.Option(None, help="ray backend: GPUs per worker, "
                                               "fractions allowed (default: 1 if the "
                                               "cluster has GPUs, else 0)"),
-        worker_secret: str = typer.Option(
-            None, envvar="KVMESH_WORKER_SECRET", help="secret of the workers' tokens, each "
-            "bound to its worker id (at least 16 bytes; default: a random one)"),
-        tls_cert: str = typer.Option(None, help="local backend: PEM certificate every server "
-                                     "serves and presents as a client (with --tls-key)"),
-        tls_key: str = typer.Option(None, help="PEM private key of --tls-cert"),
-        tls_ca: str = typer.Option(None, help="PEM CA every process verifies its peers with"),
-        tls_client_auth: bool = typer.Option(False, help="require client certificates "
-                                             "signed by --tls-ca (mutual TLS)"),
+        worker_secret: opt.WorkerSecret = None,  # default: a random one
+        tls_cert: opt.TlsCert = None,  # local backend: every server serves it and presents it
+        tls_key: opt.TlsKey = None,
+        tls_ca: opt.TlsCa = None,      # every process verifies its peers with it
+        tls_client_auth: opt.TlsClientAuth = False,
         verbose: bool = typer.Option(False, help="echo every child's output"),
     ) -> None:
         """Start Redis/Valkey, the service and N workers; Ctrl-C or SIGTERM stops them all."""

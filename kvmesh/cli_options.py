@@ -24,11 +24,21 @@ Service = Annotated[str | None, typer.Option(
     help="Metadata service replica(s): HOST:PORT[,HOST:PORT]")]
 RedisUrl = Annotated[str | None, typer.Option(
     "--redis-url", envvar="KVMESH_REDIS_URL", help="Redis/Valkey URL of the shared index.")]
-# Literal[...] of the defining tuple: typer offers (and checks) exactly those choices.
+
+
+def choices(names: tuple[str, ...]) -> str:
+    """The help text listing ``names``: choices are typed once, in their defining tuple."""
+    return " | ".join(names)
+
+
+# Literal[...] of the defining tuple: typer accepts (and checks) exactly those choices; a
+# short metavar keeps --help readable at 80 columns (the choices are in the help).
 Policy = Annotated[Literal[POLICIES] | None, typer.Option(
-    "--policy", envvar="KVMESH_POLICY", help="Routing policy.")]
+    "--policy", envvar="KVMESH_POLICY", metavar="POLICY",
+    help=f"Routing policy: {choices(POLICIES)}.")]
 HashAlgo = Annotated[Literal[ALGOS], typer.Option(
-    "--hash-algo", envvar="KVMESH_HASH_ALGO", help="Block-hash algorithm (cluster-wide).")]
+    "--hash-algo", envvar="KVMESH_HASH_ALGO", metavar="ALGO",
+    help=f"Block-hash algorithm (cluster-wide): {choices(ALGOS)}.")]
 HashSeed = Annotated[str | None, typer.Option(
     "--hash-seed", envvar="KVMESH_HASH_SEED",
     help="Root-hash seed (cluster-wide); default as vLLM: PYTHONHASHSEED if set, else "

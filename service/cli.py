@@ -6,11 +6,77 @@ command runs, so ``kvmesh --help`` stays instant.
 """
 from __future__ import annotations
 
+import dataclasses
+import inspect
+from typing import Annotated, Any, Literal, get_type_hints
+
 import typer
 
-from service.config import ServiceConfig
+from kvmesh import cli_options as opt
+from service.config import BACKENDS, ServiceConfig
 
-_DEFAULTS = ServiceConfig()
+# ServiceConfig fields the command exposes, with their help. Each flag is the field's name
+# (``--max-prompt-tokens``) and takes the field's type and default, so a setting is declared
+# once, in ServiceConfig; fields shared with other commands take their kvmesh.cli_options type.
+_SHARED = {"redis_url": opt.RedisUrl, "policy": opt.Policy, "token": opt.Token,
+           "worker_token": opt.WorkerToken, "worker_secret": opt.WorkerSecret,
+           "tls_cert_file": opt.TlsCert, "tls_key_file": opt.TlsKey, "tls_ca_file": opt.TlsCa,
+           "tls_client_auth": opt.TlsClientAuth}
+_HELP = {
+    "metrics_port": "Serve Prometheus metrics here.",
+    "max_message_bytes": "Largest request, bytes (also gRPC's receive limit).",
+    "max_inflight_per_conn": "Calls in flight per client connection (0: unlimited).",
+    "max_prompt_tokens": "Longest Route prompt, tokens.",
+    "max_batch_events": "Events in one PublishEvents (one Redis script: keep it short).",
+    "max_batch_hashes": "Block hashes in one PublishEvents/SyncWorker.",
+    "max_snapshot_blocks": "Blocks in one SyncWorker snapshot.",
+    "max_mm_items": "Multimodal items in one Route.",
+    "indexed_blocks_per_pool": "A worker may index at most this many times the total_blocks "
+                               "it reports (and at least --min-indexed-cap).",
+    "min_indexed_cap": "Blocks any worker may index.",
+}
+_LEVELS = ("debug", "info", "warning", "error")
+# Options of the command itself, not of ServiceConfig (or with a CLI-only default).
+_OWN = [
+    ("port", Annotated[int, typer.Option(
+        help="gRPC port (0: a free one, printed at start).")], 50051),
+    ("host", Annotated[str, typer.Option(help="Interface to bind (0.0.0.0: all).")],
+     "127.0.0.1"),
+    ("backend", Annotated[Literal[("auto", *BACKENDS)], typer.Option(
+        metavar="BACKEND", help=f"{opt.choices(('auto', *BACKENDS))} (auto: redis iff a URL "
+        "is given).")], "auto"),
+    ("hash_seed", opt.HashSeed, None),  # None: kvmesh.hashing.resolve_seed decides
+    ("log_level", Annotated[Literal[_LEVELS], typer.Option(
+        metavar="LEVEL", help=f"Logging level: {opt.choices(_LEVELS)}.")], "info"),
+]
+
+
+def _field_param(f: dataclasses.Field, hints: dict[str, Any]) -> inspect.Parameter:
+    """The command parameter of ServiceConfig field ``f`` (its default is the field's)."""
+    kind = _SHARED.get(f.name) or Annotated[hints[f.name], typer.Option(
+        "--" + f.name.replace("_", "-"), help=_HELP[f.name])]
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                             annotation=kind)
+
+
+def _params() -> list[inspect.Parameter]:
+    """Every parameter of ``kvmesh service``: its own options, then the config's fields."""
+    own = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=kind) for name, kind, default in _OWN]
+    hints = get_type_hints(ServiceConfig)
+    return own + [_field_param(f, hints) for f in dataclasses.fields(ServiceConfig)
+                  if f.name in _SHARED or f.name in _HELP]
+
+
+def config_of(backend: str, hash_seed: str | None, **fields: Any) -> ServiceConfig:
+    """The ServiceConfig of the command's flags: ``backend`` auto resolved, the seed resolved
+    as vLLM does, empty secrets as none. Raises ``ValueError`` for inconsistent flags."""
+    from kvmesh.hashing import resolve_seed
+
+    kind = backend if backend != "auto" else ("redis" if fields.get("redis_url") else "memory")
+    for secret in ("token", "worker_token", "worker_secret"):
+        fields[secret] = fields[secret] or None
+    return ServiceConfig(backend=kind, hash_seed=resolve_seed(None, hash_seed), **fields)
 
 
 def register(app: typer.Typer) -> None:
@@ -22,88 +88,23 @@ def register(app: typer.Typer) -> None:
 def register_service(app: typer.Typer) -> None:
     """Add only the ``service`` command (``python -m service`` is that command alone)."""
 
-    @app.command("service")
-    def service(
-        port: int = typer.Option(50051, help="gRPC port (0: a free one, printed at start)."),
-        host: str = typer.Option("127.0.0.1", help="Interface to bind (0.0.0.0: all)."),
-        redis_url: str | None = typer.Option(None, envvar="KVMESH_REDIS_URL",
-                                             help="Redis/Valkey URL of the shared index."),
-        backend: str = typer.Option("auto", help="redis | memory | auto (redis iff a URL "
-                                    "is given)."),
-        token: str | None = typer.Option(None, envvar="KVMESH_TOKEN",
-                                         help="Router token: required on Route/Stats, "
-                                         "never accepted on worker calls (so it needs "
-                                         "--worker-secret or --worker-token)."),
-        worker_token: str | None = typer.Option(
-            None, envvar="KVMESH_WORKER_TOKEN",
-            help="Separate token for Register/Heartbeat/Publish/Sync."),
-        metrics_port: int | None = typer.Option(None, help="Serve Prometheus metrics here."),
-        hash_seed: str | None = typer.Option(
-            None, envvar="KVMESH_HASH_SEED", help="Root hash seed; default as vLLM: "
-            "PYTHONHASHSEED if set, else 'vllm-none-hash'."),
-        policy: str = typer.Option("kvmesh", help="Default routing policy: kvmesh, "
-                                   "prefix_only, least_loaded, round_robin, random."),
-        worker_secret: str | None = typer.Option(
-            None, envvar="KVMESH_WORKER_SECRET",
-            help="Secret of worker tokens bound to their worker id (mint them with "
-            "`kvmesh worker-token`); at least 16 bytes."),
-        tls_cert: str | None = typer.Option(None, help="PEM certificate (with --tls-key)."),
-        tls_key: str | None = typer.Option(None, help="PEM private key."),
-        tls_ca: str | None = typer.Option(None, help="PEM CA of client certificates (with "
-                                          "--tls-client-auth)."),
-        tls_client_auth: bool = typer.Option(False, help="Require client certificates "
-                                             "signed by --tls-ca (mutual TLS)."),
-        max_message_bytes: int = typer.Option(_DEFAULTS.max_message_bytes,
-                                              help="Largest request, bytes."),
-        max_inflight_per_conn: int = typer.Option(
-            _DEFAULTS.max_inflight_per_conn, help="Calls in flight per client connection "
-            "(0: unlimited)."),
-        max_prompt_tokens: int = typer.Option(_DEFAULTS.max_prompt_tokens,
-                                              help="Longest Route prompt, tokens."),
-        max_batch_events: int = typer.Option(_DEFAULTS.max_batch_events,
-                                             help="Events in one PublishEvents."),
-        max_batch_hashes: int = typer.Option(
-            _DEFAULTS.max_batch_hashes, help="Block hashes in one PublishEvents/SyncWorker."),
-        max_snapshot_blocks: int = typer.Option(_DEFAULTS.max_snapshot_blocks,
-                                                help="Blocks in one SyncWorker snapshot."),
-        max_mm_items: int = typer.Option(_DEFAULTS.max_mm_items,
-                                         help="Multimodal items in one Route."),
-        indexed_blocks_per_pool: int = typer.Option(
-            _DEFAULTS.indexed_blocks_per_pool, help="A worker may index at most this many "
-            "times the total_blocks it reports (and at least --min-indexed-cap)."),
-        min_indexed_cap: int = typer.Option(_DEFAULTS.min_indexed_cap,
-                                            help="Blocks any worker may index."),
-        log_level: str = typer.Option("info", help="debug | info | warning | error."),
-    ) -> None:
+    def service(*, port: int, host: str, log_level: str, **flags: Any) -> None:
         """Run the metadata service (index + routing) until Ctrl-C / SIGTERM."""
         import asyncio
         import logging
 
-        from kvmesh.hashing import resolve_seed
-        from service.config import ServiceConfig
-
-        kind = backend if backend != "auto" else ("redis" if redis_url else "memory")
         logging.basicConfig(level=log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
-            cfg = ServiceConfig(backend=kind, redis_url=redis_url, token=token or None,
-                                worker_token=worker_token or None, metrics_port=metrics_port,
-                                worker_secret=worker_secret or None,
-                                hash_seed=resolve_seed(None, hash_seed), policy=policy,
-                                tls_cert_file=tls_cert, tls_key_file=tls_key,
-                                tls_ca_file=tls_ca, tls_client_auth=tls_client_auth,
-                                max_message_bytes=max_message_bytes,
-                                max_inflight_per_conn=max_inflight_per_conn,
-                                max_prompt_tokens=max_prompt_tokens,
-                                max_batch_events=max_batch_events,
-                                max_batch_hashes=max_batch_hashes,
-                                max_snapshot_blocks=max_snapshot_blocks,
-                                max_mm_items=max_mm_items,
-                                indexed_blocks_per_pool=indexed_blocks_per_pool,
-                                min_indexed_cap=min_indexed_cap)
+            cfg = config_of(**flags)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from e
         asyncio.run(_serve(f"{host}:{port}", cfg))
+
+    params = _params()
+    service.__signature__ = inspect.Signature(params, return_annotation=None)
+    service.__annotations__ = {p.name: p.annotation for p in params}
+    app.command("service")(service)
 
 
 def register_worker_token(app: typer.Typer) -> None:

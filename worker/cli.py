@@ -1,51 +1,53 @@
 """`kvmesh worker`: run one worker process."""
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
+
+from kvmesh import cli_options as opt
+from kvmesh.hashing import DEFAULT_ALGO
 
 
 def register(app: typer.Typer) -> None:
+    """Add the ``worker`` verb to ``app``."""
+
     @app.command("worker")
     def worker(
-        port: int = typer.Option(0, help="gRPC port (0: a free one, printed at start)"),
-        host: str = typer.Option("127.0.0.1", help="interface to bind and advertise"),
-        model: str = typer.Option("tiny", help="'tiny' or a Hugging Face model directory"),
-        block_size: int = typer.Option(16, help="tokens per KV block"),
-        num_blocks: int = typer.Option(None, help="KV pool size (default: from memory)"),
-        worker_id: str = typer.Option(None, help="default: <hostname>-<port>"),
-        service: str = typer.Option(None, envvar="KVMESH_SERVICE",
-                                    help="metadata service address(es), comma-separated"),
-        token: str = typer.Option(None, envvar="KVMESH_TOKEN",
-                                  help="the cluster's router token: the worker derives its "
-                                  "access token from it and keeps only that"),
-        access_token: str = typer.Option(None, envvar="KVMESH_WORKER_ACCESS_TOKEN",
-                                         help="token its Generate/Stats require (clients "
-                                         "derive it from their router token); preferred "
-                                         "over --token: the worker never sees the router "
-                                         "token"),
-        service_token: str = typer.Option(None, envvar="KVMESH_WORKER_TOKEN",
-                                          help="token presented to the service (its bound "
-                                          "`kvmesh worker-token`, or the shared one)"),
-        hash_algo: str = typer.Option("sha256_cbor", help="block-hash algorithm"),
-        hash_seed: str = typer.Option(None, envvar="KVMESH_HASH_SEED",
-                                      help="root-hash seed (cluster-wide); default as vLLM: "
-                                      "PYTHONHASHSEED if set, else 'vllm-none-hash' for sha256 "
-                                      "algos; xxhash algos need one"),
-        device: str = typer.Option(None, help="cpu or cuda[:N] (default: cuda if present)"),
-        heartbeat_s: float = typer.Option(1.0, help="heartbeat interval in seconds"),
-        max_batched_tokens: int = typer.Option(2048, help="token budget per engine step"),
-        metrics_port: int = typer.Option(None, help="serve Prometheus /metrics on this port"),
-        metrics_host: str = typer.Option("127.0.0.1", help="interface of /metrics (no "
-                                         "authentication: loopback unless you mean it)"),
-        tls_cert: str = typer.Option(None, help="PEM certificate: serve TLS (with --tls-key)"),
-        tls_key: str = typer.Option(None, help="PEM private key of --tls-cert"),
-        tls_ca: str = typer.Option(None, help="PEM CA: verify the service over TLS (and, "
-                                   "with --tls-client-auth, the clients)"),
-        tls_client_auth: bool = typer.Option(False, help="require client certificates "
-                                             "signed by --tls-ca (mutual TLS)"),
-        max_inflight_per_conn: int = typer.Option(1024, help="calls in flight per client "
-                                                  "connection (0: unlimited)"),
-        max_message_bytes: int = typer.Option(16 << 20, help="largest request, bytes"),
+        port: Annotated[int, typer.Option(
+            help="gRPC port (0: a free one, printed at start)")] = 0,
+        host: Annotated[str, typer.Option(help="interface to bind and advertise")] = "127.0.0.1",
+        model: Annotated[str, typer.Option(
+            help="'tiny' (random weights) or a Hugging Face model directory")] = "tiny",
+        block_size: Annotated[int, typer.Option(help="tokens per KV block")] = 16,
+        num_blocks: Annotated[int | None, typer.Option(
+            help="KV pool size (default: from memory)")] = None,
+        worker_id: Annotated[str | None, typer.Option(
+            help="default: <hostname>-<port>")] = None,
+        service: opt.Service = None,
+        token: opt.Token = None,
+        access_token: opt.AccessToken = None,
+        service_token: opt.ServiceToken = None,
+        hash_algo: opt.HashAlgo = DEFAULT_ALGO,
+        hash_seed: opt.HashSeed = None,
+        device: Annotated[str | None, typer.Option(
+            help="cpu or cuda[:N] (default: cuda if present)")] = None,
+        heartbeat_s: Annotated[float, typer.Option(help="heartbeat interval in seconds")] = 1.0,
+        max_batched_tokens: Annotated[int, typer.Option(
+            help="token budget per engine step")] = 2048,
+        metrics_port: Annotated[int | None, typer.Option(
+            help="serve Prometheus /metrics on this port")] = None,
+        metrics_host: Annotated[str, typer.Option(
+            help="interface of /metrics (no authentication: loopback unless you mean "
+            "it)")] = "127.0.0.1",
+        tls_cert: opt.TlsCert = None,
+        tls_key: opt.TlsKey = None,
+        tls_ca: opt.TlsCa = None,
+        tls_client_auth: opt.TlsClientAuth = False,
+        max_inflight_per_conn: Annotated[int, typer.Option(
+            help="calls in flight per client connection (0: unlimited)")] = 1024,
+        max_message_bytes: Annotated[int, typer.Option(
+            help="largest request, bytes")] = 16 << 20,
     ) -> None:
         """Run one worker: KV pool + model + gRPC WorkerService (+ index registration)."""
         import asyncio

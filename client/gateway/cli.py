@@ -13,6 +13,7 @@ import typer
 
 from client.gateway.limits import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONCURRENT
 from client.gateway.tokenizer import TINY, TINY_CONTEXT
+from kvmesh.cli_options import DEFAULT_SERVICE, Service, TlsCa, TlsCert, TlsKey, Token
 
 if TYPE_CHECKING:
     from client.gateway.app import GatewayConfig
@@ -90,9 +91,7 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
 
 
 def gateway_cmd(
-    service: Annotated[str, typer.Option(
-        "--service", envvar="KVMESH_SERVICE",
-        help="Metadata service replica(s): HOST:PORT[,HOST:PORT]")] = "127.0.0.1:50051",
+    service: Service = DEFAULT_SERVICE,
     port: Annotated[int, typer.Option("--port", help="HTTP port.")] = 8000,
     host: Annotated[str, typer.Option("--host", help="HTTP bind address.")] = "127.0.0.1",
     model: Annotated[str, typer.Option(
@@ -102,9 +101,7 @@ def gateway_cmd(
     served_model_name: Annotated[str | None, typer.Option(
         "--served-model-name", help="Model name clients send (default: tiny or the "
         "directory's name).")] = None,
-    token: Annotated[str | None, typer.Option(
-        "--token", envvar="KVMESH_TOKEN",
-        help="Router token of the kvmesh service (workers get only its access token).")] = None,
+    token: Token = None,
     tenant_keys: Annotated[Path | None, typer.Option(
         "--tenant-keys", help="API keys -> tenants (JSON object or '<key> <tenant>' lines); "
         "turns on API-key auth and per-tenant salts.")] = None,
@@ -130,14 +127,7 @@ def gateway_cmd(
         "--max-concurrent-per-tenant", help="Prompts one tenant (API key's tenant, else "
         "client IP) may have generating at once (429 above).")] = DEFAULT_MAX_CONCURRENT,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "info",
-    tls_ca: Annotated[str | None, typer.Option(
-        "--tls-ca", envvar="KVMESH_TLS_CA",
-        help="PEM CA: talk TLS to the kvmesh service and workers.")] = None,
-    tls_cert: Annotated[str | None, typer.Option(
-        "--tls-cert", envvar="KVMESH_TLS_CERT",
-        help="PEM client certificate (mutual TLS).")] = None,
-    tls_key: Annotated[str | None, typer.Option(
-        "--tls-key", envvar="KVMESH_TLS_KEY", help="PEM private key of --tls-cert.")] = None,
+    tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None,
 ) -> None:
     """Serve an OpenAI-compatible API (completions, chat, streaming) routed by kvmesh."""
     try:

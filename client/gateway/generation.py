@@ -43,6 +43,7 @@ class Outcome:
     finish_reason: str
     usage: Usage
     worker_id: str
+    ttft_s: float | None = None  # the worker's time to first token; None: not measured
 
 
 def _finish_reason(result: GenerateResult) -> str:
@@ -54,7 +55,7 @@ def _outcome(job: Job, text: str, stream: TextStream, result: GenerateResult) ->
     cached = result.num_cached_tokens if job.report_cached else 0
     usage = Usage(result.prompt_tokens or len(job.token_ids), completion, cached)
     return Outcome(text, "stop" if stream.stopped else _finish_reason(result), usage,
-                   result.worker_id)
+                   result.worker_id, result.ttft_s)
 
 
 async def generate_text(kv: AsyncKvmeshClient, tokenizer: Tokenizer, job: Job) -> Outcome:
