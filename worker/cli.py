@@ -6,7 +6,9 @@ from typing import Annotated
 import typer
 
 from kvmesh import cli_options as opt
-from kvmesh.hashing import DEFAULT_ALGO
+from worker.main import WorkerOptions
+
+_DEFAULTS = WorkerOptions()  # the defaults are WorkerOptions', written once there
 
 
 def register(app: typer.Typer) -> None:
@@ -15,11 +17,11 @@ def register(app: typer.Typer) -> None:
     @app.command("worker")
     def worker(
         port: Annotated[int, typer.Option(
-            help="gRPC port (0: a free one, printed at start)")] = 0,
-        host: Annotated[str, typer.Option(help="interface to bind and advertise")] = "127.0.0.1",
+            help="gRPC port (0: a free one, printed at start)")] = _DEFAULTS.port,
+        host: Annotated[str, typer.Option(help="interface to bind and advertise")] = _DEFAULTS.host,
         model: Annotated[str, typer.Option(
-            help="'tiny' (random weights) or a Hugging Face model directory")] = "tiny",
-        block_size: Annotated[int, typer.Option(help="tokens per KV block")] = 16,
+            help="'tiny' (random weights) or a Hugging Face model directory")] = _DEFAULTS.model,
+        block_size: Annotated[int, typer.Option(help="tokens per KV block")] = _DEFAULTS.block_size,
         num_blocks: Annotated[int | None, typer.Option(
             help="KV pool size (default: from memory)")] = None,
         worker_id: Annotated[str | None, typer.Option(
@@ -28,26 +30,28 @@ def register(app: typer.Typer) -> None:
         token: opt.Token = None,
         access_token: opt.AccessToken = None,
         service_token: opt.ServiceToken = None,
-        hash_algo: opt.HashAlgo = DEFAULT_ALGO,
+        hash_algo: opt.HashAlgo = _DEFAULTS.hash_algo,
         hash_seed: opt.HashSeed = None,
         device: Annotated[str | None, typer.Option(
             help="cpu or cuda[:N] (default: cuda if present)")] = None,
-        heartbeat_s: Annotated[float, typer.Option(help="heartbeat interval in seconds")] = 1.0,
+        heartbeat_s: Annotated[float, typer.Option(
+            help="heartbeat interval in seconds")] = _DEFAULTS.heartbeat_s,
         max_batched_tokens: Annotated[int, typer.Option(
-            help="token budget per engine step")] = 2048,
+            help="token budget per engine step")] = _DEFAULTS.max_batched_tokens,
         metrics_port: Annotated[int | None, typer.Option(
             help="serve Prometheus /metrics on this port")] = None,
         metrics_host: Annotated[str, typer.Option(
             help="interface of /metrics (no authentication: loopback unless you mean "
-            "it)")] = "127.0.0.1",
+            "it)")] = _DEFAULTS.metrics_host,
         tls_cert: opt.TlsCert = None,
         tls_key: opt.TlsKey = None,
         tls_ca: opt.TlsCa = None,
         tls_client_auth: opt.TlsClientAuth = False,
         max_inflight_per_conn: Annotated[int, typer.Option(
-            help="calls in flight per client connection (0: unlimited)")] = 1024,
+            help="calls in flight per client connection (0: unlimited)",
+        )] = _DEFAULTS.max_inflight_per_conn,
         max_message_bytes: Annotated[int, typer.Option(
-            help="largest request, bytes")] = 16 << 20,
+            help="largest request, bytes")] = _DEFAULTS.max_message_bytes,
     ) -> None:
         """Run one worker: KV pool + model + gRPC WorkerService (+ index registration)."""
         import asyncio
@@ -55,7 +59,7 @@ def register(app: typer.Typer) -> None:
 
         from kvmesh.hashing import resolve_seed
         from kvmesh.tls import tls_files
-        from worker.main import WorkerOptions, access_token_of, serve
+        from worker.main import access_token_of, serve
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         services = tuple(a.strip() for a in (service or "").split(",") if a.strip())
