@@ -9,7 +9,7 @@ the running event loop; use one client per loop and ``await client.close()`` (or
 """
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import aclosing
 from typing import Any, NamedTuple
 
@@ -19,7 +19,6 @@ import grpc.aio
 from client.convert import (
     LoraSpec,
     MmSpec,
-    StreamAssembler,
     auth_metadata,
     generate_request,
     route_request,
@@ -29,19 +28,14 @@ from client.convert import (
     worker_stats_dict,
 )
 from client.errors import BrokenStream, KvmeshError
-from client.failover import CHANNEL_OPTIONS, Failures, no_worker_error, parse_addresses
-from client.results import GenerateResult, RouteResult
-from kvmesh.retry import Action, ReplicaRing, Source, decide, retried
+from client.failover import Candidates, Failures, no_worker_error
+from client.results import GenerateResult, RouteResult, TokenChunk
+from kvmesh.channel import Dialer, parse_addresses
+from kvmesh.retry import ReplicaRing, Source
 from kvmesh.tls import TlsFiles
 from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2, worker_pb2_grpc
 
-
-class TokenChunk(NamedTuple):
-    """Tokens streamed by ``generate_stream`` and the worker producing them."""
-
-    token_ids: list[int]
-    worker_id: str
-    address: str
+__all__ = ["AsyncKvmeshClient", "TokenChunk"]
 
 
 class _Conn(NamedTuple):
@@ -64,8 +58,7 @@ class AsyncKvmeshClient:
         self._ring = ReplicaRing(parse_addresses(addresses))
         self._metadata = auth_metadata(token)
         self._worker_metadata = worker_metadata(token)
-        self._credentials = tls.channel_credentials() if tls is not None else None
-        self._options = CHANNEL_OPTIONS + (tls.channel_options() if tls is not None else ())
+        self._dialer = Dialer.from_tls(tls)
         self.timeout = timeout
         self.generate_timeout = generate_timeout
         self._conns: dict[str, _Conn] = {}
@@ -81,10 +74,7 @@ class AsyncKvmeshClient:
             raise RuntimeError("AsyncKvmeshClient is closed")
         conn = self._conns.get(address)
         if conn is None:
-            channel = (
-                grpc.aio.secure_channel(address, self._credentials, options=self._options)
-                if self._credentials is not None
-                else grpc.aio.insecure_channel(address, options=self._options))
+            channel = self._dialer.aio(address)
             conn = _Conn(channel, index_pb2_grpc.IndexServiceStub(channel),
                          worker_pb2_grpc.WorkerServiceStub(channel))
             self._conns[address] = conn
@@ -98,15 +88,13 @@ class AsyncKvmeshClient:
             try:
                 response = await rpc(request, timeout=self.timeout, metadata=self._metadata)
             except grpc.RpcError as err:
-                failures.add(address, err.code(), err.details() or "")
-                if not retried(Source.SERVICE, err.code()):
-                    raise failures.surface() from None
+                failures.failed(Source.SERVICE, address, err)
                 continue
             self._ring.mark_good(address)
             return address, response
         raise failures.error()
 
-    async def route(self, token_ids: Iterable[int], salt: str | None = None,
+    async def route(self, token_ids: Iterable[int], salt: str | None = None, *,
                     lora: LoraSpec = None, mm: Iterable[MmSpec] = (),
                     policy: str | None = None, max_candidates: int = 0,
                     dry_run: bool = False) -> RouteResult:
@@ -127,25 +115,6 @@ class AsyncKvmeshClient:
             raise no_worker_error()
         return result
 
-    async def _attempts(self, token_ids: Iterable[int], max_tokens: int, salt: str | None,
-                        temperature: float, seed: int | None, lora: LoraSpec,
-                        mm: Iterable[MmSpec], policy: str | None, ignore_eos: bool,
-                        failures: Failures) -> AsyncGenerator[tuple[Any, StreamAssembler, Any],
-                                                              None]:
-        """Route once, then open a ``Generate`` call on each ranked candidate in turn:
-        ``(candidate, assembler, call)``. Candidates without an address are recorded in
-        ``failures`` and skipped; the caller decides what a failed call means."""
-        rreq = route_request(token_ids, salt, lora, mm, policy)
-        routed = await self._route(rreq)
-        greq = generate_request(rreq, max_tokens, temperature, seed, ignore_eos)
-        for attempt, cand in enumerate(routed.candidates, 1):
-            if not cand.address:
-                failures.add(cand.worker_id, grpc.StatusCode.UNAVAILABLE, "no address")
-                continue
-            greq.index_matched_tokens = cand.matched_tokens
-            yield cand, StreamAssembler(cand, attempt), self._conn(cand.address).worker.Generate(
-                greq, timeout=self.generate_timeout, metadata=self._worker_metadata)
-
     async def generate(self, token_ids: Iterable[int], max_tokens: int = 16,
                        salt: str | None = None, temperature: float = 0.0,
                        seed: int | None = None, *, lora: LoraSpec = None,
@@ -153,35 +122,20 @@ class AsyncKvmeshClient:
                        ignore_eos: bool = False) -> GenerateResult:
         """Route, then generate on the chosen worker with failover to the next candidate;
         returns only a finished generation (see ``KvmeshClient.generate``)."""
-        failures = Failures("candidate worker")
-        # aclosing: a return from inside the loop closes the attempts generator at once
-        async with aclosing(self._attempts(token_ids, max_tokens, salt, temperature, seed,
-                                           lora, mm, policy, ignore_eos, failures)) as attempts:
-            async for cand, assembler, call in attempts:
-                try:
-                    async for message in call:
-                        assembler.feed(message)
-                    return assembler.result()
-                except grpc.RpcError as err:
-                    try:  # the final message arrived before the transport failed: it is complete
-                        return assembler.result()
-                    except BrokenStream:
-                        pass
-                    failures.add(cand.address, err.code(), err.details() or "")
-                except BrokenStream as exc:
-                    failures.add(cand.address, grpc.StatusCode.UNAVAILABLE, str(exc))
-                finally:
-                    call.cancel()
-                if not retried(Source.WORKER, failures.last_code):
-                    raise failures.surface()
-        raise failures.error()
+        # aclosing: the call is cancelled and the generator closed as soon as we return
+        async with aclosing(self._generation(token_ids, max_tokens, salt, temperature, seed,
+                                             lora, mm, policy, ignore_eos,
+                                             stream=False)) as run:
+            result = await anext(run)
+        assert isinstance(result, GenerateResult)
+        return result
 
-    async def generate_stream(self, token_ids: Iterable[int], max_tokens: int = 16,
-                              salt: str | None = None, temperature: float = 0.0,
-                              seed: int | None = None, *, lora: LoraSpec = None,
-                              mm: Iterable[MmSpec] = (), policy: str | None = None,
-                              ignore_eos: bool = False,
-                              ) -> AsyncGenerator[TokenChunk | GenerateResult, None]:
+    def generate_stream(self, token_ids: Iterable[int], max_tokens: int = 16,
+                        salt: str | None = None, temperature: float = 0.0,
+                        seed: int | None = None, *, lora: LoraSpec = None,
+                        mm: Iterable[MmSpec] = (), policy: str | None = None,
+                        ignore_eos: bool = False,
+                        ) -> AsyncIterator[TokenChunk | GenerateResult]:
         """Route, then stream the generation: ``TokenChunk``s as the worker produces them,
         then exactly one ``GenerateResult`` (all tokens and the worker's facts) last.
 
@@ -190,34 +144,37 @@ class AsyncKvmeshClient:
         stream as UNAVAILABLE). Closing the iterator early
         (``aclose``) cancels the worker's request.
         """
-        failures = Failures("candidate worker")
-        # aclosing: a return from inside the loop closes the attempts generator at once
-        async with aclosing(self._attempts(token_ids, max_tokens, salt, temperature, seed,
-                                           lora, mm, policy, ignore_eos, failures)) as attempts:
-            async for cand, assembler, call in attempts:
-                started = finished = False
-                try:
-                    async for message in call:
-                        if finished:
-                            continue
-                        finished = assembler.feed(message)
-                        if message.token_ids:
-                            started = True
-                            yield TokenChunk(list(message.token_ids), cand.worker_id, cand.address)
-                    yield assembler.result()
-                    return
-                except grpc.RpcError as err:
-                    if finished:  # the final message arrived before the transport failed
-                        yield assembler.result()
-                        return
-                    failures.add(cand.address, err.code(), err.details() or "")
-                except BrokenStream as exc:
-                    failures.add(cand.address, grpc.StatusCode.UNAVAILABLE, str(exc))
-                finally:
-                    call.cancel()
-                if decide(Source.WORKER, failures.last_code, delivered=started) is Action.SURFACE:
-                    raise failures.surface()
-        raise failures.error()
+        return self._generation(token_ids, max_tokens, salt, temperature, seed, lora, mm,
+                                policy, ignore_eos, stream=True)
+
+    async def _generation(self, token_ids: Iterable[int], max_tokens: int, salt: str | None,
+                          temperature: float, seed: int | None, lora: LoraSpec,
+                          mm: Iterable[MmSpec], policy: str | None, ignore_eos: bool, *,
+                          stream: bool) -> AsyncGenerator[TokenChunk | GenerateResult, None]:
+        """Route once, then drive :class:`client.failover.Candidates` over ``grpc.aio``
+        calls: chunks (when ``stream``), then the one result (``KvmeshClient._generation``
+        is the blocking twin)."""
+        rreq = route_request(token_ids, salt, lora, mm, policy)
+        plan = Candidates(await self._route(rreq),
+                          generate_request(rreq, max_tokens, temperature, seed, ignore_eos),
+                          stream=stream)
+        for attempt in plan:
+            call = self._conn(attempt.cand.address).worker.Generate(
+                attempt.request, timeout=self.generate_timeout, metadata=self._worker_metadata)
+            try:
+                async for message in call:
+                    chunk = attempt.feed(message)
+                    if chunk is not None:
+                        yield chunk
+                result = attempt.result()
+            except (grpc.RpcError, BrokenStream) as err:
+                result = plan.failed(attempt, err)
+            finally:
+                call.cancel()
+            if result is not None:
+                yield result
+                return
+        raise plan.error()
 
     async def stats(self) -> dict[str, Any]:
         """The service's view: ``workers``, ``counters``, ``degraded``, ``service``."""

@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from client import AsyncKvmeshClient, GenerateResult, KvmeshError, RouteResult
-from client.failover import parse_addresses
+from kvmesh.channel import parse_addresses
 from kvmesh.auth import worker_access_token
 from kvmesh.retry import ReplicaRing
 from kvmesh.v1 import index_pb2
