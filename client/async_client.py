@@ -11,40 +11,29 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import aclosing
-from typing import Any, NamedTuple
+from typing import Any
 
 import grpc
 import grpc.aio
 
+from client.base import BaseClient
 from client.convert import (
     LoraSpec,
     MmSpec,
-    auth_metadata,
-    generate_request,
     route_request,
-    route_result,
     stats_dict,
-    worker_metadata,
     worker_stats_dict,
 )
 from client.errors import BrokenStream, KvmeshError
-from client.failover import Candidates, Failures, no_worker_error
+from client.failover import Failures
 from client.results import GenerateResult, RouteResult, TokenChunk
-from kvmesh.channel import Dialer, parse_addresses
-from kvmesh.retry import ReplicaRing, Source
-from kvmesh.tls import TlsFiles
-from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2, worker_pb2_grpc
+from kvmesh.retry import Source
+from kvmesh.v1 import index_pb2, worker_pb2
 
 __all__ = ["AsyncKvmeshClient", "TokenChunk"]
 
 
-class _Conn(NamedTuple):
-    channel: grpc.aio.Channel
-    index: index_pb2_grpc.IndexServiceStub
-    worker: worker_pb2_grpc.WorkerServiceStub
-
-
-class AsyncKvmeshClient:
+class AsyncKvmeshClient(BaseClient):
     """Asyncio client: ``await route(...)``, ``generate``, ``stats``, ``worker_stats``, and
     ``async for`` over ``generate_stream(...)``.
 
@@ -52,33 +41,8 @@ class AsyncKvmeshClient:
     bounds one attempt of a Generate stream on one worker.
     """
 
-    def __init__(self, addresses: str | list[str], token: str | None = None, *,
-                 timeout: float = 5.0, generate_timeout: float = 120.0,
-                 tls: TlsFiles | None = None) -> None:
-        self._ring = ReplicaRing(parse_addresses(addresses))
-        self._metadata = auth_metadata(token)
-        self._worker_metadata = worker_metadata(token)
-        self._dialer = Dialer.from_tls(tls)
-        self.timeout = timeout
-        self.generate_timeout = generate_timeout
-        self._conns: dict[str, _Conn] = {}
-        self._closed = False
-
-    @property
-    def addresses(self) -> list[str]:
-        """The service replicas, in configured order."""
-        return list(self._ring.addresses)
-
-    def _conn(self, address: str) -> _Conn:
-        if self._closed:
-            raise RuntimeError("AsyncKvmeshClient is closed")
-        conn = self._conns.get(address)
-        if conn is None:
-            channel = self._dialer.aio(address)
-            conn = _Conn(channel, index_pb2_grpc.IndexServiceStub(channel),
-                         worker_pb2_grpc.WorkerServiceStub(channel))
-            self._conns[address] = conn
-        return conn
+    def _dial(self, address: str) -> grpc.aio.Channel:
+        return self._dialer.aio(address)
 
     async def _service_call(self, method: str, request: Any) -> tuple[str, Any]:
         """Call ``IndexService.<method>``, failing over between replicas per the retry table."""
@@ -110,10 +74,7 @@ class AsyncKvmeshClient:
 
     async def _route(self, request: index_pb2.RouteRequest) -> RouteResult:
         _, response = await self._service_call("Route", request)
-        result = route_result(response)
-        if not result.candidates:
-            raise no_worker_error()
-        return result
+        return self._routed(response)
 
     async def generate(self, token_ids: Iterable[int], max_tokens: int = 16,
                        salt: str | None = None, temperature: float = 0.0,
@@ -155,9 +116,8 @@ class AsyncKvmeshClient:
         calls: chunks (when ``stream``), then the one result (``KvmeshClient._generation``
         is the blocking twin)."""
         rreq = route_request(token_ids, salt, lora, mm, policy)
-        plan = Candidates(await self._route(rreq),
-                          generate_request(rreq, max_tokens, temperature, seed, ignore_eos),
-                          stream=stream)
+        plan = self._plan(await self._route(rreq), rreq, max_tokens, temperature, seed, ignore_eos,
+                          stream)
         for attempt in plan:
             call = self._conn(attempt.cand.address).worker.Generate(
                 attempt.request, timeout=self.generate_timeout, metadata=self._worker_metadata)
@@ -193,10 +153,8 @@ class AsyncKvmeshClient:
 
     async def close(self) -> None:
         """Close every channel; further calls raise ``RuntimeError``. Idempotent."""
-        self._closed = True
-        conns, self._conns = list(self._conns.values()), {}
-        for conn in conns:
-            await conn.channel.close()
+        for channel in self._close_all():
+            await channel.close()
 
     async def __aenter__(self) -> AsyncKvmeshClient:
         return self

@@ -182,18 +182,9 @@ class ServiceLink:
             eager = ((self._recheck or self._load_key() != self._beat_key)
                      and now - last_beat >= EAGER_BEAT_S)
             if not self.registered or now >= next_beat or eager:
-                stub = self.conn.stub()
-                try:
-                    if self.registered:
-                        await self._heartbeat(stub)
-                    else:
-                        await self._register(stub)
-                except Exception as exc:  # this task must outlive any error
-                    self._failed(exc, stub)
-                    await backoff.sleep()
+                step = self._heartbeat if self.registered else self._register
+                if not await self._attempt(step, backoff):
                     continue
-                self.connected = True
-                backoff.reset()
                 last_beat = time.monotonic()
                 next_beat = last_beat + self.heartbeat_s
             wait = max(0.0, next_beat - time.monotonic())
@@ -213,17 +204,27 @@ class ServiceLink:
             if not self.registered or not (self.need_sync or self.outbox):
                 await self._kick.wait()
                 continue
-            stub = self.conn.stub()
-            try:
-                if self.need_sync:
-                    await self._sync(stub)
-                await self._publish(stub)
-            except Exception as exc:  # this task must outlive any error
-                self._failed(exc, stub)
-                await backoff.sleep()
-                continue
-            self.connected = True
-            backoff.reset()
+            await self._attempt(self._sync_and_publish, backoff)
+
+    async def _sync_and_publish(self, stub: index_pb2_grpc.IndexServiceStub) -> None:
+        if self.need_sync:
+            await self._sync(stub)
+        await self._publish(stub)
+
+    async def _attempt(self, step: Callable[[index_pb2_grpc.IndexServiceStub], Awaitable[None]],
+                       backoff: Backoff) -> bool:
+        """Run ``step`` on the current replica; on any error account for it (see
+        :meth:`_failed`) and wait out ``backoff``. True when ``step`` succeeded."""
+        stub = self.conn.stub()
+        try:
+            await step(stub)
+        except Exception as exc:  # the calling task must outlive any error
+            self._failed(exc, stub)
+            await backoff.sleep()
+            return False
+        self.connected = True
+        backoff.reset()
+        return True
 
     async def _register(self, stub: index_pb2_grpc.IndexServiceStub) -> None:
         self.register_req.load.CopyFrom(index_pb2.WorkerLoad(**self.runner.load))
