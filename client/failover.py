@@ -1,44 +1,28 @@
-"""Failover bookkeeping shared by the sync and asyncio clients (no I/O here).
+"""Failover decisions shared by the sync and asyncio clients (no I/O here).
 
 Service replicas are stateless and interchangeable: calls go to the last replica that
 answered (``kvmesh.retry.ReplicaRing``) and rotate through the others when the retry table
 (``kvmesh.retry.TABLE``) says so. Workers are tried in the service's ranking order (best
-candidate first). :class:`Failures` turns the failed attempts of one call into the error the
-caller sees, naming every attempt.
+candidate first): :class:`Candidates` is the one statement of "route, then try candidates in
+order", which both clients drive with their own I/O (a blocking loop, an ``async for``).
+:class:`Failures` turns the failed attempts of one call into the error the caller sees,
+naming every attempt.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterator
 
 import grpc
 
-from client.errors import KvmeshError
+from client.convert import StreamAssembler
+from client.errors import BrokenStream, KvmeshError
+from client.results import Candidate, GenerateResult, RouteResult, TokenChunk
+from kvmesh.channel import parse_addresses
+from kvmesh.retry import Action, Source, decide
+from kvmesh.v1 import worker_pb2
 
-# Reconnect quickly to a replica or worker that comes back, and accept large responses.
-CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-)
-
-
-def parse_addresses(addresses: str | Iterable[str]) -> list[str]:
-    """``"h1:p1,h2:p2"`` or a list of such strings -> unique, stripped ``host:port`` list.
-
-    Raises ``ValueError`` when no address is left.
-    """
-    parts = [addresses] if isinstance(addresses, str) else list(addresses)
-    out: list[str] = []
-    for part in parts:
-        for addr in str(part).split(","):
-            addr = addr.strip()
-            if addr and addr not in out:
-                out.append(addr)
-    if not out:
-        raise ValueError("no service address given (expected host:port[,host:port...])")
-    return out
+# parse_addresses lives in kvmesh.channel; still importable from here for the gateway's CLI.
+__all__ = ["Attempt", "Candidates", "Failures", "no_worker_error", "parse_addresses"]
 
 
 class Failures:
@@ -51,6 +35,17 @@ class Failures:
     def add(self, where: str, code: grpc.StatusCode, message: str) -> None:
         """Record that ``where`` failed with ``code``/``message``."""
         self.errors.append((where, code, message))
+
+    def failed(self, source: Source, where: str, err: grpc.RpcError | BrokenStream, *,
+               delivered: bool = False) -> None:
+        """Record ``err`` from ``where`` (a dropped stream counts as UNAVAILABLE) and raise
+        the error to surface when the retry table does not send it elsewhere."""
+        if isinstance(err, BrokenStream):
+            self.add(where, grpc.StatusCode.UNAVAILABLE, str(err))
+        else:
+            self.add(where, err.code(), err.details() or "")
+        if decide(source, self.last_code, delivered=delivered) is Action.SURFACE:
+            raise self.surface() from None
 
     @property
     def last_code(self) -> grpc.StatusCode | None:
@@ -86,3 +81,76 @@ def no_worker_error() -> KvmeshError:
     return KvmeshError(grpc.StatusCode.UNAVAILABLE,
                        "no live worker can take this request (the service returned no "
                        "candidates)")
+
+
+class Attempt:
+    """One ``Generate`` call on one candidate: the stream so far and what it handed on.
+
+    ``finished``: the worker's final message arrived (the request is complete, whatever the
+    transport does next). ``delivered``: a token went to a streaming consumer.
+    """
+
+    def __init__(self, cand: Candidate, number: int, request: worker_pb2.GenerateRequest,
+                 stream: bool) -> None:
+        self.cand = cand
+        self.request = request
+        self.finished = False
+        self.delivered = False
+        self._stream = stream
+        self._assembler = StreamAssembler(cand, number)
+
+    def feed(self, message: worker_pb2.GenerateResponse) -> TokenChunk | None:
+        """Add one stream message; the chunk to hand to a streaming consumer, if any
+        (none for a non-streaming call, none after the final message)."""
+        if self.finished:
+            return None
+        self.finished = self._assembler.feed(message)
+        if not (self._stream and message.token_ids):
+            return None
+        self.delivered = True
+        return TokenChunk(list(message.token_ids), self.cand.worker_id, self.cand.address)
+
+    def result(self) -> GenerateResult:
+        """The complete result; raises ``BrokenStream`` if the stream ended early."""
+        return self._assembler.result()
+
+
+class Candidates:
+    """The attempts of one routed request, in ranking order, and what each failure means.
+
+    Drive it as: ``for attempt in candidates``: call ``Generate(attempt.request)``, feed every
+    message to ``attempt``; on success return ``attempt.result()``; on a ``grpc.RpcError`` or
+    ``BrokenStream`` ask :meth:`failed`; after the loop raise :meth:`error`. Candidates
+    without an address are recorded and skipped.
+    """
+
+    def __init__(self, routed: RouteResult, request: worker_pb2.GenerateRequest, *,
+                 stream: bool) -> None:
+        self.routed = routed
+        self.request = request
+        self.stream = stream
+        self.failures = Failures("candidate worker")
+
+    def __iter__(self) -> Iterator[Attempt]:
+        for number, cand in enumerate(self.routed.candidates, 1):
+            if not cand.address:
+                self.failures.add(cand.worker_id, grpc.StatusCode.UNAVAILABLE, "no address")
+                continue
+            self.request.index_matched_tokens = cand.matched_tokens
+            yield Attempt(cand, number, self.request, self.stream)
+
+    def failed(self, attempt: Attempt, err: grpc.RpcError | BrokenStream
+               ) -> GenerateResult | None:
+        """``attempt``'s call raised ``err``. Returns its result when the final message
+        had arrived (a finished request never runs again); raises ``KvmeshError`` when the
+        table surfaces the failure or a streaming consumer already got tokens; ``None``:
+        try the next candidate."""
+        if attempt.finished:
+            return attempt.result()
+        self.failures.failed(Source.WORKER, attempt.cand.address, err,
+                             delivered=attempt.delivered)
+        return None
+
+    def error(self) -> KvmeshError:
+        """Every candidate failed (or there was none to try)."""
+        return self.failures.error()

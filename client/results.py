@@ -2,11 +2,12 @@
 
 ``RouteResult`` is the service's routing decision (best candidate first, plus the ranked
 alternatives a caller can fail over to); ``GenerateResult`` is a whole completed generation,
-never a partial one.
+never a partial one; ``TokenChunk`` is what ``generate_stream`` hands on as tokens arrive.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -57,3 +58,11 @@ class GenerateResult:
     e2e_s: float = 0.0
     matched_tokens: int = 0
     attempts: int = 1
+
+
+class TokenChunk(NamedTuple):
+    """Tokens streamed by ``generate_stream`` and the worker producing them."""
+
+    token_ids: list[int]
+    worker_id: str
+    address: str

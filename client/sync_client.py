@@ -9,7 +9,8 @@ Contract:
   with a code the table retries (worker down, past the deadline, out of room, a failed
   engine step ...) or the stream drops, the whole request restarts on the next candidate.
   A result is returned only when a worker finished the request, never a partial one, and a
-  finished request is never run again.
+  finished request is never run again. ``generate_stream`` yields the tokens as they come
+  and fails over the same way, but only before its first token (``kvmesh.retry``).
 * ``token`` (the router token) is sent as ``authorization: Bearer <token>`` on service calls
   only; workers get ``kvmesh.auth.worker_access_token(token)`` instead, so a worker (or a
   fake one whose address reached the index) never learns a token that can Route.
@@ -25,77 +26,37 @@ created once and shared.
 """
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterable
-from typing import Any, NamedTuple
+from collections.abc import Iterable, Iterator
+from contextlib import closing
+from typing import Any
 
 import grpc
 
+from client.base import BaseClient
 from client.convert import (
     LoraSpec,
     MmSpec,
-    StreamAssembler,
-    auth_metadata,
-    generate_request,
     route_request,
-    route_result,
     stats_dict,
-    worker_metadata,
     worker_stats_dict,
 )
 from client.errors import BrokenStream, KvmeshError
-from client.failover import CHANNEL_OPTIONS, Failures, no_worker_error, parse_addresses
-from client.results import GenerateResult, RouteResult
-from kvmesh.retry import ReplicaRing, Source, retried
-from kvmesh.tls import TlsFiles
-from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2, worker_pb2_grpc
+from client.failover import Failures
+from client.results import GenerateResult, RouteResult, TokenChunk
+from kvmesh.retry import Source
+from kvmesh.v1 import index_pb2, worker_pb2
 
 
-class _Conn(NamedTuple):
-    channel: grpc.Channel
-    index: index_pb2_grpc.IndexServiceStub
-    worker: worker_pb2_grpc.WorkerServiceStub
-
-
-class KvmeshClient:
-    """Blocking client: ``route``, ``generate``, ``stats``, ``worker_stats``.
+class KvmeshClient(BaseClient):
+    """Blocking client: ``route``, ``generate``, ``generate_stream``, ``stats``,
+    ``worker_stats`` (the same methods and signatures as ``AsyncKvmeshClient``).
 
     ``timeout`` bounds each service call and ``worker_stats`` (seconds); ``generate_timeout``
     bounds one attempt of a Generate stream on one worker.
     """
 
-    def __init__(self, addresses: str | list[str], token: str | None = None, *,
-                 timeout: float = 5.0, generate_timeout: float = 120.0,
-                 tls: TlsFiles | None = None) -> None:
-        self._ring = ReplicaRing(parse_addresses(addresses))
-        self._metadata = auth_metadata(token)
-        self._worker_metadata = worker_metadata(token)
-        self._credentials = tls.channel_credentials() if tls is not None else None
-        self._options = CHANNEL_OPTIONS + (tls.channel_options() if tls is not None else ())
-        self.timeout = timeout
-        self.generate_timeout = generate_timeout
-        self._conns: dict[str, _Conn] = {}
-        self._lock = threading.Lock()
-        self._closed = False
-
-    @property
-    def addresses(self) -> list[str]:
-        """The service replicas, in configured order."""
-        return list(self._ring.addresses)
-
-    def _conn(self, address: str) -> _Conn:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("KvmeshClient is closed")
-            conn = self._conns.get(address)
-            if conn is None:
-                channel = (grpc.secure_channel(address, self._credentials, options=self._options)
-                           if self._credentials is not None
-                           else grpc.insecure_channel(address, options=self._options))
-                conn = _Conn(channel, index_pb2_grpc.IndexServiceStub(channel),
-                             worker_pb2_grpc.WorkerServiceStub(channel))
-                self._conns[address] = conn
-            return conn
+    def _dial(self, address: str) -> grpc.Channel:
+        return self._dialer.sync(address)
 
     def _service_call(self, method: str, request: Any) -> tuple[str, Any]:
         """Call ``IndexService.<method>``, failing over between replicas per the retry table."""
@@ -105,18 +66,15 @@ class KvmeshClient:
             try:
                 response = rpc(request, timeout=self.timeout, metadata=self._metadata)
             except grpc.RpcError as err:
-                failures.add(address, err.code(), err.details() or "")
-                if not retried(Source.SERVICE, err.code()):
-                    raise failures.surface() from None
+                failures.failed(Source.SERVICE, address, err)
                 continue
             self._ring.mark_good(address)
             return address, response
         raise failures.error()
 
-    def route(self, token_ids: Iterable[int], salt: str | None = None, lora: LoraSpec = None,
-              mm: Iterable[MmSpec] = (), policy: str | None = None,
-              max_candidates: int = 0,
-              dry_run: bool = False) -> RouteResult:
+    def route(self, token_ids: Iterable[int], salt: str | None = None, *,
+              lora: LoraSpec = None, mm: Iterable[MmSpec] = (), policy: str | None = None,
+              max_candidates: int = 0, dry_run: bool = False) -> RouteResult:
         """Ask the service which worker should serve this prompt (best candidate first).
 
         Raises ``KvmeshError(UNAVAILABLE)`` when no worker can take it. ``dry_run`` asks the
@@ -129,10 +87,7 @@ class KvmeshClient:
 
     def _route(self, request: index_pb2.RouteRequest) -> RouteResult:
         _, response = self._service_call("Route", request)
-        result = route_result(response)
-        if not result.candidates:
-            raise no_worker_error()
-        return result
+        return self._routed(response)
 
     def generate(self, token_ids: Iterable[int], max_tokens: int = 16, salt: str | None = None,
                  temperature: float = 0.0, seed: int | None = None, *, lora: LoraSpec = None,
@@ -145,35 +100,54 @@ class KvmeshClient:
         Returns only a finished generation; raises ``KvmeshError`` when every candidate failed
         (code of the last failure) or on an error the table surfaces.
         """
+        with closing(self._generation(token_ids, max_tokens, salt, temperature, seed, lora,
+                                      mm, policy, ignore_eos, stream=False)) as run:
+            result = next(run)
+        assert isinstance(result, GenerateResult)
+        return result
+
+    def generate_stream(self, token_ids: Iterable[int], max_tokens: int = 16,
+                        salt: str | None = None, temperature: float = 0.0,
+                        seed: int | None = None, *, lora: LoraSpec = None,
+                        mm: Iterable[MmSpec] = (), policy: str | None = None,
+                        ignore_eos: bool = False) -> Iterator[TokenChunk | GenerateResult]:
+        """Route, then stream the generation: ``TokenChunk``s as the worker produces them,
+        then exactly one ``GenerateResult`` (all tokens and the worker's facts) last.
+
+        Fails over to the next candidate (as the retry table says) only while nothing was
+        yielded yet; once tokens went out, any failure raises ``KvmeshError`` (a dropped
+        stream as UNAVAILABLE). Closing the iterator early (``close()``) cancels the
+        worker's request.
+        """
+        return self._generation(token_ids, max_tokens, salt, temperature, seed, lora, mm,
+                                policy, ignore_eos, stream=True)
+
+    def _generation(self, token_ids: Iterable[int], max_tokens: int, salt: str | None,
+                    temperature: float, seed: int | None, lora: LoraSpec,
+                    mm: Iterable[MmSpec], policy: str | None, ignore_eos: bool, *,
+                    stream: bool) -> Iterator[TokenChunk | GenerateResult]:
+        """Route once, then drive :class:`client.failover.Candidates` over blocking calls:
+        chunks (when ``stream``), then the one result."""
         rreq = route_request(token_ids, salt, lora, mm, policy)
-        routed = self._route(rreq)
-        greq = generate_request(rreq, max_tokens, temperature, seed, ignore_eos)
-        failures = Failures("candidate worker")
-        for attempt, cand in enumerate(routed.candidates, 1):
-            if not cand.address:
-                failures.add(cand.worker_id, grpc.StatusCode.UNAVAILABLE, "no address")
-                continue
-            assembler = StreamAssembler(cand, attempt)
-            greq.index_matched_tokens = cand.matched_tokens
-            call = self._conn(cand.address).worker.Generate(
-                greq, timeout=self.generate_timeout, metadata=self._worker_metadata)
+        plan = self._plan(self._route(rreq), rreq, max_tokens, temperature, seed, ignore_eos,
+                          stream)
+        for attempt in plan:
+            call = self._conn(attempt.cand.address).worker.Generate(
+                attempt.request, timeout=self.generate_timeout, metadata=self._worker_metadata)
             try:
                 for message in call:
-                    assembler.feed(message)
-                return assembler.result()
-            except grpc.RpcError as err:
-                try:  # the final message arrived before the transport failed: it is complete
-                    return assembler.result()
-                except BrokenStream:
-                    pass
-                failures.add(cand.address, err.code(), err.details() or "")
-            except BrokenStream as exc:
-                failures.add(cand.address, grpc.StatusCode.UNAVAILABLE, str(exc))
+                    chunk = attempt.feed(message)
+                    if chunk is not None:
+                        yield chunk
+                result = attempt.result()
+            except (grpc.RpcError, BrokenStream) as err:
+                result = plan.failed(attempt, err)
             finally:
                 call.cancel()
-            if not retried(Source.WORKER, failures.last_code):
-                raise failures.surface()
-        raise failures.error()
+            if result is not None:
+                yield result
+                return
+        raise plan.error()
 
     def stats(self) -> dict[str, Any]:
         """The service's view: ``workers`` (``worker_id``, ``address``, ``alive``, load fields,
@@ -193,11 +167,8 @@ class KvmeshClient:
 
     def close(self) -> None:
         """Close every channel; further calls raise ``RuntimeError``. Idempotent."""
-        with self._lock:
-            self._closed = True
-            conns, self._conns = list(self._conns.values()), {}
-        for conn in conns:
-            conn.channel.close()
+        for channel in self._close_all():
+            channel.close()
 
     def __enter__(self) -> KvmeshClient:
         return self

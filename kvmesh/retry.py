@@ -6,8 +6,10 @@ A router-side call fails at one of two places (:class:`Source`): a *service repl
 what the caller then does (:class:`Action`): ask the next replica, restart the request on the
 next candidate worker, or surface the error. It covers every non-OK status code;
 ``docs/reliability.md`` shows it and a test keeps the two equal. The sync client, the async
-client, the gateway (through the async client) and the Ray Serve router all decide with
-:func:`decide` (or :func:`retried`); :class:`ReplicaRing` is the rotation order over replicas.
+client, the gateway (through the async client), the Ray Serve router and the worker's link to
+the service all decide with :func:`decide` (or :func:`retried`); :class:`ReplicaRing` is the
+rotation order over replicas and :class:`Backoff` the wait between rounds of a caller that
+keeps trying (the worker's link). Channels are built by ``kvmesh.channel``.
 
 Two rules stand above the table (no status code overrides them):
 
@@ -22,6 +24,8 @@ client's cancel and deadline to the worker, which aborts the abandoned attempt.
 """
 from __future__ import annotations
 
+import asyncio
+import random
 from enum import Enum
 from typing import NamedTuple
 
@@ -113,11 +117,20 @@ def retried(source: Source, code: grpc.StatusCode | None) -> bool:
 
 
 class ReplicaRing:
-    """Rotation order over service replicas that starts at the last one that answered."""
+    """Rotation order over service replicas that starts at the last one that answered.
+
+    Invariant: :attr:`current` is always one of ``addresses`` (which is never empty)."""
 
     def __init__(self, addresses: list[str]) -> None:
+        if not addresses:
+            raise ValueError("at least one service address is needed")
         self.addresses = list(addresses)
         self._preferred = 0
+
+    @property
+    def current(self) -> str:
+        """The replica asked first: the last one that answered."""
+        return self.addresses[self._preferred]
 
     def order(self) -> list[str]:
         """All replicas, the last good one first, then the rest in configured order."""
@@ -127,3 +140,46 @@ class ReplicaRing:
     def mark_good(self, address: str) -> None:
         """Remember ``address`` as the replica to ask first next time."""
         self._preferred = self.addresses.index(address)
+
+    def mark_failed(self, address: str) -> None:
+        """``address`` failed in a way the table retries: when it is :attr:`current`, the
+        next replica in configured order becomes current (a stale report changes nothing)."""
+        if self.current == address:
+            self._preferred = (self._preferred + 1) % len(self.addresses)
+
+
+class Backoff:
+    """Exponential backoff with full jitter, for a caller that keeps retrying.
+
+    The n-th wait since the last :meth:`reset` (n = 0, 1, ...) is drawn uniformly from
+    ``[0, min(cap, base * factor**n)]``: the ceiling doubles (by default) up to ``cap``, and
+    the jitter spreads the retries of many workers that lost the same service, so they do
+    not return in lockstep. ``rand`` makes it deterministic in tests (``random.Random(seed)``).
+    """
+
+    def __init__(self, base: float = 0.1, cap: float = 2.0, factor: float = 2.0,
+                 rand: random.Random | None = None) -> None:
+        if not 0 < base <= cap or factor < 1:
+            raise ValueError("need 0 < base <= cap and factor >= 1")
+        self.base, self.cap, self.factor = base, cap, factor
+        self._rand = rand or random.Random()
+        self._ceiling = base
+
+    @property
+    def ceiling(self) -> float:
+        """The upper bound of the next wait."""
+        return self._ceiling
+
+    def next(self) -> float:
+        """The next wait in seconds; raises the ceiling for the one after."""
+        wait = self._rand.uniform(0.0, self._ceiling)
+        self._ceiling = min(self.cap, self._ceiling * self.factor)
+        return wait
+
+    def reset(self) -> None:
+        """A call succeeded: the next wait starts from ``base`` again."""
+        self._ceiling = self.base
+
+    async def sleep(self) -> None:
+        """Wait :meth:`next` seconds."""
+        await asyncio.sleep(self.next())

@@ -73,3 +73,30 @@ class Outbox:
             out.append(ev)
             hashes += n
         return out
+
+
+class BatchLimits:
+    """How much one ``PublishEvents`` batch may carry.
+
+    Starts at the configured limits (kept below the service's ``--max-batch-events`` /
+    ``--max-batch-hashes`` defaults). A service configured lower refuses a batch as too
+    large (RESOURCE_EXHAUSTED): :meth:`halve` learns a smaller limit from it, and
+    :meth:`reset` (on every registration: maybe another service) starts over.
+    """
+
+    def __init__(self, max_events: int, max_hashes: int) -> None:
+        if max_events < 1 or max_hashes < 1:
+            raise ValueError("batch_max and batch_max_hashes must be >= 1")
+        self.configured = (max_events, max_hashes)
+        self.events, self.hashes = self.configured
+
+    def reset(self) -> None:
+        self.events, self.hashes = self.configured
+
+    def halve(self, batch: list[KVEvent]) -> bool:
+        """Limits below ``batch``'s size; False when ``batch`` is one event (indivisible)."""
+        if len(batch) <= 1:
+            return False
+        self.events = max(1, len(batch) // 2)
+        self.hashes = max(1, sum(len(getattr(e, "block_hashes", ())) for e in batch) // 2)
+        return True

@@ -7,8 +7,10 @@ restarted service, an emptied Redis) the worker sends a full snapshot and contin
 the events after it: the snapshot reflects every event up to ``snapshot.seq``, so those are
 dropped and nothing is applied twice or missed.
 
-Service replicas are interchangeable (all state is in Redis): on UNAVAILABLE the link moves
-to the next address and carries on.
+Service replicas are interchangeable (all state is in Redis): when a call fails in a way
+the retry table (``kvmesh.retry.TABLE``) retries on another replica, the link moves to the
+next address (:mod:`worker.service_conn`) and carries on after a jittered backoff
+(``kvmesh.retry.Backoff``).
 
 Nothing grows without bound: events wait in a bounded :class:`~worker.outbox.Outbox` (and
 the pool bounds its unread ones); whatever a bound drops is replaced by a snapshot.
@@ -27,52 +29,21 @@ from typing import TypeVar
 
 import grpc
 
+from kvmesh.retry import Action, Backoff, Source, decide
 from kvmesh.v1 import index_pb2, index_pb2_grpc
 from worker.async_engine import AsyncEngine
 from worker.engine import Engine
-from worker.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from worker.outbox import MAX_BLOCKS, Outbox
+from worker.kv_cache import KVEvent
+from worker.link_messages import TIERS, event_to_proto, snapshot_chains
+from worker.outbox import MAX_BLOCKS, BatchLimits, Outbox
+from worker.service_conn import ServiceConn
 
 log = logging.getLogger("kvmesh.worker.link")
 
-TIERS = {"gpu": index_pb2.TIER_GPU, "cpu": index_pb2.TIER_CPU}
-# CANCELLED: the other task moved to the next address and closed the channel under us.
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-             grpc.StatusCode.CANCELLED)
 # A publish refused for what it carries: sending it again can never succeed.
 REFUSED = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT)
 T = TypeVar("T")
 EAGER_BEAT_S = 0.1
-
-
-def event_to_proto(ev: KVEvent) -> index_pb2.KvEvent:
-    if isinstance(ev, BlockStored):
-        return index_pb2.KvEvent(seq=ev.seq, stored=index_pb2.BlockStored(
-            block_hashes=ev.block_hashes, parent_hash=ev.parent_hash or b"",
-            tier=TIERS[ev.tier]))
-    if isinstance(ev, BlockRemoved):
-        return index_pb2.KvEvent(seq=ev.seq, removed=index_pb2.BlockRemoved(
-            block_hashes=ev.block_hashes, tier=TIERS[ev.tier]))
-    assert isinstance(ev, AllBlocksCleared)
-    return index_pb2.KvEvent(seq=ev.seq, cleared=index_pb2.AllBlocksCleared())
-
-
-def snapshot_chains(hashes: list[bytes], parents: list[bytes | None],
-                    tier: int) -> list[index_pb2.BlockStored]:
-    """Group a snapshot's (hash, parent) pairs into runs of consecutive chain blocks."""
-    out: list[index_pb2.BlockStored] = []
-    run: list[bytes] = []
-    for h, parent in zip(hashes, parents, strict=True):
-        if run and parent == run[-1]:
-            run.append(h)
-            continue
-        if run:
-            out[-1].block_hashes.extend(run)
-        out.append(index_pb2.BlockStored(parent_hash=parent or b"", tier=tier))
-        run = [h]
-    if run:
-        out[-1].block_hashes.extend(run)
-    return out
 
 
 class ServiceLink:
@@ -93,11 +64,8 @@ class ServiceLink:
                  batch_max_hashes: int = 8192, max_pending_blocks: int = MAX_BLOCKS,
                  rpc_timeout_s: float = 3.0,
                  credentials: grpc.ChannelCredentials | None = None) -> None:
-        if not addresses:
-            raise ValueError("at least one service address is needed")
-        if batch_max < 1 or batch_max_hashes < 1:
-            raise ValueError("batch_max and batch_max_hashes must be >= 1")
-        self.addresses = addresses
+        self.limits = BatchLimits(batch_max, batch_max_hashes)  # raises for limits < 1
+        self.conn = ServiceConn(addresses, credentials, close_grace_s=rpc_timeout_s)
         self.runner = runner
         engine = runner.engine
         # A random epoch of this process: the index refuses what an earlier process under
@@ -109,22 +77,13 @@ class ServiceLink:
         self.worker_id = worker_id
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.heartbeat_s = heartbeat_s
-        self.batch_max = batch_max
-        self.batch_max_hashes = batch_max_hashes
         self.timeout = rpc_timeout_s
-        self.credentials = credentials
         self.outbox = Outbox(max_pending_blocks)
         self.last_seq = 0  # last event seq the service has applied (or a snapshot covered)
         self.registered = False
         self.need_sync = True
         self.connected = False  # the last call reached a service
         self.counters = collections.Counter()
-        self._max_events = batch_max   # learned from refusals: see _refused
-        self._max_hashes = batch_max_hashes
-        self._idx = 0
-        self._closing: set[asyncio.Task] = set()  # old channels being closed
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: index_pb2_grpc.IndexServiceStub | None = None
         self._kick = asyncio.Event()       # wakes the event task
         self._beat_kick = asyncio.Event()  # wakes the beat task
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -182,26 +141,7 @@ class ServiceLink:
         self.outbox.clear()
         self.need_sync = True
 
-    def _connect(self) -> index_pb2_grpc.IndexServiceStub:
-        if self._stub is None:
-            target = self.addresses[self._idx % len(self.addresses)]
-            self._channel = (grpc.aio.secure_channel(target, self.credentials)
-                             if self.credentials else grpc.aio.insecure_channel(target))
-            self._stub = index_pb2_grpc.IndexServiceStub(self._channel)
-        return self._stub
-
-    async def _next_service(self, failed: index_pb2_grpc.IndexServiceStub) -> None:
-        """Move on to the next address, unless the other task already left ``failed``."""
-        if self._stub is not failed:
-            return
-        channel, self._channel, self._stub = self._channel, None, None
-        self._idx += 1
-        if channel is not None:  # in the background: the other task may have a call on it
-            task = asyncio.create_task(channel.close(grace=self.timeout))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
-
-    async def _failed(self, err: Exception, stub: index_pb2_grpc.IndexServiceStub) -> None:
+    def _failed(self, err: Exception, stub: index_pb2_grpc.IndexServiceStub) -> None:
         """Account for a failed call on ``stub``; the caller backs off and retries."""
         self.connected = False
         if isinstance(err, grpc.aio.UsageError):
@@ -211,8 +151,9 @@ class ServiceLink:
             self.counters["error_unexpected"] += 1
             return
         self.counters[f"error_{err.code().name.lower()}"] += 1
-        if err.code() in RETRYABLE:
-            await self._next_service(stub)
+        if decide(Source.SERVICE, err.code()) is Action.NEXT_REPLICA:
+            # CANCELLED too: the other task moved on and closed the channel under us
+            self.conn.next_replica(stub)
         elif err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
             log.warning("service refused %r: %r", self.worker_id, err.details())
             self.registered = False
@@ -234,26 +175,16 @@ class ServiceLink:
     async def _beats(self) -> None:
         """Register when needed and heartbeat every ``heartbeat_s`` (early on a load
         change); nothing here waits on events."""
-        backoff = 0.1
+        backoff = Backoff()
         next_beat = last_beat = 0.0
         while not self._closed:
             now = time.monotonic()
             eager = ((self._recheck or self._load_key() != self._beat_key)
                      and now - last_beat >= EAGER_BEAT_S)
             if not self.registered or now >= next_beat or eager:
-                stub = self._connect()
-                try:
-                    if self.registered:
-                        await self._heartbeat(stub)
-                    else:
-                        await self._register(stub)
-                except Exception as exc:  # this task must outlive any error
-                    await self._failed(exc, stub)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 2.0)
+                step = self._heartbeat if self.registered else self._register
+                if not await self._attempt(step, backoff):
                     continue
-                self.connected = True
-                backoff = 0.1
                 last_beat = time.monotonic()
                 next_beat = last_beat + self.heartbeat_s
             wait = max(0.0, next_beat - time.monotonic())
@@ -267,24 +198,33 @@ class ServiceLink:
 
     async def _events(self) -> None:
         """Resync when needed and publish the outbox, once registered."""
-        backoff = 0.1
+        backoff = Backoff()
         while not self._closed:
             self._kick.clear()
             if not self.registered or not (self.need_sync or self.outbox):
                 await self._kick.wait()
                 continue
-            stub = self._connect()
-            try:
-                if self.need_sync:
-                    await self._sync(stub)
-                await self._publish(stub)
-            except Exception as exc:  # this task must outlive any error
-                await self._failed(exc, stub)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
-            self.connected = True
-            backoff = 0.1
+            await self._attempt(self._sync_and_publish, backoff)
+
+    async def _sync_and_publish(self, stub: index_pb2_grpc.IndexServiceStub) -> None:
+        if self.need_sync:
+            await self._sync(stub)
+        await self._publish(stub)
+
+    async def _attempt(self, step: Callable[[index_pb2_grpc.IndexServiceStub], Awaitable[None]],
+                       backoff: Backoff) -> bool:
+        """Run ``step`` on the current replica; on any error account for it (see
+        :meth:`_failed`) and wait out ``backoff``. True when ``step`` succeeded."""
+        stub = self.conn.stub()
+        try:
+            await step(stub)
+        except Exception as exc:  # the calling task must outlive any error
+            self._failed(exc, stub)
+            await backoff.sleep()
+            return False
+        self.connected = True
+        backoff.reset()
+        return True
 
     async def _register(self, stub: index_pb2_grpc.IndexServiceStub) -> None:
         self.register_req.load.CopyFrom(index_pb2.WorkerLoad(**self.runner.load))
@@ -292,7 +232,7 @@ class ServiceLink:
                                          metadata=self.metadata)
         if resp.heartbeat_interval_ms:
             self.heartbeat_s = resp.heartbeat_interval_ms / 1000
-        self._max_events, self._max_hashes = self.batch_max, self.batch_max_hashes
+        self.limits.reset()
         self.registered = True
         self.need_sync = True  # a snapshot after every registration: never trust old state
         self.counters["registrations"] += 1
@@ -326,7 +266,7 @@ class ServiceLink:
 
     async def _publish(self, stub: index_pb2_grpc.IndexServiceStub) -> None:
         while self.outbox and not self.need_sync and self.registered:
-            batch = self.outbox.batch(self._max_events, self._max_hashes)
+            batch = self.outbox.batch(self.limits.events, self.limits.hashes)
             if self.drop_next_batch:  # lost in transit: the service must notice the gap
                 self.drop_next_batch = False
                 self.outbox.drop_through(batch[-1].seq)
@@ -354,12 +294,9 @@ class ServiceLink:
         (it refuses batches over its ``--max-batch-events`` / ``--max-batch-hashes``),
         else give its events up for a snapshot."""
         self.counters["refused"] += 1
-        if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and len(batch) > 1:
-            hashes = sum(len(getattr(e, "block_hashes", ())) for e in batch)
-            self._max_events = max(1, len(batch) // 2)
-            self._max_hashes = max(1, hashes // 2)
+        if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and self.limits.halve(batch):
             log.info("service refused %d events (%r); batches now at most %d events",
-                     len(batch), err.details(), self._max_events)
+                     len(batch), err.details(), self.limits.events)
             return
         log.warning("service refused event %d of %r (%s %r): resyncing with a snapshot",
                     batch[0].seq, self.worker_id, err.code().name, err.details())
@@ -391,5 +328,4 @@ class ServiceLink:
         self._closed = True
         self._kick.set()
         self._beat_kick.set()
-        if self._channel is not None:
-            await self._channel.close()
+        await self.conn.close()

@@ -23,8 +23,9 @@ Contract:
   the service cannot be reached within ``index_timeout_s`` (then the index is skipped for
   ``retry_after_s``), when its answer is ``degraded`` (Redis down: no prefix knowledge) or
   when it names none of the live replicas. The replicas share ``index_timeout_s`` (each call
-  gets its share), so the client's replica failover (``kvmesh.retry.TABLE``) can leave a hung
-  replica for the next one in time. A code the table surfaces (the request's own fault,
+  gets its share), so the client's replica failover (``kvmesh.retry.TABLE``, the same
+  rotation and channels as every kvmesh client) can leave a hung replica for the next one
+  in time. A code the table surfaces (the request's own fault,
   e.g. INVALID_ARGUMENT) falls back for that request only and does not skip the index.
 - ``counters`` counts ``index`` and ``fallback_*`` decisions (for logs and tests).
 - TLS to the service: ``tls_ca`` (verify the service; TLS exactly when given), plus
@@ -54,6 +55,7 @@ from ray.serve._private.request_router.request_router import (
 
 from client.errors import KvmeshError
 from deploy.ray.request import request_field
+from kvmesh.channel import parse_addresses
 from kvmesh.retry import Source, retried
 from kvmesh.tls import TlsFiles
 
@@ -95,9 +97,8 @@ class KvmeshRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             self._tls = TlsFiles(cert=tls_cert, key=tls_key, ca=tls_ca,
                                  server_name=tls_server_name)
             self._tls.channel_credentials()  # unreadable files or no CA: fail now, loudly
-        if isinstance(service_addresses, str):
-            service_addresses = [a for a in service_addresses.split(",") if a]
-        self._addresses = list(service_addresses)
+        # no address at all: power-of-two choices (see the module docstring)
+        self._addresses = parse_addresses(service_addresses) if service_addresses else []
         self._token = token
         self._timeout = index_timeout_s
         self._retry_after = retry_after_s

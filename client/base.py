@@ -1,0 +1,89 @@
+"""What the blocking and the asyncio client share: settings, one connection per address,
+and turning a call's arguments into requests (no I/O here).
+
+Each client adds only its I/O: how a channel is dialled (:meth:`BaseClient._dial`, sync or
+``grpc.aio``) and the loops that drive ``kvmesh.retry`` (replicas) and
+``client.failover.Candidates`` (workers). Invariant: at most one channel per address, made
+on first use and shared by service and worker stubs; none after :meth:`BaseClient._close_all`.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, NamedTuple
+
+from client.convert import auth_metadata, generate_request, route_result, worker_metadata
+from client.failover import Candidates, no_worker_error
+from client.results import RouteResult
+from kvmesh.channel import Dialer, parse_addresses
+from kvmesh.retry import ReplicaRing
+from kvmesh.tls import TlsFiles
+from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2_grpc
+
+
+class Conn(NamedTuple):
+    """One address's channel (``grpc.Channel`` or ``grpc.aio.Channel``) and its stubs."""
+
+    channel: Any
+    index: index_pb2_grpc.IndexServiceStub
+    worker: worker_pb2_grpc.WorkerServiceStub
+
+
+class BaseClient:
+    """Settings and connections of a client (see ``KvmeshClient`` for the contract)."""
+
+    def __init__(self, addresses: str | list[str], token: str | None = None, *,
+                 timeout: float = 5.0, generate_timeout: float = 120.0,
+                 tls: TlsFiles | None = None) -> None:
+        self._ring = ReplicaRing(parse_addresses(addresses))
+        self._metadata = auth_metadata(token)
+        self._worker_metadata = worker_metadata(token)
+        self._dialer = Dialer.from_tls(tls)
+        self.timeout = timeout
+        self.generate_timeout = generate_timeout
+        self._conns: dict[str, Conn] = {}
+        self._lock = threading.Lock()  # the blocking client is shared between threads
+        self._closed = False
+
+    @property
+    def addresses(self) -> list[str]:
+        """The service replicas, in configured order."""
+        return list(self._ring.addresses)
+
+    def _dial(self, address: str) -> Any:
+        raise NotImplementedError
+
+    def _conn(self, address: str) -> Conn:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{type(self).__name__} is closed")
+            conn = self._conns.get(address)
+            if conn is None:
+                channel = self._dial(address)
+                conn = Conn(channel, index_pb2_grpc.IndexServiceStub(channel),
+                            worker_pb2_grpc.WorkerServiceStub(channel))
+                self._conns[address] = conn
+            return conn
+
+    def _close_all(self) -> list[Any]:
+        """Mark the client closed; the channels the caller must now close."""
+        with self._lock:
+            self._closed = True
+            conns, self._conns = list(self._conns.values()), {}
+        return [conn.channel for conn in conns]
+
+    @staticmethod
+    def _routed(response: index_pb2.RouteResponse) -> RouteResult:
+        """A Route answer as a result; raises ``KvmeshError(UNAVAILABLE)`` without any
+        candidate."""
+        result = route_result(response)
+        if not result.candidates:
+            raise no_worker_error()
+        return result
+
+    @staticmethod
+    def _plan(routed: RouteResult, rreq: index_pb2.RouteRequest, max_tokens: int,
+              temperature: float, seed: int | None, ignore_eos: bool,
+              stream: bool) -> Candidates:
+        """The candidate loop of one generation, routed as ``rreq`` was."""
+        return Candidates(routed, generate_request(rreq, max_tokens, temperature, seed,
+                                                   ignore_eos), stream=stream)
