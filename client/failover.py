@@ -17,12 +17,10 @@ import grpc
 from client.convert import StreamAssembler
 from client.errors import BrokenStream, KvmeshError
 from client.results import Candidate, GenerateResult, RouteResult, TokenChunk
-from kvmesh.channel import parse_addresses
 from kvmesh.retry import Action, Source, decide
 from kvmesh.v1 import worker_pb2
 
-# parse_addresses lives in kvmesh.channel; still importable from here for the gateway's CLI.
-__all__ = ["Attempt", "Candidates", "Failures", "no_worker_error", "parse_addresses"]
+__all__ = ["Attempt", "Candidates", "Failures", "no_worker_error"]
 
 
 class Failures:

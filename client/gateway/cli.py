@@ -58,10 +58,10 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
     ``GatewayConfig`` limits by field name. Raises ``ValueError`` (or ``OSError``) with a
     readable message for bad flags.
     """
-    from client.failover import parse_addresses
     from client.gateway.app import GatewayConfig
     from client.gateway.tenants import Tenancy
     from client.gateway.tokenizer import load_tokenizer
+    from kvmesh.channel import parse_addresses
 
     addresses = parse_addresses(service)
     if tls is not None:
