@@ -4,8 +4,8 @@ from __future__ import annotations
 import typer
 from typer.testing import CliRunner
 
+from bench.demo import register
 from bench.workload import WorkloadSpec, build
-from deploy.cli import register
 
 
 def test_workload_is_seeded_and_sized():

@@ -15,6 +15,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
+import typer
+
 from bench.workload import Session, WorkloadSpec, build
 
 
@@ -162,3 +164,33 @@ def verdict(results: list[PolicyResult]) -> str:
             f"{k.mean_ttft / rr.mean_ttft:.2f}x ({k.mean_ttft * 1e3:.0f} vs "
             f"{rr.mean_ttft * 1e3:.0f} ms), throughput "
             f"{k.tokens_per_s / rr.tokens_per_s:.2f}x")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``demo`` to the top-level ``kvmesh`` group."""
+
+    @app.command("demo")
+    def demo(
+        requests: int = typer.Option(120, help="requests in the workload"),
+        workers: int = typer.Option(3, help="worker processes per cluster"),
+        model: str = typer.Option("tiny", help="'tiny' or a Hugging Face model directory"),
+        policies: str = typer.Option("kvmesh,round_robin",
+                                     help="comma-separated; each runs on a fresh cluster"),
+        rate: float = typer.Option(6.0, help="session arrivals per second"),
+        num_blocks: int = typer.Option(256, help="KV blocks per worker (cache pressure)"),
+        plot: str = typer.Option("kvmesh-demo.png", help="PNG comparing the policies"),
+        seed: int = typer.Option(0, help="workload seed"),
+    ) -> None:
+        """Replay a multi-tenant prefix-sharing workload under each policy and compare."""
+        from rich.console import Console
+
+        console = Console()
+        names = [p.strip() for p in policies.split(",") if p.strip()]
+        try:
+            results = run_demo(names, WorkloadSpec(requests=requests, rate_per_s=rate,
+                                                   seed=seed),
+                               workers, model, num_blocks, plot or None, console)
+        except Exception as exc:  # the cluster failed: say so and exit non-zero
+            console.print(f"[red]demo failed:[/red] {exc}")
+            raise typer.Exit(1) from None
+        console.print(verdict(results))
