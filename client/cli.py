@@ -40,7 +40,7 @@ class _LazyGroup(TyperGroup):
     verbs: dict[str, str] = {}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        present = [n for n, m in self.verbs.items() if importlib.util.find_spec(m) is not None]
+        present = [n for n, m in self.verbs.items() if _installed(m)]
         return present + [n for n in super().list_commands(ctx) if n not in self.verbs]
 
     def get_command(self, ctx: click.Context | None, cmd_name: str) -> click.Command | None:
@@ -51,6 +51,13 @@ class _LazyGroup(TyperGroup):
             for name, cmd in typer.main.get_group(scratch).commands.items():
                 self.commands.setdefault(name, cmd)
         return super().get_command(ctx, cmd_name)  # type: ignore[arg-type]
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is not installed either
+        return False
 
 
 def _lazy(verbs: dict[str, str]) -> type[TyperGroup]:

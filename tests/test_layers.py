@@ -82,3 +82,14 @@ def test_the_reader_sees_lazy_and_relative_imports() -> None:
     tree = ast.parse("import os\nfrom . import x\ndef f():\n    from bench.e2e import run\n")
     assert _imports(tree, "client") == [(1, "os", False), (2, "client", False),
                                         (4, "bench", True)]
+
+
+def test_the_cli_aggregator_imports_no_verb_until_it_runs() -> None:
+    import subprocess
+    import sys
+
+    probe = ("import sys, client.cli; print(sorted({m.split('.')[0] for m in sys.modules}"
+             " & {'worker', 'service', 'deploy', 'bench'}))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "[]"
