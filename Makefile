@@ -28,7 +28,7 @@ lint: install
 	$(BIN)/ruff check .
 
 proto: install
-	$(BIN)/python -m kvmesh.protogen
+	$(BIN)/python -m tools.protogen
 
 clean:
 	rm -rf $(VENV) build *.egg-info

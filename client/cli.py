@@ -1,41 +1,71 @@
-"""The `kvmesh` command line.
+"""The `kvmesh` command line: names every verb, imports each one only when it is used.
 
 Each verb lives next to what it drives (``worker/cli.py``, ``service/cli.py``, ``bench/*.py``
-...) and exposes ``register(app)``; this file only wires them, so adding a verb never touches
-another verb's module. Heavy imports (torch, grpc servers) stay inside the command bodies so
-``kvmesh --help`` is instant.
+...) and exposes ``register(group)``. This file only names them: a verb's module is imported
+when that verb is invoked (or listed by ``--help``), never when this module is, so ``client``
+does not import ``worker``, ``service``, ``deploy`` or ``bench`` (the layer rule of
+``tests/test_layers.py``; this aggregator is its one exception, for these lazy imports only).
+Heavy imports (torch, grpc servers) stay inside the command bodies.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
 
+import click
 import typer
+from typer.core import TyperGroup
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
+# verb -> the module whose register(group) adds it. A module that is not there (a partial
+# install) is not listed; one that fails to import is an error, not hidden.
+VERBS = {
+    "route": "client.commands", "generate": "client.commands", "stats": "client.commands",
+    "service": "service.cli", "worker-token": "service.cli",
+    "worker": "worker.cli",
+    "up": "deploy.cli",
+    "gateway": "client.gateway",
+    "demo": "bench.demo",
+}
+BENCH_VERBS = {
+    "hashing": "bench.hashing", "kvcache": "bench.kvcache", "worker": "bench.worker",
+    "route": "bench.route", "replay": "bench.replay", "index": "bench.index",
+    "e2e": "bench.e2e", "soak": "bench.soak",
+    "serve": "bench.ray_serve",  # Ray Serve routers side by side
+}
+
+
+class _LazyGroup(TyperGroup):
+    """A group whose verbs (``verbs``: name -> module) load on first use."""
+
+    verbs: dict[str, str] = {}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        present = [n for n, m in self.verbs.items() if _installed(m)]
+        return present + [n for n in super().list_commands(ctx) if n not in self.verbs]
+
+    def get_command(self, ctx: click.Context | None, cmd_name: str) -> click.Command | None:
+        module = self.verbs.get(cmd_name)
+        if cmd_name not in self.commands and module is not None:
+            scratch = typer.Typer()
+            importlib.import_module(module).register(scratch)
+            for name, cmd in typer.main.get_group(scratch).commands.items():
+                self.commands.setdefault(name, cmd)
+        return super().get_command(ctx, cmd_name)  # type: ignore[arg-type]
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is not installed either
+        return False
+
+
+def _lazy(verbs: dict[str, str]) -> type[TyperGroup]:
+    return type("LazyGroup", (_LazyGroup,), {"verbs": verbs})
+
+
+app = typer.Typer(cls=_lazy(VERBS), no_args_is_help=True, add_completion=False,
                   help="kvmesh: distributed KV-cache index and prefix-aware routing.")
-bench = typer.Typer(no_args_is_help=True, help="Benchmarks that compare side by side in one run.")
+bench = typer.Typer(cls=_lazy(BENCH_VERBS), no_args_is_help=True,
+                    help="Benchmarks that compare side by side in one run.")
 app.add_typer(bench, name="bench")
-
-# (module, typer group): module.register(group) adds its verbs. A module that is not there
-# (a partial install) is skipped; one that fails to import is an error, not hidden.
-VERBS = [
-    ("client.commands", app),      # route, generate, stats
-    ("service.cli", app),          # service
-    ("worker.cli", app),           # worker
-    ("deploy.cli", app),           # up, demo
-    ("client.gateway", app),       # gateway
-    ("bench.hashing", bench),
-    ("bench.kvcache", bench),
-    ("bench.worker", bench),
-    ("bench.route", bench),
-    ("bench.replay", bench),
-    ("bench.index", bench),
-    ("bench.e2e", bench),
-    ("bench.soak", bench),
-    ("deploy.ray.bench", bench),   # bench serve (Ray Serve routers side by side)
-]
-
-for _module, _group in VERBS:
-    if importlib.util.find_spec(_module) is not None:
-        importlib.import_module(_module).register(_group)

@@ -1,4 +1,4 @@
-"""`kvmesh up` (a whole cluster in the foreground) and `kvmesh demo`."""
+"""`kvmesh up`: a whole cluster in the foreground (`kvmesh demo` lives in ``bench/demo.py``)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -91,35 +91,6 @@ def register(app: typer.Typer) -> None:
         finally:
             cluster.stop(timeout=10.0)
             print("stopped", flush=True)
-
-    @app.command("demo")
-    def demo(
-        requests: int = typer.Option(120, help="requests in the workload"),
-        workers: int = typer.Option(3, help="worker processes per cluster"),
-        model: str = typer.Option("tiny", help="'tiny' or a Hugging Face model directory"),
-        policies: str = typer.Option("kvmesh,round_robin",
-                                     help="comma-separated; each runs on a fresh cluster"),
-        rate: float = typer.Option(6.0, help="session arrivals per second"),
-        num_blocks: int = typer.Option(256, help="KV blocks per worker (cache pressure)"),
-        plot: str = typer.Option("kvmesh-demo.png", help="PNG comparing the policies"),
-        seed: int = typer.Option(0, help="workload seed"),
-    ) -> None:
-        """Replay a multi-tenant prefix-sharing workload under each policy and compare."""
-        from rich.console import Console
-
-        from bench.workload import WorkloadSpec
-        from deploy.demo import run_demo, verdict
-
-        console = Console()
-        names = [p.strip() for p in policies.split(",") if p.strip()]
-        try:
-            results = run_demo(names, WorkloadSpec(requests=requests, rate_per_s=rate,
-                                                   seed=seed),
-                               workers, model, num_blocks, plot or None, console)
-        except Exception as exc:  # the cluster failed: say so and exit non-zero
-            console.print(f"[red]demo failed:[/red] {exc}")
-            raise typer.Exit(1) from None
-        console.print(verdict(results))
 
 
 def _tls_hint(tls: TlsFiles | None) -> str:

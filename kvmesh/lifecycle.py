@@ -7,6 +7,10 @@ environment; the child then asks the kernel to send it SIGTERM when that parent 
 The child does this itself at start rather than the launcher in a ``preexec_fn``: a
 ``preexec_fn`` forces a plain ``fork()`` of the launcher, and forking a process whose gRPC
 threads are running can abort the child inside gRPC's fork handlers.
+
+It lives in ``kvmesh/`` rather than ``deploy/`` because it is a contract between the floors:
+``deploy/`` launchers set the variable, and the entry points of ``worker/`` and ``service/``
+(which may import only ``kvmesh/``) arm the signal.
 """
 from __future__ import annotations
 

@@ -48,11 +48,6 @@ class TlsFiles:
             raise ValueError("--tls-client-auth needs --tls-ca (the CA of client certificates)")
 
     @property
-    def serves_tls(self) -> bool:
-        """Whether a server with these settings serves TLS (it has a certificate)."""
-        return self.cert is not None
-
-    @property
     def dials_tls(self) -> bool:
         """Whether a client with these settings speaks TLS (it has a CA)."""
         return self.ca is not None

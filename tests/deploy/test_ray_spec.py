@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from deploy.ray.bench import ROUTERS, render, router_config
+from bench.ray_serve import ROUTERS, render, router_config
+from bench.ray_workload import WorkloadSpec, build_rounds, ceiling_tokens
 from deploy.ray.spec import RaySpec, gpus_for_worker, worker_bundle
-from deploy.ray.workload import WorkloadSpec, build_rounds, ceiling_tokens
 
 
 def test_gpus_follow_the_cluster_unless_given():

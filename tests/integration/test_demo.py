@@ -1,11 +1,10 @@
 """`kvmesh demo` end to end on real clusters, at a small size."""
 from __future__ import annotations
 
-import typer
 from typer.testing import CliRunner
 
 from bench.workload import WorkloadSpec, build
-from deploy.cli import register
+from client.cli import app
 
 
 def test_workload_is_seeded_and_sized():
@@ -18,8 +17,6 @@ def test_workload_is_seeded_and_sized():
 
 
 def test_demo_runs_compares_and_plots(tmp_path):
-    app = typer.Typer()
-    register(app)
     png = tmp_path / "demo.png"
     result = CliRunner().invoke(app, ["demo", "--requests", "12", "--workers", "2",
                                       "--rate", "20", "--plot", str(png)])

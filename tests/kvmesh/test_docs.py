@@ -18,7 +18,7 @@ def test_operations_doc_lists_every_flag():
         section = doc.split(f"### `kvmesh {name}`", 1)
         assert len(section) == 2, f"no section for kvmesh {name}"
         body = section[1].split("\n### ", 1)[0]
-        for param in group.commands[name].params:
+        for param in group.get_command(None, name).params:
             if isinstance(param, TyperOption) and param.name != "help":
                 if f"`{param.opts[0]}`" not in body:
                     missing.append(f"kvmesh {name} {param.opts[0]}")

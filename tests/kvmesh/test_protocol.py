@@ -1,8 +1,8 @@
 """The committed gRPC stubs are exactly what proto/ generates (pinned grpcio-tools)."""
 from pathlib import Path
 
-from kvmesh import protogen
 from kvmesh.v1 import index_pb2, worker_pb2
+from tools import protogen
 
 
 def test_committed_stubs_match_proto(tmp_path):

@@ -132,10 +132,6 @@ class FreeBlockQueue:
             yield node
             node = node.next_free
 
-    def block_ids(self) -> list[int]:
-        """Ids from head to tail (for tests and debugging; O(n))."""
-        return [b.block_id for b in self]
-
     def popleft(self) -> KVCacheBlock:
         """Remove and return the head block. Raises ``ValueError`` when empty."""
         block = self._head.next_free

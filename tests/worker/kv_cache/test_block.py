@@ -20,7 +20,7 @@ def test_block_defaults_and_slots():
 
 def test_queue_is_built_once_in_id_order():
     blocks, q = make(5)
-    assert q.block_ids() == [0, 1, 2, 3, 4] and len(q) == 5
+    assert [b.block_id for b in q] == [0, 1, 2, 3, 4] and len(q) == 5
     assert all(b.is_free for b in blocks)
     q.check()
 
@@ -29,7 +29,7 @@ def test_popleft_takes_the_head():
     blocks, q = make(3)
     assert q.popleft() is blocks[0]
     assert not blocks[0].is_free and blocks[0].prev_free is None
-    assert q.block_ids() == [1, 2]
+    assert [b.block_id for b in q] == [1, 2]
     q.check()
 
 
@@ -37,9 +37,9 @@ def test_popleft_n_is_all_or_nothing():
     _, q = make(3)
     with pytest.raises(ValueError):
         q.popleft_n(4)
-    assert q.block_ids() == [0, 1, 2]
+    assert [b.block_id for b in q] == [0, 1, 2]
     assert [b.block_id for b in q.popleft_n(2)] == [0, 1]
-    assert q.block_ids() == [2]
+    assert [b.block_id for b in q] == [2]
 
 
 def test_popleft_on_empty_raises():
@@ -55,7 +55,7 @@ def test_popleft_on_empty_raises():
 def test_remove_from_head_middle_tail(victim):
     blocks, q = make(5)
     q.remove(blocks[victim])
-    assert q.block_ids() == [i for i in range(5) if i != victim]
+    assert [b.block_id for b in q] == [i for i in range(5) if i != victim]
     assert not blocks[victim].is_free
     q.check()
 
@@ -65,7 +65,7 @@ def test_remove_a_block_not_in_the_queue_raises():
     q.remove(blocks[1])
     with pytest.raises(ValueError):
         q.remove(blocks[1])
-    assert q.block_ids() == [0]
+    assert [b.block_id for b in q] == [0]
 
 
 def test_append_and_appendleft():
@@ -73,7 +73,7 @@ def test_append_and_appendleft():
     a, b = q.popleft(), q.popleft()
     q.append(a)
     q.appendleft(b)
-    assert q.block_ids() == [1, 2, 3, 0]
+    assert [b.block_id for b in q] == [1, 2, 3, 0]
     q.check()
     with pytest.raises(ValueError):
         q.append(blocks[2])  # already queued: a double insert would corrupt the links
@@ -84,7 +84,7 @@ def test_append_n_keeps_the_given_order():
     blocks, q = make(4)
     taken = q.popleft_n(3)
     q.append_n(reversed(taken))
-    assert q.block_ids() == [3, 2, 1, 0]
+    assert [b.block_id for b in q] == [3, 2, 1, 0]
     q.check()
 
 
@@ -93,7 +93,7 @@ def test_drain_and_refill():
     taken = q.popleft_n(3)
     assert list(q) == [] and len(q) == 0
     q.append_n(taken)
-    assert q.block_ids() == [0, 1, 2]
+    assert [b.block_id for b in q] == [0, 1, 2]
     q.check()
 
 

@@ -18,7 +18,7 @@ def cache_chain(pool, tokens, blocks=None):
 
 
 def state(pool):
-    return (pool.free_queue.block_ids(), [b.ref_cnt for b in pool.blocks],
+    return ([b.block_id for b in pool.free_queue], [b.ref_cnt for b in pool.blocks],
             [b.block_hash for b in pool.blocks],
             {h: list(d) for h, d in pool.cached.items()}, pool.last_seq, pool.evictions)
 
@@ -26,7 +26,7 @@ def state(pool):
 def test_all_blocks_created_once():
     pool = BlockPool(6)
     assert [b.block_id for b in pool.blocks] == list(range(6))
-    assert pool.free_queue.block_ids() == list(range(6))
+    assert [b.block_id for b in pool.free_queue] == list(range(6))
     assert pool.num_free_blocks == 6 and pool.usage == 0.0 and pool.cached == {}
 
 
@@ -41,7 +41,7 @@ def test_get_new_blocks_pops_the_head_with_one_reference():
     pool = BlockPool(5)
     got = pool.get_new_blocks(2)
     assert [b.block_id for b in got] == [0, 1] and [b.ref_cnt for b in got] == [1, 1]
-    assert pool.free_queue.block_ids() == [2, 3, 4] and pool.usage == pytest.approx(0.4)
+    assert [b.block_id for b in pool.free_queue] == [2, 3, 4] and pool.usage == pytest.approx(0.4)
 
 
 def test_get_new_blocks_beyond_free_raises_and_changes_nothing():
@@ -122,7 +122,7 @@ def test_touch_takes_free_blocks_off_the_queue():
     assert pool.blocks[1].ref_cnt == 1 and not pool.blocks[1].is_free
     pool.touch([pool.blocks[1]])  # already referenced: only the count moves
     assert pool.blocks[1].ref_cnt == 2
-    assert 1 not in pool.free_queue.block_ids()
+    assert 1 not in [b.block_id for b in pool.free_queue]
     pool.free_queue.check()
 
 
@@ -131,7 +131,7 @@ def test_free_appends_hashed_blocks_to_the_tail_in_the_given_order():
     blocks, _ = cache_chain(pool, list(range(12)))  # blocks 0, 1, 2 all full
     pool.free_blocks(reversed(blocks))
     # The chain's tail (block 2) is nearest the head: evicted first.
-    assert pool.free_queue.block_ids() == [3, 4, 2, 1, 0]
+    assert [b.block_id for b in pool.free_queue] == [3, 4, 2, 1, 0]
 
 
 def test_free_puts_unhashed_blocks_at_the_head():
@@ -140,7 +140,7 @@ def test_free_puts_unhashed_blocks_at_the_head():
     extra = pool.get_new_blocks(1)  # 3, never filled
     pool.free_blocks(reversed(blocks + extra))
     # Unhashed 3 and 2 go to the head (in the order given), cached 1 and 0 to the tail.
-    assert pool.free_queue.block_ids() == [3, 2, 4, 5, 1, 0]
+    assert [b.block_id for b in pool.free_queue] == [3, 2, 4, 5, 1, 0]
     pool.free_queue.check()
 
 
@@ -149,7 +149,7 @@ def test_free_only_releases_at_zero_references():
     blocks, _ = cache_chain(pool, list(range(4)))
     pool.touch(blocks)
     pool.free_blocks(blocks)
-    assert blocks[0].ref_cnt == 1 and pool.free_queue.block_ids() == [1, 2]
+    assert blocks[0].ref_cnt == 1 and [b.block_id for b in pool.free_queue] == [1, 2]
 
 
 def test_double_free_raises_and_changes_nothing():

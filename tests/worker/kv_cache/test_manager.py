@@ -37,7 +37,7 @@ def ids(blocks):
 
 def pool_state(m):
     p = m.pool
-    return (p.free_queue.block_ids(), [b.ref_cnt for b in p.blocks],
+    return ([b.block_id for b in p.free_queue], [b.ref_cnt for b in p.blocks],
             [b.block_hash for b in p.blocks], {h: list(d) for h, d in p.cached.items()},
             p.last_seq, len(p._events), p.evictions)
 
@@ -53,7 +53,7 @@ def test_seeds_worked_example_block_size_4_ten_blocks():
     # needs block 4.
     assert decode(m, r0, 100) == [] and m.pool.blocks[3].block_hash is not None
     assert ids(decode(m, r0, 101)) == [4]
-    assert m.pool.free_queue.block_ids() == [5, 6, 7, 8, 9]
+    assert [b.block_id for b in m.pool.free_queue] == [5, 6, 7, 8, 9]
     # Time 3: request 1, 14 tokens sharing the first 10: only 2 blocks (8 tokens) hit,
     # the third matches just 2 of its 4 tokens.
     r1 = KVRequest("r1", list(range(10)) + [50, 51, 52, 53])
@@ -64,11 +64,11 @@ def test_seeds_worked_example_block_size_4_ten_blocks():
     # The seeds page shows 7 8 9 4 3 2; block 4 holds a single token (never hashed), and
     # under the rule "unhashed blocks go to the head" it is queued first instead.
     m.free(r0)
-    assert m.pool.free_queue.block_ids() == [4, 7, 8, 9, 3, 2]
+    assert [b.block_id for b in m.pool.free_queue] == [4, 7, 8, 9, 3, 2]
     # Time 5: request 1 is freed. The page: 7 8 9 4 3 2 6 5 1 0. By the rule, the
     # unhashed partial block 6 goes to the head too.
     m.free(r1)
-    assert m.pool.free_queue.block_ids() == [6, 4, 7, 8, 9, 3, 2, 5, 1, 0]
+    assert [b.block_id for b in m.pool.free_queue] == [6, 4, 7, 8, 9, 3, 2, 5, 1, 0]
     # Time 6: request 2, 29 tokens sharing the first 12 with request 0: blocks 0 1 2 hit
     # and are taken off the queue, which becomes 6 4 7 8 9 3 5.
     r2 = KVRequest("r2", list(range(12)) + list(range(200, 217)))
@@ -81,7 +81,7 @@ def test_seeds_worked_example_block_size_4_ten_blocks():
     assert ids(new) == [6, 4, 7, 8, 9]
     assert m.get_block_ids(r2) == [0, 1, 2, 6, 4, 7, 8, 9]
     assert m.stats.evictions == 0
-    assert m.pool.free_queue.block_ids() == [3, 5]
+    assert [b.block_id for b in m.pool.free_queue] == [3, 5]
     assert m.pool.blocks[3].block_hash is not None and m.pool.blocks[5].block_hash is not None
     # One more block now really evicts the LRU cached block: 3 (then 5).
     r3 = KVRequest("r3", [999] * 3)
@@ -247,7 +247,7 @@ def test_free_returns_blocks_in_reverse_and_unhashed_first():
     a = KVRequest("a", list(range(10)))
     admit(m, a)
     m.free(a)
-    assert m.pool.free_queue.block_ids() == [2, 3, 4, 5, 1, 0]
+    assert [b.block_id for b in m.pool.free_queue] == [2, 3, 4, 5, 1, 0]
     m.free(a)  # unknown / already freed: no-op
     assert m.num_free_blocks == 6 and m.get_block_ids(a) == []
 

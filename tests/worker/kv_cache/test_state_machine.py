@@ -194,7 +194,7 @@ class KVCacheMachine(RuleBasedStateMachine):
     def blocks_and_free_queue_match_the_model(self):
         pool = self.m.pool
         pool.free_queue.check()
-        assert pool.free_queue.block_ids() == self.model.free
+        assert [b.block_id for b in pool.free_queue] == self.model.free
         assert [b.ref_cnt for b in pool.blocks] == self.model.ref
         for b in pool.blocks:
             assert b.ref_cnt >= 0

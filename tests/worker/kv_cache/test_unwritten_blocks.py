@@ -41,7 +41,7 @@ def test_uncache_reports_only_hashes_no_written_block_holds():
     assert set(pool.cached) == set(hashes)
     assert all(b.block_hash is None and b.content is None for b in dup + new)
     assert [b.ref_cnt for b in dup] == [1, 1] and pool.evictions == evictions
-    head = pool.free_queue.block_ids()[:3]
+    head = [b.block_id for b in pool.free_queue][:3]
     assert sorted(head) == sorted(b.block_id for b in new)
     # What stays cached is still a verified hit.
     assert pool.get_cached_block(hashes[0], TOKENS[:4]) is written[0]

@@ -1,6 +1,7 @@
 """Regenerate the committed gRPC stubs in kvmesh/v1/ from proto/kvmesh/v1/*.proto.
 
-`python -m kvmesh.protogen [OUT_DIR]` (default: the repository root, i.e. in place). The
+`python -m tools.protogen [OUT_DIR]` (default: the repository root, i.e. in place; `make
+proto`). A development tool: it lives outside the installed packages. The
 stubs are committed so users need no grpcio-tools; tests regenerate into a temporary
 directory and compare bytes, so the two can never drift apart.
 """

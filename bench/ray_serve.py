@@ -2,7 +2,7 @@
 
 The same Serve deployment (``KvmeshReplica``: one kvmesh worker engine per replica, fresh
 and empty) is deployed once per router, side by side, and each app gets the same requests
-(``deploy.ray.workload``: tenants with salts sharing an app's system prompts, multi-turn
+(``bench.ray_workload``: tenants with salts sharing an app's system prompts, multi-turn
 chats) through a streaming ``DeploymentHandle``, in the same order and concurrency, the
 apps taking turns round by round (one app busy at a time):
 
@@ -32,8 +32,8 @@ from typing import Any
 
 import typer
 
+from bench.ray_workload import WorkloadSpec, build_rounds, ceiling_tokens
 from deploy.ray.request import ServeRequest
-from deploy.ray.workload import WorkloadSpec, build_rounds, ceiling_tokens
 
 ROUTERS = ("kvmesh", "prefix_affinity", "prefix_affinity_lb", "pow2")
 REPLICA_CPUS = 0.25
