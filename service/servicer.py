@@ -13,6 +13,10 @@ because of the backend: they answer from the worker table with ``degraded=true``
 rejected request changes nothing. Every handler goes through :func:`_rpc`, so no handler
 answers UNKNOWN: any other exception is a bug, logged with its traceback and answered
 INTERNAL.
+
+Time: every handler reads the injected ``clock`` (``service.clock``), never ``time``: tests
+move it by hand. Route's steps are methods named for what they do; their pure parts live in
+``service.route``.
 """
 from __future__ import annotations
 
