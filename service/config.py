@@ -71,6 +71,14 @@ class ServiceConfig:
     refresh_interval_s: float = 0.25      # how often a replica re-reads the worker records
     degraded_retry_s: float = 0.5         # after an index error, answer degraded this long
     provisional_ttl_s: float = 2.0
+    # A Route that finds no live worker re-reads the records (workers may have registered
+    # through another replica), at most this often: a flood of routes for an unserved model
+    # must not become a flood of reads.
+    forced_refresh_min_s: float = 0.05
+    # Hashing work (blocks x (1 + multimodal items): every block checks every item) from which
+    # a Route hashes in a worker thread, so the loop keeps answering heartbeats meanwhile.
+    # ~4096 blocks of plain prompt hash in a few ms: below that a thread costs more than it saves.
+    hash_thread_work: int = 4096
     max_prompt_tokens: int = 1_000_000
     max_salt_bytes: int = 4096
     # One PublishEvents is one Redis script, which blocks Redis while it runs and must end
@@ -113,10 +121,13 @@ class ServiceConfig:
         check_credentials(self.token, self.worker_token, self.worker_secret)
         limits = ("max_prompt_tokens", "max_salt_bytes", "max_batch_events",
                   "max_batch_hashes", "max_snapshot_blocks", "max_message_bytes",
-                  "max_mm_items", "indexed_blocks_per_pool", "min_indexed_cap")
+                  "max_mm_items", "indexed_blocks_per_pool", "min_indexed_cap",
+                  "hash_thread_work")
         for name in limits:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.forced_refresh_min_s < 0:
+            raise ValueError("forced_refresh_min_s must be >= 0")
         if self.max_inflight_per_conn < 0:
             raise ValueError("max_inflight_per_conn must be >= 0 (0: unlimited)")
 

@@ -33,9 +33,10 @@ from kvmesh.limits import RequestLimits, server_options
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from service.auth import service_auth
+from service.clock import Clock, wall_ms
 from service.config import ServiceConfig
 from service.index import IndexBackend, IndexUnavailable, open_backend
-from service.servicer import IndexServicer, now_ms
+from service.servicer import IndexServicer
 
 log = logging.getLogger("kvmesh.service")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["IndexService"].full_name
@@ -118,7 +119,7 @@ class IndexServer:
             raise
 
     async def _janitor(self) -> None:
-        deadline = now_ms() - int(self.config.purge_after_s * 1000)
+        deadline = self.servicer.clock() - int(self.config.purge_after_s * 1000)
         for rec in await self.backend.workers():
             if rec.heartbeat_ms < deadline and await self.backend.purge_worker(
                     rec.worker_id, heartbeat_before_ms=deadline):
@@ -128,17 +129,20 @@ class IndexServer:
 
 
 async def create_server(address: str, config: ServiceConfig,
-                        backend: IndexBackend | None = None) -> tuple[IndexServer, int]:
+                        backend: IndexBackend | None = None,
+                        clock: Clock = wall_ms) -> tuple[IndexServer, int]:
     """Build (not start) the service on ``address`` (``host:port``; port 0 picks a free one).
 
-    ``backend`` defaults to the one ``config`` names. Returns the server and the bound port;
-    call ``await server.start()`` next. Raises ``RuntimeError`` if the port cannot be bound
-    and ``ValueError`` if a TLS file cannot be read. The server enforces ``config``'s tokens
+    ``backend`` defaults to the one ``config`` names; ``clock`` is every time the service
+    reads (``service.clock``: tests pass one they move by hand). Returns the server and the
+    bound port; call ``await server.start()`` next. Raises ``RuntimeError`` if the port
+    cannot be bound and ``ValueError`` if a TLS file cannot be read. The server enforces
+    ``config``'s tokens
     (``service.auth``), TLS, and request limits (``kvmesh.limits``).
     """
     if backend is None:
         backend = open_backend(config.backend, config.redis_url, config.redis_timeout_s)
-    servicer = IndexServicer(config, backend)
+    servicer = IndexServicer(config, backend, clock)
     # outermost first: per-connection and size limits + decoding, then the bearer token
     interceptors: list[grpc.aio.ServerInterceptor] = [RequestLimits(
         max_inflight=config.max_inflight_per_conn, max_message_bytes=config.max_message_bytes)]

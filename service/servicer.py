@@ -13,6 +13,10 @@ because of the backend: they answer from the worker table with ``degraded=true``
 rejected request changes nothing. Every handler goes through :func:`_rpc`, so no handler
 answers UNKNOWN: any other exception is a bug, logged with its traceback and answered
 INTERNAL.
+
+Time: every handler reads the injected ``clock`` (``service.clock``), never ``time``: tests
+move it by hand. Route's steps are methods named for what they do; their pure parts live in
+``service.route``.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from service import validate
 from service.auth import fingerprint
+from service.clock import Clock, wall_ms
 from service.config import ServiceConfig
 from service.hash_memo import BlockHashMemo
 from service.index.base import (
@@ -45,52 +50,17 @@ from service.index.base import (
     OverCap,
     StaleIncarnation,
     WorkerIdInUse,
-    WorkerLoad,
     WorkerRecord,
     namespace,
 )
 from service.liveness import WorkerTable
 from service.metrics import ServiceMetrics
 from service.policy import Policy, Ranked, WorkerView, make_policies
+from service.route import cap_match, hash_in_thread, live_groups, pb_load, response, usable_blocks
 from service.validate import RequestError
 
 log = logging.getLogger("kvmesh.service")
 T = TypeVar("T")
-# Hashing work (blocks x (1 + multimodal items): every block checks every item) from which a
-# Route hashes in a worker thread, so that the loop keeps answering heartbeats meanwhile.
-# ~4096 blocks of plain prompt hash in a few ms: below that a thread costs more than it saves.
-_HASH_IN_THREAD = 4096
-
-
-def hash_work(n_tokens: int, block_size: int, n_mm: int) -> int:
-    """Units of hashing work of one chain: its blocks x (1 + its multimodal items)."""
-    return (n_tokens // max(block_size, 1) + 1) * (1 + n_mm)
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def _pb_load(load: WorkerLoad) -> pb.WorkerLoad:
-    return pb.WorkerLoad(running=load.running, waiting=load.waiting,
-                         queued_prefill_tokens=load.queued_prefill_tokens,
-                         free_blocks=load.free_blocks, total_blocks=load.total_blocks,
-                         decode_tokens=load.decode_tokens)
-
-
-def _cap(m: BlockMatch, blocks: int) -> BlockMatch:
-    """At most ``blocks`` matched blocks, dropping the slowest tiers first (offloaded blocks
-    are a chain's tail: it is evicted tail first)."""
-    extra = m.blocks - blocks
-    if extra <= 0:
-        return m
-    disk = max(m.disk - extra, 0)
-    extra -= m.disk - disk
-    cpu = max(m.cpu - extra, 0)
-    extra -= m.cpu - cpu
-    return BlockMatch(blocks, m.gpu - extra, cpu, disk)
-
-
 def _rpc(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     """Turn RequestError into ``context.abort``, an unreachable backend into UNAVAILABLE and
     anything else (a bug) into INTERNAL with a message and a logged traceback: an exception
@@ -128,8 +98,10 @@ def _rpc(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
 class IndexServicer(pb_grpc.IndexServiceServicer):
     """The six RPCs over one backend; see the module docstring for the error contract."""
 
-    def __init__(self, config: ServiceConfig, backend: IndexBackend) -> None:
+    def __init__(self, config: ServiceConfig, backend: IndexBackend,
+                 clock: Clock = wall_ms) -> None:
         self.cfg = config
+        self.clock = clock  # every time the servicer reads (see service.clock)
         self.backend = backend
         self.table = WorkerTable(int(config.liveness_timeout_s * 1000))
         self.block_cap = BlockCap(config.indexed_blocks_per_pool, config.min_indexed_cap)
@@ -137,25 +109,25 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         self.policies: dict[str, Policy] = make_policies(config.weights)
         self.rng = random.Random()
         self.hash_memo = BlockHashMemo()  # shared prefixes are hashed once (exact memo)
-        self._down_until = 0.0  # monotonic time until which Route answers degraded at once
-        self._forced_refresh_ms = 0  # last refresh a Route forced (see _route)
+        self._down_until_ms = 0  # until then Route answers degraded at once
+        self._forced_refresh_ms = 0  # last refresh a Route forced (see _forced_refresh)
 
     # --- backend health -----------------------------------------------------------------
 
     def mark_down(self) -> None:
-        self._down_until = time.monotonic() + self.cfg.degraded_retry_s
+        self._down_until_ms = self.clock() + int(self.cfg.degraded_retry_s * 1000)
 
     def mark_up(self) -> None:
-        self._down_until = 0.0
+        self._down_until_ms = 0
 
     @property
     def index_down(self) -> bool:
-        return time.monotonic() < self._down_until
+        return self.clock() < self._down_until_ms
 
     async def refresh(self) -> None:
         """Re-read every worker record (the background loop calls this)."""
         records = await self.backend.workers()
-        now = now_ms()
+        now = self.clock()
         self.table.replace_all(records, now)
         self.mark_up()
         self.metrics.live_workers.set(len(self.table.live(now)))
@@ -185,7 +157,7 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
                 "would give 0% cache hits: run workers and service with the same hash seed "
                 "(--hash-seed / PYTHONHASHSEED) and hash algo."))
         ns = namespace(req.model, req.block_size, req.hash_algo)
-        now = now_ms()
+        now = self.clock()
         rec = WorkerRecord(req.worker_id, ns, req.address, req.model, req.block_size,
                            req.hash_algo, validate.load(req.load), heartbeat_ms=now,
                            registered_ms=now, incarnation=req.incarnation,
@@ -205,7 +177,7 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
     async def Heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         validate.worker_id(req.worker_id)
         load = validate.load(req.load)
-        now = now_ms()
+        now = self.clock()
         prev = self.table.get(req.worker_id)
         # A worker back from the dead (a pause, a partition) rejoins with a snapshot: while it
         # was out its entries may have been purged, or its events lost.
@@ -267,21 +239,7 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
     # --- router RPCs --------------------------------------------------------------------
 
     def _live_groups(self, model: str, now: int, degraded: bool) -> dict[str, list[WorkerRecord]]:
-        live = self.table.live(now, degraded)
-        if not model:
-            models = sorted({r.model for r in live})
-            if len(models) > 1:
-                raise RequestError(validate.INVALID, f"several models are served "
-                                   f"({', '.join(models)}): set RouteRequest.model")
-            model = models[0] if models else ""
-        groups: dict[str, list[WorkerRecord]] = {}
-        for r in live:
-            if r.model == model:
-                groups.setdefault(r.ns, []).append(r)
-        if not groups:
-            raise RequestError(grpc.StatusCode.UNAVAILABLE, "no live worker serves model "
-                               f"{model!r}" if model else "no live worker is registered")
-        return groups
+        return live_groups(self.table.live(now, degraded), model)
 
     async def _hashes(self, inp: validate.RouteInput, block_size: int, algo: str) -> list[bytes]:
         def run() -> list[bytes]:
@@ -289,27 +247,23 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
                                                seed=self.cfg.hash_seed, salt=inp.salt,
                                                lora=inp.lora, mm=inp.mm)
 
-        if hash_work(len(inp.tokens), block_size, len(inp.mm)) >= _HASH_IN_THREAD:
+        if hash_in_thread(inp, block_size, self.cfg.hash_thread_work):
             return await asyncio.to_thread(run)
         return run()
 
     def _answer(self, inp: validate.RouteInput, ranked: list[Ranked], policy: str,
                 degraded: bool) -> pb.RouteResponse:
-        if inp.max_candidates:
-            ranked = ranked[:inp.max_candidates]
-        cands = [pb.Candidate(worker_id=r.view.worker_id, address=r.view.address,
-                              matched_tokens=r.matched_tokens, tier=r.view.match.tier,
-                              cost=r.cost, load=_pb_load(r.view.load)) for r in ranked]
+        """The response, counted in the metrics."""
         self.metrics.routes.labels(policy, str(degraded).lower()).inc()
         self.metrics.prompt_tokens.inc(len(inp.tokens))
         if ranked:
             self.metrics.matched_tokens.inc(ranked[0].matched_tokens)
         if degraded:
             self.metrics.degraded.inc()
-        return pb.RouteResponse(candidates=cands, degraded=degraded,
-                                prompt_tokens=len(inp.tokens), policy=policy)
+        return response(inp, ranked, policy, degraded)
 
     def _degraded(self, inp: validate.RouteInput, now: int) -> pb.RouteResponse:
+        """Route from the worker table alone (least loaded first): the index is down."""
         groups = self._live_groups(inp.model, now, degraded=True)
         views = [WorkerView(r.worker_id, r.address, self.table.load(r), BlockMatch(),
                             r.block_size, r.ns) for recs in groups.values() for r in recs]
@@ -320,72 +274,102 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
     async def Route(self, req: pb.RouteRequest) -> pb.RouteResponse:
         t0 = time.perf_counter()
         inp = validate.route(req, self.cfg)
-        out = await self._route(inp, now_ms())
+        out = await self._route(inp, self.clock())
         self.metrics.route_latency.observe(time.perf_counter() - t0)
         return out
 
     async def _route(self, inp: validate.RouteInput, now: int) -> pb.RouteResponse:
-        if self.index_down:
+        """Live workers by namespace, their cached matches, the policy's ranking, then (not
+        on a dry run) the chosen worker's provisional entries and routed load. Whenever the
+        index cannot answer, the answer comes from the worker table (degraded)."""
+        groups = None if self.index_down else await self._groups(inp.model, now)
+        if groups is None:
             return self._degraded(inp, now)
         try:
-            groups = self._live_groups(inp.model, now, degraded=False)
+            views, chains, held = await self._views(inp, groups, now)
+        except IndexUnavailable:
+            return self._degraded(inp, now)
+        ranked = self.policies[inp.policy].rank(len(inp.tokens), views, self.rng)
+        if not inp.dry_run:
+            best = ranked[0].view
+            await self._provisional(best, chains[best.ns], held[best.ns, best.worker_id], now)
+            self.table.add_work(best.worker_id, max(len(inp.tokens) - best.matched_tokens, 0))
+        return self._answer(inp, ranked, inp.policy, degraded=False)
+
+    async def _groups(self, model: str, now: int) -> dict[str, list[WorkerRecord]] | None:
+        """The live workers of ``model`` by namespace; ``None``: answer degraded."""
+        try:
+            return self._live_groups(model, now, degraded=False)
         except RequestError as e:
             if e.code != grpc.StatusCode.UNAVAILABLE:
                 raise
             # An emptied/restarted Redis forgets every worker until they re-register (one
             # heartbeat): answer from what this replica last knew instead of failing.
             if self.table.lost(now):
-                return self._degraded(inp, now)
-            # Workers may have registered through another replica since this one's last
-            # refresh: look once before saying there are none (at most every 50 ms, so a
-            # flood of routes for an unserved model cannot turn into a flood of reads).
-            if now - self._forced_refresh_ms < 50:
+                return None
+            if not await self._forced_refresh(now):
                 raise
-            self._forced_refresh_ms = now
-            try:
-                await self.refresh()
-            except IndexUnavailable:
-                raise e from None
-            groups = self._live_groups(inp.model, now_ms(), degraded=False)
+        return self._live_groups(model, self.clock(), degraded=False)
+
+    async def _forced_refresh(self, now: int) -> bool:
+        """Refresh for a Route that found no worker: some may have registered through
+        another replica since this one's last refresh. At most once every
+        ``forced_refresh_min_s``, so a flood of routes for an unserved model cannot turn
+        into a flood of reads. False: throttled, or the index is unreachable."""
+        if now - self._forced_refresh_ms < int(self.cfg.forced_refresh_min_s * 1000):
+            return False
+        self._forced_refresh_ms = now
+        try:
+            await self.refresh()
+        except IndexUnavailable:
+            return False
+        return True
+
+    async def _views(self, inp: validate.RouteInput, groups: dict[str, list[WorkerRecord]],
+                     now: int) -> tuple[list[WorkerView], dict[str, list[bytes]],
+                                        dict[tuple[str, str], int]]:
+        """What the policy sees of each live worker (its match capped at the usable
+        blocks), each namespace's chain, and the blocks each (ns, worker) holds uncapped.
+        Raises IndexUnavailable (the index marked down) when a lookup fails."""
         views: list[WorkerView] = []
         chains: dict[str, list[bytes]] = {}
-        held: dict[tuple[str, str], int] = {}  # (ns, worker) -> blocks held, uncapped
+        held: dict[tuple[str, str], int] = {}
         for ns, recs in groups.items():
             bs, algo = recs[0].block_size, recs[0].algo
             chain = chains[ns] = await self._hashes(inp, bs, algo)
-            usable = (len(inp.tokens) - 1) // bs  # the last token is always computed
-            matches: dict[str, BlockMatch] = {}
-            if chain:
-                try:
-                    matches = await self.backend.lookup(ns, chain, now,
-                                                        [r.worker_id for r in recs])
-                    self.metrics.lookups.labels("ok").inc()
-                except IndexUnavailable as e:
-                    log.warning("index lookup failed, answering degraded: %s", e)
-                    self.metrics.lookups.labels("error").inc()
-                    self.mark_down()
-                    return self._degraded(inp, now)
+            matches = await self._lookup(ns, chain, recs, now) if chain else {}
+            usable = usable_blocks(len(inp.tokens), bs)
             for r in recs:
                 m = matches.get(r.worker_id, BlockMatch())
                 held[ns, r.worker_id] = m.blocks
                 views.append(WorkerView(r.worker_id, r.address, self.table.load(r),
-                                        _cap(m, usable), bs, ns))
-        ranked = self.policies[inp.policy].rank(len(inp.tokens), views, self.rng)
-        best = ranked[0].view
-        chain = chains[best.ns]
-        start = held[best.ns, best.worker_id]
-        if inp.dry_run:
-            return self._answer(inp, ranked, inp.policy, degraded=False)
-        if start < len(chain):  # it will compute and hold the rest: say so at once
-            try:
-                await self.backend.add_provisional(
-                    best.ns, chain, best.worker_id, start, now,
-                    int(self.cfg.provisional_ttl_s * 1000))
-            except IndexUnavailable as e:
-                log.warning("could not record provisional entries: %s", e)
-                self.mark_down()
-        self.table.add_work(best.worker_id, max(len(inp.tokens) - best.matched_tokens, 0))
-        return self._answer(inp, ranked, inp.policy, degraded=False)
+                                        cap_match(m, usable), bs, ns))
+        return views, chains, held
+
+    async def _lookup(self, ns: str, chain: list[bytes], recs: list[WorkerRecord],
+                      now: int) -> dict[str, BlockMatch]:
+        try:
+            matches = await self.backend.lookup(ns, chain, now, [r.worker_id for r in recs])
+        except IndexUnavailable as e:
+            log.warning("index lookup failed, answering degraded: %s", e)
+            self.metrics.lookups.labels("error").inc()
+            self.mark_down()
+            raise
+        self.metrics.lookups.labels("ok").inc()
+        return matches
+
+    async def _provisional(self, best: WorkerView, chain: list[bytes], start: int,
+                           now: int) -> None:
+        """Record that ``best`` will compute and hold ``chain[start:]``: said at once, so
+        the next route of the same prefix goes there too (a failure only loses that)."""
+        if start >= len(chain):
+            return
+        try:
+            await self.backend.add_provisional(best.ns, chain, best.worker_id, start, now,
+                                               int(self.cfg.provisional_ttl_s * 1000))
+        except IndexUnavailable as e:
+            log.warning("could not record provisional entries: %s", e)
+            self.mark_down()
 
     @_rpc
     async def Stats(self, req: pb.StatsRequest) -> pb.StatsResponse:
@@ -400,11 +384,11 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         if degraded:
             records = self.table.all()
             self.metrics.degraded.inc()
-        now = now_ms()
+        now = self.clock()
         self.metrics.live_workers.set(len(self.table.live(now)))
         infos = [pb.WorkerInfo(
             worker_id=r.worker_id, address=r.address, model=r.model,
-            alive=self.table.alive(r, now), load=_pb_load(r.load),
+            alive=self.table.alive(r, now), load=pb_load(r.load),
             indexed_blocks=max(r.indexed_blocks, 0), last_seq=r.last_seq,
             heartbeat_age_s=max(now - r.heartbeat_ms, 0) / 1000.0) for r in records]
         return pb.StatsResponse(workers=infos, counters=self.metrics.summary(),

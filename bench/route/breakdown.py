@@ -26,11 +26,11 @@ def breakdown(prompts: dict[int, list[int]], chains: dict[int, list[bytes]], red
     from kvmesh.hashing import block_hashes
     from kvmesh.v1 import index_pb2 as pb
     from service import validate
+    from service.clock import wall_ms as now_ms
     from service.config import ServiceConfig
     from service.hash_memo import BlockHashMemo
     from service.index.base import namespace
     from service.index.redis import RedisBackend
-    from service.servicer import now_ms
 
     cfg = ServiceConfig()
     ns = namespace("tiny", BLOCK_SIZE, ALGO)

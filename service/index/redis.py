@@ -41,13 +41,13 @@ Heartbeat timestamps come from the service replicas' clocks: keep them NTP-synce
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 from redis.retry import Retry
 
 from service.index import scripts
@@ -107,22 +107,6 @@ def _width(events: Sequence[KvEvent]) -> int:
     return 32
 
 
-class _Script:
-    """A Lua script called by SHA; loaded again (once) when the server answers NOSCRIPT."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
-
-    async def __call__(self, client: aioredis.Redis, keys: Sequence[str],
-                       args: Sequence[Any]) -> Any:
-        try:
-            return await client.evalsha(self.sha, len(keys), *keys, *args)
-        except rexc.NoScriptError:
-            await client.script_load(self.source)
-            return await client.evalsha(self.sha, len(keys), *keys, *args)
-
-
 def _record(wid: str, ns: str, f: dict[str, str]) -> WorkerRecord:
     load = WorkerLoad(**{name: int(f.get(short, 0)) for name, short in _LOAD_FIELDS})
     return WorkerRecord(worker_id=wid, ns=ns, address=f.get("address", ""),
@@ -148,13 +132,15 @@ class RedisBackend(IndexBackend):
     def __init__(self, client: aioredis.Redis) -> None:
         self.client = client
         self._ns_of: dict[str, str] = {}  # worker id -> ns (cache of the registry)
-        self._register = _Script(scripts.REGISTER)
-        self._heartbeat = _Script(scripts.HEARTBEAT)
-        self._apply = _Script(scripts.APPLY)
-        self._sync = _Script(scripts.SYNC)
-        self._purge = _Script(scripts.PURGE)
-        self._lookup = _Script(scripts.LOOKUP)
-        self._provisional = _Script(scripts.PROVISIONAL)
+        # redis-py's scripts are called by SHA and loaded again (once) on NOSCRIPT
+        script = client.register_script
+        self._register = script(scripts.REGISTER)
+        self._heartbeat = script(scripts.HEARTBEAT)
+        self._apply = script(scripts.APPLY)
+        self._sync = script(scripts.SYNC)
+        self._purge = script(scripts.PURGE)
+        self._lookup = script(scripts.LOOKUP)
+        self._provisional = script(scripts.PROVISIONAL)
 
     @classmethod
     def from_url(cls, url: str, timeout_s: float = 0.5) -> RedisBackend:
@@ -178,7 +164,7 @@ class RedisBackend(IndexBackend):
         async with self._guard():
             for s in (self._register, self._heartbeat, self._apply, self._sync, self._purge,
                       self._lookup, self._provisional):
-                await self.client.script_load(s.source)
+                await self.client.script_load(s.script)
 
     async def ping(self) -> None:
         async with self._guard():
@@ -197,7 +183,7 @@ class RedisBackend(IndexBackend):
             self._ns_of[worker_id] = ns
         return self._ns_of[worker_id]
 
-    async def _worker_call(self, worker_id: str, script: _Script, args: Sequence[Any],
+    async def _worker_call(self, worker_id: str, script: AsyncScript, args: Sequence[Any],
                            unknown: Any, extra_first: bool = False) -> Any:
         """Run a per-worker script with KEYS = [record, reverse index] (``extra_first``: the
         registry first), resolving the worker's ns through the cached registry; callables in
@@ -211,7 +197,7 @@ class RedisBackend(IndexBackend):
             keys = [REGISTRY, wk, wk + ":blocks"] if extra_first else [wk, wk + ":blocks"]
             argv = [a(ns) if callable(a) else a for a in args]
             async with self._guard():
-                res = await script(self.client, keys, argv)
+                res = await script(keys, argv)
             if res != unknown:
                 return res
         return unknown
@@ -228,7 +214,7 @@ class RedisBackend(IndexBackend):
         guard = [("" if live_after_ms is None else live_after_ms), record.address,
                  record.credential]
         async with self._guard():
-            had = await self._register(self.client, [REGISTRY, wk, wk + ":blocks"],
+            had = await self._register([REGISTRY, wk, wk + ":blocks"],
                                        [record.worker_id, record.ns, *guard, *fields])
         if had == -1:
             raise WorkerIdInUse(record.worker_id)
@@ -310,7 +296,7 @@ class RedisBackend(IndexBackend):
         allow: list[Any] = [-1] if workers is None else [len(workers), *workers]
         async with self._guard():
             kp = chain_keys(ns, root)
-            flat = await self._lookup(self.client, [f"{kp}b:{root.hex()}"],
+            flat = await self._lookup([f"{kp}b:{root.hex()}"],
                                       [kp, now_ms, 2 * len(root), _hexes(hashes), *allow])
         return {flat[i]: BlockMatch(int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]),
                                     int(flat[i + 4])) for i in range(0, len(flat), 5)}
@@ -323,7 +309,7 @@ class RedisBackend(IndexBackend):
         args = [kp, worker_id, now_ms + ttl_ms, now_ms, ttl_ms, 2 * len(hashes[0]),
                 _hexes(hashes[start:])]
         async with self._guard():
-            await self._provisional(self.client, [f"{kp}b:{hashes[0].hex()}"], args)
+            await self._provisional([f"{kp}b:{hashes[0].hex()}"], args)
 
     # --- reads --------------------------------------------------------------------------
 

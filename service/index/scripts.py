@@ -107,7 +107,8 @@ for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
 return had
 """
 
-# KEYS[1] = worker record
+# KEYS[1] = worker record (KEYS[2], its reverse index, comes along unused: every per-worker
+#           call passes both)
 # ARGV[1] = now ms, ARGV[2] = the worker's reported last seq, ARGV[3] = its incarnation,
 # ARGV[4..] = load field/values
 # Returns {0, 0, 0} for an unknown worker (the record is NOT created), {-1, 0, 0} for a

@@ -13,6 +13,7 @@ import grpc
 from kvmesh.hashing import block_hashes, none_hash
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
+from service.clock import Clock, wall_ms
 from service.config import ServiceConfig
 from service.index import IndexBackend
 from service.server import IndexServer, create_server
@@ -30,9 +31,9 @@ class Running:
 
 @contextlib.asynccontextmanager
 async def serve(config: ServiceConfig, backend: IndexBackend | None = None,
-                token: str | None = None) -> AsyncIterator[Running]:
-    """A started service on a free loopback port and a client stub (with ``token``)."""
-    server, port = await create_server("127.0.0.1:0", config, backend)
+                token: str | None = None, clock: Clock = wall_ms) -> AsyncIterator[Running]:
+    """A started service (reading ``clock``) on a free loopback port and a client stub."""
+    server, port = await create_server("127.0.0.1:0", config, backend, clock)
     await server.start()
     address = f"127.0.0.1:{port}"
     channel = grpc.aio.insecure_channel(address)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import grpc
 import pytest
 
+from deploy.waiting import eventually
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from service.config import ServiceConfig
@@ -39,8 +40,11 @@ def test_calls_in_flight_per_connection() -> None:
         async with serve(ServiceConfig(max_inflight_per_conn=2), backend) as r:
             await SimWorker(r.stub, "w").join()
             held = [asyncio.ensure_future(route(r.stub, prompt(9))) for _ in range(2)]
-            while backend.waiting < 2:
-                await asyncio.sleep(0.01)
+
+            async def waiting() -> int:
+                return backend.waiting
+
+            await eventually(waiting, ok=lambda n: n >= 2, within=10)
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await r.stub.Stats(pb.StatsRequest())
             assert err.value.code() == TOO_MUCH

@@ -1,20 +1,22 @@
 """Failure handling over a real Valkey: dead workers, the janitor, Redis killed and restarted
-empty, service restarts, and two replicas sharing one Redis."""
+empty, service restarts, and two replicas sharing one Redis.
+
+Time the service measures (liveness, purge, the degraded period) is a ManualClock moved by
+the test; what takes real time (the background loops, Redis coming back) is waited for as a
+condition."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 import grpc
 
 from deploy.redis_server import RedisServer
+from deploy.waiting import eventually
 from kvmesh.v1 import index_pb2 as pb
 from service.config import ServiceConfig
-from tests.service.simworker import SimWorker, prompt, route, serve
+from tests.service.manual_clock import ManualClock
+from tests.service.simworker import Running, SimWorker, prompt, route, serve
 
-T = TypeVar("T")
 FAST = dict(heartbeat_interval_s=0.2, liveness_timeout_s=0.6, purge_after_s=1.0,
             janitor_interval_s=0.2, refresh_interval_s=0.1, degraded_retry_s=0.2)
 
@@ -23,24 +25,15 @@ def redis_cfg(url: str, **kw: object) -> ServiceConfig:
     return ServiceConfig(backend="redis", redis_url=url, redis_timeout_s=0.3, **kw)  # type: ignore
 
 
-async def eventually(probe: Callable[[], Awaitable[T]], ok: Callable[[T], bool],
-                     within: float) -> tuple[T, float]:
-    """Poll ``probe`` until ``ok``; returns the value and the seconds it took."""
-    t0 = time.monotonic()
-    while True:
-        try:
-            value = await probe()
-            if ok(value):
-                return value, time.monotonic() - t0
-        except grpc.aio.AioRpcError:
-            pass
-        assert time.monotonic() - t0 < within, f"not within {within}s"
-        await asyncio.sleep(0.05)
+async def index_down(r: Running) -> bool:
+    """Whether the replica answers degraded at once (its refresh loop found Redis down)."""
+    return r.server.servicer.index_down
 
 
 def test_silent_worker_leaves_routing_within_three_seconds(redis_url: str) -> None:
     async def main() -> None:
-        async with serve(redis_cfg(redis_url)) as r:           # defaults: 1 s / 3 s
+        clock = ManualClock()
+        async with serve(redis_cfg(redis_url), clock=clock) as r:  # defaults: 1 s / 3 s
             a, b = SimWorker(r.stub, "a"), SimWorker(r.stub, "b")
             await a.join()
             await b.join()
@@ -49,21 +42,15 @@ def test_silent_worker_leaves_routing_within_three_seconds(redis_url: str) -> No
             assert (await route(r.stub, p)).candidates[0].worker_id == "a"
             await a.heartbeat()
             await b.heartbeat()
-            stop = asyncio.Event()
-
-            async def keep_b_alive() -> None:
-                while not stop.is_set():
-                    await asyncio.sleep(0.5)
-                    await b.heartbeat()
-
-            task = asyncio.create_task(keep_b_alive())
-            # the service drops it exactly 3.0 s after its last heartbeat; the slack is polling
-            res, took = await eventually(lambda: route(r.stub, p),
-                                         lambda res: [c.worker_id for c in res.candidates]
-                                         == ["b"], within=3.5)
-            assert took > 2.5, "left routing too early"
-            stop.set()
-            await task
+            for _ in range(5):                          # b keeps heartbeating, a is silent
+                clock.advance(500)
+                await b.heartbeat()
+            clock.advance(499)                          # 2.999 s after a's last heartbeat
+            res = await route(r.stub, p)
+            assert res.candidates[0].worker_id == "a", "left routing too early"
+            clock.advance(1)                            # exactly 3.0 s: out of routing
+            res = await route(r.stub, p)
+            assert [c.worker_id for c in res.candidates] == ["b"]
             st = await r.stub.Stats(pb.StatsRequest())
             assert {w.worker_id: w.alive for w in st.workers} == {"a": False, "b": True}
 
@@ -72,12 +59,15 @@ def test_silent_worker_leaves_routing_within_three_seconds(redis_url: str) -> No
 
 def test_janitor_purges_dead_workers(redis_url: str) -> None:
     async def main() -> None:
-        async with serve(redis_cfg(redis_url, **FAST)) as r:
+        clock = ManualClock()
+        async with serve(redis_cfg(redis_url, **FAST), clock=clock) as r:
             a = SimWorker(r.stub, "a")
             await a.join()
             await a.store(prompt(40))
-            st, _ = await eventually(lambda: r.stub.Stats(pb.StatsRequest()),
-                                     lambda st: not st.workers, within=3)
+            assert (await r.stub.Stats(pb.StatsRequest())).workers
+            clock.advance(1001)                                 # past purge_after_s
+            await eventually(lambda: r.stub.Stats(pb.StatsRequest()),
+                             lambda st: not st.workers, within=3)  # the janitor's next round
             hb = await a.heartbeat()                            # it comes back: too late
             assert hb.reregister and hb.resync
             await a.join()                                      # re-register + snapshot
@@ -90,7 +80,8 @@ def test_janitor_purges_dead_workers(redis_url: str) -> None:
 def test_redis_down_degrades_then_recovers_empty(redis_server: RedisServer,
                                                  redis_url: str) -> None:
     async def main() -> None:
-        async with serve(redis_cfg(redis_url, **FAST)) as r:
+        clock = ManualClock()
+        async with serve(redis_cfg(redis_url, **FAST), clock=clock) as r:
             a, b = SimWorker(r.stub, "a"), SimWorker(r.stub, "b")
             await a.join(running=2)
             await b.join(running=1)
@@ -109,15 +100,16 @@ def test_redis_down_degrades_then_recovers_empty(redis_server: RedisServer,
                 raise AssertionError("heartbeat should fail while the index is down")
             except grpc.aio.AioRpcError as e:
                 assert e.code() == grpc.StatusCode.UNAVAILABLE
-            await asyncio.sleep(1.0)                            # past the liveness timeout
+            clock.advance(1000)                                 # past the liveness timeout
+            await eventually(lambda: index_down(r), within=3)   # the refresh loop's next try
             assert len((await route(r.stub, p)).candidates) == 2
             redis_server.start()                                # back, EMPTY
-            hb, _ = await eventually(a.heartbeat, lambda hb: hb.reregister, within=3)
+            hb = await eventually(a.heartbeat, lambda hb: hb.reregister, within=3)
             assert hb.resync
             await a.join(running=2)
             await b.join(running=1)
-            res, _ = await eventually(lambda: route(r.stub, p),
-                                      lambda res: not res.degraded, within=3)
+            res = await eventually(lambda: route(r.stub, p),
+                                   lambda res: not res.degraded, within=3)
             assert res.candidates[0].worker_id == "a"
             assert res.candidates[0].matched_tokens == 36       # re-synced snapshot
 
@@ -135,8 +127,8 @@ def test_two_replicas_over_one_redis_agree(redis_url: str) -> None:
             await a.store(p1)
             await b.store(p2)
             for stub in (r1.stub, r2.stub):
-                res, _ = await eventually(lambda s=stub: route(s, p1),
-                                          lambda res: len(res.candidates) == 2, within=2)
+                res = await eventually(lambda s=stub: route(s, p1),
+                                       lambda res: len(res.candidates) == 2, within=2)
                 assert (res.candidates[0].worker_id, res.candidates[0].matched_tokens) == ("a", 36)
                 res = await route(stub, p2)
                 assert (res.candidates[0].worker_id, res.candidates[0].matched_tokens) == ("b", 36)
@@ -187,15 +179,20 @@ def test_emptied_redis_answers_degraded_until_workers_return(redis_url: str) -> 
             client = aioredis.Redis.from_url(redis_url)
             await client.flushall()
             await client.aclose()
-            await asyncio.sleep(0.3)                    # a refresh sees the empty registry
+            servicer = r.server.servicer
+
+            async def lost() -> bool:                   # a refresh saw the empty registry
+                return servicer.table.lost(servicer.clock())
+
+            await eventually(lost, within=3)
             res = await route(r.stub, p)                # never an error meanwhile
             assert res.degraded and [c.worker_id for c in res.candidates] == ["a"]
             hb = await a.heartbeat()
             assert hb.reregister
             await a.join()
             await a.store(p)
-            res, _ = await eventually(lambda: route(r.stub, p),
-                                      lambda res: not res.degraded, within=3)
+            res = await eventually(lambda: route(r.stub, p),
+                                   lambda res: not res.degraded, within=3)
             assert res.candidates[0].matched_tokens == 36
 
     asyncio.run(main())
@@ -203,12 +200,13 @@ def test_emptied_redis_answers_degraded_until_workers_return(redis_url: str) -> 
 
 def test_worker_back_from_silence_rejoins_with_a_snapshot(redis_url: str) -> None:
     async def main() -> None:
-        async with serve(redis_cfg(redis_url, **FAST)) as r:
+        clock = ManualClock()
+        async with serve(redis_cfg(redis_url, **FAST), clock=clock) as r:
             a, b = SimWorker(r.stub, "a"), SimWorker(r.stub, "b")
             await a.join()
             await b.join()
             assert not (await a.heartbeat()).resync
-            await asyncio.sleep(0.8)                    # past the 0.6 s liveness timeout
+            clock.advance(800)                          # past the 0.6 s liveness timeout
             await b.heartbeat()
             live = await route(r.stub, prompt(8))
             assert [c.worker_id for c in live.candidates] == ["b"]

@@ -12,6 +12,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from kvmesh.hashing import block_hashes
 from kvmesh.v1 import index_pb2 as pb
 from service.config import ServiceConfig
+from tests.service.manual_clock import ManualClock
 from tests.service.simworker import BS, SimWorker, prompt, route, serve
 
 
@@ -124,13 +125,14 @@ def test_dry_run_routes_record_nothing(redis_url: str) -> None:
 
 def test_provisional_entries_never_outlive_their_ttl(redis_url: str) -> None:
     async def main() -> None:
-        async with serve(redis_cfg(redis_url, provisional_ttl_s=0.3)) as r:
+        clock = ManualClock()
+        async with serve(redis_cfg(redis_url, provisional_ttl_s=2.0), clock=clock) as r:
             for i in range(2):
                 await SimWorker(r.stub, f"w{i}").join()
             new = prompt(64, start=7000)
             await route(r.stub, new)
             assert max(c.matched_tokens for c in (await route(r.stub, new)).candidates) == 60
-            await asyncio.sleep(0.4)
+            clock.advance(2000)   # exactly the TTL: both routes recorded at the same instant
             res = await route(r.stub, new)                  # looked up before it records
             assert res.candidates and all(c.matched_tokens == 0 for c in res.candidates)
             st = await r.stub.Stats(pb.StatsRequest())

@@ -16,6 +16,7 @@ import pytest
 from kvmesh.v1 import index_pb2 as pb
 from service.config import ServiceConfig
 from service.worker_tokens import mint
+from tests.service.manual_clock import ManualClock
 from tests.service.simworker import SimWorker, prompt, route, serve
 
 SECRET = "takeover-test-secret"
@@ -49,7 +50,8 @@ async def alive(stub: object, worker_id: str) -> bool:
 
 def test_a_live_worker_id_is_kept_a_dead_one_is_free(config: ServiceConfig) -> None:
     async def main() -> None:
-        async with serve(config) as r:
+        clock = ManualClock()
+        async with serve(config, clock=clock) as r:
             real = SimWorker(r.stub, "a", token="shared-w", port=9000, incarnation=1)
             await real.join()
             await real.store(prompt(12))
@@ -68,8 +70,9 @@ def test_a_live_worker_id_is_kept_a_dead_one_is_free(config: ServiceConfig) -> N
             await again.join()
             assert await code_of(real.heartbeat()) == grpc.StatusCode.FAILED_PRECONDITION
             # once it stops heartbeating, a worker on another port may take the id
-            while await alive(r.stub, "a"):
-                await asyncio.sleep(0.05)
+            assert await alive(r.stub, "a")
+            clock.advance(int(config.liveness_timeout_s * 1000))
+            assert not await alive(r.stub, "a")
             moved = SimWorker(r.stub, "a", token=mint(SECRET, "a"), port=9001, incarnation=5)
             await moved.join()
             res = await route(r.stub, prompt(12), dry_run=True)

@@ -78,6 +78,21 @@ class CacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
 
+@dataclass(slots=True)
+class _Admissions:
+    """Admission counters of one kind (first admissions, or re-admissions after preemption):
+    requests admitted, prompt tokens queried, tokens served from cache."""
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+
+    def add(self, num_tokens: int, num_hits: int) -> None:
+        self.requests += 1
+        self.queries += num_tokens
+        self.hits += num_hits
+
+
 class KVCacheManager:
     """Allocates, caches and frees the KV blocks of requests (vLLM v1 prefix caching).
 
@@ -100,7 +115,8 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_caching=enable_caching, tier=tier)
         self._blocks: dict[str, list[KVCacheBlock]] = {}  # request id -> block table
         self._num_cached: dict[str, int] = {}  # request id -> leading blocks already cached
-        self._counts = [0] * 6  # requests, queries, hits, then the same for preempted
+        self._first = _Admissions()      # first admissions: the hit rate's counters
+        self._preempted = _Admissions()  # re-admissions after preemption, kept apart
         self._unwritten: list[KVCacheBlock] | None = None  # cached by the open step
 
     # --- sizing -----------------------------------------------------------------------
@@ -259,10 +275,8 @@ class KVCacheManager:
             self._unwritten = None
 
     def _record(self, req: KVRequest, num_hits: int) -> None:
-        base = 3 if req.num_preemptions else 0
-        self._counts[base] += 1
-        self._counts[base + 1] += req.num_tokens
-        self._counts[base + 2] += num_hits
+        counts = self._preempted if req.num_preemptions else self._first
+        counts.add(req.num_tokens, num_hits)
 
     def free(self, req: KVRequest) -> None:
         """Release the request's blocks, last block first, so the tail of its chain is
@@ -313,7 +327,9 @@ class KVCacheManager:
     @property
     def stats(self) -> CacheStats:
         pool = self.pool
-        return CacheStats(*self._counts, evictions=pool.evictions,
+        first, again = self._first, self._preempted
+        return CacheStats(first.requests, first.queries, first.hits, again.requests,
+                          again.queries, again.hits, evictions=pool.evictions,
                           blocks_total=pool.num_blocks,
                           blocks_used=pool.num_blocks - pool.num_free_blocks,
                           blocks_cached=pool.num_cached_blocks,

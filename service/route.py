@@ -1,0 +1,90 @@
+"""The pure steps of a Route, in the order ``IndexServicer._route`` runs them.
+
+1. ``live_groups``: the live workers serving the request's model, by namespace (one chain of
+   hashes per namespace: block size and hash algo differ between them);
+2. ``hash_in_thread`` decides where a chain is hashed;
+3. ``cap_match``: a worker's match, capped at the blocks the request can use from cache;
+4. (the policy ranks the views; the servicer records provisional entries and routed load);
+5. ``response``: the answer, cut to ``max_candidates``.
+
+None of these touch the backend, the clock or the metrics: the servicer does, between them.
+"""
+from __future__ import annotations
+
+import grpc
+
+from kvmesh.v1 import index_pb2 as pb
+from service import validate
+from service.index.base import BlockMatch, WorkerLoad, WorkerRecord
+from service.policy import Ranked
+from service.validate import RequestError
+
+
+def hash_work(n_tokens: int, block_size: int, n_mm: int) -> int:
+    """Units of hashing work of one chain: its blocks x (1 + its multimodal items)."""
+    return (n_tokens // max(block_size, 1) + 1) * (1 + n_mm)
+
+
+def hash_in_thread(inp: validate.RouteInput, block_size: int, threshold: int) -> bool:
+    """Whether hashing ``inp``'s chain is worth a worker thread (``threshold``: units of
+    :func:`hash_work` from which the event loop would stall heartbeats for too long)."""
+    return hash_work(len(inp.tokens), block_size, len(inp.mm)) >= threshold
+
+
+def usable_blocks(n_tokens: int, block_size: int) -> int:
+    """Blocks a prompt of ``n_tokens`` can take from cache: the last token is always
+    computed, so a block ending on it cannot be used."""
+    return (n_tokens - 1) // block_size
+
+
+def cap_match(m: BlockMatch, blocks: int) -> BlockMatch:
+    """At most ``blocks`` matched blocks, dropping the slowest tiers first (offloaded blocks
+    are a chain's tail: it is evicted tail first)."""
+    extra = m.blocks - blocks
+    if extra <= 0:
+        return m
+    disk = max(m.disk - extra, 0)
+    extra -= m.disk - disk
+    cpu = max(m.cpu - extra, 0)
+    extra -= m.cpu - cpu
+    return BlockMatch(blocks, m.gpu - extra, cpu, disk)
+
+
+def live_groups(live: list[WorkerRecord], model: str) -> dict[str, list[WorkerRecord]]:
+    """The ``live`` workers serving ``model`` (empty: the only model served), by namespace.
+
+    Raises INVALID_ARGUMENT when ``model`` is empty and several are served, UNAVAILABLE when
+    no live worker serves it."""
+    if not model:
+        models = sorted({r.model for r in live})
+        if len(models) > 1:
+            raise RequestError(validate.INVALID, f"several models are served "
+                               f"({', '.join(models)}): set RouteRequest.model")
+        model = models[0] if models else ""
+    groups: dict[str, list[WorkerRecord]] = {}
+    for r in live:
+        if r.model == model:
+            groups.setdefault(r.ns, []).append(r)
+    if not groups:
+        raise RequestError(grpc.StatusCode.UNAVAILABLE, "no live worker serves model "
+                           f"{model!r}" if model else "no live worker is registered")
+    return groups
+
+
+def pb_load(load: WorkerLoad) -> pb.WorkerLoad:
+    return pb.WorkerLoad(running=load.running, waiting=load.waiting,
+                         queued_prefill_tokens=load.queued_prefill_tokens,
+                         free_blocks=load.free_blocks, total_blocks=load.total_blocks,
+                         decode_tokens=load.decode_tokens)
+
+
+def response(inp: validate.RouteInput, ranked: list[Ranked], policy: str,
+             degraded: bool) -> pb.RouteResponse:
+    """The answer: the best ``max_candidates`` (0: all) of ``ranked``, best first."""
+    if inp.max_candidates:
+        ranked = ranked[:inp.max_candidates]
+    cands = [pb.Candidate(worker_id=r.view.worker_id, address=r.view.address,
+                          matched_tokens=r.matched_tokens, tier=r.view.match.tier,
+                          cost=r.cost, load=pb_load(r.view.load)) for r in ranked]
+    return pb.RouteResponse(candidates=cands, degraded=degraded,
+                            prompt_tokens=len(inp.tokens), policy=policy)
