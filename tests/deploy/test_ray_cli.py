@@ -7,13 +7,13 @@ serves, and on SIGTERM removes every actor it created.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import grpc
@@ -22,9 +22,10 @@ import ray
 import redis
 
 from client import KvmeshClient
+from deploy.waiting import wait_until
 from kvmesh.v1 import index_pb2, index_pb2_grpc
 from service.worker_tokens import mint
-from tests.deploy.conftest import kvmesh_actors, wait_for
+from tests.deploy.conftest import kvmesh_actors
 
 SECRET = "ray-cli-worker-secret-0123456789"
 
@@ -48,11 +49,11 @@ def test_up_prints_service_addresses_and_sigterm_removes_every_actor(ray_cluster
             if line.startswith("ready:"):
                 ready.set()
 
-    threading.Thread(target=read, daemon=True).start()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        deadline = time.monotonic() + 150
-        while not ready.wait(0.5) and proc.poll() is None and time.monotonic() < deadline:
-            pass
+        with contextlib.suppress(TimeoutError):  # the assert below shows the output
+            wait_until(lambda: ready.is_set() or proc.poll() is not None, 150)
         assert ready.is_set(), "\n".join(lines[-40:])
         services = [ln.split()[1] for ln in lines if ln.startswith("service ")]
         name = next(re.match(r"actors\s+(\S+)-\*", ln).group(1) for ln in lines
@@ -83,9 +84,9 @@ def test_up_prints_service_addresses_and_sigterm_removes_every_actor(ray_cluster
             assert [w["alive"] for w in client.stats()["workers"]] == [True]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, "\n".join(lines[-40:])
-        time.sleep(0.2)  # the reader thread drains the last lines
+        reader.join(10)  # it drains the last lines, then sees the end of the output
         assert lines[-1] == "stopped"
-        wait_for(lambda: not kvmesh_actors(name), timeout=15)
+        wait_until(lambda: not kvmesh_actors(name), timeout=15)
         groups = [g for g in ray.util.placement_group_table().values()
                   if g["name"].startswith(name)]
         assert groups and all(g["state"] == "REMOVED" for g in groups)

@@ -11,13 +11,13 @@ import ray
 
 from client import KvmeshClient
 from deploy.ray import RayCluster, RaySpec
+from deploy.waiting import wait_until
 from tests.cluster_scenarios import (
     another_salt_never_matches,
     generate_on,
     holder_match,
     question,
     shared_prefix_goes_to_its_holder,
-    wait_for,
 )
 from tests.deploy.conftest import kvmesh_actors
 
@@ -29,7 +29,7 @@ def kv(ray_cluster):
     yield cluster
     name = cluster.spec.name
     cluster.stop()
-    wait_for(lambda: not kvmesh_actors(name), timeout=10)
+    wait_until(lambda: not kvmesh_actors(name), timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -74,13 +74,13 @@ def test_restarted_worker_reregisters_with_an_empty_pool(kv, client):
     holder = first.worker_id
     index = kv.worker_ids.index(holder)
     before = kv.worker_infos()[index]
-    wait_for(lambda: holder_match(client, question(5), holder) >= 192)
+    wait_until(lambda: holder_match(client, question(5), holder) >= 192, timeout=10)
     ray.kill(kv.workers[index], no_restart=False)  # a crash: Ray restarts the actor
-    after = wait_for(lambda: (lambda i: i if i["pid"] != before["pid"] and i["registered"]
-                              else None)(ray.get(kv.workers[index].info.remote(), timeout=5)),
-                     timeout=90, interval=0.5)
+    after = wait_until(lambda: (lambda i: i if i["pid"] != before["pid"] and i["registered"]
+                                else None)(ray.get(kv.workers[index].info.remote(), timeout=5)),
+                       timeout=90, interval=0.5)
     assert after["worker_id"] == holder and after["address"] != before["address"]
-    wait_for(lambda: kv.alive_workers().get(holder) == after["address"], timeout=10)
+    wait_until(lambda: kv.alive_workers().get(holder) == after["address"], timeout=10)
     # Its first snapshot after registering told the index that nothing is cached any more.
     assert holder_match(client, question(5), holder) == 0
     assert generate_on(after["address"], question(5)).num_cached_tokens == 0
@@ -95,10 +95,10 @@ def test_restarted_service_replica_keeps_its_address(kv, client):
     assert (during.worker_id, during.matched_tokens) == (before.worker_id,
                                                           before.matched_tokens)
     # Pinned to the head node on a fixed port: it comes back where clients look for it.
-    assert wait_for(lambda: ray.get(kv.services[0].address.remote(), timeout=5),
-                    timeout=60, interval=0.5) == old
+    assert wait_until(lambda: ray.get(kv.services[0].address.remote(), timeout=5),
+                      timeout=60, interval=0.5) == old
     with KvmeshClient(old) as c:
-        after = wait_for(lambda: c.route(question(1), dry_run=True), timeout=20)
+        after = wait_until(lambda: c.route(question(1), dry_run=True), timeout=20)
     assert after.matched_tokens == before.matched_tokens
 
 

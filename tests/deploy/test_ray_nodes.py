@@ -21,7 +21,8 @@ import ray
 
 from client import KvmeshClient
 from deploy.ray import RayCluster, RaySpec
-from tests.deploy.conftest import STORE, wait_for
+from deploy.waiting import wait_until
+from tests.deploy.conftest import STORE
 
 NODE = {"num_cpus": 1, "num_gpus": 1, "resources": {"kvmesh_gpu_node": 1},
         "object_store_memory": STORE}
@@ -61,16 +62,16 @@ def test_lost_node_leaves_routing_and_its_worker_is_replaced(ray_cluster, gpu_no
                 routed = client.route(PROMPT, dry_run=True).candidates
                 return all(c.address != victim["address"] for c in routed)
 
-            wait_for(victim_out, timeout=5.0, interval=0.1)
+            wait_until(victim_out, timeout=5.0, interval=0.1)
             assert time.monotonic() - t0 < 5.0  # 3 s liveness + heartbeat + refresh slack
             # The survivor keeps serving what it cached.
-            wait_for(lambda: client.route(PROMPT, dry_run=True).matched_tokens >= 112)
+            wait_until(lambda: client.route(PROMPT, dry_run=True).matched_tokens >= 112, timeout=10)
             again = client.generate(PROMPT, max_tokens=2)
             assert again.worker_id == survivor_id and again.num_cached_tokens == 112
 
             # The replacement: same id, re-placed on the surviving GPU node, empty pool.
-            wait_for(lambda: kv.alive_workers().get(victim["worker_id"], victim["address"])
-                     != victim["address"], timeout=90, interval=0.5)
+            wait_until(lambda: kv.alive_workers().get(victim["worker_id"], victim["address"])
+                       != victim["address"], timeout=90, interval=0.5)
             index = kv.worker_ids.index(victim["worker_id"])
             replaced = ray.get(kv.workers[index].info.remote(), timeout=30)
             assert replaced["node_id"] == survivor["node_id"]

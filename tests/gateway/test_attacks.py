@@ -16,7 +16,7 @@ import pytest
 from client.gateway.app import GatewayConfig
 from client.gateway.tenants import Tenancy
 from deploy.local import ClusterSpec, LocalCluster
-from tests.cluster_scenarios import wait_for
+from deploy.waiting import wait_until
 from tests.gateway.conftest import SECRET, TENANT_KEYS, LiveGateway
 
 FULL_HIT = 144  # (160 - 1) // 16 * 16: the last prompt token is always computed
@@ -98,7 +98,7 @@ def test_insecure_shared_cache_shares_but_reports_no_hits(gateways: Gateways) ->
         cached(gw, secret)
         ids = list(secret.encode())
         with gateways.cluster.client() as kv:  # shared: the index holds the unsalted prefix
-            wait_for(lambda: kv.route(ids, dry_run=True).matched_tokens >= FULL_HIT)
+            wait_until(lambda: kv.route(ids, dry_run=True).matched_tokens >= FULL_HIT, timeout=10)
         assert cached(gw, secret) == cached(gw, wrong_guess(secret)) == 0
     finally:
         gw.stop()
@@ -122,7 +122,8 @@ def test_too_long_prompt_is_refused_before_routing(gateways: Gateways) -> None:
                                       extra_body={"cache_salt": salt})
         client.completions.create(model="tiny", prompt=long_prompt[:100], max_tokens=1,
                                   extra_body={"cache_salt": salt})  # control: this one is
-        assert wait_for(lambda: kv.route(ids, salt=salt, dry_run=True).matched_tokens >= 96)
+        assert wait_until(lambda: kv.route(ids, salt=salt, dry_run=True).matched_tokens >= 96,
+                          timeout=10)
 
 
 def test_batch_over_the_cap_is_refused(gateways: Gateways) -> None:

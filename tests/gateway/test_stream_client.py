@@ -10,6 +10,7 @@ import pytest
 
 from client import AsyncKvmeshClient, GenerateResult, KvmeshError
 from client.async_client import TokenChunk
+from deploy.waiting import eventually
 from kvmesh.v1 import index_pb2_grpc, worker_pb2_grpc
 from tests.client.fake_servers import (
     FakeIndex,
@@ -118,10 +119,8 @@ def test_cancelling_a_waiting_stream_is_clean(servers: list[grpc.Server]) -> Non
         async with AsyncKvmeshClient(address, generate_timeout=30) as kv:
             stream = kv.generate_stream([1])
             task = asyncio.ensure_future(anext(stream))
-            for _ in range(200):  # wait until the worker holds the request
-                if worker.requests:
-                    break
-                await asyncio.sleep(0.01)
+            # Wait until the worker holds the request.
+            await eventually(lambda: asyncio.sleep(0, worker.requests), within=2, interval=0.01)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task

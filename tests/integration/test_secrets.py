@@ -24,10 +24,10 @@ import pytest
 import redis
 
 from client import KvmeshClient
+from deploy.waiting import wait_until
 from kvmesh.auth import worker_access_token
 from kvmesh.v1 import index_pb2, index_pb2_grpc
 from service.worker_tokens import mint
-from tests.cluster_scenarios import wait_for
 
 if TYPE_CHECKING:
     from tests.certificates import Certs
@@ -206,7 +206,7 @@ def test_service_takes_a_rediss_url_with_password_from_its_environment(
         assert "backend redis" in line, line
         address = re.search(r"listening on (\S+)", line).group(1)
         with KvmeshClient([address]) as kv:
-            wait_for(lambda: kv.stats()["workers"] == [] and proxy.handshakes > 0)
+            wait_until(lambda: kv.stats()["workers"] == [] and proxy.handshakes > 0, timeout=10)
         assert redis.Redis.from_url(url).ping()  # redis-py verifies with the CA in the URL
         with pytest.raises(redis.ConnectionError):  # ...and refuses without it
             redis.Redis.from_url(url.partition("?")[0], socket_timeout=3).ping()

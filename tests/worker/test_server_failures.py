@@ -10,6 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from deploy.waiting import eventually
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 from tests.worker.faults import FailingForward
 from worker import Engine
@@ -115,11 +116,7 @@ def test_request_cancelled_before_the_engine_thread_takes_it_never_runs():
     gate, busy = threading.Event(), threading.Event()
 
     async def until(cond) -> None:
-        for _ in range(5000):
-            if cond():
-                return
-            await asyncio.sleep(0.002)
-        raise AssertionError("condition not met within 10 s")
+        await eventually(lambda: asyncio.sleep(0, cond()), interval=0.002)
 
     async def main():
         hold = runner.call(lambda e: (busy.set(), gate.wait(10)))  # engine thread busy

@@ -9,6 +9,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from deploy.waiting import eventually
 from kvmesh.auth import worker_access_token
 from kvmesh.tls import TlsFiles
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
@@ -117,13 +118,9 @@ def test_calls_in_flight_are_limited_per_connection(runner: AsyncEngine) -> None
                     pass
                 # the slot is free again once the stream ended (released as the call ends
                 # on the server, which may be a moment after the client saw its status)
-                for _ in range(50):
-                    if await _code(stub.Stats(worker_pb2.WorkerStatsRequest())) \
-                            == grpc.StatusCode.OK:
-                        break
-                    await asyncio.sleep(0.02)
-                else:
-                    raise AssertionError("the in-flight slot was never released")
+                await eventually(lambda: _code(stub.Stats(worker_pb2.WorkerStatsRequest())),
+                                 lambda code: code == grpc.StatusCode.OK, within=2,
+                                 interval=0.02)
         finally:
             await server.stop(None)
 
