@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 
+from client import KvmeshClient
 from deploy.waiting import wait_until
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 
@@ -71,3 +72,16 @@ def another_salt_never_matches(client) -> None:
     route = client.route(question(2), salt="tenant-b")
     assert all(c.matched_tokens == 0 for c in route.candidates)
     assert client.generate(question(2), max_tokens=2, salt="tenant-b").num_cached_tokens == 0
+
+
+def replicas_agree(client, addresses: list[str]) -> None:
+    """Every service replica answers the same route: they share one index."""
+    # The first route records provisional entries for the chosen worker's new blocks (shared
+    # through Redis, so every replica sees them); compare the answers after it.
+    client.route(question(3))
+    answers = []
+    for address in addresses:
+        with KvmeshClient(address) as c:
+            r = c.route(question(3), dry_run=True)
+            answers.append(sorted((x.worker_id, x.matched_tokens) for x in r.candidates))
+    assert answers[0] == answers[1] and max(m for _, m in answers[0]) >= 192

@@ -7,13 +7,14 @@ import time
 import pytest
 import redis
 
-from client import KvmeshClient, KvmeshError
+from client import KvmeshClient
 from deploy.waiting import wait_until
 from tests.cluster_scenarios import (
     another_salt_never_matches,
     generate_on,
     holder_match,
     question,
+    replicas_agree,
     shared_prefix_goes_to_its_holder,
 )
 
@@ -22,13 +23,6 @@ from tests.cluster_scenarios import (
 def client(cluster):
     with KvmeshClient(cluster.service_addresses) as c:
         yield c
-
-
-def _try(fn):
-    try:
-        return fn()
-    except KvmeshError:
-        return None
 
 
 def test_shared_prefix_goes_to_its_holder_and_skips_prefill(client):
@@ -40,15 +34,7 @@ def test_another_salt_never_matches(client):
 
 
 def test_two_service_replicas_agree(cluster, client):
-    # The first route records provisional entries for the chosen worker's new blocks (shared
-    # through Redis, so both replicas see them); compare the answers after it.
-    client.route(question(3))
-    answers = []
-    for addr in cluster.service_addresses:
-        with KvmeshClient(addr) as c:
-            r = c.route(question(3), dry_run=True)
-            answers.append(sorted((x.worker_id, x.matched_tokens) for x in r.candidates))
-    assert answers[0] == answers[1] and max(m for _, m in answers[0]) >= 192
+    replicas_agree(client, cluster.service_addresses)
 
 
 def test_eviction_on_the_worker_removes_index_entries(cluster, client):
@@ -83,8 +69,8 @@ def test_service_restart_loses_nothing(cluster, client):
     cluster.start_service(0, port=int(cluster.services[0].address.rpartition(":")[2]))
     with KvmeshClient(cluster.services[0].address) as c:
         # gRPC may still hold the old connection's back-off for a moment: retry until it
-        # reconnects to the restarted replica.
-        after = wait_until(lambda: _try(lambda: c.route(question(7), dry_run=True)), timeout=10)
+        # reconnects to the restarted replica (an error counts as not yet).
+        after = wait_until(lambda: c.route(question(7), dry_run=True), timeout=10)
     assert after.matched_tokens == before.matched_tokens
 
 

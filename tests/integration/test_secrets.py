@@ -96,9 +96,9 @@ def _children(up: Up) -> dict[str, psutil.Process]:
 
 def test_secrets_are_in_environments_never_on_command_lines_or_output(up: Up) -> None:
     kids = _children(up)
-    with KvmeshClient(up.field("service"), TOKEN) as kv:  # the cluster works (and logs)
-        kv.generate(PROMPT, max_tokens=2, ignore_eos=True)
-        assert [w["alive"] for w in kv.stats()["workers"]] == [True]
+    with KvmeshClient(up.field("service"), TOKEN) as client:  # the cluster works (and logs)
+        client.generate(PROMPT, max_tokens=2, ignore_eos=True)
+        assert [w["alive"] for w in client.stats()["workers"]] == [True]
     redis_log = Path(kids["redis"].cwd()) / "server.log"
     texts = {"output": "\n".join(up.lines), "redis log": redis_log.read_text()}
     texts.update({f"{role} cmdline": "\0".join(p.cmdline()) for role, p in kids.items()})
@@ -205,8 +205,8 @@ def test_service_takes_a_rediss_url_with_password_from_its_environment(
         line = proc.stdout.readline()
         assert "backend redis" in line, line
         address = re.search(r"listening on (\S+)", line).group(1)
-        with KvmeshClient([address]) as kv:
-            wait_until(lambda: kv.stats()["workers"] == [] and proxy.handshakes > 0, timeout=10)
+        with KvmeshClient([address]) as client:
+            wait_until(lambda: client.stats()["workers"] == [] and proxy.handshakes > 0, timeout=10)
         assert redis.Redis.from_url(url).ping()  # redis-py verifies with the CA in the URL
         with pytest.raises(redis.ConnectionError):  # ...and refuses without it
             redis.Redis.from_url(url.partition("?")[0], socket_timeout=3).ping()

@@ -45,10 +45,10 @@ def secure(certs: Certs):
 
 
 def test_clients_with_ca_certificate_and_token_get_through(secure: LocalCluster) -> None:
-    with secure.client() as kv:
-        out = kv.generate(PROMPT, max_tokens=3, ignore_eos=True)
-        again = kv.generate(PROMPT, max_tokens=3, ignore_eos=True)
-        stats = kv.stats()
+    with secure.client() as client:
+        out = client.generate(PROMPT, max_tokens=3, ignore_eos=True)
+        again = client.generate(PROMPT, max_tokens=3, ignore_eos=True)
+        stats = client.stats()
     assert len(out.token_ids) == 3 and again.token_ids == out.token_ids
     assert again.num_cached_tokens == 48
     assert [w["alive"] for w in stats["workers"]] == [True]  # joined with its bound token
@@ -65,9 +65,9 @@ def test_each_missing_credential_is_refused(secure: LocalCluster, certs: Certs) 
         "no token": (full, None, grpc.StatusCode.UNAUTHENTICATED),
     }
     for name, (tls, token, code) in cases.items():
-        with KvmeshClient(secure.service_addresses, token, tls=tls, timeout=3) as kv, \
+        with KvmeshClient(secure.service_addresses, token, tls=tls, timeout=3) as client, \
                 pytest.raises(KvmeshError) as err:
-            kv.stats()
+            client.stats()
         assert err.value.code == code, name
     # the worker wants the access token derived from the router token (its env
     # KVMESH_WORKER_ACCESS_TOKEN, read by worker/cli.py), over TLS; never the router token
@@ -133,10 +133,10 @@ def test_kvmesh_up_takes_tls_and_worker_secret_flags(certs: Certs) -> None:
         assert hint is not None, "\n".join(lines[-40:])
         assert f"--tls-ca {tls.ca}" in hint  # the hint's command reaches the cluster as served
         services = [ln.split()[1] for ln in lines if ln.startswith("service ")]
-        with KvmeshClient(services, TOKEN, tls=tls) as kv:
-            out = kv.generate(PROMPT, max_tokens=3, ignore_eos=True)
-            again = kv.generate(PROMPT, max_tokens=3, ignore_eos=True)
-            stats = kv.stats()
+        with KvmeshClient(services, TOKEN, tls=tls) as client:
+            out = client.generate(PROMPT, max_tokens=3, ignore_eos=True)
+            again = client.generate(PROMPT, max_tokens=3, ignore_eos=True)
+            stats = client.stats()
         assert again.token_ids == out.token_ids and again.num_cached_tokens == 48
         assert [w["alive"] for w in stats["workers"]] == [True]  # joined with its bound token
         with grpc.secure_channel(services[0], tls.channel_credentials()) as ch:
