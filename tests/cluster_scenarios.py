@@ -39,8 +39,8 @@ def holder_settled(client, tokens: list[int], worker_id: str, matched: int) -> b
     routed to it since its last heartbeat (a dry run: it records nothing)."""
     for c in client.route(tokens, dry_run=True).candidates:
         if c.worker_id == worker_id:
-            return (c.matched_tokens >= matched and c.load.waiting == 0
-                    and c.load.queued_prefill_tokens == 0)
+            return (c.matched_tokens >= matched and not c.load.get("waiting")
+                    and not c.load.get("queued_prefill_tokens"))
     return False
 
 
