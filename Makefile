@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo lint proto clean
+.PHONY: install test test-fast demo lint proto clean
 
 install: $(STAMP)
 
@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# The edit loop: everything but the tests that start processes, Redis, Ray or clusters.
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not integration"
 
 demo: install
 	$(BIN)/kvmesh demo

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from deploy.process import ServerProcess, wait_all
 from deploy.redis_server import RedisServer, start_redis
+from deploy.waiting import wait_until
 from kvmesh.auth import worker_access_token
 
 if TYPE_CHECKING:
@@ -179,21 +180,21 @@ class LocalCluster:
     def wait_ready(self, timeout: float = 60.0, workers: int | None = None) -> None:
         """Block until the service reports ``workers`` (default: all started) alive."""
         want = len(self.workers) if workers is None else workers
-        deadline = time.monotonic() + timeout
-        alive = 0
+
+        def settled(client: KvmeshClient) -> bool | list[ServerProcess]:
+            """True once ``want`` workers are alive; before that, the workers that exited."""
+            try:
+                alive = sum(1 for w in client.stats()["workers"] if w["alive"])
+            except Exception:  # the service may still be starting
+                alive = 0
+            return alive >= want or [w for w in self.workers
+                                     if w.proc is not None and not w.alive]
+
         with self.client() as client:
-            while time.monotonic() < deadline:
-                try:
-                    alive = sum(1 for w in client.stats()["workers"] if w["alive"])
-                except Exception:  # the service may still be starting
-                    alive = 0
-                if alive >= want:
-                    return
-                for w in self.workers:
-                    if w.proc is not None and not w.alive:
-                        raise RuntimeError(f"{w.name} exited:\n{w.tail()}")
-                time.sleep(0.1)
-        raise TimeoutError(f"only {alive} of {want} workers registered within {timeout}s")
+            outcome = wait_until(lambda: settled(client), timeout, interval=0.1,
+                                 what=f"{want} workers registered")
+        if outcome is not True:
+            raise RuntimeError(f"{outcome[0].name} exited:\n{outcome[0].tail()}")
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop workers, then services, then Redis; everything is gone within ``timeout``."""

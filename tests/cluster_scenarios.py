@@ -3,12 +3,13 @@ Ray actors (tests/deploy) run these same scenarios against their own cluster."""
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 
+from client import KvmeshClient
+from deploy.waiting import wait_until
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 
 SYSTEM = [random.Random(0).randrange(256) for _ in range(200)]  # 12 full blocks + 8
@@ -20,19 +21,9 @@ def question(i: int) -> list[int]:
 
 
 def wait_for(fn: Callable[[], Any], timeout: float = 10.0, interval: float = 0.1) -> Any:
-    """Poll ``fn`` until it returns something truthy and return it; fail with the last value.
-    An exception counts as "not yet" (a restarting replica, a reconnecting channel)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except Exception as e:
-            last = e
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s (last: {last!r})")
+    """``deploy.waiting.wait_until`` with the scenarios' defaults (kept while tests/service
+    still imports this name; new code calls ``wait_until``)."""
+    return wait_until(fn, timeout, interval)
 
 
 def holder_match(client, tokens: list[int], worker_id: str, salt: str | None = None) -> int:
@@ -41,6 +32,16 @@ def holder_match(client, tokens: list[int], worker_id: str, salt: str | None = N
         if c.worker_id == worker_id:
             return c.matched_tokens
     return 0
+
+
+def holder_settled(client, tokens: list[int], worker_id: str, matched: int) -> bool:
+    """The index says ``worker_id`` holds ``matched`` tokens of ``tokens`` and counts no work
+    routed to it since its last heartbeat (a dry run: it records nothing)."""
+    for c in client.route(tokens, dry_run=True).candidates:
+        if c.worker_id == worker_id:
+            return (c.matched_tokens >= matched and not c.load.get("waiting")
+                    and not c.load.get("queued_prefill_tokens"))
+    return False
 
 
 def generate_on(address: str, tokens: list[int], max_tokens: int = 2):
@@ -58,8 +59,8 @@ def shared_prefix_goes_to_its_holder(client) -> None:
     holder = first.worker_id
     # Until the holder's next heartbeat the service counts the routed prompt as work queued
     # on it (so a burst spreads); once the heartbeat shows it idle, its cached prefix wins.
-    time.sleep(1.5)
-    wait_for(lambda: holder_match(client, question(1), holder) >= 192)
+    wait_until(lambda: holder_settled(client, question(1), holder, 192), 10.0,
+               what="the holder idle with the prefix")
     route = client.route(question(1))
     # >= : the route above may have left provisional entries for its own new blocks.
     assert route.worker_id == holder and route.matched_tokens >= 192
@@ -71,3 +72,16 @@ def another_salt_never_matches(client) -> None:
     route = client.route(question(2), salt="tenant-b")
     assert all(c.matched_tokens == 0 for c in route.candidates)
     assert client.generate(question(2), max_tokens=2, salt="tenant-b").num_cached_tokens == 0
+
+
+def replicas_agree(client, addresses: list[str]) -> None:
+    """Every service replica answers the same route: they share one index."""
+    # The first route records provisional entries for the chosen worker's new blocks (shared
+    # through Redis, so every replica sees them); compare the answers after it.
+    client.route(question(3))
+    answers = []
+    for address in addresses:
+        with KvmeshClient(address) as c:
+            r = c.route(question(3), dry_run=True)
+            answers.append(sorted((x.worker_id, x.matched_tokens) for x in r.candidates))
+    assert answers[0] == answers[1] and max(m for _, m in answers[0]) >= 192

@@ -1,21 +1,39 @@
 """Session fixtures for every test package: one real Valkey/Redis, emptied per test.
 
 The server requires a password, as every Valkey kvmesh starts does: tests reach it through
-``redis_url`` / ``redis_server.url`` (``redis://:PASSWORD@127.0.0.1:PORT/0``)."""
+``redis_url`` / ``redis_server.url`` (``redis://:PASSWORD@127.0.0.1:PORT/0``).
+
+Marker ``integration``: a test that starts real processes, Redis, Ray or a cluster. Using one
+of :data:`INTEGRATION_FIXTURES` or living in ``tests/integration/`` marks a test by itself
+(:func:`pytest_collection_modifyitems`); a test that starts processes inline says so with
+``@pytest.mark.integration`` (or a module's ``pytestmark``). ``make test-fast`` runs the rest.
+"""
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from deploy.redis_server import RedisServer, start_redis
+
+INTEGRATION_FIXTURES = frozenset({"redis_server", "redis_url", "ray_cluster"})
+_INTEGRATION_DIR = Path(__file__).parent / "integration"
 
 # Worker and service processes take their root hash seed from PYTHONHASHSEED when it is set
 # (as vLLM does); tests compute roots with none_hash(algo), the default seed, so the processes
 # they start must not inherit a seed from the shell that runs pytest.
 for _var in ("PYTHONHASHSEED", "KVMESH_HASH_SEED"):
     os.environ.pop(_var, None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``integration`` every test that needs a real server by its fixtures or place."""
+    for item in items:
+        if (INTEGRATION_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+                or item.path.is_relative_to(_INTEGRATION_DIR)):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")

@@ -35,7 +35,6 @@ import dataclasses
 import math
 import os
 import secrets
-import time
 from typing import Any
 
 import ray
@@ -53,6 +52,7 @@ from deploy.ray.service_actor import ServiceActor
 from deploy.ray.spec import RaySpec, worker_bundle
 from deploy.ray.worker_actor import WorkerActor
 from deploy.ray.worker_host import WorkerConfig
+from deploy.waiting import wait_until
 from kvmesh.auth import worker_access_token
 from kvmesh.hashing import DEFAULT_ALGO, resolve_seed
 
@@ -203,17 +203,8 @@ class RayCluster:
     def wait_ready(self, timeout: float = 120.0, worker_ids: list[str] | None = None) -> None:
         """Block until the service counts ``worker_ids`` (default: all) alive."""
         want = set(self.worker_ids if worker_ids is None else worker_ids)
-        deadline = time.monotonic() + timeout
-        alive: set[str] = set()
-        while time.monotonic() < deadline:
-            try:
-                alive = set(self.alive_workers())
-            except Exception:  # a replica may still be starting
-                alive = set()
-            if want <= alive:
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"workers {sorted(want - alive)} not alive within {timeout:.0f}s")
+        wait_until(lambda: want <= set(self.alive_workers()), timeout, interval=0.2,
+                   what=f"workers {sorted(want)} alive")  # a replica may still be starting
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop and remove every actor and placement group this cluster created."""

@@ -40,6 +40,7 @@ def test_summary_and_ratios() -> None:
     assert math.isinf(ratios["token_hit_rate"])
 
 
+@pytest.mark.integration
 def test_one_policy_on_a_real_cluster() -> None:
     res = e2e.run(TINY, policies=("kvmesh",))
     (row,) = res["rows"]

@@ -5,22 +5,15 @@ fixed route, stream a fixed generation, fail in a chosen way, and record what th
 """
 from __future__ import annotations
 
-import socket
 import time
 from concurrent import futures
 
 import grpc
 
 from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2, worker_pb2_grpc
+from tests.ports import closed_port_address  # noqa: F401  (the client tests import it here)
 
 AFTER_FINAL = -1  # FakeWorker.fail_after: fail once the final message went out
-
-
-def closed_port_address() -> str:
-    """A loopback address where nothing listens (connection refused)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{sock.getsockname()[1]}"
 
 
 def start_server(servicer: object, add) -> tuple[grpc.Server, str]:

@@ -26,18 +26,18 @@ def test_parse_addresses_and_ring_order() -> None:
 
 
 def test_prompt_must_be_token_ids(make_client) -> None:
-    kv = make_client(closed_port_address())
+    client = make_client(closed_port_address())
     for bad in ("hello", b"hi", [1, 2.5]):
         with pytest.raises(TypeError):
-            kv.route(bad)
+            client.route(bad)
 
 
 def test_route_converts_response_and_sends_request(cluster, make_client) -> None:
     index = FakeIndex([candidate("w1", "h1:1", matched=32, cost=5.5),
                        candidate("w2", "h2:2", cost=40.0, tier=index_pb2.TIER_CPU)])
     index.degraded = True
-    kv = make_client(cluster.index(index))
-    result = kv.route([1, 2, 3], salt="tenant-a", lora=("ad", "/p"), mm=[("img", 0, 2)],
+    client = make_client(cluster.index(index))
+    result = client.route([1, 2, 3], salt="tenant-a", lora=("ad", "/p"), mm=[("img", 0, 2)],
                       policy="prefix_only", max_candidates=2)
     assert isinstance(result, RouteResult)
     assert (result.worker_id, result.address, result.matched_tokens) == ("w1", "h1:1", 32)
@@ -58,28 +58,28 @@ def test_router_token_to_the_service_access_token_to_workers(cluster, make_clien
     worker = FakeWorker("w1", token=access)
     worker_address = cluster.worker(worker)
     index = FakeIndex([candidate("w1", worker_address)], token="s3cret")
-    kv = make_client(cluster.index(index), token="s3cret")
-    kv.route([1])
-    kv.generate([1], max_tokens=2)
-    kv.stats()
-    kv.worker_stats(worker_address)
+    client = make_client(cluster.index(index), token="s3cret")
+    client.route([1])
+    client.generate([1], max_tokens=2)
+    client.stats()
+    client.worker_stats(worker_address)
     assert all(md["authorization"] == "Bearer s3cret" for md in index.metadata)
     assert all(md["authorization"] == f"Bearer {access}" for md in worker.metadata)
     assert len(index.metadata) == 3 and len(worker.metadata) == 2
 
 
 def test_wrong_token_raises_unauthenticated(cluster, make_client) -> None:
-    kv = make_client(cluster.index(FakeIndex(token="right")), token="wrong")
+    client = make_client(cluster.index(FakeIndex(token="right")), token="wrong")
     with pytest.raises(KvmeshError) as info:
-        kv.route([1])
+        client.route([1])
     assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
     assert info.value.message == "missing or wrong bearer token"
 
 
 def test_generate_returns_final_facts(cluster, make_client) -> None:
     worker = FakeWorker("w1", cached=16)
-    kv = make_client(cluster.index(FakeIndex([candidate("w1", cluster.worker(worker), 16)])))
-    result = kv.generate(list(range(20)), max_tokens=5, salt="s", temperature=0.5, seed=7)
+    client = make_client(cluster.index(FakeIndex([candidate("w1", cluster.worker(worker), 16)])))
+    result = client.generate(list(range(20)), max_tokens=5, salt="s", temperature=0.5, seed=7)
     assert isinstance(result, GenerateResult)
     assert result.token_ids == [100, 101, 102, 103, 104]
     assert (result.worker_id, result.finish_reason) == ("w1", "length")
@@ -117,8 +117,8 @@ def test_generate_fails_over_on_deadline(cluster, make_client) -> None:
     slow, good = FakeWorker("w1", mode="hang"), FakeWorker("w2")
     index = FakeIndex([candidate("w1", cluster.worker(slow)),
                        candidate("w2", cluster.worker(good))])
-    kv = make_client(cluster.index(index), generate_timeout=0.3)
-    assert kv.generate([1], max_tokens=2).worker_id == "w2"
+    client = make_client(cluster.index(index), generate_timeout=0.3)
+    assert client.generate([1], max_tokens=2).worker_id == "w2"
 
 
 def test_generate_raises_when_every_candidate_fails(cluster, make_client) -> None:
@@ -143,8 +143,8 @@ def test_non_retryable_worker_error_is_raised_without_failover(cluster, make_cli
 
 
 def test_no_candidates_is_unavailable(cluster, make_client) -> None:
-    kv = make_client(cluster.index(FakeIndex([])))
-    for call in (kv.route, kv.generate):
+    client = make_client(cluster.index(FakeIndex([])))
+    for call in (client.route, client.generate):
         with pytest.raises(KvmeshError) as info:
             call([1])
         assert info.value.code == grpc.StatusCode.UNAVAILABLE
@@ -155,17 +155,17 @@ def test_service_replica_failover_remembers_the_good_one(cluster, make_client) -
     sick.error = (grpc.StatusCode.UNAVAILABLE, "replica draining")
     good = FakeIndex([candidate("w1", "h:1")])
     addresses = [closed_port_address(), cluster.index(sick), cluster.index(good)]
-    kv = make_client(",".join(addresses))
-    assert kv.route([1]).worker_id == "w1"
-    assert kv.route([2]).worker_id == "w1"
-    assert kv.stats()["service"] == addresses[2]
+    client = make_client(",".join(addresses))
+    assert client.route([1]).worker_id == "w1"
+    assert client.route([2]).worker_id == "w1"
+    assert client.stats()["service"] == addresses[2]
     assert len(sick.metadata) == 1 and len(good.metadata) == 3
 
 
 def test_all_replicas_down_raises_unavailable(make_client) -> None:
-    kv = make_client([closed_port_address(), closed_port_address()])
+    client = make_client([closed_port_address(), closed_port_address()])
     with pytest.raises(KvmeshError) as info:
-        kv.stats()
+        client.stats()
     assert info.value.code == grpc.StatusCode.UNAVAILABLE
     assert "all 2 service replica(s) failed" in info.value.message
 
@@ -173,9 +173,9 @@ def test_all_replicas_down_raises_unavailable(make_client) -> None:
 def test_non_retryable_service_error_keeps_code_and_message(cluster, make_client) -> None:
     first, second = FakeIndex(), FakeIndex([candidate("w1", "h:1")])
     first.error = (grpc.StatusCode.INVALID_ARGUMENT, "salt longer than 4096 bytes")
-    kv = make_client([cluster.index(first), cluster.index(second)])
+    client = make_client([cluster.index(first), cluster.index(second)])
     with pytest.raises(KvmeshError) as info:
-        kv.route([1], salt="x")
+        client.route([1], salt="x")
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.message == "salt longer than 4096 bytes"
     assert str(info.value) == "INVALID_ARGUMENT: salt longer than 4096 bytes"
@@ -192,28 +192,28 @@ def test_stats_and_worker_stats(cluster, make_client) -> None:
                                       free_blocks=5, total_blocks=64),
             indexed_blocks=12, last_seq=9, heartbeat_age_s=0.4)],
         counters={"routes": 10.0, "route_hits": 4.0})
-    kv = make_client(cluster.index(index))
-    stats = kv.stats()
+    client = make_client(cluster.index(index))
+    stats = client.stats()
     (w,) = stats["workers"]
     assert (w["worker_id"], w["address"], w["alive"]) == ("w1", worker_address, True)
     assert (w["running"], w["waiting"], w["queued_prefill_tokens"]) == (2, 1, 300)
     assert (w["free_blocks"], w["total_blocks"], w["indexed_blocks"]) == (5, 64, 12)
     assert stats["counters"] == {"routes": 10.0, "route_hits": 4.0} and not stats["degraded"]
-    ws = kv.worker_stats(worker_address)
+    ws = client.worker_stats(worker_address)
     assert ws["worker_id"] == "w1" and ws["cache"]["hit_rate"] == 0.75
     assert ws["load"]["total_blocks"] == 128 and ws["index_served_tokens"] == 48
     with pytest.raises(KvmeshError) as info:
-        kv.worker_stats(closed_port_address())
+        client.worker_stats(closed_port_address())
     assert info.value.code == grpc.StatusCode.UNAVAILABLE
 
 
 def test_closed_client_refuses_calls(cluster, make_client) -> None:
-    kv = make_client(cluster.index(FakeIndex([candidate("w1", "h:1")])))
-    kv.route([1])
-    kv.close()
-    kv.close()
+    client = make_client(cluster.index(FakeIndex([candidate("w1", "h:1")])))
+    client.route([1])
+    client.close()
+    client.close()
     with pytest.raises(RuntimeError):
-        kv.route([1])
+        client.route([1])
 
 
 def test_async_client_serves_concurrent_generates_with_failover(cluster) -> None:
@@ -222,8 +222,8 @@ def test_async_client_serves_concurrent_generates_with_failover(cluster) -> None
     address = cluster.index(index)
 
     async def main() -> list[GenerateResult]:
-        async with AsyncKvmeshClient([closed_port_address(), address]) as kv:
-            return await asyncio.gather(*(kv.generate([i], max_tokens=3) for i in range(8)))
+        async with AsyncKvmeshClient([closed_port_address(), address]) as client:
+            return await asyncio.gather(*(client.generate([i], max_tokens=3) for i in range(8)))
 
     results = asyncio.run(main())
     assert {r.worker_id for r in results} == {"w2"}

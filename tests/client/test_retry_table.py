@@ -39,16 +39,16 @@ def generate_with(flavour: str, address: str, **kwargs: Any) -> tuple[GenerateRe
     if flavour == "sync":
         from client import KvmeshClient
 
-        with KvmeshClient(address, generate_timeout=5) as kv:
-            return kv.generate([1, 2, 3], **kwargs), 0
+        with KvmeshClient(address, generate_timeout=5) as client:
+            return client.generate([1, 2, 3], **kwargs), 0
 
     async def run() -> tuple[GenerateResult, int]:
-        async with AsyncKvmeshClient(address, generate_timeout=5) as kv:
+        async with AsyncKvmeshClient(address, generate_timeout=5) as client:
             if flavour == "async":
-                return await kv.generate([1, 2, 3], **kwargs), 0
+                return await client.generate([1, 2, 3], **kwargs), 0
             chunks = 0
             try:
-                async for item in kv.generate_stream([1, 2, 3], **kwargs):
+                async for item in client.generate_stream([1, 2, 3], **kwargs):
                     if isinstance(item, GenerateResult):
                         return item, chunks
                     chunks += 1
@@ -99,13 +99,13 @@ def test_delivered_tokens_and_unknown_codes_are_surfaced() -> None:
 def test_service_replica_row(cluster, make_client, code, action) -> None:
     sick, good = FakeIndex([candidate("w1", "h:1")]), FakeIndex([candidate("w2", "h:2")])
     sick.error = (code, "scripted replica failure")
-    kv = make_client([cluster.index(sick), cluster.index(good)])
+    client = make_client([cluster.index(sick), cluster.index(good)])
     if action is Action.NEXT_REPLICA:
-        assert kv.route([1]).worker_id == "w2"
+        assert client.route([1]).worker_id == "w2"
         assert len(sick.routes) == 0 and len(good.routes) == 1
         return
     with pytest.raises(KvmeshError) as info:
-        kv.route([1])
+        client.route([1])
     assert info.value.code == code and info.value.message == "scripted replica failure"
     assert good.metadata == []
 
@@ -182,9 +182,9 @@ def test_a_surfaced_error_after_failover_names_the_earlier_attempts(cluster, gen
 def test_a_hung_replica_is_left_at_the_deadline(cluster, make_client) -> None:
     hung, good = FakeIndex([candidate("w1", "h:1")]), FakeIndex([candidate("w2", "h:2")])
     hung.hang = True
-    kv = make_client([cluster.index(hung), cluster.index(good)], timeout=0.3)
-    assert kv.route([1]).worker_id == "w2"
-    assert kv.route([2]).worker_id == "w2"  # the good replica is asked first from now on
+    client = make_client([cluster.index(hung), cluster.index(good)], timeout=0.3)
+    assert client.route([1]).worker_id == "w2"
+    assert client.route([2]).worker_id == "w2"  # the good replica is asked first from now on
     assert len(hung.metadata) == 1
 
 
@@ -193,9 +193,9 @@ def test_every_replica_failed_names_every_attempt(cluster, make_client) -> None:
     hung.hang = True
     sick.error = (grpc.StatusCode.INTERNAL, "replica bug")
     down = closed_port_address()
-    kv = make_client([down, cluster.index(hung), cluster.index(sick)], timeout=0.3)
+    client = make_client([down, cluster.index(hung), cluster.index(sick)], timeout=0.3)
     with pytest.raises(KvmeshError) as info:
-        kv.stats()
+        client.stats()
     assert info.value.code == grpc.StatusCode.INTERNAL
     assert info.value.message.startswith("all 3 service replica(s) failed")
     assert down in info.value.message and "DEADLINE_EXCEEDED" in info.value.message

@@ -13,8 +13,6 @@ from typing import Any
 
 import pytest
 
-from tests.cluster_scenarios import wait_for  # noqa: F401  (the tests import it from here)
-
 STORE = 80 * 1024 * 1024
 
 

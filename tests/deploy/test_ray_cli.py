@@ -7,14 +7,7 @@ serves, and on SIGTERM removes every actor it created.
 """
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
-import threading
-import time
-from pathlib import Path
 
 import grpc
 import pytest
@@ -22,9 +15,11 @@ import ray
 import redis
 
 from client import KvmeshClient
+from deploy.waiting import wait_until
 from kvmesh.v1 import index_pb2, index_pb2_grpc
 from service.worker_tokens import mint
-from tests.deploy.conftest import kvmesh_actors, wait_for
+from tests.deploy.conftest import kvmesh_actors
+from tests.kvmesh_up import Up
 
 SECRET = "ray-cli-worker-secret-0123456789"
 
@@ -32,37 +27,19 @@ SECRET = "ray-cli-worker-secret-0123456789"
 def test_up_prints_service_addresses_and_sigterm_removes_every_actor(ray_cluster):
     """Also: ``--worker-secret`` (here from its env var) reaches the Ray backend, and the
     embedded Redis wants its password, which is printed only redacted."""
-    kvmesh = str(Path(sys.executable).parent / "kvmesh")
-    cmd = [kvmesh, "up", "--backend", "ray", "--ray-address",
-           ray_cluster.address, "--workers", "1", "--port", "0", "--num-blocks", "32"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                 "KVMESH_WORKER_SECRET": SECRET})
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip())
-            if line.startswith("ready:"):
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
+    up = Up("--backend", "ray", "--ray-address", ray_cluster.address, "--workers", "1",
+            "--port", "0", "--num-blocks", "32", env={"KVMESH_WORKER_SECRET": SECRET})
     try:
-        deadline = time.monotonic() + 150
-        while not ready.wait(0.5) and proc.poll() is None and time.monotonic() < deadline:
-            pass
-        assert ready.is_set(), "\n".join(lines[-40:])
-        services = [ln.split()[1] for ln in lines if ln.startswith("service ")]
-        name = next(re.match(r"actors\s+(\S+)-\*", ln).group(1) for ln in lines
+        assert up.wait_ready(150), up.tail()
+        services = up.field("service")
+        name = next(re.match(r"actors\s+(\S+)-\*", ln).group(1) for ln in up.lines
                     if ln.startswith("actors "))
         assert len(services) == 1
         assert kvmesh_actors(name) == [f"{name}-redis", f"{name}-service-0",
                                        f"{name}-worker-0"]
         with KvmeshClient(services) as client:
             assert client.generate(list(range(40)), max_tokens=2).worker_id == f"{name}-w0"
-        printed = next(ln.split()[1] for ln in lines if ln.startswith("redis "))
+        printed = up.field("redis")[0]
         assert printed.startswith("redis://:***@"), printed
         host, _, port = printed.rpartition("@")[2].partition("/")[0].rpartition(":")
         with redis.Redis(host=host, port=int(port), protocol=2) as anyone, \
@@ -81,15 +58,11 @@ def test_up_prints_service_addresses_and_sigterm_removes_every_actor(ray_cluster
         loopback = f"127.0.0.1:{services[0].rpartition(':')[2]}"
         with KvmeshClient([loopback], timeout=10) as client:
             assert [w["alive"] for w in client.stats()["workers"]] == [True]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0, "\n".join(lines[-40:])
-        time.sleep(0.2)  # the reader thread drains the last lines
-        assert lines[-1] == "stopped"
-        wait_for(lambda: not kvmesh_actors(name), timeout=15)
+        assert up.stop(60) == 0, up.tail()
+        assert up.lines[-1] == "stopped"
+        wait_until(lambda: not kvmesh_actors(name), timeout=15)
         groups = [g for g in ray.util.placement_group_table().values()
                   if g["name"].startswith(name)]
         assert groups and all(g["state"] == "REMOVED" for g in groups)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        up.kill()

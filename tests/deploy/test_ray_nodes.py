@@ -21,7 +21,8 @@ import ray
 
 from client import KvmeshClient
 from deploy.ray import RayCluster, RaySpec
-from tests.deploy.conftest import STORE, wait_for
+from deploy.waiting import wait_until
+from tests.deploy.conftest import STORE
 
 NODE = {"num_cpus": 1, "num_gpus": 1, "resources": {"kvmesh_gpu_node": 1},
         "object_store_memory": STORE}
@@ -39,16 +40,16 @@ def gpu_nodes(ray_cluster):
 
 
 def test_lost_node_leaves_routing_and_its_worker_is_replaced(ray_cluster, gpu_nodes):
-    kv = RayCluster(RaySpec(workers=2, gpus_per_worker=0.5, cpus_per_worker=0.5,
-                            worker_resources={"kvmesh_gpu_node": 0.5}, service_cpus=0.25,
-                            num_blocks=64)).start(timeout=120)
+    cluster = RayCluster(RaySpec(workers=2, gpus_per_worker=0.5, cpus_per_worker=0.5,
+                                 worker_resources={"kvmesh_gpu_node": 0.5}, service_cpus=0.25,
+                                 num_blocks=64)).start(timeout=120)
     try:
-        assert kv.bundle == {"CPU": 0.5, "GPU": 0.5, "kvmesh_gpu_node": 0.5}
-        infos = kv.worker_infos()
+        assert cluster.bundle == {"CPU": 0.5, "GPU": 0.5, "kvmesh_gpu_node": 0.5}
+        infos = cluster.worker_infos()
         node_ids = {n.node_id for n in gpu_nodes}
         assert {i["node_id"] for i in infos} == node_ids  # spread: one worker per node
         assert all(i["device"] == "cpu" for i in infos)   # logical GPU, no CUDA here
-        with KvmeshClient(kv.service_addresses) as client:
+        with KvmeshClient(cluster.service_addresses) as client:
             survivor_id = client.generate(PROMPT, max_tokens=2).worker_id
             survivor = next(i for i in infos if i["worker_id"] == survivor_id)
             victim = next(i for i in infos if i["worker_id"] != survivor_id)
@@ -61,23 +62,24 @@ def test_lost_node_leaves_routing_and_its_worker_is_replaced(ray_cluster, gpu_no
                 routed = client.route(PROMPT, dry_run=True).candidates
                 return all(c.address != victim["address"] for c in routed)
 
-            wait_for(victim_out, timeout=5.0, interval=0.1)
+            wait_until(victim_out, timeout=5.0, interval=0.1)
             assert time.monotonic() - t0 < 5.0  # 3 s liveness + heartbeat + refresh slack
             # The survivor keeps serving what it cached.
-            wait_for(lambda: client.route(PROMPT, dry_run=True).matched_tokens >= 112)
+            wait_until(lambda: client.route(PROMPT, dry_run=True).matched_tokens >= 112,
+                       timeout=10)
             again = client.generate(PROMPT, max_tokens=2)
             assert again.worker_id == survivor_id and again.num_cached_tokens == 112
 
             # The replacement: same id, re-placed on the surviving GPU node, empty pool.
-            wait_for(lambda: kv.alive_workers().get(victim["worker_id"], victim["address"])
-                     != victim["address"], timeout=90, interval=0.5)
-            index = kv.worker_ids.index(victim["worker_id"])
-            replaced = ray.get(kv.workers[index].info.remote(), timeout=30)
+            wait_until(lambda: cluster.alive_workers().get(victim["worker_id"], victim["address"])
+                       != victim["address"], timeout=90, interval=0.5)
+            index = cluster.worker_ids.index(victim["worker_id"])
+            replaced = ray.get(cluster.workers[index].info.remote(), timeout=30)
             assert replaced["node_id"] == survivor["node_id"]
             assert replaced["address"] != victim["address"]
             routed = client.route(PROMPT, dry_run=True).candidates
-            assert {c.worker_id for c in routed} == set(kv.worker_ids)
+            assert {c.worker_id for c in routed} == set(cluster.worker_ids)
             assert next(c.matched_tokens for c in routed
                         if c.worker_id == victim["worker_id"]) == 0
     finally:
-        kv.stop()
+        cluster.stop()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 import re
-import time
 
 import pytest
 import ray
@@ -18,7 +17,8 @@ from client import KvmeshClient
 from deploy.ray import RayCluster, RaySpec
 from deploy.ray.request import ServeRequest
 from deploy.ray.serve import kvmesh_app
-from tests.deploy.conftest import wait_for
+from deploy.waiting import wait_until
+from tests.cluster_scenarios import holder_settled
 
 SYSTEM = [random.Random(1).randrange(256) for _ in range(200)]  # 12 full blocks + 8
 QUIET = {"enable_access_log": False, "log_level": "WARNING"}
@@ -58,7 +58,7 @@ def serve_workers(index) -> dict[str, bool]:
 
 
 def test_replicas_register_under_their_serve_replica_ids(index, handle):
-    workers = wait_for(lambda: (lambda w: w if len(w) == 2 and all(w.values()) else None)(
+    workers = wait_until(lambda: (lambda w: w if len(w) == 2 and all(w.values()) else None)(
         serve_workers(index)), timeout=30)
     assert all(re.fullmatch(r"serve:kvm/KvmeshReplica/\w+", w) for w in workers)
     info = handle.info.remote().result(timeout_s=30)
@@ -69,9 +69,10 @@ def test_shared_prefix_is_routed_to_its_holder_and_served_from_cache(index, hand
     first = generate(handle, question(0))
     assert first["num_cached_tokens"] == 0
     holder = first["worker_id"]
-    time.sleep(1.5)  # the holder's next heartbeat reports it idle again
-    with KvmeshClient(index.service_addresses) as c:
-        wait_for(lambda: c.route(question(1).token_ids, dry_run=True).worker_id == holder)
+    ids = question(1).token_ids
+    with KvmeshClient(index.service_addresses) as c:  # the holder's next heartbeat: idle
+        wait_until(lambda: holder_settled(c, ids, holder, 192)
+                   and c.route(ids, dry_run=True).worker_id == holder, timeout=10)
     for i in (1, 2):
         r = generate(handle, question(i))
         assert (r["worker_id"], r["num_cached_tokens"]) == (holder, 192)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -18,6 +17,7 @@ from openai import OpenAI
 
 from client.gateway.app import GatewayConfig, create_app
 from client.gateway.tenants import Tenancy
+from deploy.waiting import wait_until
 from kvmesh.v1 import index_pb2_grpc, worker_pb2_grpc
 from tests.client.fake_servers import FakeIndex, FakeWorker, candidate, start_server
 
@@ -38,11 +38,10 @@ class LiveGateway:
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
                                        daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("gateway did not start")
-            time.sleep(0.01)
+        wait_until(lambda: self.server.started or not self.thread.is_alive(), 10,
+                   interval=0.01, what="gateway start")
+        if not self.server.started:
+            raise RuntimeError("gateway did not start")
 
     def openai(self, api_key: str = "unused") -> OpenAI:
         """An official OpenAI client for this gateway (no retries: errors surface at once)."""

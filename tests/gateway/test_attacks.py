@@ -16,8 +16,10 @@ import pytest
 from client.gateway.app import GatewayConfig
 from client.gateway.tenants import Tenancy
 from deploy.local import ClusterSpec, LocalCluster
-from tests.cluster_scenarios import wait_for
+from deploy.waiting import wait_until
 from tests.gateway.conftest import SECRET, TENANT_KEYS, LiveGateway
+
+pytestmark = pytest.mark.integration  # a real local cluster behind the gateways
 
 FULL_HIT = 144  # (160 - 1) // 16 * 16: the last prompt token is always computed
 
@@ -97,8 +99,9 @@ def test_insecure_shared_cache_shares_but_reports_no_hits(gateways: Gateways) ->
         secret = victim_prompt()
         cached(gw, secret)
         ids = list(secret.encode())
-        with gateways.cluster.client() as kv:  # shared: the index holds the unsalted prefix
-            wait_for(lambda: kv.route(ids, dry_run=True).matched_tokens >= FULL_HIT)
+        with gateways.cluster.client() as service:  # shared: the index holds the unsalted prefix
+            wait_until(lambda: service.route(ids, dry_run=True).matched_tokens >= FULL_HIT,
+                       timeout=10)
         assert cached(gw, secret) == cached(gw, wrong_guess(secret)) == 0
     finally:
         gw.stop()
@@ -114,15 +117,16 @@ def test_too_long_prompt_is_refused_before_routing(gateways: Gateways) -> None:
         client.completions.create(model="tiny", prompt=long_prompt, max_tokens=8,
                                   extra_body={"cache_salt": salt})
     ids = list(long_prompt.encode())
-    with gateways.cluster.client() as kv:
-        assert kv.route(ids, salt=salt, dry_run=True).matched_tokens == 0  # nothing indexed
+    with gateways.cluster.client() as service:
+        assert service.route(ids, salt=salt, dry_run=True).matched_tokens == 0  # nothing indexed
         assert info.value.body["code"] == "context_length_exceeded"  # the gateway's refusal
         with pytest.raises(openai.BadRequestError):  # prompt fits, + max_tokens does not
             client.completions.create(model="tiny", prompt="y" * 8000, max_tokens=500,
                                       extra_body={"cache_salt": salt})
         client.completions.create(model="tiny", prompt=long_prompt[:100], max_tokens=1,
                                   extra_body={"cache_salt": salt})  # control: this one is
-        assert wait_for(lambda: kv.route(ids, salt=salt, dry_run=True).matched_tokens >= 96)
+        assert wait_until(lambda: service.route(ids, salt=salt, dry_run=True).matched_tokens >= 96,
+                          timeout=10)
 
 
 def test_batch_over_the_cap_is_refused(gateways: Gateways) -> None:

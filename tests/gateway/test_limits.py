@@ -16,8 +16,8 @@ import pytest
 from client.gateway.app import GatewayConfig
 from client.gateway.cli import build_config
 from client.gateway.tenants import Tenancy
+from deploy.waiting import wait_until
 from tests.client.fake_servers import candidate, closed_port_address
-from tests.cluster_scenarios import wait_for
 from tests.gateway.conftest import SECRET, TENANT_KEYS, LiveGateway, Stack
 
 LIMIT = 4 * 1024 * 1024  # the default --max-body-bytes
@@ -84,7 +84,7 @@ def test_tenant_over_its_concurrency_cap_gets_429_while_others_are_served(stack:
 
         holder = threading.Thread(target=hold, daemon=True)
         holder.start()
-        wait_for(lambda: stack.w1.requests)  # acme's slot is taken
+        wait_until(lambda: stack.w1.requests, timeout=10)  # acme's slot is taken
         stack.index.candidates = [candidate("w2", stack.w2_address)]
         req = urllib.request.Request(f"{gw.url}/v1/completions", method="POST",
                                      data=b'{"model": "tiny", "prompt": "again"}',
@@ -159,4 +159,5 @@ def test_streams_give_their_slots_back(stack: Stack) -> None:
     with pytest.raises(openai.APIError):
         for _ in client.completions.create(model="tiny", prompt="x", max_tokens=6, stream=True):
             pass
-    wait_for(lambda: slots.in_use("addr\0127.0.0.1") == 0)  # released after the last byte
+    # Released after the last byte.
+    wait_until(lambda: slots.in_use("addr\0127.0.0.1") == 0, timeout=10)

@@ -10,6 +10,7 @@ import pytest
 
 from client import AsyncKvmeshClient, GenerateResult, KvmeshError
 from client.async_client import TokenChunk
+from deploy.waiting import eventually
 from kvmesh.v1 import index_pb2_grpc, worker_pb2_grpc
 from tests.client.fake_servers import (
     FakeIndex,
@@ -42,8 +43,8 @@ def serve(servers: list[grpc.Server], index: FakeIndex,
 
 
 async def collect(address: str, **kwargs: object) -> list[TokenChunk | GenerateResult]:
-    async with AsyncKvmeshClient(address, generate_timeout=5) as kv:
-        return [item async for item in kv.generate_stream([1, 2, 3], **kwargs)]
+    async with AsyncKvmeshClient(address, generate_timeout=5) as client:
+        return [item async for item in client.generate_stream([1, 2, 3], **kwargs)]
 
 
 def test_chunks_then_one_result(servers: list[grpc.Server]) -> None:
@@ -77,8 +78,8 @@ def test_no_failover_after_the_first_token(servers: list[grpc.Server]) -> None:
     seen: list[TokenChunk | GenerateResult] = []
 
     async def run() -> None:
-        async with AsyncKvmeshClient(address, generate_timeout=5) as kv:
-            async for item in kv.generate_stream([1], max_tokens=6):
+        async with AsyncKvmeshClient(address, generate_timeout=5) as client:
+            async for item in client.generate_stream([1], max_tokens=6):
                 seen.append(item)
 
     with pytest.raises(KvmeshError) as info:
@@ -115,13 +116,11 @@ def test_cancelling_a_waiting_stream_is_clean(servers: list[grpc.Server]) -> Non
     index.candidates = [candidate("w1", w1)]
 
     async def run() -> None:
-        async with AsyncKvmeshClient(address, generate_timeout=30) as kv:
-            stream = kv.generate_stream([1])
+        async with AsyncKvmeshClient(address, generate_timeout=30) as client:
+            stream = client.generate_stream([1])
             task = asyncio.ensure_future(anext(stream))
-            for _ in range(200):  # wait until the worker holds the request
-                if worker.requests:
-                    break
-                await asyncio.sleep(0.01)
+            # Wait until the worker holds the request.
+            await eventually(lambda: asyncio.sleep(0, worker.requests), within=2, interval=0.01)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task

@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 
 from deploy.local import ClusterSpec, LocalCluster
-from tests.cluster_scenarios import wait_for  # noqa: F401  (the tests import it from here)
 
 
 @pytest.fixture(scope="module")

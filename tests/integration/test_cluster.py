@@ -7,14 +7,15 @@ import time
 import pytest
 import redis
 
-from client import KvmeshClient, KvmeshError
+from client import KvmeshClient
+from deploy.waiting import wait_until
 from tests.cluster_scenarios import (
     another_salt_never_matches,
     generate_on,
     holder_match,
     question,
+    replicas_agree,
     shared_prefix_goes_to_its_holder,
-    wait_for,
 )
 
 
@@ -22,13 +23,6 @@ from tests.cluster_scenarios import (
 def client(cluster):
     with KvmeshClient(cluster.service_addresses) as c:
         yield c
-
-
-def _try(fn):
-    try:
-        return fn()
-    except KvmeshError:
-        return None
 
 
 def test_shared_prefix_goes_to_its_holder_and_skips_prefill(client):
@@ -40,15 +34,7 @@ def test_another_salt_never_matches(client):
 
 
 def test_two_service_replicas_agree(cluster, client):
-    # The first route records provisional entries for the chosen worker's new blocks (shared
-    # through Redis, so both replicas see them); compare the answers after it.
-    client.route(question(3))
-    answers = []
-    for addr in cluster.service_addresses:
-        with KvmeshClient(addr) as c:
-            r = c.route(question(3), dry_run=True)
-            answers.append(sorted((x.worker_id, x.matched_tokens) for x in r.candidates))
-    assert answers[0] == answers[1] and max(m for _, m in answers[0]) >= 192
+    replicas_agree(client, cluster.service_addresses)
 
 
 def test_eviction_on_the_worker_removes_index_entries(cluster, client):
@@ -58,18 +44,18 @@ def test_eviction_on_the_worker_removes_index_entries(cluster, client):
     rng = random.Random(5)
     for _ in range(6):
         generate_on(address, [rng.randrange(256) for _ in range(300)])
-    wait_for(lambda: holder_match(client, question(4), holder) == 0)
+    wait_until(lambda: holder_match(client, question(4), holder) == 0, timeout=10)
     # The worker is the truth: it had nothing either.
     assert generate_on(address, question(4)).num_cached_tokens == 0
 
 
 def test_emptied_redis_is_rebuilt_by_resync(cluster, client):
     first = client.generate(question(6), max_tokens=2)
-    wait_for(lambda: holder_match(client, question(7), first.worker_id) >= 192)
+    wait_until(lambda: holder_match(client, question(7), first.worker_id) >= 192, timeout=10)
     redis.Redis.from_url(cluster.redis_url).flushall()
     assert holder_match(client, question(7), first.worker_id) == 0
     # Heartbeats find the worker records gone: workers re-register and send snapshots.
-    wait_for(lambda: holder_match(client, question(7), first.worker_id) >= 192, timeout=10)
+    wait_until(lambda: holder_match(client, question(7), first.worker_id) >= 192, timeout=10)
     assert all(w["alive"] for w in client.stats()["workers"])
 
 
@@ -83,8 +69,8 @@ def test_service_restart_loses_nothing(cluster, client):
     cluster.start_service(0, port=int(cluster.services[0].address.rpartition(":")[2]))
     with KvmeshClient(cluster.services[0].address) as c:
         # gRPC may still hold the old connection's back-off for a moment: retry until it
-        # reconnects to the restarted replica.
-        after = wait_for(lambda: _try(lambda: c.route(question(7), dry_run=True)))
+        # reconnects to the restarted replica (an error counts as not yet).
+        after = wait_until(lambda: c.route(question(7), dry_run=True), timeout=10)
     assert after.matched_tokens == before.matched_tokens
 
 
@@ -92,9 +78,9 @@ def test_killed_worker_leaves_routing_within_3s(cluster, client):
     victim = cluster.workers[1]
     victim.kill()
     t0 = time.monotonic()
-    wait_for(lambda: all(c.worker_id != victim.name
-                         for c in client.route(question(8)).candidates), timeout=3.5,
-             interval=0.05)
+    wait_until(lambda: all(c.worker_id != victim.name
+                           for c in client.route(question(8)).candidates), timeout=3.5,
+               interval=0.05)
     assert time.monotonic() - t0 <= 3.5
     # Requests keep completing on the survivor.
     assert client.generate(question(8), max_tokens=2).worker_id == cluster.workers[0].name

@@ -12,8 +12,9 @@ import pytest
 
 from client import KvmeshClient
 from deploy.local import ClusterSpec, LocalCluster
+from deploy.waiting import wait_until
 from kvmesh.v1 import index_pb2, worker_pb2, worker_pb2_grpc
-from tests.cluster_scenarios import question, wait_for
+from tests.cluster_scenarios import question
 
 EMPTY = index_pb2.Lora()  # set, with an empty name and path
 
@@ -43,7 +44,7 @@ def test_empty_named_lora_is_matched_after_it_ran_once(one_worker):
             sampling=worker_pb2.SamplingParams(max_tokens=2, ignore_eos=True))))[-1]
     assert last.finished and last.num_cached_tokens == 0
     with KvmeshClient(one_worker.service_addresses) as client:
-        wait_for(lambda: _matched(client, prompt, worker.name) >= 208)
+        wait_until(lambda: _matched(client, prompt, worker.name) >= 208, timeout=10)
         assert _matched(client, prompt, worker.name) == 208
         again = client.generate(prompt, max_tokens=2, lora=EMPTY)
         assert again.worker_id == worker.name and again.num_cached_tokens == 208

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from tests.integration.conftest import wait_for
+from deploy.waiting import wait_until
 
 LAUNCHER = textwrap.dedent("""
     import time
@@ -38,6 +38,6 @@ def test_children_die_with_a_killed_launcher():
         assert not _gone(child)
         launcher.send_signal(signal.SIGKILL)
         launcher.wait()
-        wait_for(lambda: _gone(child), timeout=10)
+        wait_until(lambda: _gone(child), timeout=10)
     finally:
         launcher.kill()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import signal
 import ssl
 import subprocess
 import sys
@@ -24,10 +23,11 @@ import pytest
 import redis
 
 from client import KvmeshClient
+from deploy.waiting import wait_until
 from kvmesh.auth import worker_access_token
 from kvmesh.v1 import index_pb2, index_pb2_grpc
 from service.worker_tokens import mint
-from tests.cluster_scenarios import wait_for
+from tests.kvmesh_up import Up
 
 if TYPE_CHECKING:
     from tests.certificates import Certs
@@ -36,45 +36,13 @@ TOKEN = "router-token-for-the-secrets-test"
 PROMPT = list(range(10, 60))
 
 
-class Up:
-    """A `kvmesh up --verbose` subprocess (children's output echoed) and its output lines."""
-
-    def __init__(self, *flags: str) -> None:
-        kvmesh = str(Path(sys.executable).parent / "kvmesh")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KVMESH_")}
-        self.proc = subprocess.Popen(
-            [kvmesh, "up", "--port", "0", "--verbose", *flags], stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, env={**env, "PYTHONUNBUFFERED": "1"})
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if line.startswith("ready:"):
-                self.ready.set()
-        self.ready.set()  # exited
-
-    def field(self, kind: str) -> list[str]:
-        return [ln.split()[1] for ln in self.lines if ln.startswith(f"{kind} ")]
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(30)
-        self.reader.join(5)
-        return code
-
-
 @pytest.fixture(scope="module")
 def up() -> Iterator[Up]:
     """`kvmesh up --token T` with one worker and no other flag (the secret is generated)."""
-    cluster = Up("--workers", "1", "--num-blocks", "64", "--token", TOKEN)
+    cluster = Up("--port", "0", "--verbose", "--workers", "1", "--num-blocks", "64",
+                 "--token", TOKEN)  # --verbose: the children's output is echoed
     try:
-        assert cluster.ready.wait(120) and cluster.field("service"), \
-            "\n".join(cluster.lines[-40:])
+        assert cluster.wait_ready(120) and cluster.field("service"), cluster.tail()
         yield cluster
     finally:
         if cluster.proc.poll() is None:
@@ -96,9 +64,9 @@ def _children(up: Up) -> dict[str, psutil.Process]:
 
 def test_secrets_are_in_environments_never_on_command_lines_or_output(up: Up) -> None:
     kids = _children(up)
-    with KvmeshClient(up.field("service"), TOKEN) as kv:  # the cluster works (and logs)
-        kv.generate(PROMPT, max_tokens=2, ignore_eos=True)
-        assert [w["alive"] for w in kv.stats()["workers"]] == [True]
+    with KvmeshClient(up.field("service"), TOKEN) as client:  # the cluster works (and logs)
+        client.generate(PROMPT, max_tokens=2, ignore_eos=True)
+        assert [w["alive"] for w in client.stats()["workers"]] == [True]
     redis_log = Path(kids["redis"].cwd()) / "server.log"
     texts = {"output": "\n".join(up.lines), "redis log": redis_log.read_text()}
     texts.update({f"{role} cmdline": "\0".join(p.cmdline()) for role, p in kids.items()})
@@ -205,8 +173,8 @@ def test_service_takes_a_rediss_url_with_password_from_its_environment(
         line = proc.stdout.readline()
         assert "backend redis" in line, line
         address = re.search(r"listening on (\S+)", line).group(1)
-        with KvmeshClient([address]) as kv:
-            wait_for(lambda: kv.stats()["workers"] == [] and proxy.handshakes > 0)
+        with KvmeshClient([address]) as client:
+            wait_until(lambda: client.stats()["workers"] == [] and proxy.handshakes > 0, timeout=10)
         assert redis.Redis.from_url(url).ping()  # redis-py verifies with the CA in the URL
         with pytest.raises(redis.ConnectionError):  # ...and refuses without it
             redis.Redis.from_url(url.partition("?")[0], socket_timeout=3).ping()

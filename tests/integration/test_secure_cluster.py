@@ -3,12 +3,6 @@ routers (client library, CLI, gateway) get through with the CA, their certificat
 token; without any one of them they are refused."""
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import threading
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
@@ -25,6 +19,7 @@ from kvmesh.tls import TlsFiles
 from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2, worker_pb2_grpc
 from service.worker_tokens import mint
 from tests.gateway.conftest import LiveGateway
+from tests.kvmesh_up import Up
 
 if TYPE_CHECKING:  # the certs fixture skips where `cryptography` is missing
     from tests.certificates import Certs
@@ -45,10 +40,10 @@ def secure(certs: Certs):
 
 
 def test_clients_with_ca_certificate_and_token_get_through(secure: LocalCluster) -> None:
-    with secure.client() as kv:
-        out = kv.generate(PROMPT, max_tokens=3, ignore_eos=True)
-        again = kv.generate(PROMPT, max_tokens=3, ignore_eos=True)
-        stats = kv.stats()
+    with secure.client() as client:
+        out = client.generate(PROMPT, max_tokens=3, ignore_eos=True)
+        again = client.generate(PROMPT, max_tokens=3, ignore_eos=True)
+        stats = client.stats()
     assert len(out.token_ids) == 3 and again.token_ids == out.token_ids
     assert again.num_cached_tokens == 48
     assert [w["alive"] for w in stats["workers"]] == [True]  # joined with its bound token
@@ -65,9 +60,9 @@ def test_each_missing_credential_is_refused(secure: LocalCluster, certs: Certs) 
         "no token": (full, None, grpc.StatusCode.UNAUTHENTICATED),
     }
     for name, (tls, token, code) in cases.items():
-        with KvmeshClient(secure.service_addresses, token, tls=tls, timeout=3) as kv, \
+        with KvmeshClient(secure.service_addresses, token, tls=tls, timeout=3) as client, \
                 pytest.raises(KvmeshError) as err:
-            kv.stats()
+            client.stats()
         assert err.value.code == code, name
     # the worker wants the access token derived from the router token (its env
     # KVMESH_WORKER_ACCESS_TOKEN, read by worker/cli.py), over TLS; never the router token
@@ -106,37 +101,21 @@ def test_cli_and_gateway_speak_tls(secure: LocalCluster, certs: Certs) -> None:
 def test_kvmesh_up_takes_tls_and_worker_secret_flags(certs: Certs) -> None:
     """`kvmesh up` (local backend) serves mutual TLS and worker tokens bound by the secret,
     which reaches its children in their environment, never on their command lines."""
-    kvmesh = str(Path(sys.executable).parent / "kvmesh")
     tls = TlsFiles(cert=str(certs.server_cert), key=str(certs.server_key), ca=str(certs.ca),
                    client_auth=True)
-    cmd = [kvmesh, "up", "--workers", "1", "--port", "0", "--num-blocks", "64",
-           "--worker-secret", SECRET, "--tls-cert", tls.cert, "--tls-key", tls.key,
-           "--tls-ca", tls.ca, "--tls-client-auth"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", "KVMESH_TOKEN": TOKEN})
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip())
-            if line.startswith("ready:"):
-                ready.set()
-        ready.set()  # exited
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    up = Up("--workers", "1", "--port", "0", "--num-blocks", "64", "--worker-secret", SECRET,
+            "--tls-cert", tls.cert, "--tls-key", tls.key, "--tls-ca", tls.ca,
+            "--tls-client-auth", env={"KVMESH_TOKEN": TOKEN})
     try:
-        ready.wait(120)
-        hint = next((ln for ln in lines if ln.startswith("ready:")), None)
-        assert hint is not None, "\n".join(lines[-40:])
+        up.wait_ready(120)
+        hint = up.hint
+        assert hint is not None, up.tail()
         assert f"--tls-ca {tls.ca}" in hint  # the hint's command reaches the cluster as served
-        services = [ln.split()[1] for ln in lines if ln.startswith("service ")]
-        with KvmeshClient(services, TOKEN, tls=tls) as kv:
-            out = kv.generate(PROMPT, max_tokens=3, ignore_eos=True)
-            again = kv.generate(PROMPT, max_tokens=3, ignore_eos=True)
-            stats = kv.stats()
+        services = up.field("service")
+        with KvmeshClient(services, TOKEN, tls=tls) as client:
+            out = client.generate(PROMPT, max_tokens=3, ignore_eos=True)
+            again = client.generate(PROMPT, max_tokens=3, ignore_eos=True)
+            stats = client.stats()
         assert again.token_ids == out.token_ids and again.num_cached_tokens == 48
         assert [w["alive"] for w in stats["workers"]] == [True]  # joined with its bound token
         with grpc.secure_channel(services[0], tls.channel_credentials()) as ch:
@@ -146,16 +125,12 @@ def test_kvmesh_up_takes_tls_and_worker_secret_flags(certs: Certs) -> None:
                                metadata=[("authorization", f"Bearer {TOKEN}")])
             assert err.value.code() in (grpc.StatusCode.UNAUTHENTICATED,
                                         grpc.StatusCode.PERMISSION_DENIED)
-        children = psutil.Process(proc.pid).children(recursive=True)
+        children = psutil.Process(up.proc.pid).children(recursive=True)
         assert len(children) >= 3  # valkey, service, worker
         for child in children:
             line = " ".join(child.cmdline())
             assert SECRET not in line and mint(SECRET, "worker-0") not in line, line
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, "\n".join(lines[-40:])
-        reader.join(5)
-        assert lines[-1] == "stopped"
+        assert up.stop(30) == 0, up.tail()
+        assert up.lines[-1] == "stopped"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        up.kill()

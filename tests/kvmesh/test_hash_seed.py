@@ -47,6 +47,7 @@ def _env(**kw: str) -> dict[str, str]:
     return {**env, "PYTHONPATH": str(ROOT), **kw}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("algo", ["xxhash", "xxhash_cbor"])
 def test_worker_process_with_xxhash_and_no_seed_refuses_to_start(algo):
     out = subprocess.run([sys.executable, "-m", "worker", "--hash-algo", algo], env=_env(),
@@ -97,6 +98,7 @@ async def _register(address: str, seed: str) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
+@pytest.mark.integration
 def test_service_process_takes_its_root_from_pythonhashseed():
     service = ServerProcess("service", "service", ["--port", "0", "--backend", "memory"],
                             env=_env(PYTHONHASHSEED="0"))

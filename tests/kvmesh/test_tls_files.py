@@ -32,8 +32,8 @@ def test_client_certificate_without_ca_refuses_plaintext(certs: Certs) -> None:
         await server.start()
         try:
             with pytest.raises(ValueError, match="without --tls-ca"):
-                async with AsyncKvmeshClient(f"127.0.0.1:{port}", tls=no_ca) as kv:
-                    await kv.stats()  # the old code got here, over plaintext
+                async with AsyncKvmeshClient(f"127.0.0.1:{port}", tls=no_ca) as client:
+                    await client.stats()  # the old code got here, over plaintext
             cli = await asyncio.create_subprocess_exec(
                 sys.executable, "-c", "from client.cli import app; app()", "stats",
                 "--service", f"127.0.0.1:{port}",

@@ -4,13 +4,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import transformers
 
 VOCAB = 320
 
 
 def hf_config(arch: str, **overrides):
     """A small random-model config with GQA (4 heads / 2 kv heads), fp32, eager attention."""
+    import transformers  # imported on use: seconds that every test run would pay at collection
+
     common = dict(
         vocab_size=VOCAB,
         hidden_size=64,
@@ -40,6 +41,8 @@ def hf_config(arch: str, **overrides):
 
 def make_hf_model(arch: str, path: Path, seed: int = 0, **overrides):
     """Build a seeded random HF model (norms and biases randomized too) and save it."""
+    import transformers
+
     torch.manual_seed(seed)
     model_cls = getattr(transformers, arch)
     model = model_cls(hf_config(arch, **overrides)).eval()

@@ -18,6 +18,8 @@ from deploy.process import ServerProcess
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 from tests.malformed import Limits, worker_requests
 
+pytestmark = pytest.mark.integration  # a worker process, fuzzed
+
 LIMITS = Limits()
 OK = grpc.StatusCode.OK
 REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}

@@ -11,8 +11,11 @@ import re
 import urllib.request
 
 import psutil
+import pytest
 
 from deploy.process import ServerProcess
+
+pytestmark = pytest.mark.integration  # a worker process
 
 
 def _listening(pid: int) -> dict[int, set[str]]:

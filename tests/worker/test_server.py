@@ -8,6 +8,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvmesh.v1 import index_pb2, worker_pb2, worker_pb2_grpc
+from tests.worker.serving import with_worker
 from worker import Engine
 from worker.async_engine import AsyncEngine
 from worker.server import create_server
@@ -15,17 +16,8 @@ from worker.server import create_server
 PROMPT = list(range(40, 90))  # 50 tokens: 3 full blocks of 16 + 2
 
 
-async def _with_worker(fn, num_blocks: int = 64):
-    runner = AsyncEngine(Engine.from_pretrained("tiny", num_blocks=num_blocks)).start()
-    server, port, _ = await create_server("127.0.0.1:0", runner, worker_id="w-test",
-                                          model_name="tiny")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            return await fn(worker_pb2_grpc.WorkerServiceStub(ch), ch)
-    finally:
-        await server.stop(None)
-        runner.stop()
+def _worker(num_blocks: int = 64) -> AsyncEngine:
+    return AsyncEngine(Engine.from_pretrained("tiny", num_blocks=num_blocks)).start()
 
 
 def _req(tokens, max_tokens=6, **kw) -> worker_pb2.GenerateRequest:
@@ -49,7 +41,7 @@ def test_generate_streams_tokens_and_final_facts():
         health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest())
         return first, second, stats, health
 
-    first, second, stats, health = asyncio.run(_with_worker(body))
+    first, second, stats, health = asyncio.run(with_worker(body, _worker()))
     for msgs in (first, second):
         assert [t for m in msgs for t in m.token_ids] == want
         final = msgs[-1]
@@ -84,7 +76,7 @@ def test_bad_requests_get_clear_codes_and_worker_keeps_serving(req, code, words)
         stats = await stub.Stats(worker_pb2.WorkerStatsRequest())
         return err.value, ok, stats
 
-    err, ok, stats = asyncio.run(_with_worker(body, num_blocks=8))
+    err, ok, stats = asyncio.run(with_worker(body, _worker(num_blocks=8)))
     assert err.code() == code and words in err.details()
     assert ok[-1].finished and len([t for m in ok for t in m.token_ids]) == 2
     assert stats.cache.free_blocks == 8  # nothing leaked by the refused call
@@ -97,7 +89,7 @@ def test_fetch_blocks_is_reserved():
                 pass
         return err.value
 
-    assert asyncio.run(_with_worker(body)).code() == grpc.StatusCode.UNIMPLEMENTED
+    assert asyncio.run(with_worker(body, _worker())).code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def test_prometheus_metrics_follow_the_cache():

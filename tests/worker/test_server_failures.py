@@ -10,43 +10,21 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvmesh.v1 import worker_pb2, worker_pb2_grpc
+from deploy.waiting import eventually
+from kvmesh.v1 import worker_pb2
+from tests.grpc_codes import status_of
 from tests.worker.faults import FailingForward
+from tests.worker.serving import with_worker
 from worker import Engine
 from worker.async_engine import AsyncEngine
 from worker.sequence import SamplingParams
-from worker.server import create_server
 
 PROMPT = list(range(40, 90))
-
-
-async def _with_worker(fn, runner: AsyncEngine):
-    server, port, _ = await create_server("127.0.0.1:0", runner, worker_id="w-f",
-                                          model_name="tiny")
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            return await fn(worker_pb2_grpc.WorkerServiceStub(ch), ch)
-    finally:
-        await server.stop(None)
-        runner.stop()
 
 
 def _gen(tokens, max_tokens=4) -> worker_pb2.GenerateRequest:
     return worker_pb2.GenerateRequest(token_ids=tokens, sampling=worker_pb2.SamplingParams(
         max_tokens=max_tokens, ignore_eos=True))
-
-
-async def _code(call) -> grpc.StatusCode:
-    try:
-        if hasattr(call, "__aiter__"):
-            async for _ in call:
-                pass
-        else:
-            await call
-    except grpc.aio.AioRpcError as err:
-        return err.code(), err.details()
-    return grpc.StatusCode.OK, ""
 
 
 def test_every_rpc_has_its_code_while_the_engine_fails():
@@ -63,14 +41,14 @@ def test_every_rpc_has_its_code_while_the_engine_fails():
         }
         methods = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].methods
         assert set(calls) == {m.name for m in methods}, "a WorkerService RPC is not covered"
-        got = {name: await _code(call()) for name, call in calls.items()}
+        got = {name: await status_of(call()) for name, call in calls.items()}
         health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest())
         broken.failing = False  # the fault clears: the same worker serves the same prompt
         after = [t async for m in stub.Generate(_gen(PROMPT)) for t in m.token_ids]
         return got, health, after
 
     runner = AsyncEngine(engine).start()
-    got, health, after = asyncio.run(_with_worker(body, runner))
+    got, health, after = asyncio.run(with_worker(body, runner, "w-f"))
     assert all(code != grpc.StatusCode.UNKNOWN for code, _ in got.values()), got
     code, details = got["Generate"]
     assert code == grpc.StatusCode.INTERNAL
@@ -99,11 +77,11 @@ def test_unexpected_errors_are_logged_and_answered_internal(method, caplog, monk
 
     async def body(stub, ch):
         if method == "Generate":
-            return await _code(stub.Generate(_gen(PROMPT)))
-        return await _code(stub.Stats(worker_pb2.WorkerStatsRequest()))
+            return await status_of(stub.Generate(_gen(PROMPT)))
+        return await status_of(stub.Stats(worker_pb2.WorkerStatsRequest()))
 
     with caplog.at_level(logging.ERROR, logger="kvmesh.worker.rpc"):
-        code, details = asyncio.run(_with_worker(body, runner))
+        code, details = asyncio.run(with_worker(body, runner, "w-f"))
     assert code == grpc.StatusCode.INTERNAL
     assert "KeyError" in details and "bug in the worker" in details
     assert any(r.exc_info and "bug in the worker" in str(r.exc_info[1]) for r in caplog.records)
@@ -115,11 +93,7 @@ def test_request_cancelled_before_the_engine_thread_takes_it_never_runs():
     gate, busy = threading.Event(), threading.Event()
 
     async def until(cond) -> None:
-        for _ in range(5000):
-            if cond():
-                return
-            await asyncio.sleep(0.002)
-        raise AssertionError("condition not met within 10 s")
+        await eventually(lambda: asyncio.sleep(0, cond()), interval=0.002)
 
     async def main():
         hold = runner.call(lambda e: (busy.set(), gate.wait(10)))  # engine thread busy

@@ -9,9 +9,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from deploy.waiting import eventually
 from kvmesh.auth import worker_access_token
 from kvmesh.tls import TlsFiles
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
+from tests.grpc_codes import code_of
 from worker import Engine
 from worker.async_engine import AsyncEngine
 from worker.server import create_server
@@ -26,20 +28,6 @@ TOKEN = [("authorization", f"Bearer {worker_access_token('router-tok')}")]
 def _req(tokens: list[int], max_tokens: int = 2) -> worker_pb2.GenerateRequest:
     return worker_pb2.GenerateRequest(token_ids=tokens, sampling=worker_pb2.SamplingParams(
         max_tokens=max_tokens, ignore_eos=True))
-
-
-async def _code(call) -> grpc.StatusCode:
-    try:
-        result = call
-        if hasattr(result, "__aiter__"):
-            async for _ in result:
-                pass
-        else:
-            await result
-    except grpc.aio.AioRpcError as e:
-        assert e.details(), "every refusal says why"
-        return e.code()
-    return grpc.StatusCode.OK
 
 
 async def _serve(runner: AsyncEngine, **kw):
@@ -68,15 +56,15 @@ def test_access_token_and_tls_guard_every_worker_call(runner: AsyncEngine, certs
             creds = TlsFiles(ca=str(certs.ca)).channel_credentials()
             async with grpc.aio.secure_channel(target, creds) as ch:
                 stub = worker_pb2_grpc.WorkerServiceStub(ch)
-                assert await _code(stub.Generate(_req([1, 2, 3]))) == unauth
-                assert await _code(stub.Generate(_req([1, 2, 3]), metadata=[
+                assert await code_of(stub.Generate(_req([1, 2, 3]))) == unauth
+                assert await code_of(stub.Generate(_req([1, 2, 3]), metadata=[
                     ("authorization", "Bearer wrong")])) == unauth
-                assert await _code(stub.Stats(worker_pb2.WorkerStatsRequest())) == unauth
-                assert await _code(stub.FetchBlocks(worker_pb2.FetchBlocksRequest())) == unauth
+                assert await code_of(stub.Stats(worker_pb2.WorkerStatsRequest())) == unauth
+                assert await code_of(stub.FetchBlocks(worker_pb2.FetchBlocksRequest())) == unauth
                 # the router token itself is not a worker credential
-                assert await _code(stub.Generate(_req([1, 2, 3]), metadata=ROUTER)) == unauth
-                assert await _code(stub.Generate(_req([1, 2, 3]), metadata=TOKEN)) == ok
-                assert await _code(stub.Stats(worker_pb2.WorkerStatsRequest(),
+                assert await code_of(stub.Generate(_req([1, 2, 3]), metadata=ROUTER)) == unauth
+                assert await code_of(stub.Generate(_req([1, 2, 3]), metadata=TOKEN)) == ok
+                assert await code_of(stub.Stats(worker_pb2.WorkerStatsRequest(),
                                               metadata=TOKEN)) == ok
                 health = health_pb2_grpc.HealthStub(ch)  # probes need no token
                 assert (await health.Check(health_pb2.HealthCheckRequest())).status == 1
@@ -86,7 +74,7 @@ def test_access_token_and_tls_guard_every_worker_call(runner: AsyncEngine, certs
                 async with channel as ch:
                     stats = worker_pb2_grpc.WorkerServiceStub(ch).Stats(
                         worker_pb2.WorkerStatsRequest(), metadata=TOKEN, timeout=3)
-                    assert await _code(stats) == grpc.StatusCode.UNAVAILABLE
+                    assert await code_of(stats) == grpc.StatusCode.UNAVAILABLE
         finally:
             await server.stop(None)
 
@@ -117,13 +105,9 @@ def test_calls_in_flight_are_limited_per_connection(runner: AsyncEngine) -> None
                     pass
                 # the slot is free again once the stream ended (released as the call ends
                 # on the server, which may be a moment after the client saw its status)
-                for _ in range(50):
-                    if await _code(stub.Stats(worker_pb2.WorkerStatsRequest())) \
-                            == grpc.StatusCode.OK:
-                        break
-                    await asyncio.sleep(0.02)
-                else:
-                    raise AssertionError("the in-flight slot was never released")
+                await eventually(lambda: code_of(stub.Stats(worker_pb2.WorkerStatsRequest())),
+                                 lambda code: code == grpc.StatusCode.OK, within=2,
+                                 interval=0.02)
         finally:
             await server.stop(None)
 
@@ -148,7 +132,7 @@ def test_oversized_and_undecodable_requests(runner: AsyncEngine) -> None:
                         pass
                 assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert "kvmesh.v1.GenerateRequest" in err.value.details()
-                assert await _code(stub.Generate(_req([1, 2]))) == grpc.StatusCode.OK
+                assert await code_of(stub.Generate(_req([1, 2]))) == grpc.StatusCode.OK
         finally:
             await server.stop(None)
 

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 
 import pytest
 
 from client import AsyncKvmeshClient
+from deploy.waiting import eventually
 from kvmesh.hashing import none_hash
 from service.config import ServiceConfig
 from service.server import create_server as create_service
+from tests.ports import free_port
 from worker import Engine
 from worker.async_engine import AsyncEngine
 from worker.kv_cache import BlockRemoved, BlockStored
@@ -26,23 +27,6 @@ from worker.service_link import ServiceLink
 def prompts(r: int, n: int = 50) -> list[list[int]]:
     """``n`` distinct 9-token prompts of round ``r``: two full blocks of 4, no sharing."""
     return [[r, i, 5, 6, 7, 8, 9, 10, 11] for i in range(n)]
-
-
-async def eventually(probe, ok, within: float = 15.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while True:
-        value = await probe()
-        if ok(value):
-            return value
-        assert loop.time() < deadline, f"not within {within}s: {value!r}"
-        await asyncio.sleep(0.05)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.asynccontextmanager
@@ -77,8 +61,8 @@ async def run_round(runner: AsyncEngine, batch: list[list[int]]) -> None:
     await runner.call(lambda e: None)  # the collect after the batch was posted before this
 
 
-async def worker_row(kv: AsyncKvmeshClient) -> dict:
-    st = await kv.stats()
+async def worker_row(client: AsyncKvmeshClient) -> dict:
+    st = await client.stats()
     return st["workers"][0] if st["workers"] else {}
 
 
@@ -119,21 +103,22 @@ def test_outbox_stays_bounded_while_the_service_is_down_and_resyncs_after(redis_
     async def main():
         cfg = {"backend": "redis", "redis_url": redis_url}
         async with linked_engine(port, max_pending_blocks=bound) as (runner, link), \
-                AsyncKvmeshClient(f"127.0.0.1:{port}") as kv:
+                AsyncKvmeshClient(f"127.0.0.1:{port}") as client:
             async with service_at(port, **cfg):
                 await run_round(runner, prompts(0))
-                await eventually(lambda: worker_row(kv), lambda w: exact(w, runner.engine))
+                await eventually(lambda: worker_row(client), lambda w: exact(w, runner.engine),
+                                 within=15)
             # The service is gone: 1500 requests, ~4500 blocks' worth of events.
             for r in range(1, 31):
                 await run_round(runner, prompts(r))
                 assert link.outbox.blocks <= bound and link.pending <= bound
             assert link.counters["overflows"] >= 1 and link.counters["error_unavailable"] >= 1
             async with service_at(port, **cfg):
-                row = await eventually(lambda: worker_row(kv),
-                                       lambda w: exact(w, runner.engine) and w["alive"])
+                row = await eventually(lambda: worker_row(client),
+                                       lambda w: exact(w, runner.engine) and w["alive"], within=15)
                 assert row["indexed_blocks"] == 31 * 50 * 2
                 for p in (prompts(0)[0], prompts(17)[3], prompts(30)[49]):
-                    assert (await kv.route(p, dry_run=True)).matched_tokens == 8
+                    assert (await client.route(p, dry_run=True)).matched_tokens == 8
 
     asyncio.run(main())
 
@@ -157,28 +142,31 @@ def test_a_backlog_over_the_batch_limit_is_indexed_and_the_worker_stays_live(
     async def main():
         async with service_at(port, backend="redis", redis_url=redis_url, **LIVE, **limit), \
                 linked_engine(port) as (runner, link), \
-                AsyncKvmeshClient(f"127.0.0.1:{port}") as kv:
-            await eventually(lambda: worker_row(kv), lambda w: exact(w, runner.engine)
-                             and link.counters["resyncs"] == 1)
+                AsyncKvmeshClient(f"127.0.0.1:{port}") as client:
+            await eventually(lambda: worker_row(client), lambda w: exact(w, runner.engine)
+                             and link.counters["resyncs"] == 1, within=15)
             batch = prompts(0, 60) + [list(range(40, 80))]  # 60 events of 2 hashes, one of 10
             await run_round(runner, batch)
             beats = link.counters["heartbeats"]
 
-            async def live_row():
-                row = await worker_row(kv)
-                assert row["alive"], row  # live at every look, all the way through
-                return row
+            rows: list[dict] = []  # every look, checked below (eventually retries errors)
 
-            await eventually(live_row, lambda w: exact(w, runner.engine))
+            async def live_row():
+                rows.append(await worker_row(client))
+                return rows[-1]
+
+            await eventually(live_row, lambda w: exact(w, runner.engine), within=15)
             # Stay live well past the liveness timeout (at least 8 more heartbeats).
-            await eventually(live_row, lambda w: link.counters["heartbeats"] >= beats + 8)
+            await eventually(live_row, lambda w: link.counters["heartbeats"] >= beats + 8,
+                             within=15)
+            assert all(row["alive"] for row in rows), rows  # live all the way through
             assert link.counters["refused"] >= 1 and link.counters["gaps"] == 0
             # Splitting loses nothing (one resync, at registration); a lone event over the
             # hash limit costs exactly one more.
             assert link.counters["resyncs"] == (1 if "max_batch_events" in limit else 2)
             for p in batch[::7]:
                 want = len(p) // 4 * 4
-                assert (await kv.route(p, dry_run=True)).matched_tokens == want
+                assert (await client.route(p, dry_run=True)).matched_tokens == want
 
     asyncio.run(main())
 
@@ -192,18 +180,21 @@ def test_a_worker_whose_snapshot_is_refused_stays_live(redis_url):
         async with service_at(port, backend="redis", redis_url=redis_url, **LIVE,
                               max_snapshot_blocks=4), \
                 linked_engine(port) as (runner, link), \
-                AsyncKvmeshClient(f"127.0.0.1:{port}") as kv:
+                AsyncKvmeshClient(f"127.0.0.1:{port}") as client:
             await run_round(runner, prompts(0, 10))  # 20 cached blocks: too big a snapshot
             await eventually(lambda: asyncio.sleep(0, link.counters),
-                             lambda c: c["error_resource_exhausted"] >= 2)
+                             lambda c: c["error_resource_exhausted"] >= 2, within=15)
             beats = link.counters["heartbeats"]
 
-            async def live_row():
-                row = await worker_row(kv)
-                assert row["alive"], row
-                return row
+            rows: list[dict] = []  # every look, checked below (eventually retries errors)
 
-            await eventually(live_row, lambda w: link.counters["heartbeats"] >= beats + 8)
+            async def live_row():
+                rows.append(await worker_row(client))
+                return rows[-1]
+
+            await eventually(live_row, lambda w: link.counters["heartbeats"] >= beats + 8,
+                             within=15)
+            assert all(row["alive"] for row in rows), rows
             assert link.counters["resyncs"] == 0
 
     asyncio.run(main())
@@ -221,13 +212,15 @@ def test_heartbeats_overlapping_publishes_ask_no_resync(redis_url):
     async def main():
         async with service_at(port, backend="redis", redis_url=redis_url, **LIVE), \
                 linked_engine(port) as (runner, link), \
-                AsyncKvmeshClient(f"127.0.0.1:{port}") as kv:
-            await eventually(lambda: worker_row(kv), lambda w: exact(w, runner.engine))
+                AsyncKvmeshClient(f"127.0.0.1:{port}") as client:
+            await eventually(lambda: worker_row(client), lambda w: exact(w, runner.engine),
+                             within=15)
             for r in range(300):
                 async for _ in runner.generate([r % 250, 1, 2, 3, 4, 5, 6, 7, 8],
                                                SamplingParams(max_tokens=2), request_id=f"{r}"):
                     pass
-            await eventually(lambda: worker_row(kv), lambda w: exact(w, runner.engine))
+            await eventually(lambda: worker_row(client), lambda w: exact(w, runner.engine),
+                             within=15)
             assert link.counters["resyncs"] == 1 and link.counters["gaps"] == 0
 
     asyncio.run(main())

@@ -41,7 +41,7 @@ class PagedRunner:
     def __init__(self, model: LlamaModel, num_blocks: int = 96, block_size: int = 4, seed: int = 0):
         self.model = model
         self.block_size = block_size
-        self.kv = model.allocate_kv_cache(num_blocks, block_size)
+        self.kv_cache = model.allocate_kv_cache(num_blocks, block_size)
         gen = torch.Generator().manual_seed(seed)
         self.free = torch.randperm(num_blocks, generator=gen).tolist()
         self.tables: dict[str, list[int]] = {}
@@ -67,7 +67,7 @@ class PagedRunner:
             seqs.append((table, done, len(toks)))
             ids.extend(toks)
         meta = AttentionMetadata.build(seqs, self.block_size, self.model.device)
-        hidden = self.model(torch.tensor(ids), meta.positions, meta, self.kv)
+        hidden = self.model(torch.tensor(ids), meta.positions, meta, self.kv_cache)
         logits = self.model.compute_logits(hidden)
         for sid, toks in items:
             self.computed[sid] += len(toks)

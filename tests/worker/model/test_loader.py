@@ -122,9 +122,9 @@ def test_tiny_is_deterministic_and_long_context():
     assert cfg.bos_token_id == TINY_BOS and cfg.eos_token_ids == (TINY_EOS,)
     # A decode step at the last position of the context works.
     block_size, last = 16, cfg.max_position_embeddings - 1
-    kv = a.allocate_kv_cache(last // block_size + 1, block_size)
+    kv_cache = a.allocate_kv_cache(last // block_size + 1, block_size)
     meta = AttentionMetadata.build([(list(range(last // block_size + 1)), last, 1)], block_size)
-    logits = a.compute_logits(a(torch.tensor([65]), meta.positions, meta, kv))
+    logits = a.compute_logits(a(torch.tensor([65]), meta.positions, meta, kv_cache))
     assert logits.shape == (1, cfg.vocab_size) and torch.isfinite(logits).all()
 
 
@@ -135,7 +135,7 @@ def test_tiny_bf16_path_runs_on_cpu():
     assert m16.dtype == torch.bfloat16
     p = ByteTokenizer().encode("the quick brown fox", add_bos=True)
     r16 = PagedRunner(m16, block_size=16)
-    assert r16.kv.dtype == torch.bfloat16
+    assert r16.kv_cache.dtype == torch.bfloat16
     l16 = r16.step([("a", p)])[0][-1]
     l32 = PagedRunner(m32, block_size=16).step([("a", p)])[0][-1]
     assert l16.dtype == torch.float32
