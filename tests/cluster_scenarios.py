@@ -3,8 +3,6 @@ Ray actors (tests/deploy) run these same scenarios against their own cluster."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from typing import Any
 
 import grpc
 
@@ -18,12 +16,6 @@ SYSTEM = [random.Random(0).randrange(256) for _ in range(200)]  # 12 full blocks
 def question(i: int) -> list[int]:
     """The shared system prompt followed by question ``i``."""
     return SYSTEM + [random.Random(100 + i).randrange(256) for _ in range(20)]
-
-
-def wait_for(fn: Callable[[], Any], timeout: float = 10.0, interval: float = 0.1) -> Any:
-    """``deploy.waiting.wait_until`` with the scenarios' defaults (kept while tests/service
-    still imports this name; new code calls ``wait_until``)."""
-    return wait_until(fn, timeout, interval)
 
 
 def holder_match(client, tokens: list[int], worker_id: str, salt: str | None = None) -> int:

@@ -28,8 +28,11 @@ from tests.malformed import HASH_POOL, KNOWN_WORKERS, Limits, index_requests
 LIMITS = Limits()
 OK = grpc.StatusCode.OK
 # What a refusal may say: the caller's fault, a size limit, register first, wrong hash seed.
+# ALREADY_EXISTS: a fuzzed RegisterWorker for a live worker id from another address
+# (docs/security.md: a live id is never taken over).
 REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
-            grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
+            grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
+            grpc.StatusCode.ALREADY_EXISTS}
 PROVISIONAL = re.compile(rb"\}:p(:|m$)")  # provisional entries: they expire on their own
 STRATEGIES = index_requests(LIMITS)
 

@@ -31,6 +31,8 @@ from kvmesh.v1 import worker_pb2_grpc
 from service.index.redis import REGISTRY, worker_key
 from tests.client.fake_servers import FakeWorker, start_server
 
+pytestmark = pytest.mark.integration  # real service, worker and Valkey processes
+
 ROUTER, SHARED = "router-secret-token", "shared-worker-token"
 ROOT = Path(__file__).resolve().parents[2]
 BS, ALGO = 16, "sha256_cbor"
@@ -130,7 +132,7 @@ def test_a_live_worker_id_cannot_be_taken_over(cluster: LocalCluster) -> None:
     fake = FakeWorker("worker-0")
     server, fake_address = start_server(fake, worker_pb2_grpc.add_WorkerServiceServicer_to_server)
     try:
-        with grpc.insecure_channel(cluster.service_addresses[0]) as ch, cluster.client() as kv:
+        with grpc.insecure_channel(cluster.service_addresses[0]) as ch, cluster.client() as client:
             stub = pb_grpc.IndexServiceStub(ch)
             taken = code_of(stub.RegisterWorker, register("worker-0", fake_address, 666,
                                                           free_blocks=64, total_blocks=64),
@@ -149,8 +151,8 @@ def test_a_live_worker_id_cannot_be_taken_over(cluster: LocalCluster) -> None:
                     worker_id="worker-0", incarnation=inc, events=[stored]),
                     metadata=bearer(SHARED)) == grpc.StatusCode.FAILED_PRECONDITION
             assert snapshot(db, "worker-0") == before
-            assert kv.route(tokens, dry_run=True).candidates[0].matched_tokens == 0
-            res = kv.generate(tokens, max_tokens=2)
+            assert client.route(tokens, dry_run=True).candidates[0].matched_tokens == 0
+            res = client.generate(tokens, max_tokens=2)
             assert (res.worker_id, res.address) == ("worker-0", real)
             assert fake.requests == []
     finally:
@@ -162,7 +164,7 @@ def test_a_fake_worker_never_receives_the_router_token(cluster: LocalCluster) ->
     server, fake_address = start_server(fake, worker_pb2_grpc.add_WorkerServiceServicer_to_server)
     tokens = [(3 * i) % 200 + 1 for i in range(64)]
     try:
-        with grpc.insecure_channel(cluster.service_addresses[0]) as ch, cluster.client() as kv:
+        with grpc.insecure_channel(cluster.service_addresses[0]) as ch, cluster.client() as client:
             stub = pb_grpc.IndexServiceStub(ch)
             stub.RegisterWorker(register("fake", fake_address, 99, free_blocks=64,
                                          total_blocks=64), metadata=bearer(SHARED))
@@ -170,8 +172,8 @@ def test_a_fake_worker_never_receives_the_router_token(cluster: LocalCluster) ->
                 pb.KvEvent(seq=1, stored=pb.BlockStored(block_hashes=block_hashes(tokens, BS),
                                                         tier=pb.TIER_GPU))]),
                 metadata=bearer(SHARED))
-            res = kv.generate(tokens, max_tokens=2)
-            kv.worker_stats(fake_address)
+            res = client.generate(tokens, max_tokens=2)
+            client.worker_stats(fake_address)
         assert res.worker_id == "fake" and len(fake.metadata) == 2
         for md in fake.metadata:
             assert all(ROUTER not in str(v) for v in md.values()), md
@@ -186,15 +188,15 @@ def test_a_fake_worker_never_receives_the_router_token(cluster: LocalCluster) ->
 def test_a_worker_restarted_on_another_port_comes_back(cluster: LocalCluster) -> None:
     """The takeover guard must not lock out the id's rightful owner: killed and restarted on
     a new port, the worker is refused while its old record lives, then registers."""
-    from tests.cluster_scenarios import wait_for
+    from deploy.waiting import wait_until
 
     old = cluster.workers[0]
     old.kill()                                                            # kill -9
     new = cluster.add_worker("worker-0")
     assert new.address != old.address
-    with cluster.client() as kv:
-        wait_for(lambda: [(w["address"], w["alive"]) for w in kv.stats()["workers"]
-                          if w["worker_id"] == "worker-0"] == [(new.address, True)],
-                 timeout=30)
-        res = kv.generate([(7 * i) % 200 + 1 for i in range(40)], max_tokens=2)
+    with cluster.client() as client:
+        wait_until(lambda: [(w["address"], w["alive"]) for w in client.stats()["workers"]
+                            if w["worker_id"] == "worker-0"] == [(new.address, True)],
+                   timeout=30)
+        res = client.generate([(7 * i) % 200 + 1 for i in range(40)], max_tokens=2)
     assert (res.worker_id, res.address) == ("worker-0", new.address)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,6 +17,7 @@ from kvmesh.v1 import index_pb2 as pb
 from service.config import ServiceConfig
 from service.index.memory import MemoryBackend
 from service.servicer import IndexServicer
+from tests.ports import free_port
 from tests.service.simworker import SimWorker, prompt, route, serve
 
 UNAVAILABLE, INTERNAL, OK = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL,
@@ -49,11 +49,6 @@ def every_rpc(stub: Any, w: SimWorker) -> dict[str, Callable[[], Awaitable[Any]]
     }
 
 
-def free_port() -> int:
-    """A loopback port with nothing listening on it (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_every_handler_goes_through_the_error_mapping() -> None:

@@ -12,6 +12,7 @@ from kvmesh.hashing import block_hashes
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from service.config import ServiceConfig
+from tests.grpc_codes import code_of
 from tests.service.simworker import SimWorker, prompt, route, serve
 
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
@@ -24,12 +25,6 @@ def config(request: pytest.FixtureRequest) -> ServiceConfig:
     return ServiceConfig(backend="redis", redis_url=request.getfixturevalue("redis_url"))
 
 
-async def code_of(call: object) -> grpc.StatusCode:
-    try:
-        await call  # type: ignore[misc]
-        return grpc.StatusCode.OK
-    except grpc.aio.AioRpcError as e:
-        return e.code()
 
 
 def test_calls_of_a_replaced_incarnation_are_refused(config: ServiceConfig) -> None:
@@ -74,6 +69,7 @@ def test_a_retried_overlapping_publish_needs_no_resync(config: ServiceConfig) ->
     asyncio.run(main())
 
 
+@pytest.mark.integration
 def test_a_stale_batch_of_a_killed_worker_never_reaches_its_successor(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Real Valkey, service and worker processes (worker tokens bound to ids): kill -9 the
@@ -83,25 +79,25 @@ def test_a_stale_batch_of_a_killed_worker_never_reaches_its_successor(
     import redis
 
     from deploy.local import ClusterSpec, LocalCluster
+    from deploy.waiting import wait_until
     from service.index.redis import REGISTRY, worker_key
-    from tests.cluster_scenarios import wait_for
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the worker processes: one torch thread
     spec = ClusterSpec(workers=1, num_blocks=64, block_size=16,
                        worker_secret="incarnation-test-secret")
-    with LocalCluster(spec) as cluster, cluster.client() as kv:
+    with LocalCluster(spec) as cluster, cluster.client() as client:
         db = redis.Redis.from_url(cluster.redis_url, decode_responses=True)
         ns = db.hget(REGISTRY, "worker-0")
         record, blocks = worker_key(ns, "worker-0"), worker_key(ns, "worker-0") + ":blocks"
         old_proc = cluster.workers[0]
         x = [(7 * i) % 200 + 1 for i in range(40)]
-        kv.generate(x, max_tokens=4)
+        client.generate(x, max_tokens=4)
 
         def whole() -> bool:
-            held = kv.worker_stats(old_proc.address)["cache"]["cached_hashes"]
+            held = client.worker_stats(old_proc.address)["cache"]["cached_hashes"]
             return held > 0 and db.hlen(blocks) == held
 
-        wait_for(whole, timeout=15)
+        wait_until(whole, timeout=15)
         old_inc = int(db.hget(record, "inc"))
         assert old_inc != 0
         port = int(old_proc.address.rpartition(":")[2])
@@ -109,9 +105,9 @@ def test_a_stale_batch_of_a_killed_worker_never_reaches_its_successor(
         new_proc = cluster.add_worker("worker-0", port=port)
         assert new_proc.address == old_proc.address
         old_reg = db.hget(record, "reg")
-        wait_for(lambda: db.hget(record, "reg") not in (None, old_reg), timeout=30)
-        wait_for(lambda: kv.stats()["workers"][0]["alive"], timeout=10)
-        assert db.hlen(blocks) == 0 == kv.worker_stats(new_proc.address)["cache"][
+        wait_until(lambda: db.hget(record, "reg") not in (None, old_reg), timeout=30)
+        wait_until(lambda: client.stats()["workers"][0]["alive"], timeout=10)
+        assert db.hlen(blocks) == 0 == client.worker_stats(new_proc.address)["cache"][
             "cached_hashes"]
         assert db.hget(record, "inc") != str(old_inc)
 
@@ -126,13 +122,13 @@ def test_a_stale_batch_of_a_killed_worker_never_reaches_its_successor(
         assert err.value.code() == FAILED_PRECONDITION, err.value
         assert "stale incarnation" in err.value.details()
         assert db.hlen(blocks) == 0                     # exactly what the new process holds
-        assert kv.route(x, dry_run=True).candidates[0].matched_tokens == 0
+        assert client.route(x, dry_run=True).candidates[0].matched_tokens == 0
 
         # and the new process goes on being indexed exactly
         y = [(11 * i) % 200 + 1 for i in range(40)]
-        kv.generate(y, max_tokens=4)
-        wait_for(lambda: db.hlen(blocks) == kv.worker_stats(new_proc.address)["cache"][
-            "cached_hashes"] > 0, timeout=15)
+        client.generate(y, max_tokens=4)
+        wait_until(lambda: db.hlen(blocks) == client.worker_stats(new_proc.address)[
+            "cache"]["cached_hashes"] > 0, timeout=15)
         held = set(db.hkeys(blocks))
         assert {h.hex() for h in block_hashes(y, 16)} <= held
         assert not {h.hex() for h in block_hashes(x, 16)} & held

@@ -19,6 +19,8 @@ from kvmesh.hashing import none_hash
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 
+pytestmark = pytest.mark.integration  # a real service process
+
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServerProcess]:

@@ -12,6 +12,7 @@ import redis
 from deploy.redis_server import find_redis_binary, start_redis
 
 
+@pytest.mark.integration
 def test_start_restart_empty_and_stop() -> None:
     assert find_redis_binary()
     with start_redis() as server:
@@ -49,6 +50,7 @@ def test_no_password_no_access_and_no_password_on_the_command_line(redis_url: st
     owner.close()
 
 
+@pytest.mark.integration
 def test_password_reaches_the_server_in_a_private_file_only() -> None:
     with start_redis() as server:
         cmdline = Path(f"/proc/{server.pid}/cmdline").read_bytes().decode()

@@ -16,6 +16,7 @@ import pytest
 from kvmesh.v1 import index_pb2 as pb
 from service.config import ServiceConfig
 from service.worker_tokens import mint
+from tests.grpc_codes import code_of
 from tests.service.manual_clock import ManualClock
 from tests.service.simworker import SimWorker, prompt, route, serve
 
@@ -35,12 +36,6 @@ def config(request: pytest.FixtureRequest) -> ServiceConfig:
                          **TIMING)  # type: ignore[arg-type]
 
 
-async def code_of(call: object) -> grpc.StatusCode:
-    try:
-        await call  # type: ignore[misc]
-        return grpc.StatusCode.OK
-    except grpc.aio.AioRpcError as e:
-        return e.code()
 
 
 async def alive(stub: object, worker_id: str) -> bool:

@@ -19,6 +19,8 @@ from deploy.process import ServerProcess
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 
+pytestmark = pytest.mark.integration  # a real service process
+
 TOKEN = "router-token-for-the-transport-attack"
 MIB = 1 << 20
 ROUTE = "/kvmesh.v1.IndexService/Route"

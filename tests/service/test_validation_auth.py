@@ -17,6 +17,7 @@ from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from service.config import ServiceConfig
 from service.server import create_server
+from tests.grpc_codes import code_of
 from tests.service.simworker import SimWorker, meta, prompt, route, serve
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -24,13 +25,6 @@ TOO_BIG = grpc.StatusCode.RESOURCE_EXHAUSTED
 H32 = b"\x01" * 32
 
 
-async def code_of(call: Awaitable[object]) -> grpc.StatusCode:
-    try:
-        await call
-    except grpc.aio.AioRpcError as e:
-        assert e.details(), "every rejection carries a message"
-        return e.code()
-    return grpc.StatusCode.OK
 
 
 def test_bad_requests_get_clear_codes_and_change_nothing(redis_url: str) -> None:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 
 import grpc
 import pytest
@@ -11,6 +10,7 @@ from typer.testing import CliRunner
 from kvmesh.v1 import index_pb2 as pb
 from service import worker_tokens
 from service.config import ServiceConfig
+from tests.grpc_codes import code_of
 from tests.service.simworker import SimWorker, meta, prompt, route, serve
 
 SECRET = "0123456789abcdef-test-secret"
@@ -18,13 +18,6 @@ DENIED = grpc.StatusCode.PERMISSION_DENIED
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED
 
 
-async def code_of(call: Awaitable[object]) -> grpc.StatusCode:
-    try:
-        await call
-    except grpc.aio.AioRpcError as e:
-        assert e.details(), "every refusal says why"
-        return e.code()
-    return grpc.StatusCode.OK
 
 
 def test_mint_and_verify() -> None:
