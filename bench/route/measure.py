@@ -11,6 +11,7 @@ from typing import Any
 
 from bench.route.breakdown import breakdown
 from bench.route.fleet import ALGO, BLOCK_SIZE, SIZES, SimFleet, index_prompts, make_prompts
+from deploy.ports import free_port
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -66,14 +67,6 @@ def _handler_seconds(metrics_port: int) -> tuple[float, float]:
     return float(found.get("sum", 0.0)), float(found.get("count", 0.0))
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _stats(lat: list[float], base: list[float]) -> dict[str, float]:
     return {"p50_ms": statistics.median(lat) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3,
             "ratio_p50": statistics.median(lat) / statistics.median(base)}
@@ -94,7 +87,7 @@ def run(workers: int = 8, routes: int = 400, rounds: int = 4, threads: int = 4,
     from deploy.redis_server import start_redis
 
     variants = {"": "1", "_nomemo": "0"}  # result-key suffix -> MEMO argument of serve
-    ports = {v: _free_port() for v in variants}
+    ports = {v: free_port() for v in variants}
     redis = start_redis()
     services = {v: ServerProcess(f"service{v}", "bench.route.serve", [str(ports[v]), memo],
                                  env={"KVMESH_REDIS_URL": redis.url})
