@@ -42,7 +42,7 @@ class Load:
         from client import KvmeshClient, KvmeshError
 
         rng = random.Random(seed)
-        with KvmeshClient(self.addresses, generate_timeout=10.0) as kv:
+        with KvmeshClient(self.addresses, generate_timeout=10.0) as client:
             chat: list[int] = []
             while not self._stop.is_set():
                 tenant = rng.randrange(len(self.systems))
@@ -50,7 +50,7 @@ class Load:
                     chat = list(self.systems[tenant])
                 chat += [rng.randrange(256) for _ in range(32)]
                 try:
-                    res = kv.generate(chat, max_tokens=8, salt=f"t{tenant}", ignore_eos=True)
+                    res = client.generate(chat, max_tokens=8, salt=f"t{tenant}", ignore_eos=True)
                     chat += res.token_ids
                     with self._lock:
                         self.done += 1

@@ -80,8 +80,8 @@ def _client(service: str, token: str | None, timeout: float,
     try:
         ca, cert, key = tls
         with KvmeshClient(service, token, timeout=timeout,
-                          tls=tls_files(cert, key, ca)) as kv:
-            yield kv
+                          tls=tls_files(cert, key, ca)) as client:
+            yield client
     except KvmeshError as exc:
         raise _fail(f"{exc.code.name}: {exc.message}") from None
     except ValueError as exc:
@@ -102,8 +102,8 @@ def route_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
               tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None) -> None:
     """Ask the service which worker holds the longest prefix of a prompt."""
     prompt = _prompt(tokens, text)
-    with _client(service, token, timeout, (tls_ca, tls_cert, tls_key)) as kv:
-        result = kv.route(prompt, salt=salt, policy=policy, max_candidates=max_candidates,
+    with _client(service, token, timeout, (tls_ca, tls_cert, tls_key)) as client:
+        result = client.route(prompt, salt=salt, policy=policy, max_candidates=max_candidates,
                           dry_run=not record)
     if json_out:
         _print_json(dataclasses.asdict(result))
@@ -133,11 +133,11 @@ def generate_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
                  tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None) -> None:
     """Route a prompt and generate on the chosen worker (failing over if it is down)."""
     prompt = _prompt(tokens, text)
-    with _client(service, token, timeout, (tls_ca, tls_cert, tls_key)) as kv:
-        result = kv.generate(prompt, max_tokens=max_tokens, salt=salt,
+    with _client(service, token, timeout, (tls_ca, tls_cert, tls_key)) as client:
+        result = client.generate(prompt, max_tokens=max_tokens, salt=salt,
                              temperature=temperature, seed=seed, policy=policy)
         if text is not None and not json_out:
-            _note_random_model(kv, result.address)
+            _note_random_model(client, result.address)
     out = dataclasses.asdict(result)
     if text is not None:
         out["text"] = decode_bytes(result.token_ids)
@@ -152,14 +152,14 @@ def generate_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
                else "tokens: " + ",".join(map(str, result.token_ids)))
 
 
-def _note_random_model(kv: KvmeshClient, address: str) -> None:
+def _note_random_model(client: KvmeshClient, address: str) -> None:
     """Say on stderr that the worker's ``tiny`` model has random weights, so its text is
     noise by design (a newcomer would otherwise think decoding broke). Best effort: a
     worker that does not answer ``Stats`` gets no note."""
     from client.errors import KvmeshError
 
     try:
-        model = kv.worker_stats(address).get("model")
+        model = client.worker_stats(address).get("model")
     except KvmeshError:
         return
     if model == TINY_MODEL:
@@ -168,7 +168,7 @@ def _note_random_model(kv: KvmeshClient, address: str) -> None:
                    err=True)
 
 
-def _worker_details(kv: KvmeshClient, workers: list[dict[str, Any]]) -> None:
+def _worker_details(client: KvmeshClient, workers: list[dict[str, Any]]) -> None:
     """Add each live worker's own ``WorkerService.Stats`` as ``worker_stats`` (None if down)."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -178,7 +178,7 @@ def _worker_details(kv: KvmeshClient, workers: list[dict[str, Any]]) -> None:
         if not w.get("alive") or not w.get("address"):
             return None
         try:
-            return kv.worker_stats(w["address"])
+            return client.worker_stats(w["address"])
         except KvmeshError:
             return None
 
@@ -195,11 +195,11 @@ def stats_cmd(service: Service = DEFAULT_SERVICE, token: Token = None,
               timeout: Timeout = 5.0, json_out: JsonOut = False,
               tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None) -> None:
     """Show the cluster: every worker's liveness, load, blocks and index entries."""
-    with _client(service, token, timeout, (tls_ca, tls_cert, tls_key)) as kv:
-        data = kv.stats()
+    with _client(service, token, timeout, (tls_ca, tls_cert, tls_key)) as client:
+        data = client.stats()
         if workers:
-            kv.timeout = min(timeout, 2.0)
-            _worker_details(kv, data["workers"])
+            client.timeout = min(timeout, 2.0)
+            _worker_details(client, data["workers"])
     if json_out:
         _print_json(data)
         return

@@ -107,17 +107,17 @@ class _Gateway:
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
-        self.kv: AsyncKvmeshClient | None = None
+        self._client: AsyncKvmeshClient | None = None
         self.started = int(time.time())
         self.slots = TenantSlots(config.max_concurrent)
         self.metrics = GatewayMetrics()
 
     def client(self) -> AsyncKvmeshClient:
-        if self.kv is None:  # created inside the serving loop (grpc.aio channels bind to it)
-            self.kv = AsyncKvmeshClient(self.config.service, self.config.token,
+        if self._client is None:  # created inside the serving loop (grpc.aio channels bind to it)
+            self._client = AsyncKvmeshClient(self.config.service, self.config.token,
                                         generate_timeout=self.config.generate_timeout,
                                         tls=self.config.tls)
-        return self.kv
+        return self._client
 
     def tenant(self, request: Request) -> str | None:
         """The caller's tenant (None without tenancy); raises 401 for a bad API key."""
@@ -186,13 +186,13 @@ class _Gateway:
 
     async def whole(self, shape: ResponseShape, jobs: list[Job]) -> JSONResponse:
         """Generate ``jobs`` to the end: one body with a choice per job."""
-        kv, tok = self.client(), self.config.tokenizer
+        client, tok = self.client(), self.config.tokenizer
         if len(jobs) == 1:
-            outcomes = [await generate_text(kv, tok, jobs[0])]
+            outcomes = [await generate_text(client, tok, jobs[0])]
         else:  # a batch: one failure cancels the rest and is the answer
             try:
                 async with asyncio.TaskGroup() as group:
-                    tasks = [group.create_task(generate_text(kv, tok, job)) for job in jobs]
+                    tasks = [group.create_task(generate_text(client, tok, job)) for job in jobs]
             except ExceptionGroup as group_error:
                 raise group_error.exceptions[0] from None
             outcomes = [t.result() for t in tasks]
@@ -269,8 +269,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
-        if gw.kv is not None:
-            await gw.kv.close()
+        if gw._client is not None:
+            await gw._client.close()
 
     app = FastAPI(title="kvmesh gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gw

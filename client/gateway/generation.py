@@ -58,9 +58,9 @@ def _outcome(job: Job, text: str, stream: TextStream, result: GenerateResult) ->
                    result.worker_id, result.ttft_s)
 
 
-async def generate_text(kv: AsyncKvmeshClient, tokenizer: Tokenizer, job: Job) -> Outcome:
+async def generate_text(client: AsyncKvmeshClient, tokenizer: Tokenizer, job: Job) -> Outcome:
     """Generate ``job`` to the end and detokenize it. Raises ``KvmeshError``."""
-    result = await kv.generate(job.token_ids, max_tokens=job.max_tokens, salt=job.salt,
+    result = await client.generate(job.token_ids, max_tokens=job.max_tokens, salt=job.salt,
                                temperature=job.temperature, seed=job.seed)
     stream = TextStream(tokenizer, job.stop)
     text = stream.push(result.token_ids)
@@ -77,10 +77,10 @@ class TextDeltas:
     events: AsyncGenerator[str | Outcome, None]
 
 
-async def start_stream(kv: AsyncKvmeshClient, tokenizer: Tokenizer, job: Job) -> TextDeltas:
+async def start_stream(client: AsyncKvmeshClient, tokenizer: Tokenizer, job: Job) -> TextDeltas:
     """Route and start generating; returns once the first tokens (or the whole result)
     arrived. Raises ``KvmeshError`` when no worker could start the request."""
-    chunks = kv.generate_stream(job.token_ids, max_tokens=job.max_tokens, salt=job.salt,
+    chunks = client.generate_stream(job.token_ids, max_tokens=job.max_tokens, salt=job.salt,
                                 temperature=job.temperature, seed=job.seed)
     try:
         first = await anext(chunks)
