@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import typer
 
-from bench.workload import Session, WorkloadSpec, build
+from bench import workload
+from bench.workload import Session, WorkloadSpec
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ def run_demo(policies: list[str], spec: WorkloadSpec, workers: int, model: str,
 
     from deploy.local import ClusterSpec, LocalCluster
 
-    sessions = build(spec)
+    sessions = workload.sessions(spec)
     total = sum(len(s.turns) for s in sessions)
     results = []
     with Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),

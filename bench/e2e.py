@@ -2,13 +2,14 @@
 
 For each policy, a FRESH ``LocalCluster`` (embedded Valkey, the service, ``workers`` worker
 processes running the tiny model with ``num_blocks`` KV blocks each) serves the same seeded
-request stream:
+request stream (``bench.workload.stream`` of ``spec.workload``):
 
 - ``tenants`` tenants, each with its own cache salt and its own ``system_tokens``-token system
   prompt; every request is one tenant's system prompt plus a fresh ``question_tokens``-token
   question, generating exactly ``max_tokens`` tokens (``ignore_eos``);
-- arrivals are open loop: Poisson with mean rate ``rate`` requests/s, the same schedule for
-  every policy; a request is sent at its arrival time whether or not earlier ones finished.
+- arrivals are open loop: Poisson with mean rate ``rate_per_s`` requests/s, the same
+  schedule for every policy; a request is sent at its arrival time whether or not earlier
+  ones finished.
 
 The per-worker cache (``num_blocks``) holds only a few tenants' system prompts while the
 cluster's caches together hold them all: that is the regime where the routing decides the
@@ -34,36 +35,27 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import random
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import typer
+
+from bench.workload import Request, WorkloadSpec, stream
 
 POLICIES = ("kvmesh", "round_robin")
 
 
 @dataclass(frozen=True)
 class E2ESpec:
+    """The cluster and its load (``bench.workload.stream`` of ``workload``)."""
+
     workers: int = 3
-    tenants: int = 8
-    system_tokens: int = 1536
-    question_tokens: int = 64
-    max_tokens: int = 8
-    rate: float = 12.0            # requests per second (Poisson): see the module docstring
-    requests: int = 240
     num_blocks: int = 448         # per worker: ~4.5 system prompts of 96 blocks
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class Request:
-    arrival_s: float
-    salt: str
-    tokens: list[int]
-    max_tokens: int
+    # rate: requests per second (Poisson), see the module docstring
+    workload: WorkloadSpec = WorkloadSpec(tenants=8, system_tokens=1536, question_tokens=64,
+                                          max_tokens=8, rate_per_s=12.0, requests=240)
 
 
 @dataclass(frozen=True)
@@ -76,20 +68,6 @@ class Outcome:
     done_s: float          # completion time since the run's start
     worker: str
     error: str = ""
-
-
-def workload(spec: E2ESpec) -> list[Request]:
-    """The seeded request stream (token ids 0..255: the tiny model's vocabulary)."""
-    rng = random.Random(spec.seed)
-    systems = [[rng.randrange(256) for _ in range(spec.system_tokens)]
-               for _ in range(spec.tenants)]
-    out, clock = [], 0.0
-    for _ in range(spec.requests):
-        t = rng.randrange(spec.tenants)
-        question = [rng.randrange(256) for _ in range(spec.question_tokens)]
-        out.append(Request(clock, f"tenant-{t}", systems[t] + question, spec.max_tokens))
-        clock += rng.expovariate(spec.rate)
-    return out
 
 
 async def drive(addresses: list[str], requests: list[Request], policy: str,
@@ -153,7 +131,7 @@ def run(spec: E2ESpec, policies: tuple[str, ...] = POLICIES, progress: Any = Non
     """Each policy on a fresh cluster; rows plus kvmesh-over-round-robin ratios."""
     from deploy.local import ClusterSpec, LocalCluster
 
-    reqs = workload(spec)
+    reqs = stream(spec.workload)
     rows = []
     for policy in policies:
         cluster = LocalCluster(ClusterSpec(workers=spec.workers, num_blocks=spec.num_blocks,
@@ -187,9 +165,9 @@ def _print(res: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    s = res["spec"]
+    s = {**res["spec"], **res["spec"]["workload"]}
     t = Table(title=f"e2e: {s['workers']} tiny-model workers x {s['num_blocks']} blocks, "
-                    f"{s['requests']} requests at {s['rate']}/s (Poisson), {s['tenants']} "
+                    f"{s['requests']} requests at {s['rate_per_s']}/s (Poisson), {s['tenants']} "
                     f"tenants x {s['system_tokens']}-token system prompt + "
                     f"{s['question_tokens']}-token question, {s['max_tokens']} out")
     cols = ("policy", "tokens/s", "out tok/s", "req/s", "mean TTFT ms", "p90 TTFT ms",
@@ -217,24 +195,26 @@ def _print(res: dict[str, Any]) -> None:
 
 
 def register(bench: typer.Typer) -> None:
-    d = E2ESpec()
+    d, w = E2ESpec(), E2ESpec().workload
 
     @bench.command("e2e")
-    def e2e(workers: int = typer.Option(d.workers), tenants: int = typer.Option(d.tenants),
-            system_tokens: int = typer.Option(d.system_tokens),
-            question_tokens: int = typer.Option(d.question_tokens),
-            max_tokens: int = typer.Option(d.max_tokens),
-            rate: float = typer.Option(d.rate, help="arrivals per second (Poisson)"),
-            requests: int = typer.Option(d.requests),
+    def e2e(workers: int = typer.Option(d.workers), tenants: int = typer.Option(w.tenants),
+            system_tokens: int = typer.Option(w.system_tokens),
+            question_tokens: int = typer.Option(w.question_tokens),
+            max_tokens: int = typer.Option(w.max_tokens),
+            rate: float = typer.Option(w.rate_per_s, help="arrivals per second (Poisson)"),
+            requests: int = typer.Option(w.requests),
             num_blocks: int = typer.Option(d.num_blocks, help="KV blocks per worker"),
             policies: str = typer.Option(",".join(POLICIES), help="each on a fresh cluster"),
-            seed: int = typer.Option(d.seed),
+            seed: int = typer.Option(w.seed),
             as_json: bool = typer.Option(False, "--json")) -> None:
         """kvmesh vs round robin on a real local cluster: throughput, TTFT, hit rate."""
         from rich.progress import Progress
 
-        spec = E2ESpec(workers, tenants, system_tokens, question_tokens, max_tokens, rate,
-                       requests, num_blocks, seed)
+        load = replace(w, tenants=tenants, system_tokens=system_tokens,
+                       question_tokens=question_tokens, max_tokens=max_tokens,
+                       rate_per_s=rate, requests=requests, seed=seed)
+        spec = E2ESpec(workers, num_blocks, load)
         names = tuple(p.strip() for p in policies.split(",") if p.strip())
         with Progress(transient=True, disable=as_json) as bar:
             def progress(policy: str, total: int) -> Any:

@@ -2,9 +2,9 @@
 
 The same Serve deployment (``KvmeshReplica``: one kvmesh worker engine per replica, fresh
 and empty) is deployed once per router, side by side, and each app gets the same requests
-(``bench.ray_workload``: tenants with salts sharing an app's system prompts, multi-turn
-chats) through a streaming ``DeploymentHandle``, in the same order and concurrency, the
-apps taking turns round by round (one app busy at a time):
+(``bench.workload.text_rounds`` of ``SERVE_WORKLOAD``: tenants with salts sharing an app's
+system prompts, multi-turn chats) through a streaming ``DeploymentHandle``, in the same
+order and concurrency, the apps taking turns round by round (one app busy at a time):
 
 - ``kvmesh``: ``KvmeshRequestRouter`` (the kvmesh index: longest cached prefix, salted,
   eviction-aware, weighed by load);
@@ -28,16 +28,21 @@ import math
 import statistics
 import time
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import typer
 
-from bench.ray_workload import WorkloadSpec, build_rounds, ceiling_tokens
+from bench.workload import WorkloadSpec, ceiling_tokens, text_rounds
 from deploy.ray.request import ServeRequest
 
 ROUTERS = ("kvmesh", "prefix_affinity", "prefix_affinity_lb", "pow2")
 REPLICA_CPUS = 0.25
 QUIET = {"enable_access_log": False, "log_level": "WARNING"}
+# The default load (characters == tokens): 4 tenants x 3 chats x 3 turns, 2 app prompts.
+SERVE_WORKLOAD = WorkloadSpec(tenants=4, system_prompts=2, chats_per_tenant=3,
+                              turns_per_chat=3, system_tokens=640, question_tokens=96,
+                              answer_tokens=64, max_tokens=4)
 PCAR = ("ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router:"
         "PrefixCacheAffinityRouter")
 
@@ -120,8 +125,8 @@ def compare(routers: tuple[str, ...] = ROUTERS, *, replicas: int = 3, num_blocks
     from deploy.ray.cluster import RayCluster
     from deploy.ray.serve import kvmesh_app
 
-    workload = workload or WorkloadSpec()
-    rounds = build_rounds(workload)
+    workload = workload or SERVE_WORKLOAD
+    rounds = text_rounds(workload)
     ceiling = ceiling_tokens(rounds, 16)
     owns_ray = not ray.is_initialized()
     if owns_ray:  # logical CPUs: room for every app's replicas at once (they only gate)
@@ -204,7 +209,8 @@ def register(group: typer.Typer) -> None:
             raise typer.BadParameter(f"unknown router(s) {bad}; choose from {ROUTERS}")
         results = compare(chosen, replicas=replicas, num_blocks=num_blocks,
                           concurrency=concurrency, heartbeat_s=heartbeat_s,
-                          workload=WorkloadSpec(tenants=tenants, turns=turns, seed=seed))
+                          workload=replace(SERVE_WORKLOAD, tenants=tenants,
+                                           turns_per_chat=turns, seed=seed))
         if json_out:
             with open(json_out, "w") as f:
                 json.dump(results, f, indent=2)

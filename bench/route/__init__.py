@@ -1,6 +1,6 @@
 """`kvmesh bench route`: Route latency through the real client for short and long prompts.
 
-This module is the command and its tables; the pieces: :mod:`bench.route.fleet` (simulated
+This module is the command and its tables; the pieces: :mod:`bench.route.fleet` (protocol
 workers and the indexed prompts), :mod:`bench.route.measure` (the run),
 :mod:`bench.route.breakdown` (where the time goes), :mod:`bench.route.serve` (the service
 child process).
@@ -8,7 +8,7 @@ child process).
 Setup, all real: a Valkey server, two replicas of the metadata service over it, each its own
 process (``create_server``, redis backend, default settings, run by ``python -m
 bench.route.serve``): the service as shipped and the same with its block-hash memo replaced
-by plain hashing (what the memo buys, side by side). ``workers`` simulated workers register,
+by plain hashing (what the memo buys, side by side). ``workers`` protocol workers register,
 heartbeat and publish BlockStored events over gRPC exactly like real ones (no model: this
 measures the service). Three prompts of 16, 2,048 and 8,192 tokens are indexed: worker ``i``
 of ``W`` holds the first ``ceil((i + 1) / W)`` of each chain, so the lookup walks every block
@@ -43,7 +43,7 @@ def _print_table(res: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console(width=max(Console().width, 160))  # wide tables, even in a pipe
-    t = Table(title=f"Route through KvmeshClient: {res['workers']} simulated workers, redis "
+    t = Table(title=f"Route through KvmeshClient: {res['workers']} protocol workers, redis "
                     f"backend, {res['routes_per_size']} dry-run routes per size and service, "
                     "interleaved")
     for col in ("prompt tokens", "p50 ms", "p99 ms", "p50 / 16-tok",
@@ -80,7 +80,7 @@ def _print_table(res: dict[str, Any]) -> None:
 
 def register(bench: typer.Typer) -> None:
     @bench.command("route")
-    def route(workers: int = typer.Option(8, help="simulated workers"),
+    def route(workers: int = typer.Option(8, help="fake workers (gRPC protocol only, no model)"),
               routes: int = typer.Option(400, help="dry-run routes per prompt size"),
               threads: int = typer.Option(4, help="threads sharing the client for routes/s"),
               duration_s: float = typer.Option(2.0, help="seconds of each routes/s run"),

@@ -1,5 +1,6 @@
-"""The simulated fleet of `kvmesh bench route`: workers that speak the worker side of
-IndexService over real gRPC, and the prompts they hold (see :func:`index_prompts`)."""
+"""The protocol fleet of `kvmesh bench route`: fake workers (no cache, no model) that speak
+the worker side of IndexService over real gRPC, and the prompts they hold (see
+:func:`index_prompts`)."""
 from __future__ import annotations
 
 import math
@@ -13,8 +14,8 @@ ALGO = "sha256_cbor"
 VOCAB = 128_256
 
 
-class SimFleet:
-    """``n`` simulated workers on one service: register, index chains, heartbeat.
+class ProtocolFleet:
+    """``n`` protocol workers on one service: register, index chains, heartbeat.
 
     Contract: after :meth:`start` every worker is registered (and has answered the resync
     request with an empty snapshot); a daemon thread heartbeats all of them every 0.5 s with
@@ -39,7 +40,7 @@ class SimFleet:
 
         return pb.WorkerLoad(free_blocks=900_000, total_blocks=1_000_000)
 
-    def start(self) -> SimFleet:
+    def start(self) -> ProtocolFleet:
         from kvmesh.hashing import none_hash
         from kvmesh.v1 import index_pb2 as pb
 
@@ -89,7 +90,7 @@ def make_prompts(sizes: tuple[int, ...], seed: int) -> dict[int, list[int]]:
     return {n: [rng.randrange(VOCAB) for _ in range(n)] for n in sizes}
 
 
-def index_prompts(fleet: SimFleet, prompts: dict[int, list[int]]) -> dict[int, list[bytes]]:
+def index_prompts(fleet: ProtocolFleet, prompts: dict[int, list[int]]) -> dict[int, list[bytes]]:
     """Worker i of W holds the first ceil((i+1)/W) of every prompt's chain."""
     from kvmesh.hashing import block_hashes
 

@@ -10,7 +10,7 @@ import urllib.request
 from typing import Any
 
 from bench.route.breakdown import breakdown
-from bench.route.fleet import ALGO, BLOCK_SIZE, SIZES, SimFleet, index_prompts, make_prompts
+from bench.route.fleet import ALGO, BLOCK_SIZE, SIZES, ProtocolFleet, index_prompts, make_prompts
 from deploy.ports import free_port
 
 
@@ -75,7 +75,7 @@ def _stats(lat: list[float], base: list[float]) -> dict[str, float]:
 def run(workers: int = 8, routes: int = 400, rounds: int = 4, threads: int = 4,
         duration_s: float = 2.0, sizes: tuple[int, ...] = SIZES, seed: int = 0) -> dict:
     """Start Valkey, two service replicas over it (the service as shipped, and the same with
-    its block-hash memo off), the simulated fleet; measure both side by side; stop all.
+    its block-hash memo off), the protocol fleet; measure both side by side; stop all.
 
     Returns the setup and ``sizes``: per size ``tokens``, ``blocks``, then for the shipped
     service ``p50_ms``, ``p99_ms``, ``ratio_p50`` (over the smallest size), ``p50_ms_live`` /
@@ -92,12 +92,12 @@ def run(workers: int = 8, routes: int = 400, rounds: int = 4, threads: int = 4,
     services = {v: ServerProcess(f"service{v}", "bench.route.serve", [str(ports[v]), memo],
                                  env={"KVMESH_REDIS_URL": redis.url})
                 for v, memo in variants.items()}
-    fleet: SimFleet | None = None
+    fleet: ProtocolFleet | None = None
     clients: dict[str, Any] = {}
     try:
         for svc in services.values():
             svc.start(60)
-        fleet = SimFleet(str(services[""].address), workers).start()
+        fleet = ProtocolFleet(str(services[""].address), workers).start()
         prompts = make_prompts(sizes, seed)
         chains = index_prompts(fleet, prompts)
         clients = {v: KvmeshClient(str(svc.address)) for v, svc in services.items()}
@@ -105,7 +105,7 @@ def run(workers: int = 8, routes: int = 400, rounds: int = 4, threads: int = 4,
         for client in clients.values():  # the other replica sees the fleet through Redis
             while sum(w["alive"] for w in client.stats()["workers"]) < workers:
                 if time.monotonic() > deadline:
-                    raise RuntimeError("simulated workers did not become live")
+                    raise RuntimeError("protocol workers did not become live")
                 time.sleep(0.1)
         _latencies(clients, prompts, 10 * len(sizes), 1, dry_run=True)  # warm up
         dry: dict[str, dict[int, list[float]]] = {v: {n: [] for n in sizes} for v in variants}

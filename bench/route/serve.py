@@ -27,7 +27,7 @@ async def _serve(redis_url: str, metrics_port: int, memo: bool = True) -> None:
     from service.config import ServiceConfig
     from service.server import create_server
 
-    # Liveness is not what this measures: a generous timeout keeps the simulated workers
+    # Liveness is not what this measures: a generous timeout keeps the protocol workers
     # routable even when a loaded machine delays their heartbeat thread.
     cfg = ServiceConfig(backend="redis", redis_url=redis_url, metrics_port=metrics_port,
                         liveness_timeout_s=30.0, purge_after_s=60.0)

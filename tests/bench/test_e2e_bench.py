@@ -6,13 +6,15 @@ import math
 import pytest
 
 from bench import e2e
+from bench.workload import WorkloadSpec, stream
 
-TINY = e2e.E2ESpec(workers=2, tenants=2, system_tokens=64, question_tokens=16, max_tokens=2,
-                   rate=5.0, requests=6, num_blocks=64, seed=1)
+TINY = e2e.E2ESpec(workers=2, num_blocks=64,
+                   workload=WorkloadSpec(tenants=2, system_tokens=64, question_tokens=16,
+                                         max_tokens=2, rate_per_s=5.0, requests=6, seed=1))
 
 
 def test_workload_is_seeded_open_loop_and_salted_per_tenant() -> None:
-    a, b = e2e.workload(TINY), e2e.workload(TINY)
+    a, b = stream(TINY.workload), stream(TINY.workload)
     assert a == b and len(a) == 6
     assert [r.arrival_s for r in a] == sorted(r.arrival_s for r in a) and a[0].arrival_s == 0
     by_salt: dict[str, list[list[int]]] = {}

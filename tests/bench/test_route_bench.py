@@ -1,4 +1,4 @@
-"""`kvmesh bench route` at a tiny size: real Valkey, service process, simulated workers."""
+"""`kvmesh bench route` at a tiny size: real Valkey, service process, protocol workers."""
 from __future__ import annotations
 
 import math

@@ -1,10 +1,12 @@
 """What a Ray deployment asks for, and the comparison workload (pure functions, no Ray)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from bench.ray_serve import ROUTERS, render, router_config
-from bench.ray_workload import WorkloadSpec, build_rounds, ceiling_tokens
+from bench.ray_serve import ROUTERS, SERVE_WORKLOAD, render, router_config
+from bench.workload import ceiling_tokens, text_rounds
 from deploy.ray.spec import RaySpec, gpus_for_worker, worker_bundle
 
 
@@ -38,9 +40,9 @@ def test_each_spec_gets_its_own_actor_name_prefix():
 
 
 def test_workload_is_deterministic_tenant_salted_and_growing():
-    spec = WorkloadSpec(tenants=2, chats_per_tenant=2, turns=2)
-    rounds = build_rounds(spec)
-    again = build_rounds(spec)
+    spec = replace(SERVE_WORKLOAD, tenants=2, chats_per_tenant=2, turns_per_chat=2)
+    rounds = text_rounds(spec)
+    again = text_rounds(spec)
     assert [[r.token_ids for r in b] for b in rounds] == [[r.token_ids for r in b]
                                                          for b in again]
     assert [len(b) for b in rounds] == [4, 4]

@@ -159,7 +159,7 @@ def test_tls_options_reach_the_index_client(certs):
     from kvmesh.v1 import index_pb2_grpc as pb_grpc
     from service.config import ServiceConfig
     from service.server import create_server
-    from tests.service.simworker import SimWorker
+    from tests.service.protocol_worker import ProtocolWorker
 
     def router(**kw):
         r = KvmeshRequestRouter(deployment_id=DEP, handle_source=DeploymentHandleSource.UNKNOWN)
@@ -176,7 +176,7 @@ def test_tls_options_reach_the_index_client(certs):
         try:
             creds = TlsFiles(ca=str(certs.ca)).channel_credentials()
             async with grpc.aio.secure_channel(addr[0], creds) as ch:
-                w = SimWorker(pb_grpc.IndexServiceStub(ch), wid("b2"))
+                w = ProtocolWorker(pb_grpc.IndexServiceStub(ch), wid("b2"))
                 await w.join()
                 await w.store(list(range(1, 33)))
             ranks = {}

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from bench.workload import WorkloadSpec, build
+from bench.workload import WorkloadSpec, sessions
 from client.cli import app
 
 
 def test_workload_is_seeded_and_sized():
     spec = WorkloadSpec(requests=40, seed=3)
-    a, b = build(spec), build(spec)
+    a, b = sessions(spec), sessions(spec)
     assert [s.prefix for s in a] == [s.prefix for s in b]
     assert sum(len(s.turns) for s in a) == 40
     assert {s.salt for s in a} <= {f"tenant-{i}" for i in range(spec.tenants)}

@@ -20,7 +20,7 @@ import redis
 from deploy.process import ServerProcess
 from deploy.redis_server import RedisServer
 from kvmesh.v1 import index_pb2 as pb
-from tests.service.simworker import SimWorker, stub
+from tests.service.protocol_worker import ProtocolWorker, stub
 
 CAP = 64
 BATCH = 8000  # under the default --max-batch-hashes (8192)
@@ -51,7 +51,7 @@ def test_a_worker_cannot_index_more_than_its_pool(service: ServerProcess,
 
     async def main() -> None:
         async with grpc.aio.insecure_channel(service.address) as ch:
-            liar = SimWorker(stub(ch), "liar", port=9001)
+            liar = ProtocolWorker(stub(ch), "liar", port=9001)
             await liar.join(total_blocks=16, free_blocks=16)
             refused, peak = 0, 0
             for _ in range(200_000 // BATCH):
@@ -86,7 +86,7 @@ def test_a_worker_cannot_index_more_than_its_pool(service: ServerProcess,
             assert _block_keys(client) == before
 
             # a legit worker: a pool of 512 blocks, filled and churned, never refused
-            legit = SimWorker(stub(ch), "legit", port=9002)
+            legit = ProtocolWorker(stub(ch), "legit", port=9002)
             await legit.join(total_blocks=512, free_blocks=512)
             held: list[bytes] = []
             for _ in range(6):

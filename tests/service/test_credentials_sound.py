@@ -15,7 +15,7 @@ from kvmesh.auth import worker_access_token
 from service import worker_tokens
 from service.auth import fingerprint
 from service.config import ServiceConfig
-from tests.service.simworker import SimWorker, route, serve
+from tests.service.protocol_worker import ProtocolWorker, route, serve
 
 SECRET = "sound-credentials-test-secret"
 
@@ -38,7 +38,7 @@ def test_every_token_check_is_constant_time(monkeypatch: pytest.MonkeyPatch) -> 
             with pytest.raises(grpc.aio.AioRpcError):
                 await route(r.stub, [1, 2, 3], token="wrong-tok")
             with pytest.raises(grpc.aio.AioRpcError):
-                await SimWorker(r.stub, "a", token=forged).register()
+                await ProtocolWorker(r.stub, "a", token=forged).register()
 
     asyncio.run(main())
     assert (b"wrong-tok", b"router-tok") in compared
@@ -60,7 +60,7 @@ def test_records_keep_a_fingerprint_never_the_token(redis_url: str) -> None:
     async def main() -> None:
         cfg = ServiceConfig(backend="redis", redis_url=redis_url, worker_secret=SECRET)
         async with serve(cfg) as r:
-            await SimWorker(r.stub, "a", token=token).join()
+            await ProtocolWorker(r.stub, "a", token=token).join()
 
     asyncio.run(main())
     db = redis.Redis.from_url(redis_url, decode_responses=True)

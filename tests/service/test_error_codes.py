@@ -18,7 +18,7 @@ from service.config import ServiceConfig
 from service.index.memory import MemoryBackend
 from service.servicer import IndexServicer
 from tests.ports import free_port
-from tests.service.simworker import SimWorker, prompt, route, serve
+from tests.service.protocol_worker import ProtocolWorker, prompt, route, serve
 
 UNAVAILABLE, INTERNAL, OK = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL,
                              grpc.StatusCode.OK)
@@ -33,7 +33,7 @@ async def answer(call: Awaitable[Any]) -> tuple[grpc.StatusCode, Any]:
         return e.code(), e.details()
 
 
-def every_rpc(stub: Any, w: SimWorker) -> dict[str, Callable[[], Awaitable[Any]]]:
+def every_rpc(stub: Any, w: ProtocolWorker) -> dict[str, Callable[[], Awaitable[Any]]]:
     """One well-formed call of each IndexService RPC (worker ``w`` speaking for the worker).
     Route first: a worker call that finds the backend down makes Route answer degraded at
     once for a while, and the first Route must take the path that looks for workers."""
@@ -67,7 +67,7 @@ def test_every_rpc_while_redis_is_down_from_the_start() -> None:
 
     async def main() -> None:
         async with serve(cfg) as r:
-            calls = every_rpc(r.stub, SimWorker(r.stub, "a"))
+            calls = every_rpc(r.stub, ProtocolWorker(r.stub, "a"))
             codes = {name: (await answer(call()))[0] for name, call in calls.items()}
             assert codes == {"RegisterWorker": UNAVAILABLE, "Heartbeat": UNAVAILABLE,
                              "PublishEvents": UNAVAILABLE, "SyncWorker": UNAVAILABLE,
@@ -91,7 +91,7 @@ def test_every_rpc_after_redis_died_under_live_workers(redis_server: RedisServer
 
     async def main() -> None:
         async with serve(cfg) as r:
-            a = SimWorker(r.stub, "a")
+            a = ProtocolWorker(r.stub, "a")
             await a.join()
             await a.store(prompt(12))
             redis_server.kill()
@@ -130,7 +130,7 @@ def test_a_backend_bug_is_internal_with_a_message_and_a_logged_traceback(
         backend = BrokenBackend()
         async with serve(ServiceConfig(backend="memory"), backend) as r:
             backend.broken = True
-            for name, call in every_rpc(r.stub, SimWorker(r.stub, "a")).items():
+            for name, call in every_rpc(r.stub, ProtocolWorker(r.stub, "a")).items():
                 caplog.clear()
                 code, details = await answer(call())
                 assert code == INTERNAL, (name, code, details)

@@ -13,7 +13,7 @@ from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from service.config import ServiceConfig
 from tests.grpc_codes import code_of
-from tests.service.simworker import SimWorker, prompt, route, serve
+from tests.service.protocol_worker import ProtocolWorker, prompt, route, serve
 
 FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 
@@ -30,10 +30,10 @@ def config(request: pytest.FixtureRequest) -> ServiceConfig:
 def test_calls_of_a_replaced_incarnation_are_refused(config: ServiceConfig) -> None:
     async def main() -> None:
         async with serve(config) as r:
-            old = SimWorker(r.stub, "a", incarnation=2**64 - 1)
+            old = ProtocolWorker(r.stub, "a", incarnation=2**64 - 1)
             await old.join()
             await old.store(prompt(12))
-            new = SimWorker(r.stub, "a", incarnation=2**64 - 2)  # restarted: seqs from 1
+            new = ProtocolWorker(r.stub, "a", incarnation=2**64 - 2)  # restarted: seqs from 1
             await new.join()
             p = prompt(12, start=100)
             stale = pb.KvEvent(seq=1, stored=pb.BlockStored(block_hashes=old.hashes(p)))
@@ -51,7 +51,7 @@ def test_calls_of_a_replaced_incarnation_are_refused(config: ServiceConfig) -> N
 def test_a_retried_overlapping_publish_needs_no_resync(config: ServiceConfig) -> None:
     async def main() -> None:
         async with serve(config) as r:
-            a = SimWorker(r.stub, "a", incarnation=7)
+            a = ProtocolWorker(r.stub, "a", incarnation=7)
             await a.join()
             p1, p2 = prompt(12), prompt(12, start=50)
             e1 = a.next_event(stored=pb.BlockStored(block_hashes=a.hashes(p1)))

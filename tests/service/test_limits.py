@@ -14,7 +14,7 @@ from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from service.config import ServiceConfig
 from service.index.base import BlockMatch
 from service.index.memory import MemoryBackend
-from tests.service.simworker import SimWorker, prompt, route, serve
+from tests.service.protocol_worker import ProtocolWorker, prompt, route, serve
 
 TOO_MUCH = grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -38,7 +38,7 @@ def test_calls_in_flight_per_connection() -> None:
     async def main() -> None:
         backend = SlowLookups()
         async with serve(ServiceConfig(max_inflight_per_conn=2), backend) as r:
-            await SimWorker(r.stub, "w").join()
+            await ProtocolWorker(r.stub, "w").join()
             held = [asyncio.ensure_future(route(r.stub, prompt(9))) for _ in range(2)]
 
             async def waiting() -> int:
@@ -65,7 +65,7 @@ def test_request_size_limits_name_their_flags() -> None:
 
     async def main() -> None:
         async with serve(cfg) as r:
-            w = SimWorker(r.stub, "w")
+            w = ProtocolWorker(r.stub, "w")
             await w.join()
             h = [bytes([i]) * 32 for i in range(8)]
             cleared = pb.AllBlocksCleared()

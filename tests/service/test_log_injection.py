@@ -17,7 +17,7 @@ from kvmesh.hashing import none_hash
 from kvmesh.v1 import index_pb2 as pb
 from service.config import ServiceConfig
 from service.validate import RequestError, address
-from tests.service.simworker import serve
+from tests.service.protocol_worker import serve
 
 FORGED = "2025-01-01 00:00:00,000 kvmesh.service purged worker victim (no heartbeat for 5.0s)"
 

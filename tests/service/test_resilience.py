@@ -15,7 +15,7 @@ from deploy.waiting import eventually
 from kvmesh.v1 import index_pb2 as pb
 from service.config import ServiceConfig
 from tests.service.manual_clock import ManualClock
-from tests.service.simworker import Running, SimWorker, prompt, route, serve
+from tests.service.protocol_worker import ProtocolWorker, Running, prompt, route, serve
 
 FAST = dict(heartbeat_interval_s=0.2, liveness_timeout_s=0.6, purge_after_s=1.0,
             janitor_interval_s=0.2, refresh_interval_s=0.1, degraded_retry_s=0.2)
@@ -34,7 +34,7 @@ def test_silent_worker_leaves_routing_within_three_seconds(redis_url: str) -> No
     async def main() -> None:
         clock = ManualClock()
         async with serve(redis_cfg(redis_url), clock=clock) as r:  # defaults: 1 s / 3 s
-            a, b = SimWorker(r.stub, "a"), SimWorker(r.stub, "b")
+            a, b = ProtocolWorker(r.stub, "a"), ProtocolWorker(r.stub, "b")
             await a.join()
             await b.join()
             p = prompt(40)
@@ -61,7 +61,7 @@ def test_janitor_purges_dead_workers(redis_url: str) -> None:
     async def main() -> None:
         clock = ManualClock()
         async with serve(redis_cfg(redis_url, **FAST), clock=clock) as r:
-            a = SimWorker(r.stub, "a")
+            a = ProtocolWorker(r.stub, "a")
             await a.join()
             await a.store(prompt(40))
             assert (await r.stub.Stats(pb.StatsRequest())).workers
@@ -82,7 +82,7 @@ def test_redis_down_degrades_then_recovers_empty(redis_server: RedisServer,
     async def main() -> None:
         clock = ManualClock()
         async with serve(redis_cfg(redis_url, **FAST), clock=clock) as r:
-            a, b = SimWorker(r.stub, "a"), SimWorker(r.stub, "b")
+            a, b = ProtocolWorker(r.stub, "a"), ProtocolWorker(r.stub, "b")
             await a.join(running=2)
             await b.join(running=1)
             p = prompt(40)
@@ -120,7 +120,7 @@ def test_two_replicas_over_one_redis_agree(redis_url: str) -> None:
     async def main() -> None:
         cfg = redis_cfg(redis_url, refresh_interval_s=0.1)
         async with serve(cfg) as r1, serve(cfg) as r2:
-            a, b = SimWorker(r1.stub, "a", port=1), SimWorker(r2.stub, "b", port=2)
+            a, b = ProtocolWorker(r1.stub, "a", port=1), ProtocolWorker(r2.stub, "b", port=2)
             await a.join()
             await b.join()
             p1, p2 = prompt(40), prompt(40, start=5000)
@@ -132,7 +132,7 @@ def test_two_replicas_over_one_redis_agree(redis_url: str) -> None:
                 assert (res.candidates[0].worker_id, res.candidates[0].matched_tokens) == ("a", 36)
                 res = await route(stub, p2)
                 assert (res.candidates[0].worker_id, res.candidates[0].matched_tokens) == ("b", 36)
-            assert not (await SimWorker(r2.stub, "a").heartbeat()).reregister
+            assert not (await ProtocolWorker(r2.stub, "a").heartbeat()).reregister
             # a provisional entry written through one replica steers the other
             new = prompt(40, start=9000)
             first = (await route(r1.stub, new, policy="prefix_only")).candidates[0]
@@ -152,7 +152,7 @@ def test_service_restart_keeps_redis_state_but_memory_asks_to_reregister(
     async def main() -> None:
         for cfg in (redis_cfg(redis_url), ServiceConfig()):
             async with serve(cfg) as r:
-                a = SimWorker(r.stub, "a")
+                a = ProtocolWorker(r.stub, "a")
                 await a.join()
                 await a.store(prompt(20))
             async with serve(cfg) as r:                         # a new process
@@ -172,7 +172,7 @@ def test_emptied_redis_answers_degraded_until_workers_return(redis_url: str) -> 
 
     async def main() -> None:
         async with serve(redis_cfg(redis_url, **FAST)) as r:
-            a = SimWorker(r.stub, "a")
+            a = ProtocolWorker(r.stub, "a")
             await a.join()
             p = prompt(40)
             await a.store(p)
@@ -202,7 +202,7 @@ def test_worker_back_from_silence_rejoins_with_a_snapshot(redis_url: str) -> Non
     async def main() -> None:
         clock = ManualClock()
         async with serve(redis_cfg(redis_url, **FAST), clock=clock) as r:
-            a, b = SimWorker(r.stub, "a"), SimWorker(r.stub, "b")
+            a, b = ProtocolWorker(r.stub, "a"), ProtocolWorker(r.stub, "b")
             await a.join()
             await b.join()
             assert not (await a.heartbeat()).resync
@@ -222,7 +222,7 @@ def test_a_replica_routes_to_workers_registered_elsewhere_at_once(redis_url: str
         cfg = redis_cfg(redis_url, refresh_interval_s=60.0)  # no periodic refresh in time
         async with serve(cfg) as r1, serve(cfg) as r2:
             await r2.stub.Stats(pb.StatsRequest())       # r2 has looked: nobody yet
-            await SimWorker(r1.stub, "a").join()
+            await ProtocolWorker(r1.stub, "a").join()
             res = await route(r2.stub, prompt(8))
             assert [c.worker_id for c in res.candidates] == ["a"]
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from kvmesh.v1 import index_pb2 as pb
 from service.config import ServiceConfig
-from tests.service.simworker import BS, SimWorker, route, serve
+from tests.service.protocol_worker import BS, ProtocolWorker, route, serve
 
 SALTS = st.one_of(st.none(), st.sampled_from(["acme", "globex", "a", "b"]),
                   st.text(min_size=1, max_size=6))
@@ -35,7 +35,7 @@ def test_route_never_matches_another_tenants_entries(backend: str, redis_url: st
     loop = asyncio.new_event_loop()
     service = serve(cfg)
     r = loop.run_until_complete(service.__aenter__())
-    workers = [SimWorker(r.stub, f"w{i}", port=9000 + i) for i in range(2)]
+    workers = [ProtocolWorker(r.stub, f"w{i}", port=9000 + i) for i in range(2)]
     for w in workers:
         loop.run_until_complete(w.join())
     unique = itertools.count(1000)

@@ -1,4 +1,4 @@
-"""The grpc.aio service end to end over a real Valkey: simulated workers register, heartbeat
+"""The grpc.aio service end to end over a real Valkey: protocol workers register, heartbeat
 and publish; routers route."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from kvmesh.hashing import block_hashes
 from kvmesh.v1 import index_pb2 as pb
 from service.config import ServiceConfig
 from tests.service.manual_clock import ManualClock
-from tests.service.simworker import BS, SimWorker, prompt, route, serve
+from tests.service.protocol_worker import BS, ProtocolWorker, prompt, route, serve
 
 
 def redis_cfg(url: str, **kw: object) -> ServiceConfig:
@@ -23,7 +23,7 @@ def redis_cfg(url: str, **kw: object) -> ServiceConfig:
 def test_shared_prefix_goes_to_its_holder_and_salts_never_mix(redis_url: str) -> None:
     async def main() -> None:
         async with serve(redis_cfg(redis_url)) as r:
-            a, b = SimWorker(r.stub, "a", port=1), SimWorker(r.stub, "b", port=2)
+            a, b = ProtocolWorker(r.stub, "a", port=1), ProtocolWorker(r.stub, "b", port=2)
             reg = await a.register()
             assert reg.resync and reg.namespace == f"tiny:{BS}:sha256_cbor"
             assert (reg.heartbeat_interval_ms, reg.liveness_timeout_ms) == (1000, 3000)
@@ -52,7 +52,7 @@ def test_shared_prefix_goes_to_its_holder_and_salts_never_mix(redis_url: str) ->
 def test_eviction_removes_blocks_from_the_index(redis_url: str) -> None:
     async def main() -> None:
         async with serve(redis_cfg(redis_url)) as r:
-            a = SimWorker(r.stub, "a")
+            a = ProtocolWorker(r.stub, "a")
             await a.join()
             p = prompt(33)                                  # 8 full blocks + 1 token
             chain = await a.store(p)
@@ -73,7 +73,7 @@ def test_eviction_removes_blocks_from_the_index(redis_url: str) -> None:
 def test_last_token_is_never_counted_as_cached(redis_url: str) -> None:
     async def main() -> None:
         async with serve(redis_cfg(redis_url)) as r:
-            a = SimWorker(r.stub, "a")
+            a = ProtocolWorker(r.stub, "a")
             await a.join()
             p = prompt(16)                                  # exactly 4 full blocks
             await a.store(p)
@@ -86,7 +86,7 @@ def test_last_token_is_never_counted_as_cached(redis_url: str) -> None:
 def test_provisional_entries_co_locate_a_burst(redis_url: str) -> None:
     async def main() -> None:
         async with serve(redis_cfg(redis_url)) as r:
-            workers = [SimWorker(r.stub, f"w{i}", port=i + 1) for i in range(4)]
+            workers = [ProtocolWorker(r.stub, f"w{i}", port=i + 1) for i in range(4)]
             for w in workers:
                 await w.join()
             new = prompt(64, start=7000)                    # nobody holds it
@@ -108,7 +108,7 @@ def test_dry_run_routes_record_nothing(redis_url: str) -> None:
     async def main() -> None:
         async with serve(redis_cfg(redis_url)) as r:
             for i in range(2):
-                await SimWorker(r.stub, f"w{i}").join()
+                await ProtocolWorker(r.stub, f"w{i}").join()
             new = prompt(64, start=7000)
             for _ in range(3):
                 res = await r.stub.Route(pb.RouteRequest(token_ids=new, dry_run=True))
@@ -128,7 +128,7 @@ def test_provisional_entries_never_outlive_their_ttl(redis_url: str) -> None:
         clock = ManualClock()
         async with serve(redis_cfg(redis_url, provisional_ttl_s=2.0), clock=clock) as r:
             for i in range(2):
-                await SimWorker(r.stub, f"w{i}").join()
+                await ProtocolWorker(r.stub, f"w{i}").join()
             new = prompt(64, start=7000)
             await route(r.stub, new)
             assert max(c.matched_tokens for c in (await route(r.stub, new)).candidates) == 60
@@ -144,14 +144,14 @@ def test_provisional_entries_never_outlive_their_ttl(redis_url: str) -> None:
 def test_root_hash_mismatch_is_refused(redis_url: str) -> None:
     async def main() -> None:
         async with serve(redis_cfg(redis_url)) as r:
-            odd = SimWorker(r.stub, "odd", seed="0")        # PYTHONHASHSEED=0 style seed
+            odd = ProtocolWorker(r.stub, "odd", seed="0")        # PYTHONHASHSEED=0 style seed
             with pytest.raises(grpc.aio.AioRpcError) as e:
                 await odd.register()
             assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "0% cache hits" in (e.value.details() or "")
             assert (await r.stub.Stats(pb.StatsRequest())).workers == []
         async with serve(redis_cfg(redis_url, hash_seed="0")) as r:
-            assert (await SimWorker(r.stub, "odd", seed="0").register()).resync
+            assert (await ProtocolWorker(r.stub, "odd", seed="0").register()).resync
 
     asyncio.run(main())
 
@@ -159,7 +159,7 @@ def test_root_hash_mismatch_is_refused(redis_url: str) -> None:
 def test_sequence_gaps_and_unknown_workers_ask_for_recovery(redis_url: str) -> None:
     async def main() -> None:
         async with serve(redis_cfg(redis_url)) as r:
-            a = SimWorker(r.stub, "a")
+            a = ProtocolWorker(r.stub, "a")
             await a.join()
             chain = await a.store(prompt(8))
             a.seq += 5                                      # five events lost
@@ -174,9 +174,9 @@ def test_sequence_gaps_and_unknown_workers_ask_for_recovery(redis_url: str) -> N
             assert (await a.sync()).indexed_blocks == 2
             assert not (await a.heartbeat()).resync
             with pytest.raises(grpc.aio.AioRpcError) as e:
-                await SimWorker(r.stub, "ghost").store(prompt(8))
+                await ProtocolWorker(r.stub, "ghost").store(prompt(8))
             assert e.value.code() == grpc.StatusCode.NOT_FOUND
-            hb = await SimWorker(r.stub, "ghost").heartbeat()
+            hb = await ProtocolWorker(r.stub, "ghost").heartbeat()
             assert hb.reregister and hb.resync
 
     asyncio.run(main())
@@ -185,8 +185,8 @@ def test_sequence_gaps_and_unknown_workers_ask_for_recovery(redis_url: str) -> N
 def test_models_are_separate_namespaces(redis_url: str) -> None:
     async def main() -> None:
         async with serve(redis_cfg(redis_url)) as r:
-            a = SimWorker(r.stub, "a", model="llama")
-            b = SimWorker(r.stub, "b", model="qwen", algo="xxhash")
+            a = ProtocolWorker(r.stub, "a", model="llama")
+            b = ProtocolWorker(r.stub, "b", model="qwen", algo="xxhash")
             await a.join()
             await b.join()
             await a.store(prompt(20))
@@ -218,7 +218,7 @@ def test_health_reflection_and_policy_choice() -> None:
                 names = {s.name for s in res.list_services_response.service}
                 assert "kvmesh.v1.IndexService" in names
             for i in range(3):
-                await SimWorker(r.stub, f"w{i}").join()
+                await ProtocolWorker(r.stub, f"w{i}").join()
             got = [(await route(r.stub, prompt(5))).candidates[0].worker_id for _ in range(3)]
             assert sorted(got) == ["w0", "w1", "w2"]
             res = await route(r.stub, prompt(5), policy="random", max_candidates=2)
@@ -230,7 +230,7 @@ def test_health_reflection_and_policy_choice() -> None:
 def test_lora_and_multimodal_requests_hash_like_the_worker(redis_url: str) -> None:
     async def main() -> None:
         async with serve(redis_cfg(redis_url)) as r:
-            a = SimWorker(r.stub, "a")
+            a = ProtocolWorker(r.stub, "a")
             await a.join()
             p = prompt(24)
             lora, mm = ("sql", "/adapters/sql"), [("img-1", 4, 6)]

@@ -18,7 +18,7 @@ from service.config import ServiceConfig
 from service.worker_tokens import mint
 from tests.grpc_codes import code_of
 from tests.service.manual_clock import ManualClock
-from tests.service.simworker import SimWorker, prompt, route, serve
+from tests.service.protocol_worker import ProtocolWorker, prompt, route, serve
 
 SECRET = "takeover-test-secret"
 TIMING = {"heartbeat_interval_s": 0.1, "liveness_timeout_s": 0.5, "purge_after_s": 30.0,
@@ -47,28 +47,28 @@ def test_a_live_worker_id_is_kept_a_dead_one_is_free(config: ServiceConfig) -> N
     async def main() -> None:
         clock = ManualClock()
         async with serve(config, clock=clock) as r:
-            real = SimWorker(r.stub, "a", token="shared-w", port=9000, incarnation=1)
+            real = ProtocolWorker(r.stub, "a", token="shared-w", port=9000, incarnation=1)
             await real.join()
             await real.store(prompt(12))
             # another address, same (shared) credential: refused, nothing changed
-            thief = SimWorker(r.stub, "a", token="shared-w", port=9666, incarnation=2)
+            thief = ProtocolWorker(r.stub, "a", token="shared-w", port=9666, incarnation=2)
             assert await code_of(thief.register()) == IN_USE
             # the same address with another credential (a's own bound token): refused too
-            other = SimWorker(r.stub, "a", token=mint(SECRET, "a"), port=9000, incarnation=3)
+            other = ProtocolWorker(r.stub, "a", token=mint(SECRET, "a"), port=9000, incarnation=3)
             assert await code_of(other.register()) == IN_USE
             res = await route(r.stub, prompt(12), dry_run=True)
             assert (res.candidates[0].address, res.candidates[0].matched_tokens) \
                 == (real.address, 8)
             assert not (await real.heartbeat()).reregister  # the real one is untouched
             # the same address and credential: a restart on its port comes back at once
-            again = SimWorker(r.stub, "a", token="shared-w", port=9000, incarnation=4)
+            again = ProtocolWorker(r.stub, "a", token="shared-w", port=9000, incarnation=4)
             await again.join()
             assert await code_of(real.heartbeat()) == grpc.StatusCode.FAILED_PRECONDITION
             # once it stops heartbeating, a worker on another port may take the id
             assert await alive(r.stub, "a")
             clock.advance(int(config.liveness_timeout_s * 1000))
             assert not await alive(r.stub, "a")
-            moved = SimWorker(r.stub, "a", token=mint(SECRET, "a"), port=9001, incarnation=5)
+            moved = ProtocolWorker(r.stub, "a", token=mint(SECRET, "a"), port=9001, incarnation=5)
             await moved.join()
             res = await route(r.stub, prompt(12), dry_run=True)
             assert res.candidates[0].address == moved.address

@@ -14,7 +14,7 @@ from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from service.config import ServiceConfig
 from service.server import create_server
-from tests.service.simworker import SimWorker, prompt
+from tests.service.protocol_worker import ProtocolWorker, prompt
 
 if TYPE_CHECKING:  # the certs fixture skips where `cryptography` is missing
     from tests.certificates import Certs
@@ -56,7 +56,7 @@ def test_tls_calls_need_the_ca(certs: Certs) -> None:
         # the client library, end to end: a worker joins over TLS, a router routes over TLS
         tls = TlsFiles(ca=str(certs.ca))
         async with grpc.aio.secure_channel(f"127.0.0.1:{port}", tls.channel_credentials()) as ch:
-            await SimWorker(pb_grpc.IndexServiceStub(ch), "w").join()
+            await ProtocolWorker(pb_grpc.IndexServiceStub(ch), "w").join()
         async with AsyncKvmeshClient(f"127.0.0.1:{port}", tls=tls) as kv:
             assert (await kv.route(prompt(9))).worker_id == "w"
         async with AsyncKvmeshClient(f"127.0.0.1:{port}", timeout=2) as plain:

@@ -18,7 +18,7 @@ from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from service.config import ServiceConfig
 from service.server import create_server
 from tests.grpc_codes import code_of
-from tests.service.simworker import SimWorker, meta, prompt, route, serve
+from tests.service.protocol_worker import ProtocolWorker, meta, prompt, route, serve
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 TOO_BIG = grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -34,7 +34,7 @@ def test_bad_requests_get_clear_codes_and_change_nothing(redis_url: str) -> None
     async def main() -> None:
         async with serve(cfg) as r:
             s = r.stub
-            a = SimWorker(s, "a")
+            a = ProtocolWorker(s, "a")
             await a.join()
             await a.store(prompt(24))
 
@@ -109,7 +109,7 @@ def test_bad_requests_get_clear_codes_and_change_nothing(redis_url: str) -> None
 def test_default_prompt_limit_is_one_million_tokens() -> None:
     async def main() -> None:
         async with serve(ServiceConfig()) as r:
-            await SimWorker(r.stub, "a").join()
+            await ProtocolWorker(r.stub, "a").join()
             assert await code_of(route(r.stub, [1] * 1_000_001)) == TOO_BIG
 
     asyncio.run(main())
@@ -121,7 +121,7 @@ def test_router_token_guards_every_call_but_health() -> None:
             unauth = grpc.StatusCode.UNAUTHENTICATED
             assert await code_of(route(r.stub, prompt(8))) == unauth
             assert await code_of(route(r.stub, prompt(8), token="wrong")) == unauth
-            assert await code_of(SimWorker(r.stub, "a").register()) == unauth
+            assert await code_of(ProtocolWorker(r.stub, "a").register()) == unauth
             assert await code_of(r.stub.Stats(pb.StatsRequest())) == unauth
             refl = reflection_pb2_grpc.ServerReflectionStub(r.channel)
             req = reflection_pb2.ServerReflectionRequest(list_services="")
@@ -133,8 +133,8 @@ def test_router_token_guards_every_call_but_health() -> None:
             assert await code_of(reflect()) == unauth
             health = health_pb2_grpc.HealthStub(r.channel)
             assert (await health.Check(health_pb2.HealthCheckRequest())).status == 1
-            assert await code_of(SimWorker(r.stub, "a", token="s3cret").register()) == unauth
-            await SimWorker(r.stub, "a", token="w-s3cret").join()
+            assert await code_of(ProtocolWorker(r.stub, "a", token="s3cret").register()) == unauth
+            await ProtocolWorker(r.stub, "a", token="w-s3cret").join()
             res = await route(r.stub, prompt(8), token="s3cret")
             assert res.candidates[0].worker_id == "a"
 
@@ -148,10 +148,10 @@ def test_worker_token_is_a_separate_role(router_token: str | None) -> None:
         async with serve(cfg) as r:
             unauth = grpc.StatusCode.UNAUTHENTICATED
             if router_token:
-                assert await code_of(SimWorker(r.stub, "a", token=router_token).register()) \
+                assert await code_of(ProtocolWorker(r.stub, "a", token=router_token).register()) \
                     == unauth
                 assert await code_of(route(r.stub, prompt(8), token="w-tok")) == unauth
-            w = SimWorker(r.stub, "a", token="w-tok")
+            w = ProtocolWorker(r.stub, "a", token="w-tok")
             await w.join()
             assert await code_of(w.heartbeat()) == grpc.StatusCode.OK
             await w.store(prompt(8))

@@ -11,7 +11,7 @@ from kvmesh.v1 import index_pb2 as pb
 from service import worker_tokens
 from service.config import ServiceConfig
 from tests.grpc_codes import code_of
-from tests.service.simworker import SimWorker, meta, prompt, route, serve
+from tests.service.protocol_worker import ProtocolWorker, meta, prompt, route, serve
 
 SECRET = "0123456789abcdef-test-secret"
 DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -55,11 +55,11 @@ def test_rogue_worker_cannot_write_or_delete_another_workers_entries() -> None:
     async def main() -> None:
         async with serve(cfg) as r:
             s = r.stub
-            a = SimWorker(s, "a", token=worker_tokens.mint(SECRET, "a"))
+            a = ProtocolWorker(s, "a", token=worker_tokens.mint(SECRET, "a"))
             await a.join()
             chain = await a.store(prompt(17))
             rogue_token = worker_tokens.mint(SECRET, "rogue")
-            rogue = SimWorker(s, "rogue", token=rogue_token, port=9001)
+            rogue = ProtocolWorker(s, "rogue", token=rogue_token, port=9001)
             await rogue.join()
 
             async def view() -> tuple:
@@ -72,7 +72,7 @@ def test_rogue_worker_cannot_write_or_delete_another_workers_entries() -> None:
             before = await view()
             assert ("a", 16) in before[1]
             # the rogue, with its own valid token, acting for "a":
-            as_a = SimWorker(s, "a", token=rogue_token, port=9002)
+            as_a = ProtocolWorker(s, "a", token=rogue_token, port=9002)
             as_a.seq = a.seq
             attacks = {
                 "evict a's blocks": as_a.publish(pb.KvEvent(
@@ -90,9 +90,9 @@ def test_rogue_worker_cannot_write_or_delete_another_workers_entries() -> None:
                 assert await code_of(call) == DENIED, name
             # forged, missing and wrong-role tokens: not even authenticated
             forged = "a:" + rogue_token.rpartition(":")[2]
-            assert await code_of(SimWorker(s, "a", token=forged).heartbeat()) == UNAUTH
-            assert await code_of(SimWorker(s, "a").heartbeat()) == UNAUTH
-            assert await code_of(SimWorker(s, "a", token="router-tok").heartbeat()) == UNAUTH
+            assert await code_of(ProtocolWorker(s, "a", token=forged).heartbeat()) == UNAUTH
+            assert await code_of(ProtocolWorker(s, "a").heartbeat()) == UNAUTH
+            assert await code_of(ProtocolWorker(s, "a", token="router-tok").heartbeat()) == UNAUTH
             assert await code_of(route(s, prompt(8), token=rogue_token)) == UNAUTH
             assert await code_of(s.Stats(pb.StatsRequest(), metadata=meta(rogue_token))) \
                 == UNAUTH
@@ -108,8 +108,9 @@ def test_shared_worker_token_still_works_next_to_bound_ones() -> None:
 
     async def main() -> None:
         async with serve(cfg) as r:
-            await SimWorker(r.stub, "x", token="shared-w").join()
-            await SimWorker(r.stub, "y", token=worker_tokens.mint(SECRET, "y"), port=9001).join()
+            await ProtocolWorker(r.stub, "x", token="shared-w").join()
+            y_token = worker_tokens.mint(SECRET, "y")
+            await ProtocolWorker(r.stub, "y", token=y_token, port=9001).join()
             st = await r.stub.Stats(pb.StatsRequest(), metadata=meta("r"))
             assert sorted(w.worker_id for w in st.workers) == ["x", "y"]
 

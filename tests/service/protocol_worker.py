@@ -1,5 +1,6 @@
-"""A simulated worker (speaks the worker side of IndexService over real gRPC) and a running
-service, for the integration tests. The simulated worker holds whole prompt chains and
+"""A protocol worker (a fake that speaks the worker side of IndexService over real gRPC; no
+cache, no model: not the replay's simulated worker, ``bench.replay.cluster.SimWorker``) and a
+running service, for the integration tests. The protocol worker holds whole prompt chains and
 publishes exactly what a real worker would: BlockStored / BlockRemoved with per-worker seqs.
 """
 from __future__ import annotations
@@ -56,7 +57,7 @@ def prompt(n_tokens: int, start: int = 1) -> list[int]:
     return list(range(start, start + n_tokens))
 
 
-class SimWorker:
+class ProtocolWorker:
     """Registers, heartbeats and publishes like a worker; remembers what it holds."""
 
     def __init__(self, stub: pb_grpc.IndexServiceStub, worker_id: str, *, model: str = "tiny",
