@@ -14,8 +14,8 @@ def test_chunks_then_one_result(cluster) -> None:
     index = FakeIndex()
     w1 = cluster.worker(FakeWorker("w1", cached=2))
     index.candidates = [candidate("w1", w1, matched=2)]
-    with KvmeshClient(cluster.index(index), generate_timeout=5) as kv:
-        items = list(kv.generate_stream([1, 2, 3], max_tokens=5, salt="s"))
+    with KvmeshClient(cluster.index(index), generate_timeout=5) as client:
+        items = list(client.generate_stream([1, 2, 3], max_tokens=5, salt="s"))
     chunks, result = items[:-1], items[-1]
     assert all(isinstance(c, TokenChunk) for c in chunks)
     assert [c.token_ids for c in chunks] == [[100, 101], [102, 103], [104]]
@@ -37,8 +37,8 @@ def test_fails_over_before_the_first_token(cluster, first: str) -> None:
         w1 = cluster.worker(failing)
     w2 = cluster.worker(FakeWorker("w2"))
     index.candidates = [candidate("w1", w1), candidate("w2", w2)]
-    with KvmeshClient(cluster.index(index), generate_timeout=5) as kv:
-        items = list(kv.generate_stream([1], max_tokens=2))
+    with KvmeshClient(cluster.index(index), generate_timeout=5) as client:
+        items = list(client.generate_stream([1], max_tokens=2))
     assert [c.worker_id for c in items[:-1]] == ["w2"]
     assert items[-1].attempts == 2 and items[-1].worker_id == "w2"
 
@@ -50,9 +50,9 @@ def test_no_failover_after_the_first_token(cluster, mode: str) -> None:
     index.candidates = [candidate("w1", cluster.worker(FakeWorker("w1", mode=mode))),
                         candidate("w2", cluster.worker(spare))]
     seen = []
-    with KvmeshClient(cluster.index(index), generate_timeout=5) as kv:
+    with KvmeshClient(cluster.index(index), generate_timeout=5) as client:
         with pytest.raises(KvmeshError) as info:
-            for item in kv.generate_stream([1], max_tokens=6):
+            for item in client.generate_stream([1], max_tokens=6):
                 seen.append(item)
     assert info.value.code == grpc.StatusCode.UNAVAILABLE
     assert [c.token_ids for c in seen] == [[100, 101]]
@@ -64,9 +64,9 @@ def test_a_surfaced_code_is_not_retried(cluster) -> None:
     spare = FakeWorker("w2")
     index.candidates = [candidate("w1", cluster.worker(FakeWorker("w1", mode="invalid"))),
                         candidate("w2", cluster.worker(spare))]
-    with KvmeshClient(cluster.index(index), generate_timeout=5) as kv:
+    with KvmeshClient(cluster.index(index), generate_timeout=5) as client:
         with pytest.raises(KvmeshError) as info:
-            list(kv.generate_stream([1]))
+            list(client.generate_stream([1]))
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert spare.requests == []
 
@@ -74,12 +74,12 @@ def test_a_surfaced_code_is_not_retried(cluster) -> None:
 def test_closing_early_cancels_the_worker_call(cluster) -> None:
     index = FakeIndex()
     index.candidates = [candidate("w1", cluster.worker(FakeWorker("w1")))]
-    with KvmeshClient(cluster.index(index), generate_timeout=5) as kv:
-        stream = kv.generate_stream([1], max_tokens=40)
+    with KvmeshClient(cluster.index(index), generate_timeout=5) as client:
+        stream = client.generate_stream([1], max_tokens=40)
         first = next(stream)
         stream.close()  # the generator's finally cancels the call: no error, no leak
         assert first.token_ids == [100, 101]
-        assert kv.generate([1], max_tokens=2).token_ids == [100, 101]  # client still usable
+        assert client.generate([1], max_tokens=2).token_ids == [100, 101]  # client still usable
 
 
 def test_both_clients_have_the_same_methods_and_signatures() -> None:

@@ -57,8 +57,8 @@ def test_tls_calls_need_the_ca(certs: Certs) -> None:
         tls = TlsFiles(ca=str(certs.ca))
         async with grpc.aio.secure_channel(f"127.0.0.1:{port}", tls.channel_credentials()) as ch:
             await ProtocolWorker(pb_grpc.IndexServiceStub(ch), "w").join()
-        async with AsyncKvmeshClient(f"127.0.0.1:{port}", tls=tls) as kv:
-            assert (await kv.route(prompt(9))).worker_id == "w"
+        async with AsyncKvmeshClient(f"127.0.0.1:{port}", tls=tls) as client:
+            assert (await client.route(prompt(9))).worker_id == "w"
         async with AsyncKvmeshClient(f"127.0.0.1:{port}", timeout=2) as plain:
             with pytest.raises(KvmeshError) as err:
                 await plain.stats()
