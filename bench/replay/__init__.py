@@ -14,12 +14,17 @@ from pathlib import Path
 
 import typer
 
-__all__ = ["register"]
+from kvmesh.policies import POLICIES as INDEX_POLICIES
+from service.config import BACKENDS
+
+__all__ = ["INDEX_POLICIES", "PEERS", "POLICIES", "register"]
+
+# Besides kvmesh's own policies: other projects' routers, and the pooled-cache upper bound.
+PEERS = ("approx_tree", "ray_prefix_tree", "oracle")
+POLICIES = (*INDEX_POLICIES, *PEERS)
 
 
 def _policies(policy: str | None, all_policies: bool) -> list[str]:
-    from .replay import POLICIES
-
     if all_policies:
         return list(POLICIES)
     names = [p.strip() for p in (policy or "kvmesh").split(",") if p.strip()]
@@ -42,12 +47,11 @@ def register(bench: typer.Typer) -> None:
         capacity_blocks: int = typer.Option(
             25_000, min=1, help="KV blocks per worker (default: 400k tokens, the KV space of "
             "an 80 GB GPU serving an 8B model; far below either trace's working set)"),
-        policy: str = typer.Option(None, help="policy, or several comma-separated: kvmesh, "
-                                   "prefix_only, least_loaded, round_robin, random, "
-                                   "approx_tree, ray_prefix_tree, oracle (default: kvmesh)"),
+        policy: str = typer.Option(None, help="policy, or several comma-separated: "
+                                   f"{', '.join(POLICIES)} (default: kvmesh)"),
         all_policies: bool = typer.Option(False, "--all-policies",
                                           help="run every policy and write a comparison PNG"),
-        index: str = typer.Option("memory", help="index backend: memory or redis"),
+        index: str = typer.Option("memory", help=f"index backend: {' or '.join(BACKENDS)}"),
         redis_url: str = typer.Option(None, help="Redis/Valkey for --index redis "
                                       "(default: start a private Valkey)"),
         limit: int = typer.Option(None, min=1, help="replay only the first N requests"),

@@ -48,15 +48,14 @@ from service.index.base import (
 from service.policy import Policy, WorkerView, make_policies
 from worker.kv_cache import BlockRemoved, BlockStored, KVCacheManager, KVEvent, KVRequest
 
+from . import INDEX_POLICIES, POLICIES
 from .cluster import CostModel, SimRequest, SimWorker
 from .peers import ApproxTreeRouter, RayPrefixTreeRouter
 from .trace import TokenSynth, TraceRequest
 
-INDEX_POLICIES = ("kvmesh", "prefix_only", "least_loaded", "round_robin", "random")
 # Policies whose ranking never reads the matches: the index cannot change their choices, so
 # their replay skips it (same results, half the time).
 MATCH_BLIND = frozenset({"least_loaded", "round_robin", "random"})
-POLICIES = (*INDEX_POLICIES, "approx_tree", "ray_prefix_tree", "oracle")
 
 
 @dataclass(frozen=True)
