@@ -11,12 +11,22 @@ undecoded, and ``admit`` must return the decoded request.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 
 Admit = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+async def stream_items(result: Any) -> AsyncIterator[Any]:
+    """The messages of a server-streaming handler's ``result``: an async generator's items,
+    or none for a coroutine that writes with ``context.write`` (or only aborts)."""
+    if inspect.isasyncgen(result):
+        async for item in result:
+            yield item
+    else:
+        await result
 
 
 def guarded(handler: grpc.RpcMethodHandler, admit: Admit, *,
@@ -31,12 +41,8 @@ def guarded(handler: grpc.RpcMethodHandler, admit: Admit, *,
 
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
             request = await admit(request, context)
-            result = inner_stream(request, context)
-            if inspect.isasyncgen(result):
-                async for item in result:
-                    yield item
-            else:  # a coroutine that writes with context.write (or only aborts)
-                await result
+            async for item in stream_items(inner_stream(request, context)):
+                yield item
 
         return grpc.unary_stream_rpc_method_handler(stream, **kw)
     inner = handler.unary_unary

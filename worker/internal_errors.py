@@ -8,12 +8,13 @@ which clients treat as the worker's fault (try the next candidate).
 """
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import grpc
+
+from kvmesh.guarded import stream_items
 
 log = logging.getLogger("kvmesh.worker.rpc")
 
@@ -29,12 +30,8 @@ async def _answer_internal(method: str, exc: Exception, context: grpc.aio.Servic
 def _wrap_stream(method: str, inner: Callable[..., Any]) -> Callable[..., Any]:
     async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            result = inner(request, context)
-            if inspect.isasyncgen(result):
-                async for item in result:
-                    yield item
-            else:  # a coroutine that writes with context.write (or only aborts)
-                await result
+            async for item in stream_items(inner(request, context)):
+                yield item
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
