@@ -37,20 +37,26 @@ class MultimodalItem(_message.Message):
     def __init__(self, identifier: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("running", "waiting", "queued_prefill_tokens", "free_blocks", "total_blocks", "decode_tokens")
+    __slots__ = ("running", "waiting", "queued_prefill_tokens", "free_blocks", "total_blocks", "decode_tokens", "prefill_us_per_token", "onboard_us_per_block_cpu", "onboard_us_per_block_disk")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DECODE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_US_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ONBOARD_US_PER_BLOCK_CPU_FIELD_NUMBER: _ClassVar[int]
+    ONBOARD_US_PER_BLOCK_DISK_FIELD_NUMBER: _ClassVar[int]
     running: int
     waiting: int
     queued_prefill_tokens: int
     free_blocks: int
     total_blocks: int
     decode_tokens: int
-    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., decode_tokens: _Optional[int] = ...) -> None: ...
+    prefill_us_per_token: float
+    onboard_us_per_block_cpu: float
+    onboard_us_per_block_disk: float
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., prefill_us_per_token: _Optional[float] = ..., onboard_us_per_block_cpu: _Optional[float] = ..., onboard_us_per_block_disk: _Optional[float] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "address", "model", "block_size", "hash_algo", "root_hash", "load", "incarnation")
@@ -197,20 +203,29 @@ class RouteRequest(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., salt: _Optional[str] = ..., lora: _Optional[_Union[Lora, _Mapping]] = ..., mm: _Optional[_Iterable[_Union[MultimodalItem, _Mapping]]] = ..., model: _Optional[str] = ..., policy: _Optional[str] = ..., max_candidates: _Optional[int] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class Candidate(_message.Message):
-    __slots__ = ("worker_id", "address", "matched_tokens", "tier", "cost", "load")
+    __slots__ = ("worker_id", "address", "matched_tokens", "tier", "cost", "load", "matched_tokens_by_tier")
+    class MatchedTokensByTierEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     COST_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_TOKENS_BY_TIER_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     matched_tokens: int
     tier: Tier
     cost: float
     load: WorkerLoad
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., matched_tokens: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ..., cost: _Optional[float] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ...) -> None: ...
+    matched_tokens_by_tier: _containers.ScalarMap[str, int]
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., matched_tokens: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ..., cost: _Optional[float] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., matched_tokens_by_tier: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
     __slots__ = ("candidates", "degraded", "prompt_tokens", "policy")
@@ -223,6 +238,62 @@ class RouteResponse(_message.Message):
     prompt_tokens: int
     policy: str
     def __init__(self, candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., degraded: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., policy: _Optional[str] = ...) -> None: ...
+
+class PrefixRef(_message.Message):
+    __slots__ = ("token_ids", "salt", "lora", "mm", "model", "block_hashes")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SALT_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
+    MM_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    salt: str
+    lora: Lora
+    mm: _containers.RepeatedCompositeFieldContainer[MultimodalItem]
+    model: str
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., salt: _Optional[str] = ..., lora: _Optional[_Union[Lora, _Mapping]] = ..., mm: _Optional[_Iterable[_Union[MultimodalItem, _Mapping]]] = ..., model: _Optional[str] = ..., block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class PinPrefixRequest(_message.Message):
+    __slots__ = ("prefix", "ttl_s", "max_workers")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    prefix: PrefixRef
+    ttl_s: float
+    max_workers: int
+    def __init__(self, prefix: _Optional[_Union[PrefixRef, _Mapping]] = ..., ttl_s: _Optional[float] = ..., max_workers: _Optional[int] = ...) -> None: ...
+
+class PinnedWorker(_message.Message):
+    __slots__ = ("worker_id", "pinned_blocks", "error")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PINNED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    pinned_blocks: int
+    error: str
+    def __init__(self, worker_id: _Optional[str] = ..., pinned_blocks: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class PinPrefixResponse(_message.Message):
+    __slots__ = ("chain_blocks", "workers")
+    CHAIN_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    chain_blocks: int
+    workers: _containers.RepeatedCompositeFieldContainer[PinnedWorker]
+    def __init__(self, chain_blocks: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[PinnedWorker, _Mapping]]] = ...) -> None: ...
+
+class UnpinPrefixRequest(_message.Message):
+    __slots__ = ("prefix",)
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    prefix: PrefixRef
+    def __init__(self, prefix: _Optional[_Union[PrefixRef, _Mapping]] = ...) -> None: ...
+
+class UnpinPrefixResponse(_message.Message):
+    __slots__ = ("workers",)
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[PinnedWorker]
+    def __init__(self, workers: _Optional[_Iterable[_Union[PinnedWorker, _Mapping]]] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()

@@ -64,6 +64,16 @@ class IndexServiceStub:
                 request_serializer=kvmesh_dot_v1_dot_index__pb2.StatsRequest.SerializeToString,
                 response_deserializer=kvmesh_dot_v1_dot_index__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.PinPrefix = channel.unary_unary(
+                '/kvmesh.v1.IndexService/PinPrefix',
+                request_serializer=kvmesh_dot_v1_dot_index__pb2.PinPrefixRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_index__pb2.PinPrefixResponse.FromString,
+                _registered_method=True)
+        self.UnpinPrefix = channel.unary_unary(
+                '/kvmesh.v1.IndexService/UnpinPrefix',
+                request_serializer=kvmesh_dot_v1_dot_index__pb2.UnpinPrefixRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_index__pb2.UnpinPrefixResponse.FromString,
+                _registered_method=True)
 
 
 class IndexServiceServicer:
@@ -105,6 +115,19 @@ class IndexServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PinPrefix(self, request, context):
+        """Admin only: keep a hot prefix in the device tier of the workers holding it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnpinPrefix(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_IndexServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +160,16 @@ def add_IndexServiceServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=kvmesh_dot_v1_dot_index__pb2.StatsRequest.FromString,
                     response_serializer=kvmesh_dot_v1_dot_index__pb2.StatsResponse.SerializeToString,
+            ),
+            'PinPrefix': grpc.unary_unary_rpc_method_handler(
+                    servicer.PinPrefix,
+                    request_deserializer=kvmesh_dot_v1_dot_index__pb2.PinPrefixRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_index__pb2.PinPrefixResponse.SerializeToString,
+            ),
+            'UnpinPrefix': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnpinPrefix,
+                    request_deserializer=kvmesh_dot_v1_dot_index__pb2.UnpinPrefixRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_index__pb2.UnpinPrefixResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +334,60 @@ class IndexService:
             '/kvmesh.v1.IndexService/Stats',
             kvmesh_dot_v1_dot_index__pb2.StatsRequest.SerializeToString,
             kvmesh_dot_v1_dot_index__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PinPrefix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvmesh.v1.IndexService/PinPrefix',
+            kvmesh_dot_v1_dot_index__pb2.PinPrefixRequest.SerializeToString,
+            kvmesh_dot_v1_dot_index__pb2.PinPrefixResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnpinPrefix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvmesh.v1.IndexService/UnpinPrefix',
+            kvmesh_dot_v1_dot_index__pb2.UnpinPrefixRequest.SerializeToString,
+            kvmesh_dot_v1_dot_index__pb2.UnpinPrefixResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,6 +49,11 @@ class WorkerServiceStub:
                 request_serializer=kvmesh_dot_v1_dot_worker__pb2.FetchBlocksRequest.SerializeToString,
                 response_deserializer=kvmesh_dot_v1_dot_worker__pb2.FetchBlocksResponse.FromString,
                 _registered_method=True)
+        self.Pin = channel.unary_unary(
+                '/kvmesh.v1.WorkerService/Pin',
+                request_serializer=kvmesh_dot_v1_dot_worker__pb2.PinRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_worker__pb2.PinResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -72,6 +77,12 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Pin(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +100,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.FetchBlocks,
                     request_deserializer=kvmesh_dot_v1_dot_worker__pb2.FetchBlocksRequest.FromString,
                     response_serializer=kvmesh_dot_v1_dot_worker__pb2.FetchBlocksResponse.SerializeToString,
+            ),
+            'Pin': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pin,
+                    request_deserializer=kvmesh_dot_v1_dot_worker__pb2.PinRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_worker__pb2.PinResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,6 +188,33 @@ class WorkerService:
             '/kvmesh.v1.WorkerService/FetchBlocks',
             kvmesh_dot_v1_dot_worker__pb2.FetchBlocksRequest.SerializeToString,
             kvmesh_dot_v1_dot_worker__pb2.FetchBlocksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvmesh.v1.WorkerService/Pin',
+            kvmesh_dot_v1_dot_worker__pb2.PinRequest.SerializeToString,
+            kvmesh_dot_v1_dot_worker__pb2.PinResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -19,11 +19,12 @@ def test_committed_stubs_match_proto(tmp_path):
 def test_services_have_the_contract_methods():
     index = index_pb2.DESCRIPTOR.services_by_name["IndexService"]
     assert {m.name for m in index.methods} == {
-        "RegisterWorker", "Heartbeat", "PublishEvents", "SyncWorker", "Route", "Stats"}
+        "RegisterWorker", "Heartbeat", "PublishEvents", "SyncWorker", "Route", "Stats",
+        "PinPrefix", "UnpinPrefix"}
     worker = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"]
     generate = worker.methods_by_name["Generate"]
     assert generate.server_streaming and not generate.client_streaming
-    assert {"Generate", "Stats", "FetchBlocks"} <= {m.name for m in worker.methods}
+    assert {"Generate", "Stats", "FetchBlocks", "Pin"} <= {m.name for m in worker.methods}
 
 
 def test_token_ids_are_signed_so_negatives_can_be_refused():
