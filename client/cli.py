@@ -29,7 +29,7 @@ VERBS = {
 BENCH_VERBS = {
     "hashing": "bench.hashing", "kvcache": "bench.kvcache", "worker": "bench.worker",
     "route": "bench.route", "replay": "bench.replay", "index": "bench.index",
-    "e2e": "bench.e2e", "soak": "bench.soak",
+    "e2e": "bench.e2e", "soak": "bench.soak", "tiers": "bench.tiers",
     "serve": "bench.ray_serve",  # Ray Serve routers side by side
 }
 

@@ -23,6 +23,15 @@ Scheduling, per worker (vLLM-like, prefill first, FIFO):
 A request whose prompt + output can never fit in one worker's pool is rejected (counted).
 Several workers may share one manager (the oracle's pooled cache); each keeps its own clock
 and queue.
+
+Lower tiers (a manager with ``cpu_blocks`` / ``disk_blocks``; ``kvmesh bench tiers``): before
+admitting the head, the worker asks the manager to onboard the rest of its chain from the
+CPU/disk tiers (``start_onboard``). The copy runs on the worker's copy engine (one at a
+time, priced by :class:`CostModel`) while running requests keep decoding; the head waits
+for it (FIFO), then is admitted with the onboarded blocks as device hits
+(``finish_onboard``). The offloads and spills that admission orders are synchronous (the
+evicted block is reused by that very step), so they lengthen its prefill. A manager without
+lower tiers takes exactly the steps it took before.
 """
 from __future__ import annotations
 
@@ -35,6 +44,7 @@ from dataclasses import dataclass, field
 from service.index.base import WorkerLoad
 from worker.kv_cache import KVCacheManager, KVEvent, KVRequest
 
+from .copies import CopyTotals
 from .trace import TraceRequest
 
 OUTPUT_TOKEN = 1  # generated tokens are not modelled; their blocks only take space
@@ -51,15 +61,54 @@ class CostModel:
     - ``decode_s_per_ctx_token`` 4e-8: every step reads each context token's KV (128 KiB for
       Llama-3-8B: 32 layers x 8 KV heads x 128 dims x K,V x 2 bytes) at the same bandwidth.
     - ``max_running`` 256: vLLM's default ``max_num_seqs``.
+
+    Copies between tiers (``bench tiers``; nothing else reads them), per block of
+    ``block_size`` tokens of ``kv_bytes_per_token`` (128 KiB, above: 2 MiB per 16-token block):
+
+    - ``pcie_bytes_per_s`` 25e9: device <-> pinned host, each way. H100's PCIe Gen5 x16 moves
+      ~50 GB/s with large pinned copies; a paged block is 2 x 32 layers of 32 KiB pieces, and
+      copies that small reach about half of it. Onboard (host -> device) and offload (device ->
+      host) use opposite directions of the link.
+    - ``disk_bytes_per_s`` 6e9: one PCIe Gen4 NVMe drive's sequential read; a disk onboard
+      reads the file, then crosses PCIe (the two are not overlapped here).
+    - ``host_copy_bytes_per_s`` 10e9: one thread's memcpy, the synchronous part of a spill
+      (CPU slot -> staging buffer; the file write itself is asynchronous).
+
+    Onboard per block: CPU 2 MiB / 25 GB/s = 84 us, disk + 350 us = 434 us, against 800 us to
+    recompute its 16 tokens (ratios 0.10 and 0.54).
     """
 
     prefill_s_per_token: float = 5e-5
     decode_step_s: float = 5e-3
     decode_s_per_ctx_token: float = 4e-8
     max_running: int = 256
+    kv_bytes_per_token: int = 128 << 10
+    pcie_bytes_per_s: float = 25e9
+    disk_bytes_per_s: float = 6e9
+    host_copy_bytes_per_s: float = 10e9
 
     def prefill_s(self, tokens: int) -> float:
         return self.prefill_s_per_token * tokens
+
+    def block_bytes(self, block_size: int) -> int:
+        return self.kv_bytes_per_token * block_size
+
+    def onboard_s(self, tier: str, block_size: int) -> float:
+        """Seconds to copy one block from ``tier`` ("cpu" or "disk") into the device pool."""
+        pcie = self.block_bytes(block_size) / self.pcie_bytes_per_s
+        if tier == "cpu":
+            return pcie
+        if tier == "disk":
+            return self.block_bytes(block_size) / self.disk_bytes_per_s + pcie
+        raise ValueError(f"no onboard from tier {tier!r}")
+
+    def offload_s(self, block_size: int) -> float:
+        """Seconds to copy one device block out to its CPU slot."""
+        return self.block_bytes(block_size) / self.pcie_bytes_per_s
+
+    def spill_s(self, block_size: int) -> float:
+        """Seconds of the synchronous part of a CPU -> disk spill (one block)."""
+        return self.block_bytes(block_size) / self.host_copy_bytes_per_s
 
     def step_s(self, ctx_tokens: float) -> float:
         return self.decode_step_s + self.decode_s_per_ctx_token * ctx_tokens
@@ -76,6 +125,8 @@ class SimRequest:
     prefill_tokens: int = 0
     ttft_s: float = math.nan
     finish_step: int = 0
+    copy_s: float = 0.0  # synchronous copies its admission ordered (offloads, spills)
+    hit_by_tier: dict[str, int] = field(default_factory=dict)
 
     @property
     def prompt_tokens(self) -> int:
@@ -90,6 +141,8 @@ class WorkerTotals:
     prefill_tokens: int = 0
     busy_s: float = 0.0
     ttfts: list[float] = field(default_factory=list)
+    hit_by_tier: dict[str, int] = field(default_factory=dict)  # sums to hit_tokens
+    copies: CopyTotals = field(default_factory=CopyTotals)
 
 
 class SimWorker:
@@ -112,6 +165,10 @@ class SimWorker:
         self._tie = itertools.count()
         self._prefill: tuple[float, float, int] | None = None  # start, end, tokens
         self._waiting_tokens = 0  # prompt tokens of the waiting requests
+        self._lower = len(manager.tier_stats()) > 1  # a CPU or disk tier to onboard from
+        self._onboard_end: float | None = None  # the head's onboard completes then
+        self._onboard_since = 0.0
+        self._copy_free = 0.0  # the copy engine is busy until then
 
     # --- what a router sees -----------------------------------------------------------
 
@@ -152,7 +209,19 @@ class SimWorker:
         if not self.waiting or len(self.running) >= self.cost.max_running:
             return None
         req, kv = self.waiting[0], self.kv
+        if self._onboard_end is not None:
+            if self.clock < self._onboard_end:
+                return None
+            kv.finish_onboard(req.kv.request_id, True)
+            self.totals.copies.onboard_wait_s += self.clock - self._onboard_since
+            self._onboard_end = None
         hits, n = kv.get_computed_blocks(req.kv)
+        if self._lower and kv.start_onboard(req.kv, hits):
+            start = max(self.clock, self._copy_free)
+            copy = self.totals.copies.charge(kv.take_transfers(), self.cost, kv.block_size)
+            self._onboard_since, self._copy_free = self.clock, start + copy
+            self._onboard_end = self._copy_free
+            return None
         out = max(req.trace.output_length, 1)
         need = (kv.num_blocks_needed(req.prompt_tokens + out) - len(hits)
                 + sum(1 for b in hits if b.ref_cnt == 0))
@@ -168,6 +237,12 @@ class SimWorker:
         if kv.allocate_slots(req.kv, out) is None:
             raise AssertionError("decode slots were checked against the free blocks")
         req.hit_tokens, req.prefill_tokens = n, prompt - n
+        if self._lower:
+            req.copy_s = self.totals.copies.charge(kv.take_transfers(), self.cost,
+                                                   kv.block_size)
+            req.hit_by_tier = kv.cached_tokens_by_tier(req.kv)
+        else:
+            req.hit_by_tier = {"gpu": n}
         return req
 
     def _finish_due(self) -> list[SimRequest]:
@@ -189,19 +264,23 @@ class SimWorker:
                 self._run_prefill(req)
                 done += self._finish_due()
                 continue
+            onboard = self._onboard_end
             if not self.running:
+                if onboard is not None and onboard <= until:  # idle until the copy is done
+                    self.clock = max(self.clock, onboard)
+                    continue
                 # idle, or (pool shared with other workers) waiting for their blocks: retry
                 # at the next call
                 if until != math.inf:
                     self.clock = max(self.clock, until)
                 break
-            self._decode(until)
+            self._decode(until if onboard is None else min(until, onboard))
             done += self._finish_due()
         return done
 
     def _run_prefill(self, req: SimRequest) -> None:
         start = self.clock
-        dt = self.cost.prefill_s(req.prefill_tokens)
+        dt = self.cost.prefill_s(req.prefill_tokens) + req.copy_s
         self.clock += dt
         self._prefill = (start, self.clock, req.prefill_tokens)
         req.ttft_s = self.clock - req.trace.arrival_s
@@ -210,6 +289,8 @@ class SimWorker:
         t.prompt_tokens += req.prompt_tokens
         t.hit_tokens += req.hit_tokens
         t.prefill_tokens += req.prefill_tokens
+        for tier, tokens in req.hit_by_tier.items():
+            t.hit_by_tier[tier] = t.hit_by_tier.get(tier, 0) + tokens
         t.busy_s += dt
         t.ttfts.append(req.ttft_s)
         req.finish_step = self.steps + max(req.trace.output_length - 1, 0)

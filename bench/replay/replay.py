@@ -35,6 +35,8 @@ from kvmesh.hashing import DEFAULT_ALGO
 from service.config import CostWeights
 from service.index import IndexBackend, open_backend
 from service.index.base import (
+    TIER_CPU,
+    TIER_DISK,
     TIER_GPU,
     ApplyStatus,
     BlockMatch,
@@ -50,6 +52,7 @@ from worker.kv_cache import BlockRemoved, BlockStored, KVCacheManager, KVEvent, 
 
 from . import INDEX_POLICIES, POLICIES
 from .cluster import CostModel, SimRequest, SimWorker
+from .copies import CopyTotals
 from .peers import ApproxTreeRouter, RayPrefixTreeRouter
 from .trace import TokenSynth, TraceRequest
 
@@ -73,6 +76,12 @@ class ReplayConfig:
     cost: CostModel = field(default_factory=CostModel)
     weights: CostWeights | None = None
     provisional_ttl_s: float = 2.0  # the service's default
+    # Each worker's manager beyond its device pool (``kvmesh bench tiers``); the defaults are
+    # the plain device pool. Per worker, like ``capacity_blocks``.
+    cpu_blocks: int = 0
+    disk_blocks: int = 0
+    eviction: str = "lru"
+    auto_pin: bool = False
 
 
 @dataclass
@@ -91,6 +100,8 @@ class PolicyResult:
     sim_s: float
     evictions: int
     wall_s: float
+    hit_by_tier: dict[str, int] = field(default_factory=dict)  # sums to hit_tokens
+    copies: CopyTotals = field(default_factory=CopyTotals)
 
     @property
     def token_hit_rate(self) -> float:
@@ -126,12 +137,16 @@ class PolicyResult:
         }
 
 
+TIERS = {"gpu": TIER_GPU, "cpu": TIER_CPU, "disk": TIER_DISK}
+
+
 def to_index_event(ev: KVEvent) -> KvEvent:
     """A KV manager event as the service's index applies it (what the worker publishes)."""
     if isinstance(ev, BlockStored):
-        return KvEvent(ev.seq, Stored(tuple(ev.block_hashes), ev.parent_hash or b"", TIER_GPU))
+        return KvEvent(ev.seq, Stored(tuple(ev.block_hashes), ev.parent_hash or b"",
+                                      TIERS[ev.tier]))
     if isinstance(ev, BlockRemoved):
-        return KvEvent(ev.seq, Removed(tuple(ev.block_hashes), TIER_GPU))
+        return KvEvent(ev.seq, Removed(tuple(ev.block_hashes), TIERS[ev.tier]))
     return KvEvent(ev.seq, Cleared())
 
 
@@ -210,9 +225,13 @@ class PeerRouter:
 def make_cluster(name: str, cfg: ReplayConfig) -> list[SimWorker]:
     """The workers a policy runs on: one pool each, or one shared pool for ``oracle``."""
     def pool(blocks: int) -> KVCacheManager:
-        return KVCacheManager(blocks, cfg.block_size, hash_algo=cfg.hash_algo)
+        return KVCacheManager(blocks, cfg.block_size, hash_algo=cfg.hash_algo,
+                              cpu_blocks=cfg.cpu_blocks, disk_blocks=cfg.disk_blocks,
+                              eviction=cfg.eviction, auto_pin=cfg.auto_pin)
 
     if name == "oracle":
+        if cfg.cpu_blocks or cfg.disk_blocks:
+            raise ValueError("oracle pools device blocks only; no lower tiers")
         shared = pool(cfg.capacity_blocks * cfg.workers)
         return [SimWorker(i, shared, cfg.cost) for i in range(cfg.workers)]
     return [SimWorker(i, pool(cfg.capacity_blocks), cfg.cost) for i in range(cfg.workers)]
@@ -271,6 +290,12 @@ async def replay_policy(name: str, reqs: Sequence[TraceRequest], synth: TokenSyn
     start = reqs[0].arrival_s if reqs else 0.0
     tot = [w.totals for w in workers]
     managers = {id(w.kv): w.kv for w in workers}.values()
+    by_tier: dict[str, int] = {}
+    copies = CopyTotals()
+    for t in tot:
+        for tier, n in t.hit_by_tier.items():
+            by_tier[tier] = by_tier.get(tier, 0) + n
+        copies.add(t.copies)
     return PolicyResult(
         policy=name, requests=sum(t.requests for t in tot), rejected=rejected,
         prompt_tokens=sum(t.prompt_tokens for t in tot),
@@ -280,7 +305,7 @@ async def replay_policy(name: str, reqs: Sequence[TraceRequest], synth: TokenSyn
         ttfts=[x for t in tot for x in t.ttfts],
         busy_s=sum(t.busy_s for t in tot), sim_s=end - start,
         evictions=sum(m.stats.evictions for m in managers),
-        wall_s=time.perf_counter() - t0)
+        wall_s=time.perf_counter() - t0, hit_by_tier=by_tier, copies=copies)
 
 
 def run(reqs: Sequence[TraceRequest], policies: Sequence[str], cfg: ReplayConfig, *,
