@@ -1,7 +1,9 @@
 """What a simulated worker's copies between tiers cost and moved (``kvmesh bench tiers``).
 
 The manager orders the copies (``KVCacheManager.take_transfers()``: ``Offload`` device ->
-CPU, ``Spill`` CPU -> disk, ``Onboard`` CPU/disk -> device); a real engine executes them,
+CPU, ``Spill`` CPU -> disk, ``Onboard`` CPU/disk -> device, ``Drop`` a disk file to delete,
+which costs the step nothing: the data plane deletes it in the background); a real engine
+executes them,
 the simulation prices them with :class:`~bench.replay.cluster.CostModel` and counts them
 here. Nothing is copied; the counts are what the real manager ordered.
 """
@@ -11,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from worker.kv_cache.transfers import Offload, Onboard, Spill
+from worker.kv_cache.transfers import Drop, Offload, Onboard, Spill
 
 if TYPE_CHECKING:  # cluster imports this module
     from .cluster import CostModel
@@ -31,7 +33,7 @@ class CopyTotals:
     copy_s: float = 0.0
     onboard_wait_s: float = 0.0
 
-    def charge(self, transfers: Iterable[Offload | Spill | Onboard], cost: CostModel,
+    def charge(self, transfers: Iterable[Offload | Spill | Onboard | Drop], cost: CostModel,
                block_size: int) -> float:
         """Count ``transfers`` and return the seconds they take one after the other."""
         seconds = 0.0
@@ -42,7 +44,7 @@ class CopyTotals:
             elif isinstance(t, Spill):
                 self.spill_blocks += 1
                 seconds += cost.spill_s(block_size)
-            else:
+            elif isinstance(t, Onboard):
                 for tier, _, _ in t.copies:
                     self.onboard_blocks[tier] = self.onboard_blocks.get(tier, 0) + 1
                     seconds += cost.onboard_s(tier, block_size)

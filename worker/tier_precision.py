@@ -1,0 +1,51 @@
+"""The index's precision per tier: how much of what it promised on each tier the worker had.
+
+The router tells the worker, with each request, how many prompt tokens the index said this
+worker held on each tier (``GenerateRequest.index_matched_tokens_by_tier``); the worker knows
+what it really served, per tier (``cached_tokens_by_tier``). A promised token is *kept*
+when the worker served a token from that tier or a faster one (gpu < cpu < disk): a block
+promised on the CPU tier and found on the device (onboarded meanwhile) kept the promise; a
+block promised on the device and found only on the CPU tier, or found nowhere, missed it.
+
+Counts, not positions, are compared: promises are matched to served tokens fastest tier
+first, each promise taking what is left on its own tier or faster ones. When both chains
+are ordered by tier (a device head, a lower tail, as the manager keeps them) this is exact;
+a lower tail mixing CPU and disk blocks is scored by its totals per tier.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+TIER_ORDER = ("gpu", "cpu", "disk")
+
+
+def missed_by_tier(promised: Mapping[str, int], served: Mapping[str, int]) -> dict[str, int]:
+    """Tokens of each tier's promise the worker did not serve from that tier or a faster one
+    (see the module docstring). Keys: the tiers with a promise; unknown tiers are ignored."""
+    left = {t: max(int(served.get(t, 0)), 0) for t in TIER_ORDER}
+    missed: dict[str, int] = {}
+    for rank, tier in enumerate(TIER_ORDER):
+        want = max(int(promised.get(tier, 0)), 0)
+        if not want:
+            continue
+        for faster in reversed(TIER_ORDER[:rank + 1]):  # its own tier first, then faster
+            take = min(want, left[faster])
+            left[faster] -= take
+            want -= take
+        missed[tier] = want
+    return missed
+
+
+class TierPrecision:
+    """Cumulative promised and missed tokens per tier (``TierStats.index_promised_tokens`` /
+    ``index_missed_tokens``). Invariant: ``missed[t] <= promised[t]`` for every tier."""
+
+    def __init__(self) -> None:
+        self.promised = dict.fromkeys(TIER_ORDER, 0)
+        self.missed = dict.fromkeys(TIER_ORDER, 0)
+
+    def add(self, promised: Mapping[str, int], served: Mapping[str, int]) -> None:
+        """One finished request: the index's promise and what the worker served."""
+        for tier, n in missed_by_tier(promised, served).items():
+            self.promised[tier] += max(int(promised[tier]), 0)
+            self.missed[tier] += n
