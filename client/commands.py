@@ -168,8 +168,12 @@ def _note_random_model(client: KvmeshClient, address: str) -> None:
                    err=True)
 
 
-def _worker_details(client: KvmeshClient, workers: list[dict[str, Any]]) -> None:
-    """Add each live worker's own ``WorkerService.Stats`` as ``worker_stats`` (None if down)."""
+def _worker_details(client: KvmeshClient, workers: list[dict[str, Any]],
+                    window_s: float = 0.0) -> None:
+    """Add each live worker's own ``WorkerService.Stats`` as ``worker_stats`` (None if down).
+    With ``window_s``: a first sample as ``worker_stats_before``, the second ``window_s``
+    later (the per-second rates of the tier table)."""
+    import time
     from concurrent.futures import ThreadPoolExecutor
 
     from client.errors import KvmeshError
@@ -184,6 +188,10 @@ def _worker_details(client: KvmeshClient, workers: list[dict[str, Any]]) -> None
 
     if workers:
         with ThreadPoolExecutor(min(8, len(workers))) as pool:
+            if window_s > 0:
+                for w, ws in zip(workers, pool.map(fetch, workers), strict=True):
+                    w["worker_stats_before"] = ws
+                time.sleep(window_s)  # the measuring window of the rates
             for w, ws in zip(workers, pool.map(fetch, workers), strict=True):
                 w["worker_stats"] = ws
 
@@ -191,19 +199,24 @@ def _worker_details(client: KvmeshClient, workers: list[dict[str, Any]]) -> None
 def stats_cmd(service: Service = DEFAULT_SERVICE, token: Token = None,
               workers: Annotated[bool, typer.Option(
                   "--workers/--no-workers", help="Also ask each live worker for its cache "
-                  "stats (hit rate, cached blocks).")] = True,
+                  "stats (hit rate, cached blocks, KV tiers).")] = True,
+              rates: Annotated[float, typer.Option(
+                  "--rates", min=0.0, help="Sample the workers twice this many seconds apart "
+                  "and show evictions and offloads per second per tier (0: totals).")] = 0.0,
               timeout: Timeout = 5.0, json_out: JsonOut = False,
               tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None) -> None:
-    """Show the cluster: every worker's liveness, load, blocks and index entries."""
+    """Show the cluster: every worker's liveness, load, blocks and index entries, and each
+    worker's KV tiers (load factor, hit rate, evictions, offloads, onboards, pins, and the
+    index's precision per tier)."""
     with _client(service, token, timeout, (tls_ca, tls_cert, tls_key)) as client:
         data = client.stats()
         if workers:
             client.timeout = min(timeout, 2.0)
-            _worker_details(client, data["workers"])
+            _worker_details(client, data["workers"], rates)
     if json_out:
         _print_json(data)
         return
-    print_stats(data)
+    print_stats(data, rates_window_s=rates)
 
 
 # The columns of one worker: (heading, cell of a ``stats()`` worker dict).
@@ -225,14 +238,18 @@ def _cache(w: dict[str, Any]) -> dict[str, Any]:
     return (w.get("worker_stats") or {}).get("cache") or {}
 
 
-def print_stats(data: dict[str, Any], console: Console | None = None) -> None:
+def print_stats(data: dict[str, Any], console: Console | None = None,
+                rates_window_s: float = 0.0) -> None:
     """Render ``KvmeshClient.stats()`` output (optionally with ``worker_stats``) as tables.
 
     One row per worker when the table fits ``console``'s width; otherwise (80 columns, a
-    pipe) one two-column block per worker, so no cell is ever cut to "…".
+    pipe) one two-column block per worker, so no cell is ever cut to "…". Then the KV tiers
+    (``client.tier_stats``), the same way, when the workers report them.
     """
     from rich.console import Console
     from rich.table import Table
+
+    from client.tier_stats import tier_table
 
     console = console or Console()
     title = f"kvmesh workers (service {data.get('service', '?')})"
@@ -253,6 +270,9 @@ def print_stats(data: dict[str, Any], console: Console | None = None) -> None:
             console.print(block)
     if not data["workers"]:
         console.print("no workers registered")
+    tiers = tier_table(data["workers"], rates_window_s)
+    if tiers is not None:
+        _print_fitting(tiers, console)
     if data.get("degraded"):
         console.print("[bold red]degraded: the service cannot reach its index (Redis)[/]")
     counters = data.get("counters") or {}
@@ -262,6 +282,27 @@ def print_stats(data: dict[str, Any], console: Console | None = None) -> None:
             value = counters[name]
             ctable.add_row(name, f"{value:.0f}" if float(value).is_integer() else f"{value:.3f}")
         console.print(ctable)
+
+
+def _print_fitting(table: Any, console: Console) -> None:
+    """``table`` as is when it fits ``console``; else one two-column block per row."""
+    from rich.table import Table
+
+    natural = console.measure(table, options=console.options.update_width(10_000)).maximum
+    if natural <= console.width:
+        console.print(table)
+        return
+    console.print(f"[bold]{table.title}[/]")
+    heads = [c.header for c in table.columns]
+    cells = [list(c.cells) for c in table.columns]
+    for i in range(table.row_count):
+        block = Table(show_header=False, title=f"{cells[0][i]} {cells[1][i]}",
+                      title_justify="left")
+        for head, col in zip(heads[2:], cells[2:], strict=True):
+            block.add_row(head, col[i])
+        console.print(block)
+    if table.caption:
+        console.print(table.caption)
 
 
 def register(app: typer.Typer) -> None:
