@@ -29,6 +29,13 @@ a shared machine, so both keep up (equal throughput) and TTFT and hit rate show 
 difference; ``--rate 24 --requests 300`` overloads round robin only, which is where the
 throughput ratio means something (and needs a quiet machine). A run of both policies takes
 about two minutes, cluster starts included.
+
+``--cpu-blocks M`` (the tiered cache, issue 14): each policy runs twice, on a cluster
+without and with a CPU tier of ``M`` blocks per worker (rows ``kvmesh`` and
+``kvmesh+cpu``), and the ratios compare the two: mean and p90 TTFT, hit rate (the share of
+hits that came from the CPU tier is shown apart). Pick ``--num-blocks`` below the tenants'
+system prompts together and ``M`` at a few times it, so that the device pools cannot hold
+every tenant and the CPU tier can.
 """
 from __future__ import annotations
 
@@ -53,6 +60,7 @@ class E2ESpec:
 
     workers: int = 3
     num_blocks: int = 448         # per worker: ~4.5 system prompts of 96 blocks
+    cpu_blocks: int = 0           # per worker, when a run's setup has the CPU tier
     # rate: requests per second (Poisson), see the module docstring
     workload: WorkloadSpec = WorkloadSpec(tenants=8, system_tokens=1536, question_tokens=64,
                                           max_tokens=8, rate_per_s=12.0, requests=240)
@@ -102,8 +110,22 @@ async def drive(addresses: list[str], requests: list[Request], policy: str,
         return outcomes, max(o.done_s for o in outcomes)
 
 
-def summarize(policy: str, outcomes: list[Outcome], makespan: float) -> dict[str, Any]:
-    """One policy's row (see the module docstring for the definitions)."""
+async def tier_hits(worker_addresses: list[str]) -> dict[str, int]:
+    """Prompt tokens the workers served from each KV tier (their ``Stats``, summed)."""
+    from client import AsyncKvmeshClient
+
+    out: dict[str, int] = {}
+    async with AsyncKvmeshClient(worker_addresses[:1]) as client:
+        for address in worker_addresses:
+            for t in (await client.worker_stats(address)).get("tiers", ()):
+                out[t["tier"]] = out.get(t["tier"], 0) + t["hit_tokens"]
+    return out
+
+
+def summarize(policy: str, outcomes: list[Outcome], makespan: float,
+              hits_by_tier: dict[str, int] | None = None) -> dict[str, Any]:
+    """One policy's row (see the module docstring for the definitions); ``hits_by_tier``:
+    the workers' cache hits per tier (their ``Stats``), shown as shares of the prompts."""
     ok = [o for o in outcomes if not o.error]
     ttft = sorted(o.ttft_s for o in ok)
     prompt = sum(o.prompt_tokens for o in ok)
@@ -122,36 +144,48 @@ def summarize(policy: str, outcomes: list[Outcome], makespan: float) -> dict[str
         if ttft else math.nan,
         "mean_worker_ttft_s": statistics.fmean(o.worker_ttft_s for o in ok) if ok else math.nan,
         "token_hit_rate": sum(o.cached_tokens for o in ok) / prompt if prompt else 0.0,
+        "hit_rate_by_tier": {t: n / prompt for t, n in sorted((hits_by_tier or {}).items())
+                             if prompt},
         "per_worker": dict(sorted(spread.items())),
     }
 
 
 def run(spec: E2ESpec, policies: tuple[str, ...] = POLICIES, progress: Any = None,
         model: str = "tiny") -> dict[str, Any]:
-    """Each policy on a fresh cluster; rows plus kvmesh-over-round-robin ratios."""
+    """Each policy on a fresh cluster (twice, without and with the CPU tier, when
+    ``spec.cpu_blocks``); rows plus ratios: kvmesh over round robin, or with the CPU tier over
+    without."""
     from deploy.local import ClusterSpec, LocalCluster
 
     reqs = stream(spec.workload)
     rows = []
+    tiers = (0, spec.cpu_blocks) if spec.cpu_blocks else (0,)
     for policy in policies:
-        cluster = LocalCluster(ClusterSpec(workers=spec.workers, num_blocks=spec.num_blocks,
-                                           policy=policy, model=model))
-        try:
-            cluster.start()
-            tick = None if progress is None else progress(policy, len(reqs))
-            outcomes, makespan = asyncio.run(drive(cluster.service_addresses, reqs, policy,
-                                                   tick))
-        finally:
-            cluster.stop()
-        rows.append(summarize(policy, outcomes, makespan))
+        for cpu_blocks in tiers:
+            name = f"{policy}+cpu" if cpu_blocks else policy
+            cluster = LocalCluster(ClusterSpec(workers=spec.workers,
+                                               num_blocks=spec.num_blocks,
+                                               cpu_blocks=cpu_blocks, policy=policy,
+                                               model=model))
+            try:
+                cluster.start()
+                tick = None if progress is None else progress(name, len(reqs))
+                outcomes, makespan = asyncio.run(drive(cluster.service_addresses, reqs,
+                                                       policy, tick))
+                by_tier = asyncio.run(tier_hits(cluster.worker_addresses))
+            finally:
+                cluster.stop()
+            rows.append(summarize(name, outcomes, makespan, by_tier))
     offered = sum(len(r.tokens) + r.max_tokens for r in reqs) / max(reqs[-1].arrival_s, 1e-9)
     return {"spec": asdict(spec), "offered_tokens_per_s": offered, "rows": rows,
-            "ratios": _ratios(rows)}
+            "ratios": _ratios(rows, cpu=bool(spec.cpu_blocks))}
 
 
-def _ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+def _ratios(rows: list[dict[str, Any]], cpu: bool = False) -> dict[str, float]:
+    """kvmesh over round robin; with ``cpu``: kvmesh with the CPU tier over without."""
     by = {r["policy"]: r for r in rows}
-    k, rr = by.get("kvmesh"), by.get("round_robin")
+    k, rr = (by.get("kvmesh+cpu"), by.get("kvmesh")) if cpu else (by.get("kvmesh"),
+                                                                   by.get("round_robin"))
     if k is None or rr is None:
         return {}
     return {"throughput": k["tokens_per_s"] / rr["tokens_per_s"],
@@ -166,7 +200,9 @@ def _print(res: dict[str, Any]) -> None:
     from rich.table import Table
 
     s = {**res["spec"], **res["spec"]["workload"]}
-    t = Table(title=f"e2e: {s['workers']} tiny-model workers x {s['num_blocks']} blocks, "
+    cpu_note = f" (+{s['cpu_blocks']} CPU-tier blocks)" if s.get("cpu_blocks") else ""
+    t = Table(title=f"e2e: {s['workers']} tiny-model workers x {s['num_blocks']} blocks"
+                    f"{cpu_note}, "
                     f"{s['requests']} requests at {s['rate_per_s']}/s (Poisson), {s['tenants']} "
                     f"tenants x {s['system_tokens']}-token system prompt + "
                     f"{s['question_tokens']}-token question, {s['max_tokens']} out")
@@ -181,14 +217,22 @@ def _print(res: dict[str, Any]) -> None:
                   f"{r['makespan_s']:.1f}", str(r["errors"]),
                   " ".join(str(n) for n in r["per_worker"].values()))
     ra = res["ratios"]
+    cpu = bool(res["spec"].get("cpu_blocks"))
     if ra:
-        t.add_row("kvmesh / rr", f"{ra['throughput']:.2f}x", "", "",
+        t.add_row("+cpu / without" if cpu else "kvmesh / rr", f"{ra['throughput']:.2f}x", "", "",
                   f"{ra['mean_ttft_lower']:.2f}x lower", f"{ra['p90_ttft_lower']:.2f}x lower",
                   f"{ra['token_hit_rate']:.2f}x", "", "", "")
     console = Console(width=max(Console().width, 160))  # wide tables, even in a pipe
     console.print(t)
     console.print(f"offered load: {res['offered_tokens_per_s']:,.0f} tokens/s")
-    if ra:
+    for r in res["rows"]:
+        if r["hit_rate_by_tier"].get("cpu"):
+            console.print(f"{r['policy']}: {r['hit_rate_by_tier']['cpu']:.1%} of prompt tokens "
+                          "came from the CPU tier")
+    if ra and cpu:
+        console.print(f"CPU tier: mean TTFT {ra['mean_ttft_lower']:.2f}x lower, p90 "
+                      f"{ra['p90_ttft_lower']:.2f}x lower, hit rate {ra['token_hit_rate']:.2f}x")
+    elif ra:
         console.print(f"goals: throughput >= 1.5x: {'met' if ra['throughput'] >= 1.5 else 'MISSED'}"
                       f"; mean TTFT >= 2x lower: "
                       f"{'met' if ra['mean_ttft_lower'] >= 2 else 'MISSED'}")
@@ -205,7 +249,11 @@ def register(bench: typer.Typer) -> None:
             rate: float = typer.Option(w.rate_per_s, help="arrivals per second (Poisson)"),
             requests: int = typer.Option(w.requests),
             num_blocks: int = typer.Option(d.num_blocks, help="KV blocks per worker"),
-            policies: str = typer.Option(",".join(POLICIES), help="each on a fresh cluster"),
+            cpu_blocks: int = typer.Option(
+                d.cpu_blocks, min=0, help="CPU-tier blocks per worker: run each policy "
+                "without and with this CPU tier (0: no CPU tier)"),
+            policies: str = typer.Option(None, help="each on a fresh cluster (default: "
+                                         f"{','.join(POLICIES)}; with --cpu-blocks: kvmesh)"),
             seed: int = typer.Option(w.seed),
             as_json: bool = typer.Option(False, "--json")) -> None:
         """kvmesh vs round robin on a real local cluster: throughput, TTFT, hit rate."""
@@ -214,7 +262,9 @@ def register(bench: typer.Typer) -> None:
         load = replace(w, tenants=tenants, system_tokens=system_tokens,
                        question_tokens=question_tokens, max_tokens=max_tokens,
                        rate_per_s=rate, requests=requests, seed=seed)
-        spec = E2ESpec(workers, num_blocks, load)
+        spec = E2ESpec(workers, num_blocks, cpu_blocks, load)
+        if policies is None:
+            policies = "kvmesh" if cpu_blocks else ",".join(POLICIES)
         names = tuple(p.strip() for p in policies.split(",") if p.strip())
         with Progress(transient=True, disable=as_json) as bar:
             def progress(policy: str, total: int) -> Any:
