@@ -166,6 +166,7 @@ class SimWorker:
         self._prefill: tuple[float, float, int] | None = None  # start, end, tokens
         self._waiting_tokens = 0  # prompt tokens of the waiting requests
         self._lower = len(manager.tier_stats()) > 1  # a CPU or disk tier to onboard from
+        self._pins = manager.pins.auto
         self._onboard_end: float | None = None  # the head's onboard completes then
         self._onboard_since = 0.0
         self._copy_free = 0.0  # the copy engine is busy until then
@@ -209,6 +210,8 @@ class SimWorker:
         if not self.waiting or len(self.running) >= self.cost.max_running:
             return None
         req, kv = self.waiting[0], self.kv
+        if self._pins:
+            kv.expire_pins(self.clock)  # what the engine's step does first
         if self._onboard_end is not None:
             if self.clock < self._onboard_end:
                 return None

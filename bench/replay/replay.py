@@ -224,17 +224,24 @@ class PeerRouter:
 
 def make_cluster(name: str, cfg: ReplayConfig) -> list[SimWorker]:
     """The workers a policy runs on: one pool each, or one shared pool for ``oracle``."""
-    def pool(blocks: int) -> KVCacheManager:
+    workers: list[SimWorker] = []
+
+    def pool(blocks: int, i: int = 0) -> KVCacheManager:
+        # pins live in simulated time: worker i's clock (read once the workers exist)
         return KVCacheManager(blocks, cfg.block_size, hash_algo=cfg.hash_algo,
                               cpu_blocks=cfg.cpu_blocks, disk_blocks=cfg.disk_blocks,
-                              eviction=cfg.eviction, auto_pin=cfg.auto_pin)
+                              eviction=cfg.eviction, auto_pin=cfg.auto_pin,
+                              clock=lambda: workers[i].clock)
 
     if name == "oracle":
         if cfg.cpu_blocks or cfg.disk_blocks:
             raise ValueError("oracle pools device blocks only; no lower tiers")
         shared = pool(cfg.capacity_blocks * cfg.workers)
-        return [SimWorker(i, shared, cfg.cost) for i in range(cfg.workers)]
-    return [SimWorker(i, pool(cfg.capacity_blocks), cfg.cost) for i in range(cfg.workers)]
+        workers.extend(SimWorker(i, shared, cfg.cost) for i in range(cfg.workers))
+    else:
+        workers.extend(SimWorker(i, pool(cfg.capacity_blocks, i), cfg.cost)
+                       for i in range(cfg.workers))
+    return workers
 
 
 def make_router(name: str, cfg: ReplayConfig, synth: TokenSynth,
@@ -270,7 +277,7 @@ async def replay_policy(name: str, reqs: Sequence[TraceRequest], synth: TokenSyn
             await router.publish(workers)
             chain = synth.chain(tr)
             kv = KVRequest(f"r{tr.index}", synth.tokens(tr), salt=tr.salt, lora=tr.lora,
-                           block_hashes=list(chain))
+                           block_hashes=list(chain), num_prompt_tokens=tr.input_length)
             req = SimRequest(tr, kv)
             if not workers[0].fits(req):
                 rejected += 1
