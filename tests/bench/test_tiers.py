@@ -76,11 +76,11 @@ def test_lower_tiers_raise_the_hit_rate_at_equal_device_memory(results) -> None:
 
 
 def test_an_onboard_delays_the_prefill_by_its_copy_time() -> None:
-    """A pool of 40 blocks: a's 32 blocks are evicted to the CPU tier by b; c (a's prompt
-    again) waits for their copy back, then prefills only its last block."""
+    """A pool of 33 blocks (one 512-token prompt + its output block): b evicts all of a's
+    blocks to the CPU tier; c (a's prompt again) has them copied back, waiting for the copy,
+    then prefills only its last block."""
     cost = CostModel(prefill_s_per_token=1e-3, decode_step_s=0.01, decode_s_per_ctx_token=0)
-    kv = KVCacheManager(40, 16, cpu_blocks=64)
-    w = SimWorker(0, kv, cost)
+    w = SimWorker(0, KVCacheManager(33, 16, cpu_blocks=64), cost)
     synth = TokenSynth(16)
 
     def req(i: int, ids: tuple[int, ...], at: float) -> SimRequest:
@@ -89,18 +89,24 @@ def test_an_onboard_delays_the_prefill_by_its_copy_time() -> None:
                                         block_hashes=synth.chain(tr)))
 
     a, b, c = req(0, (1,), 0.0), req(1, (2,), 1.0), req(2, (1,), 2.0)
-    for r in (a, b, c):
+    for r in (a, b):
         w.advance(r.trace.arrival_s)
         w.submit(r, r.trace.arrival_s)
+    w.advance(2.0)
+    assert not w.running and not w.waiting
+    copies = w.totals.copies
+    assert copies.onboard_blocks == {} and copies.offload_blocks == 32  # a's hashed blocks
+    w.submit(c, 2.0)
     w.advance(math.inf)
     assert c.hit_tokens == 31 * 16 and c.hit_by_tier == {"gpu": 0, "cpu": 31 * 16, "disk": 0}
-    copy = 31 * cost.onboard_s("cpu", 16)
-    assert w.totals.copies.onboard_blocks == {"cpu": 31}
-    # c arrives at 2.0 (a and b are done), waits for the copy, prefills its last 16 tokens;
-    # its admission evicts (offloads) b's blocks, a synchronous copy out before the prefill
-    offloads = w.totals.copies.offload_blocks - 32  # b's admission offloaded a's 32 blocks
-    assert offloads > 0
-    assert c.ttft_s == pytest.approx(copy + 16e-3 + offloads * cost.offload_s(16))
+    assert copies.onboard_blocks == {"cpu": 31}
+    # the onboard's 31 device blocks: b's unhashed output block (free queue head) and 30 of
+    # b's cached blocks, offloaded first; c's admission evicts (offloads) 2 more
+    assert copies.offload_blocks == 32 + 30 + 2
+    assert c.copy_s == pytest.approx(2 * cost.offload_s(16))
+    onboard = 30 * cost.offload_s(16) + 31 * cost.onboard_s("cpu", 16)
+    assert c.ttft_s == pytest.approx(onboard + 16e-3 + c.copy_s)
+    assert copies.onboard_wait_s == pytest.approx(onboard)
 
 
 def test_costs_per_block_follow_the_bandwidths() -> None:
