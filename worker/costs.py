@@ -70,6 +70,11 @@ def _best_of(reps: int, fn) -> float:
     return best
 
 
+def _copy_in(executor: CopyExecutor, tier: str, src: int | bytes) -> None:
+    executor.copy_in(tier, src, 0)
+    executor.sync()
+
+
 def calibrate(meter: CostMeter, model: torch.nn.Module, cache: torch.Tensor,
               executor: CopyExecutor, max_tokens: int) -> None:
     """Seed ``meter`` with one prefill of up to ``CALIBRATION_TOKENS`` tokens and one block
@@ -81,8 +86,7 @@ def calibrate(meter: CostMeter, model: torch.nn.Module, cache: torch.Tensor,
 
     bs = meter.block_size
     num_blocks = cache.shape[2]
-    n_blocks = max(1, min(CALIBRATION_TOKENS, max_tokens) // bs, 1)
-    n_blocks = min(n_blocks, num_blocks)
+    n_blocks = min(max(1, min(CALIBRATION_TOKENS, max_tokens) // bs), num_blocks)
     n = n_blocks * bs
     table = list(range(n_blocks))
     dev = cache.device
@@ -98,7 +102,7 @@ def calibrate(meter: CostMeter, model: torch.nn.Module, cache: torch.Tensor,
         if executor.host is not None:
             executor.host[0].zero_()
             meter.onboard_us_per_block["cpu"] = _best_of(
-                CALIBRATION_REPS, lambda: executor.copy_in("cpu", 0, 0)) * 1e6
+                CALIBRATION_REPS, lambda: _copy_in(executor, "cpu", 0)) * 1e6
         if executor.store is not None:
             key = b"\x00kvmesh-calibration"
             zeros = torch.zeros(executor.block_shape, dtype=cache.dtype)
@@ -106,7 +110,7 @@ def calibrate(meter: CostMeter, model: torch.nn.Module, cache: torch.Tensor,
                                  zeros.reshape(-1).view(torch.uint8).numpy())
             try:
                 meter.onboard_us_per_block["disk"] = _best_of(
-                    CALIBRATION_REPS, lambda: executor.copy_in("disk", key, 0)) * 1e6
+                    CALIBRATION_REPS, lambda: _copy_in(executor, "disk", key)) * 1e6
             finally:
                 executor.store.delete(key)
     finally:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from worker.disk_store import DiskEntry, DiskStore
+from worker.kv_cache.transfers import Drop, Offload, Onboard, Spill, Transfer
 
 log = logging.getLogger("kvmesh.worker.kv_transfer")
 
@@ -77,6 +78,7 @@ class CopyExecutor:
         self._slot_hash: dict[int, bytes] = {}     # what each host slot holds
         self._bad: set[int] = set()  # host slots whose offload failed half-way
         self._slot_ready: dict[int, torch.cuda.Event] = {}  # CUDA: offload still copying
+        self._staging: list[torch.Tensor] = []  # CUDA: pinned reads of in-flight copies
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._queued = 0          # jobs not finished yet (under _cv)
         self._done: deque[OnboardDone] = deque()
@@ -85,6 +87,38 @@ class CopyExecutor:
         self._thread: threading.Thread | None = None
 
     # --- orders ---------------------------------------------------------------------
+
+    def execute(self, orders: Sequence[Transfer]) -> None:
+        """Carry out ``manager.take_transfers()``, in order (consecutive offloads batched).
+        Every order is attempted even when one raises (an ``Onboard`` left unsubmitted
+        would hold its request forever); the first error is raised at the end, so the
+        step fails and the half-written host slots are never read."""
+        error: BaseException | None = None
+        batch: list[tuple[int, int, bytes]] = []
+        for order in [*orders, None]:
+            if isinstance(order, Offload):
+                batch.append((order.block_id, order.slot, order.block_hash))
+                continue
+            try:
+                self.offload(batch)
+            except Exception as e:
+                error = error or e
+            batch = []
+            try:
+                if isinstance(order, Spill):
+                    self.spill(order.cpu_slot, DiskEntry(
+                        order.block_hash, order.parent_hash, order.token_ids,
+                        order.extra_keys))
+                elif isinstance(order, Onboard):
+                    self.onboard(order.request_id, order.copies)
+                elif isinstance(order, Drop):
+                    self.delete(order.block_hash)
+            except Exception as e:
+                error = error or e
+                if isinstance(order, Onboard):  # never started: it ends, failed, at once
+                    self._finished(OnboardDone(order.request_id, ok=False))
+        if error is not None:
+            raise error
 
     def offload(self, copies: Sequence[tuple[int, int, bytes]]) -> None:
         """Copy device blocks into host slots: ``(block_id, slot, block_hash)`` each."""
@@ -203,46 +237,68 @@ class CopyExecutor:
             self._cv.notify_all()
 
     def _onboard(self, request_id: str, copies: list[tuple[str, int | bytes, int]]) -> OnboardDone:
+        """Run one onboard's copies in order; stop at the first that fails. Consecutive
+        copies from one tier form a group, timed from its first copy to its end (on CUDA,
+        the side stream's synchronisation)."""
         done = OnboardDone(request_id, ok=True)
-        stream = torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext()
-        with stream:
-            for tier, src, block_id in copies:
-                t0 = time.perf_counter()
-                try:
-                    self.copy_in(tier, src, block_id)
-                except Exception as e:  # the request recomputes; the bad copy is dropped
-                    key = src if isinstance(src, bytes) else self._slot_hash.get(src, b"")
-                    log.warning("onboard of %s from %s failed (%s): recomputing",
-                                request_id, tier, e)
-                    done.ok = False
-                    done.failed.add((tier, key))
-                    break
-                done.blocks[tier] = done.blocks.get(tier, 0) + 1
-                done.seconds[tier] = done.seconds.get(tier, 0.0) + time.perf_counter() - t0
+        group: str | None = None
+        count, t0 = 0, time.perf_counter()
+        for tier, src, block_id in copies:
+            if tier != group:
+                self._end_group(done, group, count, t0)
+                group, count, t0 = tier, 0, time.perf_counter()
+            try:
+                self.copy_in(tier, src, block_id)
+            except Exception as e:  # the request recomputes; the bad copy is dropped
+                key = src if isinstance(src, bytes) else self._slot_hash.get(src, b"")
+                log.warning("onboard of %s from %s failed (%s): recomputing",
+                            request_id, tier, e)
+                done.ok = False
+                done.failed.add((tier, key))
+                break
+            count += 1
+        self._end_group(done, group, count, t0)
         return done
+
+    def _end_group(self, done: OnboardDone, tier: str | None, count: int, t0: float) -> None:
+        self.sync()
+        if tier is not None and count:
+            done.blocks[tier] = done.blocks.get(tier, 0) + count
+            done.seconds[tier] = done.seconds.get(tier, 0.0) + time.perf_counter() - t0
+
+    def sync(self) -> None:
+        """Wait until every copy issued by :meth:`copy_in` has landed (CUDA; on a CPU device
+        they are done when it returns)."""
+        if self.cuda:
+            self.stream.synchronize()
+            self._staging.clear()
 
     def copy_in(self, tier: str, src: int | bytes, block_id: int) -> None:
         """Copy one lower-tier block into device block ``block_id`` (background thread;
-        tests wrap this to inject slow or failing copies). On CUDA it returns once the copy
-        is done (it synchronizes the side stream: the staging buffer is reused)."""
+        tests wrap this to inject slow or failing copies). Raises if the source cannot be
+        read. On CUDA the copy is only issued on the side stream: :meth:`sync` waits."""
         dst = self.cache[:, :, block_id]
         if tier == "cpu":
             if src in self._bad:
                 raise RuntimeError(f"host slot {src} was not written (its offload failed)")
-            dst.copy_(self.host[src], non_blocking=self.cuda)
+            with self._on_side_stream():
+                dst.copy_(self.host[src], non_blocking=self.cuda)
         elif tier == "disk":
             if self.cuda:
                 staging = torch.empty(self.block_shape, dtype=self.cache.dtype, pin_memory=True)
                 self.store.read(src, _bytes(staging))
-                dst.copy_(staging, non_blocking=True)
+                self._staging.append(staging)  # alive until the copy from it has landed
+                with self._on_side_stream():
+                    dst.copy_(staging, non_blocking=True)
             else:
                 buf = self.store.read(src)
                 dst.copy_(torch.frombuffer(buf, dtype=torch.uint8).view(self.cache.dtype)
                           .view(self.block_shape))
         else:
             raise ValueError(f"unknown tier {tier!r}")
-        if self.cuda:
-            self.stream.synchronize()
+
+    def _on_side_stream(self) -> contextlib.AbstractContextManager:
+        return torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext()
 
 
 def _bytes(t: torch.Tensor) -> memoryview:
