@@ -1,15 +1,15 @@
 """The service link's wire form: KV events and cache snapshots as ``IndexService`` messages.
 
 Pure conversions (no I/O). A snapshot is sent as runs of chained blocks, each run one
-``BlockStored`` whose ``parent_hash`` is the parent of its first block, so the index can
-rebuild every (hash, parent) pair from far fewer messages.
+``BlockStored`` of one tier whose ``parent_hash`` is the parent of its first block, so the
+index can rebuild every (hash, parent, tier) from far fewer messages.
 """
 from __future__ import annotations
 
 from kvmesh.v1 import index_pb2
-from worker.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from worker.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored, CacheSnapshot, KVEvent
 
-TIERS = {"gpu": index_pb2.TIER_GPU, "cpu": index_pb2.TIER_CPU}
+TIERS = {"gpu": index_pb2.TIER_GPU, "cpu": index_pb2.TIER_CPU, "disk": index_pb2.TIER_DISK}
 
 
 def event_to_proto(ev: KVEvent) -> index_pb2.KvEvent:
@@ -40,4 +40,44 @@ def snapshot_chains(hashes: list[bytes], parents: list[bytes | None],
         run = [h]
     if run:
         out[-1].block_hashes.extend(run)
+    return out
+
+
+def snapshot_blocks(snap: CacheSnapshot) -> list[index_pb2.BlockStored]:
+    """A whole snapshot as runs, tier after tier (a hash on two tiers is in a run of each).
+    Lower tiers list their blocks in LRU order, where a chain's tail comes first: their
+    parents are put before their children so chains form long runs. The device tier is
+    sent in its own order, as it always was."""
+    out: list[index_pb2.BlockStored] = []
+    for tier, (hashes, parents) in snap.by_tier().items():
+        if tier != snap.tier:
+            order = chain_order(hashes, parents)
+            hashes, parents = [hashes[i] for i in order], [parents[i] for i in order]
+        out += snapshot_chains(hashes, parents, TIERS[tier])
+    return out
+
+
+def chain_order(hashes: list[bytes], parents: list[bytes | None]) -> list[int]:
+    """Indexes of ``hashes`` ordered so each block follows its parent (depth first, so a
+    chain is contiguous); blocks whose parent is absent start a chain, in their order.
+    Every index appears exactly once (a cycle, impossible without a hash collision, is
+    appended as it comes)."""
+    index = {h: i for i, h in enumerate(hashes)}
+    children: dict[int, list[int]] = {}
+    roots: list[int] = []
+    for i, parent in enumerate(parents):
+        p = index.get(parent) if parent is not None else None
+        if p is None or p == i:
+            roots.append(i)
+        else:
+            children.setdefault(p, []).append(i)
+    out: list[int] = []
+    stack = roots[::-1]
+    while stack:
+        i = stack.pop()
+        out.append(i)
+        stack.extend(reversed(children.get(i, ())))
+    if len(out) < len(hashes):
+        seen = set(out)
+        out += [i for i in range(len(hashes)) if i not in seen]
     return out

@@ -10,6 +10,10 @@ When a running sequence cannot get a block, the most recently admitted running s
 preempted by recompute: its blocks are freed (they stay cached, so re-admission is mostly a
 cache hit) and it goes back to the front of the waiting queue. Preemption never corrupts
 the pool: ``allocate_slots`` either succeeds whole or changes nothing.
+
+With lower tiers, a waiting sequence whose prefix continues on CPU or disk is onboarded
+first (``KVCacheManager.start_onboard``); while that copy is in flight it is skipped and the
+sequences behind it may be admitted. Once the copy is done its blocks are device hits.
 """
 from __future__ import annotations
 
@@ -47,7 +51,7 @@ class Scheduler:
         # Look the prompt up now (no side effects) so the load this worker reports counts
         # only the prefill it will really do: the router must not see a worker that holds
         # a hot prefix as busier than one that would recompute it.
-        _, seq.expected_cached = self.kv.get_computed_blocks(seq.req)
+        seq.expected_cached = sum(self.kv.match_by_tier(seq.req).values())
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
@@ -78,17 +82,27 @@ class Scheduler:
             i += 1
         # Admit new work only when nothing was preempted: otherwise it would evict the
         # blocks the preempted sequence is about to need again.
-        while (not preempted and self.waiting and budget > 0
+        w = 0  # index of the next waiting sequence: those before it are onboarding
+        while (not preempted and w < len(self.waiting) and budget > 0
                and len(self.running) < self.config.max_seqs):
-            seq = self.waiting[0]
+            seq = self.waiting[w]
+            if self.kv.onboarding(seq.req):
+                w += 1
+                continue
             hits, num_hit = self.kv.get_computed_blocks(seq.req)
+            if self.kv.start_onboard(seq.req, hits):
+                w += 1
+                continue
             n = min(seq.num_tokens - num_hit, budget)
             if self.kv.allocate_slots(seq.req, n, hits, num_hit) is None:
+                # Blocks held for onboarded sequences behind this one must not starve it.
+                self.kv.release_holds(keep=seq.req)
                 break
-            self.waiting.popleft()
+            del self.waiting[w]
             seq.status = SeqStatus.RUNNING
             if seq.num_cached_tokens < 0:
                 seq.num_cached_tokens = num_hit
+                seq.cached_tokens_by_tier = self.kv.cached_tokens_by_tier(seq.req)
             seq.req.num_computed_tokens = num_hit
             self.running.append(seq)
             out.append(Scheduled(seq, num_hit, n))

@@ -39,6 +39,7 @@ class Seq:
     num_prompt_tokens: int
     status: SeqStatus = SeqStatus.WAITING
     num_cached_tokens: int = -1  # -1 until first admitted
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)  # fixed with it
     expected_cached: int = 0     # the cache hit it would get at enqueue time (load report)
     finish_reason: str | None = None
     arrival: float = field(default_factory=time.perf_counter)

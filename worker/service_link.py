@@ -34,7 +34,7 @@ from kvmesh.v1 import index_pb2, index_pb2_grpc
 from worker.async_engine import AsyncEngine
 from worker.engine import Engine
 from worker.kv_cache import KVEvent
-from worker.link_messages import TIERS, event_to_proto, snapshot_chains
+from worker.link_messages import event_to_proto, snapshot_blocks
 from worker.outbox import MAX_BLOCKS, BatchLimits, Outbox
 from worker.service_conn import ServiceConn
 
@@ -253,7 +253,7 @@ class ServiceLink:
         self.need_sync = False  # a request for another resync from now on is kept
         try:
             snap = await self.runner.call(lambda e: e.kv.cached_block_hashes())
-            blocks = snapshot_chains(snap.block_hashes, snap.parents, TIERS[snap.tier])
+            blocks = snapshot_blocks(snap)
             req = index_pb2.SyncWorkerRequest(worker_id=self.worker_id, seq=snap.seq,
                                               blocks=blocks, incarnation=self.incarnation)
             await self._rpc(stub.SyncWorker, req, max(self.timeout, 10.0))

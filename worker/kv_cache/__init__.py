@@ -2,14 +2,20 @@
 
 :class:`KVCacheManager` is what the engine uses; :class:`BlockPool` and
 :class:`FreeBlockQueue` are its parts; the events tell the metadata service what is cached.
+Optional lower tiers (:class:`LowerTier`: host memory, disk) keep what the pool evicts; the
+manager records the copies between tiers as :mod:`.transfers` orders for the data plane.
 """
 from .block import BlockContent, FreeBlockQueue, KVCacheBlock
 from .block_pool import BlockPool
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, CacheSnapshot, KVEvent
-from .manager import CacheStats, KVCacheManager
+from .lower_tier import LowerTier, TierEntry
+from .manager import TIER_NAMES, KVCacheManager
 from .request import KVRequest
+from .stats import CacheStats, TierCounters
+from .transfers import Drop, Offload, Onboard, Spill, Transfer
 
 __all__ = [
+    "TIER_NAMES",
     "AllBlocksCleared",
     "BlockContent",
     "BlockPool",
@@ -17,9 +23,17 @@ __all__ = [
     "BlockStored",
     "CacheSnapshot",
     "CacheStats",
+    "Drop",
     "FreeBlockQueue",
     "KVCacheBlock",
     "KVCacheManager",
     "KVEvent",
     "KVRequest",
+    "LowerTier",
+    "Offload",
+    "Onboard",
+    "Spill",
+    "TierCounters",
+    "TierEntry",
+    "Transfer",
 ]

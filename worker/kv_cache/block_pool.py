@@ -22,7 +22,8 @@ unhashed blocks):
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
 
 from .block import BlockContent, Extra, FreeBlockQueue, KVCacheBlock
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, CacheSnapshot, KVEvent
@@ -33,6 +34,15 @@ TIERS = ("gpu", "cpu")
 # ``Engine`` used directly) they would otherwise grow with traffic forever. A reader taking
 # events every step stays far below it (a step touches at most a few thousand blocks).
 MAX_PENDING_BLOCKS = 32_768
+
+
+class Evicted(NamedTuple):
+    """A hash whose last device block was just evicted, with what that block held."""
+
+    block_id: int
+    block_hash: bytes
+    parent_hash: bytes | None
+    content: BlockContent
 
 
 class BlockPool:
@@ -56,6 +66,9 @@ class BlockPool:
         self.max_pending_blocks = MAX_PENDING_BLOCKS
         self._pending_blocks = 0
         self.events_dropped = 0  # events discarded unread because the backlog overflowed
+        # Called by get_new_blocks with the hashes no block holds any more, before their
+        # BlockRemoved (the lower tiers offload them; events it emits come first).
+        self.on_evict: Callable[[list[Evicted]], None] | None = None
 
     # --- lookup -----------------------------------------------------------------------
 
@@ -147,13 +160,19 @@ class BlockPool:
         """
         blocks = self.free_queue.popleft_n(num_blocks)
         removed: list[bytes] = []
+        evicted: list[Evicted] = []
         for block in blocks:
             if block.block_hash is not None:
+                content, parent_hash = block.content, block.parent_hash
                 gone = self._evict(block)
                 if gone is not None:
                     removed.append(gone)
+                    assert content is not None
+                    evicted.append(Evicted(block.block_id, gone, parent_hash, content))
             block.ref_cnt = 1
         if removed:
+            if self.on_evict is not None:  # before BlockRemoved: never held nowhere
+                self.on_evict(evicted)
             self._emit(BlockRemoved(self._seq + 1, removed, self.tier))
         return blocks
 
@@ -263,6 +282,15 @@ class BlockPool:
             self.events_dropped += len(self._events)
             self._events, self._pending_blocks = [], 0
 
+    def emit_stored(self, block_hashes: list[bytes], parent_hash: bytes | None,
+                    token_ids: list[int], tier: str) -> None:
+        """Emit a ``BlockStored`` of another tier in this pool's one seq stream."""
+        self._emit(BlockStored(self._seq + 1, block_hashes, parent_hash, token_ids, tier))
+
+    def emit_removed(self, block_hashes: list[bytes], tier: str) -> None:
+        """Emit a ``BlockRemoved`` of another tier in this pool's one seq stream."""
+        self._emit(BlockRemoved(self._seq + 1, block_hashes, tier))
+
     def take_events(self) -> list[KVEvent]:
         """Events emitted since the last call, oldest first. If :attr:`events_dropped`
         grew since the reader last looked, events before these were lost."""
@@ -273,4 +301,4 @@ class BlockPool:
         """Every hash held now with its chain parent, valid as of :attr:`last_seq`."""
         hashes = list(self.cached)
         parents = [next(iter(self.cached[h].values())).parent_hash for h in hashes]
-        return CacheSnapshot(self._seq, self.tier, hashes, parents)
+        return CacheSnapshot(self._seq, self.tier, hashes, parents, [self.tier] * len(hashes))

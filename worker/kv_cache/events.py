@@ -11,12 +11,14 @@ in ``seq`` order:
 - ``AllBlocksCleared``: the pool dropped every cached hash.
 
 ``seq`` is per pool, starts at 1 and increases by exactly 1, so a consumer detects a lost
-event as a gap and asks for a snapshot. ``tier`` is ``"gpu"`` or ``"cpu"``; the worker
-server maps it to the protobuf ``Tier`` enum.
+event as a gap and asks for a snapshot. ``tier`` is ``"gpu"``, ``"cpu"`` or ``"disk"``; the
+worker server maps it to the protobuf ``Tier`` enum. A worker with lower tiers sends their
+events in its device pool's one stream: a block moving down is stored in the lower tier
+before it is removed from the upper one, so a consumer never sees it held nowhere.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +47,11 @@ KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 @dataclass(frozen=True, slots=True)
 class CacheSnapshot:
-    """Every hash a pool holds, as of event ``seq`` (events up to ``seq`` are reflected).
+    """Every hash a worker holds, per tier, as of event ``seq`` (events up to ``seq`` are
+    reflected).
+
+    ``tier`` is the device pool's tier; ``tiers[i]`` the tier holding ``block_hashes[i]``. A
+    hash held by several tiers appears once per tier.
 
     After sending a snapshot, a worker drops its pending events with ``seq <= snapshot.seq``.
     ``parents`` lets the receiver rebuild the chains. A block whose ancestor was evicted
@@ -57,3 +63,16 @@ class CacheSnapshot:
     tier: str
     block_hashes: list[bytes]
     parents: list[bytes | None]  # parents[i]: the hash before block_hashes[i] (None: block 0)
+    tiers: list[str] = field(default_factory=list)  # tiers[i]: the tier of block_hashes[i]
+
+    def by_tier(self) -> dict[str, tuple[list[bytes], list[bytes | None]]]:
+        """The (hashes, parents) of each tier, tiers in order of first appearance (an empty
+        ``tiers`` means every hash is in ``tier``)."""
+        if not self.tiers:
+            return {self.tier: (list(self.block_hashes), list(self.parents))}
+        out: dict[str, tuple[list[bytes], list[bytes | None]]] = {}
+        for h, parent, tier in zip(self.block_hashes, self.parents, self.tiers, strict=True):
+            hashes, parents = out.setdefault(tier, ([], []))
+            hashes.append(h)
+            parents.append(parent)
+        return out

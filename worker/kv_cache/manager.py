@@ -33,64 +33,37 @@ blocks (its own, or a batch-mate's that it hit in the same step). Blocks cached 
 steps (the first chunks of a chunked prefill, a preempted request's blocks) were written
 and stay cached.
 
+Lower tiers (``cpu_blocks`` > 0, optionally ``disk_blocks`` > 0; off by default, and then
+everything above is exactly as without them): blocks the pool evicts move down the tiers
+(:mod:`.offload`), and a waiting request whose chain continues below its device hits is
+onboarded first (:mod:`.onboard`):
+
+1'. Before admitting a waiting request: skip it while ``onboarding(req)``; else, with
+   ``hits`` from ``get_computed_blocks``, ``start_onboard(req, hits)``: ``True`` means a copy
+   was ordered, skip the request for now. Admission stays steps 1-3: the copied blocks
+   are device hits by then, and ``allocate_slots`` releases the hold on them.
+2'. Once per step after scheduling, the engine executes ``take_transfers()`` (offloads before
+   the forward) and reports each finished copy with ``finish_onboard``.
+
 Not thread-safe: call everything, ``take_events`` included, from the engine's loop.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from kvmesh.hashing import ALGOS, DEFAULT_ALGO, extend_block_hashes, extra_keys
 
 from .block import Extra, KVCacheBlock
 from .block_pool import BlockPool
 from .events import CacheSnapshot, KVEvent
+from .offload import DiskEntry, Offloader
+from .onboard import Onboarder, Read
 from .request import KVRequest
+from .stats import Admissions, CacheStats, TierCounters
+from .transfers import Transfer
 
-
-@dataclass(frozen=True, slots=True)
-class CacheStats:
-    """Prefix-cache counters (cumulative) and the pool's block counts (now).
-
-    ``requests`` / ``queries`` / ``hits`` count first admissions: one request, its token count,
-    and the tokens served from cache, recorded when ``allocate_slots`` admits it. A request
-    that waits (``None``) and retries is counted once; re-admissions after preemption go to
-    the ``preempted_*`` counters so they do not inflate the hit rate.
-    """
-
-    requests: int
-    queries: int
-    hits: int
-    preempted_requests: int
-    preempted_queries: int
-    preempted_hits: int
-    evictions: int
-    blocks_total: int
-    blocks_used: int
-    blocks_cached: int
-    blocks_free: int
-    hashes_cached: int = 0  # distinct hashes (duplicate blocks share one): the index's view
-
-    @property
-    def hit_rate(self) -> float:
-        """Fraction of queried prompt tokens served from cache (0.0 with no queries)."""
-        return self.hits / self.queries if self.queries else 0.0
-
-
-@dataclass(slots=True)
-class _Admissions:
-    """Admission counters of one kind (first admissions, or re-admissions after preemption):
-    requests admitted, prompt tokens queried, tokens served from cache."""
-
-    requests: int = 0
-    queries: int = 0
-    hits: int = 0
-
-    def add(self, num_tokens: int, num_hits: int) -> None:
-        self.requests += 1
-        self.queries += num_tokens
-        self.hits += num_hits
+TIER_NAMES = ("gpu", "cpu", "disk")
 
 
 class KVCacheManager:
@@ -103,11 +76,15 @@ class KVCacheManager:
 
     def __init__(self, num_blocks: int, block_size: int, *, hash_algo: str = DEFAULT_ALGO,
                  hash_seed: str | None = None, enable_caching: bool = True,
-                 tier: str = "gpu") -> None:
+                 tier: str = "gpu", cpu_blocks: int = 0, disk_blocks: int = 0) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if hash_algo not in ALGOS:
             raise ValueError(f"unknown hash algo {hash_algo!r}; valid: {', '.join(ALGOS)}")
+        if cpu_blocks < 0 or disk_blocks < 0:
+            raise ValueError("cpu_blocks and disk_blocks must be >= 0")
+        if disk_blocks and not cpu_blocks:
+            raise ValueError("a disk tier needs a CPU tier (blocks spill to disk from it)")
         self.block_size = block_size
         self.hash_algo = hash_algo
         self.hash_seed = hash_seed
@@ -115,9 +92,14 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_caching=enable_caching, tier=tier)
         self._blocks: dict[str, list[KVCacheBlock]] = {}  # request id -> block table
         self._num_cached: dict[str, int] = {}  # request id -> leading blocks already cached
-        self._first = _Admissions()      # first admissions: the hit rate's counters
-        self._preempted = _Admissions()  # re-admissions after preemption, kept apart
+        self._first = Admissions()      # first admissions: the hit rate's counters
+        self._preempted = Admissions()  # re-admissions after preemption, kept apart
         self._unwritten: list[KVCacheBlock] | None = None  # cached by the open step
+        self.offloader = Offloader(self.pool, cpu_blocks, disk_blocks) if cpu_blocks else None
+        self._onboards = (None if self.offloader is None
+                          else Onboarder(self.pool, self.offloader, block_size))
+        self._by_tier: dict[str, dict[str, int]] = {}  # request id -> fixed at 1st admission
+        self._hit_tokens = dict.fromkeys(TIER_NAMES, 0)  # first admissions, per tier
 
     # --- sizing -----------------------------------------------------------------------
 
@@ -183,6 +165,73 @@ class KVCacheManager:
             parent = block
         return hits, len(hits) * bs
 
+    # --- lower tiers (cpu_blocks > 0; see onboard.py and offload.py) ------------------
+
+    def start_onboard(self, req: KVRequest, hits: Sequence[KVCacheBlock]) -> bool:
+        """Order the copy to the device of the CPU/disk blocks continuing a waiting request's
+        chain after its device ``hits`` (from :meth:`get_computed_blocks`), holding the
+        hits and fresh blocks for it (``Onboarder.start``). ``False``, changing nothing,
+        when nothing below matches, no block is free, the request had its onboard already
+        (or one failed: it recomputes) or holds blocks."""
+        onboards = self._onboards
+        if (onboards is None or req.request_id in self._blocks
+                or not onboards.can_start(req.request_id)):
+            return False
+        reads = self._lower_matches(req, hits)
+        if not reads:
+            return False
+        extras = ([self._extra(req, i) for i in range(len(hits), len(hits) + len(reads))]
+                  if req.has_extra_keys else None)
+        return onboards.start(req.request_id, hits, reads, req.block_hashes, req.token_ids,
+                              extras)
+
+    def onboarding(self, req: KVRequest) -> bool:
+        """Whether this request's copy is in flight (it must not be admitted yet)."""
+        return self._onboards is not None and self._onboards.in_flight(req.request_id)
+
+    def finish_onboard(self, request_id: str, ok: bool,
+                       failed: Iterable[tuple[str, bytes]] = ()) -> None:
+        """The copy of ``request_id`` ended; ``failed``: the ``(tier, block_hash)`` sources
+        that could not be read (``Onboarder.finish``). ``ValueError`` if none in flight."""
+        if self._onboards is None:
+            raise ValueError("no lower tiers (cpu_blocks=0)")
+        self._onboards.finish(request_id, ok, failed)
+
+    def release_holds(self, keep: KVRequest | None = None) -> int:
+        """Release finished onboards' holds but ``keep``'s (the scheduler's blocked head)."""
+        if self._onboards is None:
+            return 0
+        return self._onboards.release_idle(None if keep is None else keep.request_id)
+
+    def match_by_tier(self, req: KVRequest) -> dict[str, int]:
+        """Tokens of the longest verified prefix held now, per tier; changes nothing."""
+        hits, n = self.get_computed_blocks(req)
+        out = dict.fromkeys(TIER_NAMES, 0)
+        out["gpu"] = n
+        for tier, _ in self._lower_matches(req, hits):
+            out[tier.name] += self.block_size
+        return out
+
+    def _lower_matches(self, req: KVRequest, hits: Sequence[KVCacheBlock]) -> list[Read]:
+        if self._onboards is None or not self.enable_caching:
+            return []
+        self._update_hashes(req)
+        stop = min((req.num_tokens - 1) // self.block_size, len(req.block_hashes))
+        return self._onboards.match(req.block_hashes, req.token_ids, hits, stop,
+                                    lambda i: self._extra(req, i))
+
+    def take_transfers(self) -> list[Transfer]:
+        """Copy orders since the last call, oldest first (see :mod:`.transfers`)."""
+        return [] if self.offloader is None else self.offloader.take_transfers()
+
+    def restore_disk(self, entries: Iterable[DiskEntry]) -> list[bytes]:
+        """Rebuild the disk tier at start from its files (``Offloader.restore_disk``);
+        returns the hashes kept."""
+        if self.offloader is None:
+            raise ValueError("no disk tier (disk_blocks=0)")
+        return self.offloader.restore_disk(entries, self.block_size, self.hash_algo,
+                                           self.hash_seed)
+
     def allocate_slots(self, req: KVRequest, num_new_tokens: int,
                        new_computed_blocks: Sequence[KVCacheBlock] = (),
                        num_new_computed_tokens: int = 0) -> list[KVCacheBlock] | None:
@@ -200,6 +249,8 @@ class KVCacheManager:
             raise ValueError(f"num_new_tokens must be >= 1, got {num_new_tokens}")
         hits = list(new_computed_blocks)
         table = self._blocks.get(req.request_id)
+        if table is None and self._onboards is not None:
+            self._onboards.check_admission(req.request_id)
         if hits:
             self._check_hits(req, table, hits, num_new_computed_tokens)
         elif num_new_computed_tokens:
@@ -212,15 +263,18 @@ class KVCacheManager:
         if num_new_blocks + taken_from_free > self.pool.num_free_blocks:
             return None
 
-        if table is None:  # admission
+        admission = table is None
+        if admission:
             table = self._blocks[req.request_id] = []
             self._num_cached[req.request_id] = len(hits)
-            self._record(req, num_new_computed_tokens)
         if hits:
             self.pool.touch(hits)
             table.extend(hits)
         new_blocks = self.pool.get_new_blocks(num_new_blocks) if num_new_blocks else []
         table.extend(new_blocks)
+        if admission:
+            lower = {} if self._onboards is None else self._onboards.admit(req.request_id, hits)
+            self._record(req, num_new_computed_tokens, lower)
         if self.enable_caching:
             self._cache_blocks(req, table, min(num_computed + num_new_tokens, req.num_tokens))
         return new_blocks
@@ -274,13 +328,27 @@ class KVCacheManager:
         finally:
             self._unwritten = None
 
-    def _record(self, req: KVRequest, num_hits: int) -> None:
+    def _record(self, req: KVRequest, num_hits: int, lower: dict[str, int]) -> None:
         counts = self._preempted if req.num_preemptions else self._first
         counts.add(req.num_tokens, num_hits)
+        if not req.num_preemptions:
+            by_tier = dict.fromkeys(TIER_NAMES, 0)
+            by_tier.update(lower)
+            by_tier["gpu"] = num_hits - sum(lower.values())
+            self._by_tier[req.request_id] = by_tier
+            for name, n in by_tier.items():
+                self._hit_tokens[name] += n
 
     def free(self, req: KVRequest) -> None:
         """Release the request's blocks, last block first, so the tail of its chain is
-        evicted before its (more shareable) head. Freeing an unknown request is a no-op."""
+        evicted before its (more shareable) head, and its hold (at ``finish_onboard`` if a
+        copy is in flight). Freeing an unknown request is a no-op."""
+        self._release_table(req)
+        self._by_tier.pop(req.request_id, None)
+        if self._onboards is not None:
+            self._onboards.free(req.request_id)
+
+    def _release_table(self, req: KVRequest) -> None:
         table = self._blocks.pop(req.request_id, None)
         self._num_cached.pop(req.request_id, None)
         if table:
@@ -290,7 +358,7 @@ class KVCacheManager:
         """Preempt by recompute: free the blocks, reset progress, count the preemption. The
         request goes back to waiting and re-enters through :meth:`get_computed_blocks`
         (its own freed blocks are likely still cached)."""
-        self.free(req)
+        self._release_table(req)
         req.num_computed_tokens = 0
         req.num_preemptions += 1
 
@@ -299,9 +367,13 @@ class KVCacheManager:
         return [b.block_id for b in self._blocks.get(req.request_id, ())]
 
     def reset_prefix_cache(self) -> bool:
-        """Drop all cached hashes (emits ``AllBlocksCleared``); ``False``, changing nothing,
-        while any request holds blocks."""
-        return self.pool.reset_prefix_cache()
+        """Drop all cached hashes, on every tier (emits ``AllBlocksCleared``; disk files get
+        ``Drop`` orders); ``False``, changing nothing, while any request or hold has blocks."""
+        if not self.pool.reset_prefix_cache():
+            return False
+        if self.offloader is not None:
+            self.offloader.clear()
+        return True
 
     # --- reporting --------------------------------------------------------------------
 
@@ -320,9 +392,36 @@ class KVCacheManager:
         return self.pool.events_dropped
 
     def cached_block_hashes(self) -> CacheSnapshot:
-        """Every cached hash with this pool's tier and the last event seq it reflects (for a
-        full resync with the metadata service)."""
-        return self.pool.snapshot()
+        """Every hash held, on every tier (``tiers[i]`` says where; a hash on two tiers is
+        listed twice), and the last event seq it reflects (for a full resync with the
+        metadata service)."""
+        snap = self.pool.snapshot()
+        if self.offloader is None:
+            return snap
+        for tier in self.offloader.tiers:
+            for entry in tier:
+                snap.block_hashes.append(entry.block_hash)
+                snap.parents.append(entry.parent_hash)
+                snap.tiers.append(tier.name)
+        return snap
+
+    def cached_tokens_by_tier(self, req: KVRequest) -> dict[str, int]:
+        """Tokens of ``req`` served from each tier (``gpu``, ``cpu``, ``disk``), fixed at its
+        first admission (onboarded blocks count for the tier they came from); zeros for a
+        request not admitted yet or freed."""
+        return dict(self._by_tier.get(req.request_id) or dict.fromkeys(TIER_NAMES, 0))
+
+    def tier_stats(self) -> dict[str, TierCounters]:
+        """Counters of each enabled tier (see :class:`TierCounters`)."""
+        pool, lower = self.pool, self.offloader
+        moved = 0 if lower is None else lower.device_offloads
+        out = {"gpu": TierCounters(pool.num_blocks, pool.num_cached_blocks,
+                                   self._hit_tokens["gpu"], pool.evictions - moved, moved, 0)}
+        for tier in () if lower is None else lower.tiers:
+            out[tier.name] = TierCounters(tier.num_slots, len(tier),
+                                          self._hit_tokens[tier.name], tier.evictions,
+                                          tier.offloads, tier.onboard_blocks)
+        return out
 
     @property
     def stats(self) -> CacheStats:

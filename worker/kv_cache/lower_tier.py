@@ -1,0 +1,141 @@
+"""One lower tier of the KV cache (host memory or disk): an LRU of block hashes over slots.
+
+A lower tier holds blocks the device pool evicted, until they are copied back (onboarded)
+or the tier needs the room. Rules, vLLM's free-queue rules applied to a tier without
+running requests:
+
+- a hash lives in at most one entry, and an entry in exactly one slot (0..num_slots-1);
+- entries are kept in LRU order: an entry stored or hit is the most recently used; the victim
+  when room is needed is the least recently used entry nobody is reading;
+- an entry being read by an in-flight copy (``readers > 0``) is never evicted. If it must
+  leave the tier anyway (its copy failed), it leaves the map at once (no new reader finds
+  it) but keeps its slot until the last reader is done, so no copy ever reads a slot that
+  was handed to another block;
+- each entry keeps the :class:`BlockContent` of the device block it came from, so a hit is
+  verified token for token across tiers exactly as in the device pool.
+
+Pure bookkeeping: the bytes are moved by the data plane following ``transfers`` orders.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from .block import BlockContent, Extra
+
+
+@dataclass(eq=False, slots=True)
+class TierEntry:
+    """One block held by a lower tier."""
+
+    block_hash: bytes
+    parent_hash: bytes | None  # the chain's previous hash (None: block 0)
+    content: BlockContent
+    slot: int
+    readers: int = 0        # in-flight copies reading the slot
+    dropped: bool = False   # left the tier while read: the slot frees at the last reader
+
+
+class LowerTier:
+    """The LRU of one lower tier (``name`` is ``"cpu"`` or ``"disk"``).
+
+    Counters (cumulative, for ``tier_stats``): ``stored`` entries added, ``evictions``
+    entries dropped (not moved down), ``offloads`` entries moved down to the next tier,
+    ``onboard_blocks`` blocks copied back to the device.
+    """
+
+    def __init__(self, name: str, num_slots: int) -> None:
+        if num_slots < 1:
+            raise ValueError(f"a {name} tier needs at least 1 slot, got {num_slots}")
+        self.name = name
+        self.num_slots = num_slots
+        self._entries: OrderedDict[bytes, TierEntry] = OrderedDict()  # LRU first
+        self._free_slots = list(range(num_slots - 1, -1, -1))  # a stack: slot 0 first
+        self._num_dropped_read = 0  # entries dropped while read: their slots are still busy
+        self.stored = 0
+        self.evictions = 0
+        self.offloads = 0
+        self.onboard_blocks = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, block_hash: bytes) -> bool:
+        return block_hash in self._entries
+
+    def __iter__(self) -> Iterator[TierEntry]:
+        """Entries from least to most recently used."""
+        return iter(self._entries.values())
+
+    @property
+    def num_free_slots(self) -> int:
+        return len(self._free_slots)
+
+    def get(self, block_hash: bytes) -> TierEntry | None:
+        return self._entries.get(block_hash)
+
+    def lookup(self, block_hash: bytes, parent: BlockContent | None,
+               token_ids: Sequence[int], extra_keys: Extra) -> TierEntry | None:
+        """The entry of ``block_hash`` if its content is ``parent`` followed by
+        ``token_ids`` / ``extra_keys``; ``None`` otherwise (a miss or a collision)."""
+        entry = self._entries.get(block_hash)
+        if entry is not None and entry.content.extends(parent, token_ids, extra_keys):
+            return entry
+        return None
+
+    def touch(self, entry: TierEntry) -> None:
+        """Make ``entry`` the most recently used."""
+        self._entries.move_to_end(entry.block_hash)
+
+    def victim(self) -> TierEntry | None:
+        """The least recently used entry nobody reads; ``None`` if every entry is read."""
+        return next((e for e in self._entries.values() if e.readers == 0), None)
+
+    def add(self, block_hash: bytes, parent_hash: bytes | None,
+            content: BlockContent) -> TierEntry:
+        """Store a hash not held yet, as the most recently used, in a free slot. Raises
+        ``ValueError`` when the hash is held or no slot is free (make room first)."""
+        if block_hash in self._entries:
+            raise ValueError(f"{self.name} tier already holds {block_hash.hex()[:8]}")
+        if not self._free_slots:
+            raise ValueError(f"{self.name} tier is full")
+        entry = TierEntry(block_hash, parent_hash, content, self._free_slots.pop())
+        self._entries[block_hash] = entry
+        self.stored += 1
+        return entry
+
+    def remove(self, entry: TierEntry) -> None:
+        """Forget ``entry`` (it must be this tier's entry for its hash). Its slot is free
+        at once, or when its last reader is done."""
+        if self._entries.get(entry.block_hash) is not entry:
+            raise ValueError(f"{self.name} tier does not hold this entry")
+        del self._entries[entry.block_hash]
+        if entry.readers:
+            entry.dropped = True
+            self._num_dropped_read += 1
+        else:
+            self._free_slots.append(entry.slot)
+
+    def read(self, entry: TierEntry) -> None:
+        """A copy starts reading ``entry``: it cannot be evicted until :meth:`release`."""
+        entry.readers += 1
+
+    def release(self, entry: TierEntry) -> None:
+        """A copy reading ``entry`` is done."""
+        if entry.readers <= 0:
+            raise ValueError(f"{self.name} entry released more often than read")
+        entry.readers -= 1
+        if entry.dropped and entry.readers == 0:
+            self._num_dropped_read -= 1
+            self._free_slots.append(entry.slot)
+
+    def clear(self) -> list[TierEntry]:
+        """Forget every entry (none may be read); return them."""
+        if self._num_dropped_read or any(e.readers for e in self._entries.values()):
+            raise ValueError(f"{self.name} tier has entries being read")
+        entries = list(self._entries.values())
+        self._entries.clear()
+        self._free_slots = list(range(self.num_slots - 1, -1, -1))
+        return entries
+
