@@ -127,8 +127,8 @@ class CopyExecutor:
         try:
             self._offload(copies)
         except BaseException:
-            for _, slot, _ in copies:  # half-written: an onboard from them must fail
-                self._slot_hash.pop(slot, None)
+            for _, slot, block_hash in copies:  # half-written: reading them must fail
+                self._slot_hash[slot] = block_hash  # (named, so the manager drops them)
                 self._bad.add(slot)
             raise
         for _, slot, block_hash in copies:
@@ -157,8 +157,10 @@ class CopyExecutor:
         ev = self._slot_ready.pop(slot, None)
         if ev is not None:
             ev.synchronize()
-        if self._slot_hash.get(slot) != entry.block_hash:
-            log.warning("spill of slot %d: it holds another block; not written", slot)
+        if slot in self._bad or self._slot_hash.get(slot) != entry.block_hash:
+            # never written, so never read: an onboard of this hash finds no file and fails
+            log.warning("spill of host slot %d: it does not hold a good copy of %s; not "
+                        "written", slot, entry.block_hash.hex()[:16])
             return
         data = self.host[slot].clone()
         self._submit(lambda: self.store.write(entry, _bytes(data)))

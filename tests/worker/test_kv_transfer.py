@@ -128,9 +128,11 @@ def test_a_failed_offload_makes_its_slots_unreadable(ex, cache, monkeypatch):
     with pytest.raises(RuntimeError):
         ex.offload([(2, 0, h(2))])
     monkeypatch.undo()
+    ex.spill(0, entry(2))  # a bad slot is never written to disk either
     ex.onboard("r", [("cpu", 0, 5)])
     [done] = finish(ex)
-    assert not done.ok
+    assert not done.ok and done.failed == {("cpu", h(2))}  # named: the manager drops it
+    assert not ex.store.path(h(2)).exists()
     ex.offload([(2, 0, h(2))])  # a good offload makes the slot readable again
     ex.onboard("s", [("cpu", 0, 5)])
     assert finish(ex)[0].ok and torch.equal(cache[:, :, 5], cache[:, :, 2])

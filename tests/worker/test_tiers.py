@@ -14,6 +14,7 @@ import torch
 
 from tests.worker.hf_models import make_hf_model
 from worker import Engine
+from worker.engine import StepFailed
 from worker.model import load_model
 from worker.sequence import SamplingParams, SeqStatus
 
@@ -115,6 +116,25 @@ def test_a_failed_copy_falls_back_to_recompute(tiny, want):
     again = run(e, A)
     assert again.token_ids == want[tuple(A)] and again.cached_tokens_by_tier["cpu"] > 0
     assert e.kv.num_free_blocks == e.kv.num_blocks  # nothing leaked
+
+
+def test_a_failed_offload_fails_its_step_and_its_blocks_are_never_used(tiny, want):
+    e = engine(tiny, cpu_blocks=32)
+    run(e, A)
+    real = e.copies._offload
+
+    def broken(copies):
+        raise RuntimeError("copy failed (injected)")
+
+    e.copies._offload = broken
+    with pytest.raises(StepFailed):
+        run(e, B)  # B's prefill evicts A's blocks: their copy to host memory fails
+    e.copies._offload = real
+    got = run(e, A)
+    assert got.token_ids == want[tuple(A)]
+    assert got.cached_tokens_by_tier["cpu"] == 0
+    assert run(e, B).token_ids == want[tuple(B)]
+    assert e.kv.num_free_blocks == e.kv.num_blocks
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "truncate"])
