@@ -60,3 +60,19 @@ def test_up_refuses_tier_flags_that_cannot_work_before_starting_anything():
     result = CliRunner().invoke(app, ["up", "--disk-blocks", "4", "--cpu-blocks", "4"],
                                 env={"COLUMNS": "300"})
     assert result.exit_code == 2 and "needs --disk-dir" in result.output, result.output
+
+
+@pytest.mark.integration  # a worker process
+def test_a_worker_process_takes_the_tier_flags(tmp_path):
+    from deploy.process import ServerProcess
+
+    proc = ServerProcess("w", "worker", [
+        "--port", "0", "--num-blocks", "16", "--device", "cpu", "--cpu-blocks", "8",
+        "--disk-blocks", "32", "--disk-dir", str(tmp_path), "--eviction", "lru"])
+    proc.start(timeout=120)
+    try:
+        line = next(x for x in proc.lines if "listening on" in x)
+        assert "16 blocks of 16, 8 cpu blocks, 32 disk blocks" in line, line
+        assert len(list(tmp_path.iterdir())) == 1  # the model fingerprint's directory
+    finally:
+        proc.stop()
