@@ -13,7 +13,8 @@ Ordering contracts (what keeps a step from ever reading a block whose copy is no
   thread; on CUDA the copies run on the side stream and the compute stream waits on their
   event, so the forward that reuses the device blocks runs after them.
 - :meth:`spill` copies a slot's bytes out at once (so the next offload may overwrite the
-  slot) and writes the file on the background thread.
+  slot) and writes the file on the background thread; with ``MAX_QUEUED`` jobs pending it
+  first waits for the thread (memory stays bounded when the disk is slower than evictions).
 - :meth:`onboard` is asynchronous: the copies (host slot or disk file -> freshly allocated
   device blocks, which no request reads until the manager's ``finish_onboard``) run on the
   background thread; :meth:`poll` returns the finished ones. A copy that raises (a damaged
@@ -45,7 +46,7 @@ from worker.kv_cache.transfers import Drop, Offload, Onboard, Spill, Transfer
 
 log = logging.getLogger("kvmesh.worker.kv_transfer")
 
-TIERS = ("cpu", "disk")
+MAX_QUEUED = 256  # background jobs (mostly pending disk writes, a block copy each) at most
 
 
 @dataclass
@@ -162,6 +163,8 @@ class CopyExecutor:
             log.warning("spill of host slot %d: it does not hold a good copy of %s; not "
                         "written", slot, entry.block_hash.hex()[:16])
             return
+        with self._cv:  # a disk slower than the evictions: wait rather than pile copies up
+            self._cv.wait_for(lambda: self._queued < MAX_QUEUED)
         data = self.host[slot].clone()
         self._submit(lambda: self.store.write(entry, _bytes(data)))
 

@@ -164,3 +164,23 @@ def test_close_finishes_pending_writes(ex):
     ex.spill(1, entry(2))
     ex.close()
     assert sorted(e.block_hash for e in ex.store.scan()) == [h(1), h(2)]
+
+
+def test_spills_wait_for_a_slow_disk_instead_of_piling_up(ex, monkeypatch):
+    import worker.kv_transfer as kv_transfer
+
+    monkeypatch.setattr(kv_transfer, "MAX_QUEUED", 2)
+    ex.offload([(1, 0, h(1)), (2, 1, h(2)), (3, 2, h(3))])
+    gate = threading.Event()
+    real = ex.copy_in
+    ex.copy_in = lambda *a: (gate.wait(WAIT), real(*a))
+    ex.onboard("r", [("cpu", 0, 5)])  # the thread is busy: 1 job
+    ex.spill(1, entry(2))              # 2 jobs: at the limit
+    third = threading.Thread(target=ex.spill, args=(2, entry(3)))
+    third.start()
+    third.join(0.2)
+    assert third.is_alive()  # waits for the thread rather than queue a third copy
+    gate.set()
+    third.join(WAIT)
+    assert not third.is_alive() and ex.flush(WAIT)
+    assert sorted(e.block_hash for e in ex.store.scan()) == [h(2), h(3)]
