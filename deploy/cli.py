@@ -34,6 +34,11 @@ def register(app: typer.Typer) -> None:
         tls_key: opt.TlsKey = None,
         tls_ca: opt.TlsCa = None,      # every process verifies its peers with it
         tls_client_auth: opt.TlsClientAuth = False,
+        cpu_blocks: opt.CpuBlocks = 0,
+        disk_blocks: opt.DiskBlocks = 0,
+        disk_dir: opt.DiskDir = None,  # each worker's files: <disk-dir>/<worker id>
+        eviction: opt.Eviction = "lru",
+        auto_pin: opt.AutoPin = False,
         verbose: bool = typer.Option(False, help="echo every child's output"),
     ) -> None:
         """Start Redis/Valkey, the service and N workers; Ctrl-C or SIGTERM stops them all."""
@@ -43,8 +48,12 @@ def register(app: typer.Typer) -> None:
         from kvmesh.redact import redact_url
         from kvmesh.tls import tls_files
         from service.worker_tokens import MIN_SECRET_BYTES
+        from worker.main import check_tiers
 
+        tiers = dict(cpu_blocks=cpu_blocks, disk_blocks=disk_blocks, disk_dir=disk_dir,
+                     eviction=eviction, auto_pin=auto_pin)
         try:
+            check_tiers(cpu_blocks, disk_blocks, disk_dir)
             tls = tls_files(tls_cert, tls_key, tls_ca, tls_client_auth)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from e
@@ -61,7 +70,8 @@ def register(app: typer.Typer) -> None:
             run_up(workers=workers, port=port, redis_url=redis_url, model=model,
                    ray_address=ray_address, gpus_per_worker=gpus_per_worker,
                    service_replicas=service_replicas, block_size=block_size,
-                   num_blocks=num_blocks, token=token, worker_secret=worker_secret or None)
+                   num_blocks=num_blocks, token=token, worker_secret=worker_secret or None,
+                   **tiers)
             return
         from deploy.local import ClusterSpec, LocalCluster
 
@@ -72,7 +82,7 @@ def register(app: typer.Typer) -> None:
             workers=workers, port=port, redis_url=redis_url, model=model,
             block_size=block_size, num_blocks=num_blocks, token=token,
             service_replicas=service_replicas, echo=verbose,
-            worker_secret=worker_secret or None, tls=tls))
+            worker_secret=worker_secret or None, tls=tls, **tiers))
         try:
             cluster.start()
             print(f"redis    {redact_url(cluster.redis_url or '')}"

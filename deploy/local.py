@@ -26,6 +26,7 @@ import dataclasses
 import secrets
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deploy.process import ServerProcess, wait_all
@@ -58,6 +59,11 @@ class ClusterSpec:
     hash_seed: str | None = None
     heartbeat_s: float = 1.0
     max_batched_tokens: int = 2048
+    cpu_blocks: int = 0               # KV tiers of every worker (0: off)
+    disk_blocks: int = 0
+    disk_dir: str | None = None       # each worker's files go to <disk_dir>/<worker id>
+    eviction: str = "lru"
+    auto_pin: bool = False
     policy: str = "kvmesh"
     host: str = "127.0.0.1"
     echo: bool = False
@@ -147,7 +153,7 @@ class LocalCluster:
             args += ["--num-blocks", str(s.num_blocks)]
         if s.hash_seed:
             args += ["--hash-seed", s.hash_seed]
-        args += _tls_args(s.tls)
+        args += tier_args(s, worker_id) + _tls_args(s.tls)
         # its own token, never the secret that mints every worker's nor the router token
         env = {"KVMESH_WORKER_TOKEN": self.service_token(worker_id),
                "KVMESH_WORKER_ACCESS_TOKEN": worker_access_token(s.token) if s.token else "",
@@ -209,6 +215,22 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def tier_args(s: ClusterSpec, worker_id: str) -> list[str]:
+    """The tier flags of worker ``worker_id`` (none when the spec keeps the defaults)."""
+    args = []
+    if s.cpu_blocks:
+        args += ["--cpu-blocks", str(s.cpu_blocks)]
+    if s.disk_blocks:
+        args += ["--disk-blocks", str(s.disk_blocks)]
+    if s.disk_dir:
+        args += ["--disk-dir", str(Path(s.disk_dir) / worker_id)]
+    if s.eviction != "lru":
+        args += ["--eviction", s.eviction]
+    if s.auto_pin:
+        args.append("--auto-pin")
+    return args
 
 
 def _tls_args(tls: TlsFiles | None) -> list[str]:

@@ -16,6 +16,7 @@ import typer
 
 from kvmesh.hashing import ALGOS
 from kvmesh.policies import POLICIES
+from kvmesh.tiers import EVICTIONS
 
 DEFAULT_SERVICE = "127.0.0.1:50051"
 
@@ -80,3 +81,18 @@ TlsKey = Annotated[str | None, typer.Option(
 TlsClientAuth = Annotated[bool, typer.Option(
     "--tls-client-auth/--no-tls-client-auth", envvar="KVMESH_TLS_CLIENT_AUTH",
     help="Require client certificates signed by --tls-ca (mutual TLS).")]
+
+# KV tiers (a worker's, and every worker's of `kvmesh up`): defaults keep one device pool.
+CpuBlocks = Annotated[int, typer.Option(
+    "--cpu-blocks", min=0, help="Host-memory KV tier: blocks (0: off).")]
+DiskBlocks = Annotated[int, typer.Option(
+    "--disk-blocks", min=0, help="Disk KV tier: blocks (0: off; needs --cpu-blocks and "
+    "--disk-dir).")]
+DiskDir = Annotated[str | None, typer.Option(
+    "--disk-dir", help="Directory of the disk tier's block files (kept across restarts).")]
+Eviction = Annotated[Literal[EVICTIONS], typer.Option(
+    "--eviction", metavar="ORDER",
+    help=f"Device-pool eviction order: {choices(EVICTIONS)} (layered: decode-generated "
+    "blocks before prompt blocks).")]
+AutoPin = Annotated[bool, typer.Option(
+    "--auto-pin/--no-auto-pin", help="Pin hot prefixes in the device pool automatically.")]

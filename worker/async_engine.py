@@ -53,6 +53,7 @@ class AsyncEngine:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=10)
+        self.engine.close()  # pending disk-tier writes land before the process ends
 
     def call(self, fn: Callable[[Engine], Any]) -> asyncio.Future:
         """Run ``fn(engine)`` on the engine thread between steps; await its result."""

@@ -52,6 +52,11 @@ def register(app: typer.Typer) -> None:
         )] = _DEFAULTS.max_inflight_per_conn,
         max_message_bytes: Annotated[int, typer.Option(
             help="largest request, bytes")] = _DEFAULTS.max_message_bytes,
+        cpu_blocks: opt.CpuBlocks = _DEFAULTS.cpu_blocks,
+        disk_blocks: opt.DiskBlocks = _DEFAULTS.disk_blocks,
+        disk_dir: opt.DiskDir = None,
+        eviction: opt.Eviction = _DEFAULTS.eviction,
+        auto_pin: opt.AutoPin = _DEFAULTS.auto_pin,
     ) -> None:
         """Run one worker: KV pool + model + gRPC WorkerService (+ index registration)."""
         import asyncio
@@ -59,11 +64,12 @@ def register(app: typer.Typer) -> None:
 
         from kvmesh.hashing import resolve_seed
         from kvmesh.tls import tls_files
-        from worker.main import access_token_of, serve
+        from worker.main import access_token_of, check_tiers, serve
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         services = tuple(a.strip() for a in (service or "").split(",") if a.strip())
         try:
+            check_tiers(cpu_blocks, disk_blocks, disk_dir)
             tls = tls_files(tls_cert, tls_key, tls_ca, tls_client_auth)
             hash_seed = resolve_seed(hash_algo, hash_seed)
             access_token = access_token_of(token, access_token)
@@ -77,4 +83,6 @@ def register(app: typer.Typer) -> None:
             max_batched_tokens=max_batched_tokens, metrics_port=metrics_port,
             metrics_host=metrics_host, tls=tls,
             max_inflight_per_conn=max_inflight_per_conn,
-            max_message_bytes=max_message_bytes)))
+            max_message_bytes=max_message_bytes, cpu_blocks=cpu_blocks,
+            disk_blocks=disk_blocks, disk_dir=disk_dir, eviction=eviction,
+            auto_pin=auto_pin)))

@@ -6,6 +6,13 @@ tokens after the verified cached prefix; the model attends to the cached blocks 
 block table. Greedy output is therefore identical with and without cache hits (tests
 compare against Hugging Face transformers).
 
+KV tiers (``cpu_blocks``, ``disk_blocks``; default off): blocks the device pool evicts go to
+host memory, then to disk files, and come back before the prefill that needs them. The
+manager decides and the copy executor (``worker.kv_transfer``) moves the bytes: each step
+runs the manager's copy orders after scheduling and before the forward (offloads complete
+before it; onboards run in the background and a request whose onboard is in flight is not
+scheduled), and finishes the onboards that completed before scheduling the next step.
+
 Two ways in: the batch call ``generate(prompts, max_tokens, ...)``, and ``add_request`` +
 ``step`` for a long-lived loop (``worker.async_engine.AsyncEngine`` drives that from
 asyncio).
@@ -14,13 +21,16 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from kvmesh.hashing import DEFAULT_ALGO, Lora, MMItem, block_hashes, lora_key
+from kvmesh.hashing import DEFAULT_ALGO, Lora, MMItem, block_hashes, lora_key, none_hash
+from worker.costs import CostMeter, calibrate
+from worker.disk_store import DiskStore, model_fingerprint
 from worker.kv_cache import KVCacheManager, KVRequest
+from worker.kv_transfer import CopyExecutor
 from worker.model import AttentionMetadata, load_model
 from worker.sampler import sample
 from worker.scheduler import Scheduled, Scheduler, SchedulerConfig
@@ -28,6 +38,7 @@ from worker.sequence import SamplingParams, Seq, SeqStatus
 
 DEFAULT_KV_BYTES_CPU = 256 << 20
 GPU_MEMORY_FRACTION = 0.85
+ONBOARD_WAIT_S = 0.05  # a step with nothing runnable waits this long for a copy to land
 
 
 class RequestError(ValueError):
@@ -57,6 +68,8 @@ class Completion:
     finish_reason: str  # "stop" (an EOS token) or "length" (max_tokens)
     prompt_tokens: int
     ttft_s: float
+    # num_cached_tokens per tier the blocks came from: {"gpu": .., "cpu": .., "disk": ..}
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -73,17 +86,33 @@ class Engine:
     def __init__(self, model: torch.nn.Module, config, *, block_size: int = 16,
                  num_blocks: int | None = None, hash_algo: str = DEFAULT_ALGO,
                  hash_seed: str | None = None, scheduler: SchedulerConfig | None = None,
-                 kv_cache_bytes: int | None = None, eviction: str = "lru",
-                 auto_pin: bool = False) -> None:
+                 kv_cache_bytes: int | None = None, cpu_blocks: int = 0,
+                 disk_blocks: int = 0, disk_dir: str | Path | None = None,
+                 eviction: str = "lru", auto_pin: bool = False) -> None:
         self.model = model
         self.config = config
         self.block_size = block_size
         self.device = model.device
         if num_blocks is None:
             num_blocks = self._blocks_for_budget(kv_cache_bytes)
+        tiers = _tier_kwargs(cpu_blocks, disk_blocks, disk_dir, eviction, auto_pin)
         self.kv = KVCacheManager(num_blocks, block_size, hash_algo=hash_algo,
-                                 hash_seed=hash_seed, eviction=eviction, auto_pin=auto_pin)
+                                 hash_seed=hash_seed, **tiers)
         self.kv_cache = model.allocate_kv_cache(num_blocks, block_size)
+        self.costs = CostMeter(block_size)
+        self.copies: CopyExecutor | None = None
+        if cpu_blocks or disk_blocks:
+            store = None
+            if disk_blocks:
+                store = DiskStore(disk_dir, model_fingerprint(
+                    model, config, block_size, self.kv_cache.dtype, hash_algo,
+                    none_hash(hash_algo, hash_seed)),
+                    config.kv_cache_bytes_per_block(block_size, self.kv_cache.dtype))
+            self.copies = CopyExecutor(self.kv_cache, cpu_blocks, store)
+            calibrate(self.costs, model, self.kv_cache, self.copies,
+                      (scheduler or SchedulerConfig()).max_batched_tokens)
+            if store is not None:  # what an earlier run left on disk is announced again
+                store.keep_only(self.kv.restore_disk(store.scan()))
         self.scheduler = Scheduler(self.kv, scheduler)
         self.eos = set(config.eos_token_ids)
         self._ids = itertools.count()
@@ -95,7 +124,9 @@ class Engine:
                         dtype: torch.dtype | None = None, hash_algo: str = DEFAULT_ALGO,
                         hash_seed: str | None = None, **kwargs) -> Engine:
         """Load ``"tiny"`` or a Hugging Face directory; ``num_blocks=None`` sizes the pool
-        from a memory budget (256 MiB on CPU, 85% of free GPU memory on CUDA)."""
+        from a memory budget (256 MiB on CPU, 85% of free GPU memory on CUDA). ``kwargs``
+        go to the constructor: ``scheduler``, ``kv_cache_bytes`` and the tier settings
+        ``cpu_blocks``, ``disk_blocks``, ``disk_dir``, ``eviction``, ``auto_pin``."""
         model, config = load_model(path_or_name, device=device, dtype=dtype)
         return cls(model, config, block_size=block_size, num_blocks=num_blocks,
                    hash_algo=hash_algo, hash_seed=hash_seed, **kwargs)
@@ -164,7 +195,15 @@ class Engine:
             self.scheduler.finish(seq, "abort")
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        """Requests to serve, or copies in flight (an aborted request's onboard must still
+        be finished: its device blocks are released then)."""
+        return self.scheduler.has_work() or (self.copies is not None
+                                             and self.copies.onboarding())
+
+    def close(self) -> None:
+        """Finish pending copies (disk writes included) and stop the copy thread."""
+        if self.copies is not None:
+            self.copies.close()
 
     # --- the step -------------------------------------------------------------------
 
@@ -173,10 +212,16 @@ class Engine:
         batch's blocks are uncached (see ``KVCacheManager.step``) and its sequences
         aborted, while sequences outside it keep their state and later steps serve them."""
         work: list[Scheduled] | None = None
+        out: list[StepOutput] = []
         try:
+            if self.copies is not None:
+                self._finish_onboards()
             with self.kv.step():
                 work = self.scheduler.schedule()
-                return self._run(work) if work else []
+                if self.copies is not None:
+                    self.copies.execute(self.kv.take_transfers())
+                if work:
+                    out = self._run(work)
         except Exception as exc:
             # A failure inside scheduling leaves the batch unknown: every running sequence
             # may hold a block cached in it, so all of them go.
@@ -185,8 +230,20 @@ class Engine:
                 if seq.status is not SeqStatus.FINISHED:
                     self.scheduler.finish(seq, "error")
             raise StepFailed(seqs, exc) from exc
+        if not work and self.copies is not None and self.copies.onboarding():
+            self.copies.wait(ONBOARD_WAIT_S)  # nothing runnable until a copy lands
+        return out
+
+    def _finish_onboards(self) -> None:
+        """Hand the onboards that completed to the manager (their blocks become cached,
+        or, failed, are freed and the request recomputes) and time them."""
+        for done in self.copies.poll():
+            for tier, blocks in done.blocks.items():
+                self.costs.onboard(tier, blocks, done.seconds[tier])
+            self.kv.finish_onboard(done.request_id, done.ok, done.failed)
 
     def _run(self, work: list[Scheduled]) -> list[StepOutput]:
+        start = time.perf_counter()
         tokens: list[int] = []
         rows = []
         for w in work:
@@ -203,6 +260,8 @@ class Engine:
             logits = self.model.compute_logits(hidden[meta.last_token_indices[done]])
             sampled = sample(logits, [work[i].seq for i in done])
         now = time.perf_counter()
+        self.costs.step(len(tokens), sum(w.num_new_tokens for w in work
+                                         if w.num_new_tokens > 1), now - start)
         out: list[StepOutput] = []
         new_tokens = dict(zip(done, sampled, strict=True))
         for i, w in enumerate(work):
@@ -250,7 +309,8 @@ class Engine:
                 self.abort(s)
             raise
         return [Completion(s.output_ids, s.num_cached_tokens, s.finish_reason,
-                           s.num_prompt_tokens, s.ttft_s or 0.0) for s in seqs]
+                           s.num_prompt_tokens, s.ttft_s or 0.0, s.cached_tokens_by_tier)
+                for s in seqs]
 
     # --- pins -----------------------------------------------------------------------
 
@@ -292,10 +352,33 @@ class Engine:
 
     # --- reporting ------------------------------------------------------------------
 
-    def load(self) -> dict[str, int]:
-        """What the router's cost model reads (mirrors the proto's ``WorkerLoad``)."""
+    def load(self) -> dict[str, int | float]:
+        """What the router's cost model reads (mirrors the proto's ``WorkerLoad``): the
+        queues and the measured costs (``worker.costs``; 0.0 = not measured yet)."""
         sched = self.scheduler
         return {"running": len(sched.running), "waiting": len(sched.waiting),
                 "queued_prefill_tokens": sched.queued_prefill_tokens,
                 "free_blocks": self.kv.num_free_blocks, "total_blocks": self.kv.num_blocks,
-                "decode_tokens": sum(s.num_tokens for s in sched.running)}
+                "decode_tokens": sum(s.num_tokens for s in sched.running),
+                **self.costs.load()}
+
+
+def _tier_kwargs(cpu_blocks: int, disk_blocks: int, disk_dir: str | Path | None,
+                 eviction: str, auto_pin: bool) -> dict:
+    """The manager's tier arguments; only those that differ from the defaults, so an
+    engine without tiers builds exactly the manager it always did. Raises ``ValueError``
+    for settings that cannot work."""
+    if cpu_blocks < 0 or disk_blocks < 0:
+        raise ValueError("cpu_blocks and disk_blocks must be >= 0")
+    if disk_blocks and not disk_dir:
+        raise ValueError("disk_blocks needs disk_dir")
+    if disk_blocks and not cpu_blocks:
+        raise ValueError("disk_blocks needs cpu_blocks: blocks reach disk through host memory")
+    out: dict = {}
+    if cpu_blocks or disk_blocks:
+        out.update(cpu_blocks=cpu_blocks, disk_blocks=disk_blocks)
+    if eviction != "lru":
+        out["eviction"] = eviction
+    if auto_pin:
+        out["auto_pin"] = True
+    return out

@@ -41,6 +41,11 @@ class WorkerOptions:
     tls: TlsFiles | None = None       # cert/key: serve TLS; ca: verify the service (the link)
     max_inflight_per_conn: int = 1024
     max_message_bytes: int = 16 << 20
+    cpu_blocks: int = 0               # host-memory KV tier (0: off)
+    disk_blocks: int = 0              # disk KV tier (0: off)
+    disk_dir: str | None = None       # its files (a restart on it re-announces them)
+    eviction: str = "lru"             # device-pool eviction order (kvmesh.tiers.EVICTIONS)
+    auto_pin: bool = False            # pin hot prefixes automatically
 
 
 def access_token_of(token: str | None, access_token: str | None) -> str | None:
@@ -54,6 +59,17 @@ def access_token_of(token: str | None, access_token: str | None) -> str | None:
         raise ValueError("--access-token is not the access token of --token (it must be "
                          "kvmesh.auth.worker_access_token(router token)); give only one")
     return access_token or derived
+
+
+def check_tiers(cpu_blocks: int, disk_blocks: int, disk_dir: str | None) -> None:
+    """Raise ``ValueError`` for tier settings no engine accepts (before the model loads)."""
+    if cpu_blocks < 0 or disk_blocks < 0:
+        raise ValueError("--cpu-blocks and --disk-blocks must be >= 0")
+    if disk_blocks and not disk_dir:
+        raise ValueError("--disk-blocks needs --disk-dir")
+    if disk_blocks and not cpu_blocks:
+        raise ValueError("--disk-blocks needs --cpu-blocks (blocks reach disk through the "
+                         "host tier)")
 
 
 async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
@@ -74,7 +90,9 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     engine = Engine.from_pretrained(
         opts.model, block_size=opts.block_size, num_blocks=opts.num_blocks, device=opts.device,
         hash_algo=opts.hash_algo, hash_seed=opts.hash_seed,
-        scheduler=SchedulerConfig(max_batched_tokens=opts.max_batched_tokens))
+        scheduler=SchedulerConfig(max_batched_tokens=opts.max_batched_tokens),
+        cpu_blocks=opts.cpu_blocks, disk_blocks=opts.disk_blocks, disk_dir=opts.disk_dir,
+        eviction=opts.eviction, auto_pin=opts.auto_pin)
     runner = AsyncEngine(engine).start()
     server, port, servicer = await create_server(
         f"{opts.host}:{opts.port}", runner, worker_id=opts.worker_id or "",
@@ -102,8 +120,11 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
                            root_hash=none_hash(opts.hash_algo, opts.hash_seed),
                            credentials=link_creds)
         tasks.append(asyncio.create_task(link.run()))
+    tiers_note = "".join(f", {n} {tier} blocks" for tier, n in
+                         (("cpu", opts.cpu_blocks), ("disk", opts.disk_blocks)) if n)
     print(f"kvmesh worker {worker_id} listening on {address} "
-          f"({engine.kv.num_blocks} blocks of {opts.block_size}{metrics_note})", flush=True)
+          f"({engine.kv.num_blocks} blocks of {opts.block_size}{tiers_note}{metrics_note})",
+          flush=True)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

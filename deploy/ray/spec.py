@@ -63,6 +63,11 @@ class RaySpec:
     max_batched_tokens: int = 2048
     max_restarts: int = -1                # -1: restart actors forever
     device: str | None = None             # None: cuda when a GPU was assigned, else cpu
+    cpu_blocks: int = 0                   # KV tiers of every worker (0: off)
+    disk_blocks: int = 0
+    disk_dir: str | None = None           # on each worker's node: <disk_dir>/<worker id>
+    eviction: str = "lru"
+    auto_pin: bool = False
     # local Ray only (ignored when connecting to an existing cluster)
     local_num_cpus: int | None = None
     local_object_store_bytes: int | None = None

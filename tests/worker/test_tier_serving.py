@@ -1,0 +1,78 @@
+"""The tiers from outside the engine: the measured costs in the worker's load report, the
+worker and ``kvmesh up`` flags, and the engine thread draining its copies when stopped."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from typer.testing import CliRunner
+
+from client.cli import app
+from deploy.local import ClusterSpec, tier_args
+from kvmesh.v1 import worker_pb2
+from tests.worker.serving import with_worker
+from worker import Engine
+from worker.async_engine import AsyncEngine
+
+
+def test_stats_report_the_measured_costs(tmp_path):
+    engine = Engine.from_pretrained("tiny", block_size=4, num_blocks=16, cpu_blocks=8,
+                                    disk_blocks=8, disk_dir=tmp_path)
+
+    async def body(stub, ch):
+        return await stub.Stats(worker_pb2.WorkerStatsRequest())
+
+    load = asyncio.run(with_worker(body, AsyncEngine(engine).start())).load
+    assert load.prefill_us_per_token > 0
+    assert load.onboard_us_per_block_cpu > 0 and load.onboard_us_per_block_disk > 0
+    assert engine.copies._thread is None or not engine.copies._thread.is_alive()  # closed
+
+
+def test_a_worker_without_tiers_reports_no_onboard_cost():
+    engine = Engine.from_pretrained("tiny", num_blocks=16)
+    assert engine.copies is None
+    load = engine.load()
+    assert load["onboard_us_per_block_cpu"] == load["onboard_us_per_block_disk"] == 0.0
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--disk-blocks", "4"], "needs --disk-dir"),
+    (["--disk-blocks", "4", "--disk-dir", "x"], "needs --cpu-blocks"),
+    (["--cpu-blocks", "-1"], "greater than or equal to 0"),
+    (["--eviction", "fifo"], "fifo"),
+])
+def test_worker_refuses_tier_flags_that_cannot_work(args, words):
+    result = CliRunner().invoke(app, ["worker", *args], env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
+    assert words in result.output
+
+
+def test_up_passes_the_tier_flags_to_each_worker(tmp_path):
+    assert tier_args(ClusterSpec(), "w0") == []
+    spec = ClusterSpec(cpu_blocks=64, disk_blocks=256, disk_dir=str(tmp_path),
+                       eviction="layered", auto_pin=True)
+    assert tier_args(spec, "w1") == ["--cpu-blocks", "64", "--disk-blocks", "256",
+                                     "--disk-dir", str(tmp_path / "w1"),
+                                     "--eviction", "layered", "--auto-pin"]
+
+
+def test_up_refuses_tier_flags_that_cannot_work_before_starting_anything():
+    result = CliRunner().invoke(app, ["up", "--disk-blocks", "4", "--cpu-blocks", "4"],
+                                env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and "needs --disk-dir" in result.output, result.output
+
+
+@pytest.mark.integration  # a worker process
+def test_a_worker_process_takes_the_tier_flags(tmp_path):
+    from deploy.process import ServerProcess
+
+    proc = ServerProcess("w", "worker", [
+        "--port", "0", "--num-blocks", "16", "--device", "cpu", "--cpu-blocks", "8",
+        "--disk-blocks", "32", "--disk-dir", str(tmp_path), "--eviction", "lru"])
+    proc.start(timeout=120)
+    try:
+        line = next(x for x in proc.lines if "listening on" in x)
+        assert "16 blocks of 16, 8 cpu blocks, 32 disk blocks" in line, line
+        assert len(list(tmp_path.iterdir())) == 1  # the model fingerprint's directory
+    finally:
+        proc.stop()
