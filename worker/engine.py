@@ -32,6 +32,7 @@ from worker.disk_store import DiskStore, model_fingerprint
 from worker.kv_cache import KVCacheManager, KVRequest
 from worker.kv_transfer import CopyExecutor
 from worker.model import AttentionMetadata, load_model
+from worker.onboard_log import OnboardLog
 from worker.sampler import sample
 from worker.scheduler import Scheduled, Scheduler, SchedulerConfig
 from worker.sequence import SamplingParams, Seq, SeqStatus
@@ -100,6 +101,7 @@ class Engine:
                                  hash_seed=hash_seed, **tiers)
         self.kv_cache = model.allocate_kv_cache(num_blocks, block_size)
         self.costs = CostMeter(block_size)
+        self.onboards = OnboardLog()  # the monitoring's onboard times (worker.metrics)
         self.copies: CopyExecutor | None = None
         if cpu_blocks or disk_blocks:
             store = None
@@ -240,6 +242,7 @@ class Engine:
         for done in self.copies.poll():
             for tier, blocks in done.blocks.items():
                 self.costs.onboard(tier, blocks, done.seconds[tier])
+                self.onboards.observe(tier, blocks, done.seconds[tier])
             self.kv.finish_onboard(done.request_id, done.ok, done.failed)
 
     def _run(self, work: list[Scheduled]) -> list[StepOutput]:

@@ -106,7 +106,7 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     if opts.metrics_port is not None:
         from worker.metrics import WorkerMetrics
 
-        servicer.metrics = WorkerMetrics(runner, worker_id)
+        servicer.metrics = WorkerMetrics(runner, worker_id, servicer.tier_precision)
         mport = servicer.metrics.serve(opts.metrics_port, opts.metrics_host)
         metrics_note = f", metrics on :{mport}"
     await server.start()

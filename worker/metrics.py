@@ -3,22 +3,33 @@
 Cache and load figures are read at scrape time from the engine (plain integers, so reading
 them from the scrape thread while the engine thread steps is safe enough for a gauge);
 time to first token is a histogram observed when each request finishes.
+
+The KV tiers (the KVBoost monitoring set), labelled ``tier`` ("gpu", "cpu", "disk"; only the
+enabled ones): capacity, cached blocks and their ratio (the load factor), hit tokens and
+hit rate, evictions (dropped) and offloads (moved down) - ``rate()`` gives them per second -,
+onboarded blocks and bytes, the onboard latency histogram (one observation per onboard and
+tier), and the index's precision (tokens it promised on a tier, and those the worker no
+longer had there: ``worker.tier_precision``); plus pinned blocks and the mean matched
+prefix per admitted request.
 """
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from worker.async_engine import AsyncEngine
+from worker.tier_precision import TierPrecision
+from worker.tier_stats import engine_tier_figures
 
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0)
 
 
 class _EngineCollector:
-    def __init__(self, runner: AsyncEngine, worker_id: str) -> None:
+    def __init__(self, runner: AsyncEngine, worker_id: str, precision: TierPrecision) -> None:
         self.runner = runner
         self.worker_id = worker_id
+        self.precision = precision
 
     def collect(self):
         engine = self.runner.engine
@@ -54,14 +65,63 @@ class _EngineCollector:
         yield gauge("num_requests_waiting", "Sequences waiting.", load["waiting"])
         yield gauge("queued_prefill_tokens", "Prompt tokens not computed yet.",
                     load["queued_prefill_tokens"])
+        yield gauge("pinned_blocks", "Device blocks held by pins.", engine.kv.num_pinned_blocks)
+        yield gauge("mean_matched_tokens", "Mean cached prefix per admitted request (tokens).",
+                    stats.hits / stats.requests if stats.requests else 0.0)
+        yield from self._tiers(engine, stats.queries)
+
+    def _tiers(self, engine, queries: int):
+        figures = engine_tier_figures(engine, self.precision)
+        labels, worker = ["worker_id", "tier"], self.worker_id
+
+        def family(kind, name: str, doc: str, value) -> object:
+            m = kind(f"kvmesh_worker_{name}", doc, labels=labels)
+            for f in figures:
+                m.add_metric([worker, f.tier], value(f))
+            return m
+
+        G, C = GaugeMetricFamily, CounterMetricFamily
+        yield family(G, "tier_capacity_blocks", "Blocks the tier can hold.",
+                     lambda f: f.capacity_blocks)
+        yield family(G, "tier_cached_blocks", "Blocks the tier holds now.",
+                     lambda f: f.cached_blocks)
+        yield family(G, "tier_load_factor", "Cached blocks / capacity of the tier.",
+                     lambda f: f.load_factor)
+        yield family(C, "tier_hit_tokens", "Prompt tokens served from the tier.",
+                     lambda f: f.hit_tokens)
+        yield family(G, "tier_hit_rate", "Tier hit tokens / prompt tokens looked up.",
+                     lambda f: f.hit_tokens / queries if queries else 0.0)
+        yield family(C, "tier_evictions", "Blocks dropped from the tier (not moved down).",
+                     lambda f: f.evictions)
+        yield family(C, "tier_offloads", "Blocks moved from the tier to the next lower one.",
+                     lambda f: f.offloads)
+        yield family(C, "tier_onboard_blocks", "Blocks copied from the tier to the device.",
+                     lambda f: f.onboard_blocks)
+        yield family(C, "tier_onboard_bytes", "Bytes copied from the tier to the device.",
+                     lambda f: f.onboard_bytes)
+        yield family(C, "index_promised_tokens", "Prompt tokens the index promised on the "
+                     "tier.", lambda f: f.index_promised_tokens)
+        yield family(C, "index_missed_tokens", "Promised tokens the worker no longer had on "
+                     "the tier (or a faster one).", lambda f: f.index_missed_tokens)
+        h = HistogramMetricFamily("kvmesh_worker_onboard_latency_seconds",
+                                  "Time of one onboard's copies from one tier.", labels=labels)
+        for f in figures:
+            if f.tier != "gpu":
+                buckets, total = engine.onboards.histogram(f.tier)
+                h.add_metric([worker, f.tier], buckets, total)
+        yield h
 
 
 class WorkerMetrics:
     """One registry per worker (tests run several workers in one process)."""
 
-    def __init__(self, runner: AsyncEngine, worker_id: str) -> None:
+    def __init__(self, runner: AsyncEngine, worker_id: str,
+                 precision: TierPrecision | None = None) -> None:
+        """``precision``: the server's count of the index's promises per tier (the
+        servicer's ``tier_precision``); None: none counted."""
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineCollector(runner, worker_id))
+        self.registry.register(_EngineCollector(runner, worker_id,
+                                                precision or TierPrecision()))
         self.ttft = Histogram("kvmesh_worker_time_to_first_token_seconds",
                               "Time to first token, measured on the worker.",
                               buckets=TTFT_BUCKETS, registry=self.registry)

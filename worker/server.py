@@ -26,6 +26,8 @@ from worker.engine import RequestError, StepFailed
 from worker.internal_errors import InternalErrors
 from worker.metrics import WorkerMetrics
 from worker.sequence import SamplingParams
+from worker.tier_precision import TierPrecision
+from worker.tier_stats import engine_tier_figures
 
 MAX_MESSAGE_BYTES = 16 << 20  # --max-message-bytes
 DEFAULT_MAX_INFLIGHT = 1024  # --max-inflight-per-conn (calls in flight per connection)
@@ -53,6 +55,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self.worker_id = worker_id
         self.model_name = model_name
         self.precision = PrecisionCounter()
+        self.tier_precision = TierPrecision()  # per tier; read by Stats and the metrics
         self.metrics: WorkerMetrics | None = None  # set by the process that serves them
 
     async def Generate(self, request: worker_pb2.GenerateRequest, context):
@@ -88,6 +91,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                     continue
                 seq = out.seq
                 self.precision.add(request.index_matched_tokens, seq.num_cached_tokens)
+                self.tier_precision.add(request.index_matched_tokens_by_tier,
+                                        seq.cached_tokens_by_tier)
                 if self.metrics is not None and seq.ttft_s is not None:
                     self.metrics.ttft.observe(seq.ttft_s)
                 yield worker_pb2.GenerateResponse(
@@ -105,8 +110,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                                 "served here and may be retried on another worker")
 
     async def Stats(self, request, context) -> worker_pb2.WorkerStatsResponse:
-        stats = await self.runner.call(lambda e: (e.kv.stats, e.load(), e.requests_done))
-        cache, load, done = stats
+        stats = await self.runner.call(lambda e: (
+            e.kv.stats, e.load(), e.requests_done,
+            engine_tier_figures(e, self.tier_precision), e.kv.num_pinned_blocks))
+        cache, load, done, tiers, pinned = stats
         from kvmesh.v1 import index_pb2
 
         return worker_pb2.WorkerStatsResponse(
@@ -117,7 +124,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                 cached_blocks=cache.blocks_cached, free_blocks=cache.blocks_free,
                 total_blocks=cache.blocks_total, cached_hashes=cache.hashes_cached),
             requests_done=done, index_promised_tokens=self.precision.promised,
-            index_served_tokens=self.precision.served)
+            index_served_tokens=self.precision.served,
+            tiers=[worker_pb2.TierStats(**t.proto_fields()) for t in tiers],
+            pinned_blocks=pinned,
+            mean_matched_tokens=cache.hits / cache.requests if cache.requests else 0.0)
 
     async def FetchBlocks(self, request, context):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED,

@@ -39,6 +39,14 @@ class TierFigures:
         return asdict(self)
 
 
+def engine_tier_figures(engine: Any, precision: TierPrecision) -> list[TierFigures]:
+    """:func:`tier_figures` of a ``worker.engine.Engine`` (call on its thread)."""
+    cache = engine.kv_cache  # [layers, 2, blocks, ...]: one block is cache[:, :, i]
+    block_bytes = cache[:, :, 0].numel() * cache.element_size()
+    return tier_figures(engine.kv.tier_stats(), precision, block_bytes,
+                        engine.onboards.seconds)
+
+
 def tier_figures(counters: Mapping[str, Any], precision: TierPrecision, block_bytes: int,
                  onboard_seconds: Mapping[str, float]) -> list[TierFigures]:
     """Join the manager's ``tier_stats()`` (``counters``: tier -> ``TierCounters``) with the
