@@ -75,8 +75,7 @@ class CopyExecutor:
         self.cuda = cache.device.type == "cuda"
         self.block_shape = (cache.shape[0], cache.shape[1], *cache.shape[3:])
         self.block_nbytes = cache[:, :, 0].numel() * cache.element_size()
-        self.host = (torch.empty((cpu_blocks, *self.block_shape), dtype=cache.dtype,
-                                 pin_memory=self.cuda) if cpu_blocks else None)
+        self.host = _host_slots(cpu_blocks, self.block_shape, cache.dtype, self.cuda)
         self.store = store
         self.stream = torch.cuda.Stream(cache.device) if self.cuda else None
         self._slot_hash: dict[int, bytes] = {}     # what each host slot holds
@@ -346,6 +345,20 @@ class _Lane:
             with self.cv:
                 self.queued -= 1
                 self.cv.notify_all()
+
+
+def _host_slots(n: int, shape: tuple[int, ...], dtype: torch.dtype,
+                pinned: bool) -> torch.Tensor | None:
+    """``n`` host slots; pinned for a CUDA device (asynchronous copies) when the system lets
+    us pin that much, else pageable (copies then block the side stream, still correct)."""
+    if not n:
+        return None
+    if pinned:
+        try:
+            return torch.empty((n, *shape), dtype=dtype, pin_memory=True)
+        except RuntimeError as e:
+            log.warning("cannot pin %d host KV blocks (%s): using pageable memory", n, e)
+    return torch.empty((n, *shape), dtype=dtype)
 
 
 def _bytes(t: torch.Tensor) -> memoryview:
