@@ -36,15 +36,18 @@ class CostMeter:
         self.onboard_us_per_block = {"cpu": 0.0, "disk": 0.0}
 
     @staticmethod
-    def _mix(old: float, sample: float) -> float:
-        return sample if old == 0.0 else (1 - ALPHA) * old + ALPHA * sample
+    def _mix(old: float, sample: float, weight: float = 1.0) -> float:
+        alpha = ALPHA * weight
+        return sample if old == 0.0 else (1 - alpha) * old + alpha * sample
 
     def step(self, num_tokens: int, num_prefill_tokens: int, seconds: float) -> None:
         """A step computed ``num_tokens`` tokens, ``num_prefill_tokens`` of them in
-        prefills, in ``seconds``; counted only when a block's worth was prefill."""
+        prefills, in ``seconds``; counted only when a block's worth was prefill, and
+        weighted by its size (a small step's fixed costs say little per token)."""
         if num_prefill_tokens >= self.block_size and num_tokens > 0:
-            self.prefill_us_per_token = self._mix(self.prefill_us_per_token,
-                                                  seconds * 1e6 / num_tokens)
+            self.prefill_us_per_token = self._mix(
+                self.prefill_us_per_token, seconds * 1e6 / num_tokens,
+                min(1.0, num_tokens / CALIBRATION_TOKENS))
 
     def onboard(self, tier: str, blocks: int, seconds: float) -> None:
         """``blocks`` blocks came back from ``tier`` in ``seconds``."""
