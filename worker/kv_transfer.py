@@ -25,8 +25,11 @@ Ordering contracts (what keeps a step from ever reading a block whose copy is no
   before it; a delete runs after the writes ordered before it. (The manager never drops a
   disk block while a copy reads it.)
 
-CUDA: pinned host memory and a side stream with events (the engine thread never blocks on
-a copy). This path is written for, but not exercised by, the tests: CI has no GPU.
+CUDA: pinned host memory and a side stream with events; the engine thread waits for a copy
+only when a spill reads a slot whose offload is still running. Disk reads go through a
+pinned staging buffer; the onboard thread synchronises the side stream at the end of each
+run of same-tier copies (that is also what the timings measure). This path is written for,
+but not exercised by, the tests: CI and this development machine have no GPU.
 
 Not thread-safe: call everything but :meth:`copy_in` (the onboard thread's) from the
 engine thread.
