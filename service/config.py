@@ -26,8 +26,11 @@ class CostWeights:
          + decode_weight * context tokens of its running sequences
          + running_weight * its running sequences
 
-    A GPU-tier match is credited fully, a CPU-tier match ``cpu_credit`` and a disk-tier match
-    ``disk_credit`` of its tokens (loading them back is cheaper than recomputing, not free).
+    A GPU-tier match is credited fully; a CPU- or disk-tier match a fraction of its tokens
+    (loading them back is cheaper than recomputing, not free): what onboarding saves on that
+    worker, from the costs it measures (``service.credits``). ``cpu_credit`` / ``disk_credit``,
+    when set, override the measurement for every worker; ``*_credit_fallback`` is the credit
+    of a worker that has not measured its costs (yet).
     ``free_block_guard``: a worker without enough free blocks for the request's uncached part
     ranks after every worker that has them.
     """
@@ -39,9 +42,18 @@ class CostWeights:
     queue_weight: float = 1.0
     decode_weight: float = 0.1
     running_weight: float = 16.0
-    cpu_credit: float = 0.5
-    disk_credit: float = 0.25
+    cpu_credit: float | None = None
+    disk_credit: float | None = None
+    cpu_credit_fallback: float = 0.5
+    disk_credit_fallback: float = 0.25
     free_block_guard: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_credit", "disk_credit", "cpu_credit_fallback",
+                     "disk_credit_fallback"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
 
 
 @dataclass(frozen=True)

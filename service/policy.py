@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from service.config import CostWeights
+from service.credits import tier_credits
 from service.index.base import BlockMatch, WorkerLoad
 
 
@@ -72,8 +73,11 @@ class KvmeshPolicy(Policy):
         self.w = weights or CostWeights()
 
     def credited_tokens(self, v: WorkerView) -> float:
+        """Matched tokens less what onboarding the lower-tier ones costs on ``v``
+        (``service.credits``)."""
         m, bs = v.match, v.block_size
-        return bs * (m.gpu + self.w.cpu_credit * m.cpu + self.w.disk_credit * m.disk)
+        credit = tier_credits(self.w, v.load, bs)
+        return bs * (m.gpu + credit.cpu * m.cpu + credit.disk * m.disk)
 
     def cost(self, prompt_tokens: int, v: WorkerView) -> float:
         w, load = self.w, v.load

@@ -75,7 +75,10 @@ def pb_load(load: WorkerLoad) -> pb.WorkerLoad:
     return pb.WorkerLoad(running=load.running, waiting=load.waiting,
                          queued_prefill_tokens=load.queued_prefill_tokens,
                          free_blocks=load.free_blocks, total_blocks=load.total_blocks,
-                         decode_tokens=load.decode_tokens)
+                         decode_tokens=load.decode_tokens,
+                         prefill_us_per_token=load.prefill_us_per_token,
+                         onboard_us_per_block_cpu=load.onboard_us_per_block_cpu,
+                         onboard_us_per_block_disk=load.onboard_us_per_block_disk)
 
 
 def response(inp: validate.RouteInput, ranked: list[Ranked], policy: str,

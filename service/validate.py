@@ -8,6 +8,7 @@ root-hash check (FAILED_PRECONDITION) need state and live in the servicer.
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from dataclasses import dataclass
 
@@ -55,12 +56,23 @@ def worker_id(value: str) -> str:
     return value
 
 
+_COSTS = ("prefill_us_per_token", "onboard_us_per_block_cpu", "onboard_us_per_block_disk")
+
+
 def load(msg: pb.WorkerLoad) -> WorkerLoad:
+    """The load of a Register/Heartbeat; its measured costs must be finite and >= 0 (0:
+    not measured), else the cost model could credit a match by NaN."""
     if msg.total_blocks and msg.free_blocks > msg.total_blocks:
         raise RequestError(INVALID, f"load.free_blocks ({msg.free_blocks}) exceeds "
                            f"load.total_blocks ({msg.total_blocks})")
+    for name in _COSTS:
+        value = getattr(msg, name)
+        if not (math.isfinite(value) and value >= 0.0):
+            raise RequestError(INVALID, f"load.{name} ({value}) must be a finite number of "
+                               "microseconds >= 0 (0: not measured)")
     return WorkerLoad(msg.running, msg.waiting, msg.queued_prefill_tokens, msg.free_blocks,
-                      msg.total_blocks, msg.decode_tokens)
+                      msg.total_blocks, msg.decode_tokens, msg.prefill_us_per_token,
+                      msg.onboard_us_per_block_cpu, msg.onboard_us_per_block_disk)
 
 
 def address(value: str) -> str:
