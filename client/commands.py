@@ -28,6 +28,7 @@ Text = Annotated[str | None, typer.Option("--text", help="Prompt text (byte-leve
 Salt = Annotated[str | None, typer.Option("--salt", help="Cache salt (tenant isolation).")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Per-call timeout, seconds.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+TIERS = ("gpu", "cpu", "disk")  # KV tiers, fastest first, as the wire names them
 TINY_MODEL = "tiny"  # the worker's built-in model: byte vocabulary, random weights
 
 
@@ -113,13 +114,17 @@ def route_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
 
     flag = " [bold red](degraded: index unreachable, load-only)[/]" if result.degraded else ""
     console = Console()
+    lower = [(t, result.matched_tokens_by_tier.get(t, 0)) for t in TIERS[1:]]
+    split = "".join(f", {n} on {t}" for t, n in lower if n)
     console.print(f"[bold]{result.worker_id}[/] at {result.address}: "
-                  f"{result.matched_tokens}/{len(prompt)} prompt tokens cached "
+                  f"{result.matched_tokens}/{len(prompt)} prompt tokens cached{split} "
                   f"(policy {result.policy or 'default'}){flag}")
-    table = Table("rank", "worker", "address", "matched", "tier", "cost")
+    table = Table("rank", "worker", "address", "matched", *TIERS, "cost",
+                  caption="gpu / cpu / disk: matched tokens held on that tier")
     for rank, c in enumerate(result.candidates, 1):
-        table.add_row(str(rank), c.worker_id, c.address, str(c.matched_tokens),
-                      c.tier.removeprefix("TIER_").lower(), f"{c.cost:.1f}")
+        by_tier = [str(c.matched_tokens_by_tier.get(t, 0)) for t in TIERS]
+        table.add_row(str(rank), c.worker_id, c.address, str(c.matched_tokens), *by_tier,
+                      f"{c.cost:.1f}")
     console.print(table)
 
 

@@ -144,7 +144,9 @@ def candidate(c: index_pb2.Candidate) -> Candidate:
                      matched_tokens=int(c.matched_tokens), cost=float(c.cost),
                      tier=index_pb2.Tier.Name(c.tier) if c.tier in index_pb2.Tier.values()
                      else str(c.tier),
-                     load=message_to_dict(c.load))
+                     load=message_to_dict(c.load),
+                     matched_tokens_by_tier={k: int(v) for k, v in
+                                             c.matched_tokens_by_tier.items()})
 
 
 def route_result(resp: index_pb2.RouteResponse) -> RouteResult:
@@ -158,7 +160,8 @@ def route_result(resp: index_pb2.RouteResponse) -> RouteResult:
                        address=best.address if best else "",
                        matched_tokens=best.matched_tokens if best else 0,
                        candidates=cands, degraded=resp.degraded,
-                       prompt_tokens=int(resp.prompt_tokens), policy=resp.policy)
+                       prompt_tokens=int(resp.prompt_tokens), policy=resp.policy,
+                       matched_tokens_by_tier=dict(best.matched_tokens_by_tier) if best else {})
 
 
 def stats_dict(resp: index_pb2.StatsResponse, service: str = "") -> dict[str, Any]:
@@ -210,4 +213,5 @@ class StreamAssembler:
             finish_reason=final.finish_reason, prompt_tokens=int(final.prompt_tokens),
             address=self._cand.address,
             e2e_s=float(final.e2e_s) or time.perf_counter() - self._start,
-            matched_tokens=self._cand.matched_tokens, attempts=self._attempts)
+            matched_tokens=self._cand.matched_tokens, attempts=self._attempts,
+            cached_tokens_by_tier={k: int(v) for k, v in final.cached_tokens_by_tier.items()})

@@ -12,22 +12,28 @@ from typing import NamedTuple
 
 @dataclass(frozen=True)
 class Candidate:
-    """One worker the service ranked for a request; lower ``cost`` is better."""
+    """One worker the service ranked for a request; lower ``cost`` is better.
+
+    ``matched_tokens_by_tier``: ``matched_tokens`` split by the tier each matched block is
+    held on (``gpu``, ``cpu``, ``disk``); ``tier`` is the slowest of them.
+    """
 
     worker_id: str
     address: str
     matched_tokens: int
     cost: float
     tier: str = "TIER_UNSPECIFIED"
-    load: dict[str, int] = field(default_factory=dict)
+    load: dict[str, int | float] = field(default_factory=dict)
+    matched_tokens_by_tier: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class RouteResult:
     """The chosen worker (``candidates[0]``) and the full ranking.
 
-    ``matched_tokens`` is how much of the prompt the index says the chosen worker has cached;
-    ``degraded`` is true when the index was unreachable and the answer is load-only.
+    ``matched_tokens`` is how much of the prompt the index says the chosen worker has cached
+    (``matched_tokens_by_tier``: split by tier); ``degraded`` is true when the index was
+    unreachable and the answer is load-only.
     """
 
     worker_id: str
@@ -37,15 +43,18 @@ class RouteResult:
     degraded: bool = False
     prompt_tokens: int = 0
     policy: str = ""
+    matched_tokens_by_tier: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class GenerateResult:
     """A finished generation on one worker.
 
-    ``num_cached_tokens`` is what the worker really served from its prefix cache and
-    ``ttft_s`` its measured time to first token; ``matched_tokens`` is what the index promised
-    for that worker when routing; ``attempts`` counts workers tried (1 = no failover).
+    ``num_cached_tokens`` is what the worker really served from its prefix cache
+    (``cached_tokens_by_tier``: split by the tier the blocks came from, ``gpu``/``cpu``/
+    ``disk``; empty from a worker that predates tiers) and ``ttft_s`` its measured time to
+    first token; ``matched_tokens`` is what the index promised for that worker when routing;
+    ``attempts`` counts workers tried (1 = no failover).
     """
 
     worker_id: str
@@ -58,6 +67,7 @@ class GenerateResult:
     e2e_s: float = 0.0
     matched_tokens: int = 0
     attempts: int = 1
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
 
 
 class TokenChunk(NamedTuple):

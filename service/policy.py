@@ -41,6 +41,12 @@ class WorkerView:
     def matched_tokens(self) -> int:
         return self.match.blocks * self.block_size
 
+    @property
+    def matched_tokens_by_tier(self) -> dict[str, int]:
+        """``matched_tokens`` split by the tier holding each block."""
+        m, bs = self.match, self.block_size
+        return {"gpu": m.gpu * bs, "cpu": m.cpu * bs, "disk": m.disk * bs}
+
 
 @dataclass(frozen=True, slots=True)
 class Ranked:

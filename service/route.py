@@ -88,6 +88,8 @@ def response(inp: validate.RouteInput, ranked: list[Ranked], policy: str,
         ranked = ranked[:inp.max_candidates]
     cands = [pb.Candidate(worker_id=r.view.worker_id, address=r.view.address,
                           matched_tokens=r.matched_tokens, tier=r.view.match.tier,
-                          cost=r.cost, load=pb_load(r.view.load)) for r in ranked]
+                          cost=r.cost, load=pb_load(r.view.load),
+                          matched_tokens_by_tier=r.view.matched_tokens_by_tier)
+             for r in ranked]
     return pb.RouteResponse(candidates=cands, degraded=degraded,
                             prompt_tokens=len(inp.tokens), policy=policy)

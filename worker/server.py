@@ -25,7 +25,7 @@ from worker.async_engine import AsyncEngine
 from worker.engine import RequestError, StepFailed
 from worker.internal_errors import InternalErrors
 from worker.metrics import WorkerMetrics
-from worker.sequence import SamplingParams
+from worker.sequence import SamplingParams, Seq
 
 MAX_MESSAGE_BYTES = 16 << 20  # --max-message-bytes
 DEFAULT_MAX_INFLIGHT = 1024  # --max-inflight-per-conn (calls in flight per connection)
@@ -43,6 +43,16 @@ class PrecisionCounter:
         if promised:
             self.promised += promised
             self.served += min(promised, cached)
+
+
+def cached_by_tier(seq: Seq) -> dict[str, int]:
+    """``seq.num_cached_tokens`` split by the tier the blocks came from. An engine without
+    tiers sets no split (``Seq.cached_tokens_by_tier`` absent or empty): all came from the
+    device pool."""
+    by_tier = getattr(seq, "cached_tokens_by_tier", None)
+    if by_tier:
+        return dict(by_tier)
+    return {"gpu": max(seq.num_cached_tokens, 0), "cpu": 0, "disk": 0}
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
@@ -94,7 +104,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                     token_ids=out.new_token_ids, finished=True, finish_reason=seq.finish_reason,
                     num_cached_tokens=seq.num_cached_tokens,
                     prompt_tokens=seq.num_prompt_tokens, ttft_s=seq.ttft_s or 0.0,
-                    e2e_s=time.perf_counter() - start, worker_id=self.worker_id)
+                    e2e_s=time.perf_counter() - start, worker_id=self.worker_id,
+                    cached_tokens_by_tier=cached_by_tier(seq))
         except RequestError as exc:
             code = (grpc.StatusCode.RESOURCE_EXHAUSTED if exc.too_large
                     else grpc.StatusCode.INVALID_ARGUMENT)

@@ -91,6 +91,30 @@ def test_generate_returns_final_facts(cluster, make_client) -> None:
     assert sent.sampling.temperature == pytest.approx(0.5) and sent.request_id
 
 
+def test_tiers_in_route_and_generate_results(cluster, make_client) -> None:
+    """Matched tokens per tier reach the RouteResult and, for each candidate tried, that
+    worker's GenerateRequest (never the previous candidate's); the worker's cached tokens
+    per tier reach the GenerateResult."""
+    broken, good = FakeWorker("w1", mode="abort"), FakeWorker("w2", cached=8)
+    good.cached_by_tier = {"gpu": 4, "cpu": 4, "disk": 0}
+    index = FakeIndex([
+        candidate("w1", cluster.worker(broken), 12, tier=index_pb2.TIER_DISK,
+                  by_tier={"gpu": 4, "cpu": 4, "disk": 4}),
+        candidate("w2", cluster.worker(good), 8, tier=index_pb2.TIER_CPU,
+                  by_tier={"gpu": 4, "cpu": 4})])
+    client = make_client(cluster.index(index))
+    routed = client.route([1] * 20)
+    assert routed.matched_tokens_by_tier == {"gpu": 4, "cpu": 4, "disk": 4}
+    assert routed.candidates[1].matched_tokens_by_tier == {"gpu": 4, "cpu": 4}
+    result = client.generate([1] * 20, max_tokens=2)
+    assert result.worker_id == "w2" and result.attempts == 2
+    assert result.cached_tokens_by_tier == {"gpu": 4, "cpu": 4, "disk": 0}
+    sent_first, sent_second = broken.requests[-1], good.requests[-1]
+    assert dict(sent_first.index_matched_tokens_by_tier) == {"gpu": 4, "cpu": 4, "disk": 4}
+    assert dict(sent_second.index_matched_tokens_by_tier) == {"gpu": 4, "cpu": 4}
+    assert sent_second.index_matched_tokens == 8
+
+
 def test_generate_fails_over_from_a_closed_port(cluster, make_client) -> None:
     good = FakeWorker("w2")
     index = FakeIndex([candidate("w1", closed_port_address()),

@@ -63,6 +63,23 @@ def test_route_table(service) -> None:
     assert "w1" in result.stdout and "2/2 prompt tokens cached" in result.stdout
 
 
+def test_route_shows_matched_tokens_per_tier(cluster) -> None:
+    index = FakeIndex([candidate("w1", "127.0.0.1:1", 56, tier=index_pb2.TIER_DISK,
+                                 by_tier={"gpu": 16, "cpu": 32, "disk": 8}),
+                       candidate("w2", "127.0.0.1:2", 48, by_tier={"gpu": 48})])
+    address = cluster.index(index)
+    result = runner.invoke(app, ["route", "--service", address, "--tokens", "1,2"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    rows = {line.split("│")[2].strip(): [cell.strip() for cell in line.split("│")[4:8]]
+            for line in result.stdout.splitlines() if line.count("│") > 7}
+    assert rows["w1"] == ["56", "16", "32", "8"] and rows["w2"] == ["48", "48", "0", "0"]
+    assert "56/2 prompt tokens cached, 32 on cpu, 8 on disk" in result.stdout
+    result = runner.invoke(app, ["route", "--service", address, "--tokens", "1", "--json"])
+    out = json.loads(result.stdout)
+    assert out["matched_tokens_by_tier"] == {"gpu": 16, "cpu": 32, "disk": 8}
+    assert out["candidates"][1]["matched_tokens_by_tier"] == {"gpu": 48}
+
+
 def test_generate_text_json_with_env_token(cluster) -> None:
     worker = FakeWorker("w1", token=worker_access_token("tok"))
     index = FakeIndex([candidate("w1", cluster.worker(worker))], token="tok")

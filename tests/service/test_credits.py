@@ -92,9 +92,38 @@ def test_route_prefers_a_cheap_cpu_holder_over_a_cold_worker_not_a_slow_disk_one
     by_id = {c.worker_id: c for c in cands}
     assert cands[0].worker_id == "cpu", cands
     assert by_id["cpu"].tier == pb.TIER_CPU and by_id["cpu"].matched_tokens == 8 * BS
+    assert dict(by_id["cpu"].matched_tokens_by_tier) == {"gpu": 0, "cpu": 8 * BS, "disk": 0}
+    assert dict(by_id["cold"].matched_tokens_by_tier) == {"gpu": 0, "cpu": 0, "disk": 0}
     assert by_id["cpu"].load.onboard_us_per_block_cpu == 4.0
     assert by_id["disk"].load.onboard_us_per_block_disk == 60.0
     assert by_id["disk"].cost == by_id["cold"].cost   # its match is worth nothing
     assert by_id["cpu"].cost < by_id["cold"].cost
     trusting = asyncio.run(main(CostWeights(disk_credit=1.0)))
     assert trusting[0].worker_id == "disk", trusting
+
+
+def test_route_splits_a_chain_held_across_tiers() -> None:
+    """A chain whose head is on the GPU and whose tail was offloaded to the CPU, then disk:
+    the candidate reports its matched tokens per tier, capped at the usable blocks by
+    dropping the slowest tier first."""
+    async def main() -> None:
+        async with serve(ServiceConfig()) as r:
+            w = ProtocolWorker(r.stub, "a")
+            await w.join()
+            chain = await w.store(prompt(6 * BS))
+            for tier, blocks in ((pb.TIER_CPU, chain[3:5]), (pb.TIER_DISK, chain[5:])):
+                await w.publish(w.next_event(stored=pb.BlockStored(
+                    block_hashes=blocks, parent_hash=chain[chain.index(blocks[0]) - 1],
+                    tier=tier)))
+                await w.publish(w.next_event(removed=pb.BlockRemoved(
+                    block_hashes=blocks, tier=pb.TIER_GPU)))
+            res = await route(r.stub, prompt(6 * BS + 1), dry_run=True)
+            assert dict(res.candidates[0].matched_tokens_by_tier) == {
+                "gpu": 3 * BS, "cpu": 2 * BS, "disk": BS}
+            assert res.candidates[0].tier == pb.TIER_DISK
+            # a prompt ending inside the chain's last block cannot use it: the disk block goes
+            res = await route(r.stub, prompt(6 * BS), dry_run=True)
+            assert dict(res.candidates[0].matched_tokens_by_tier) == {
+                "gpu": 3 * BS, "cpu": 2 * BS, "disk": 0}
+
+    asyncio.run(main())
