@@ -19,6 +19,7 @@ from service.config import BACKENDS, ServiceConfig
 # (``--max-prompt-tokens``) and takes the field's type and default, so a setting is declared
 # once, in ServiceConfig; fields shared with other commands take their kvmesh.cli_options type.
 _SHARED = {"redis_url": opt.RedisUrl, "policy": opt.Policy, "token": opt.Token,
+           "admin_token": opt.AdminToken,
            "worker_token": opt.WorkerToken, "worker_secret": opt.WorkerSecret,
            "tls_cert_file": opt.TlsCert, "tls_key_file": opt.TlsKey, "tls_ca_file": opt.TlsCa,
            "tls_client_auth": opt.TlsClientAuth}
@@ -34,9 +35,12 @@ _HELP = {
     "indexed_blocks_per_pool": "A worker may index at most this many times the total_blocks "
                                "it reports (and at least --min-indexed-cap).",
     "min_indexed_cap": "Blocks any worker may index.",
+    "pin_ttl_s": "TTL of a pinned prefix when PinPrefix gives none, seconds (refreshed by use).",
+    "max_pin_ttl_s": "Longest TTL a PinPrefix may ask for, seconds.",
+    "pin_timeout_s": "Deadline of one worker's Pin call (a warm one prefills first), seconds.",
 }
 _LEVELS = ("debug", "info", "warning", "error")
-SECRETS = ("token", "worker_token", "worker_secret")
+SECRETS = ("token", "worker_token", "worker_secret", "admin_token")
 # Options of the command itself, not of ServiceConfig (or with a CLI-only default).
 _OWN = [
     ("port", Annotated[int, typer.Option(
@@ -86,7 +90,7 @@ def config_of(backend: str, hash_seed: str | None, cpu_credit: float | None = No
 
     kind = backend if backend != "auto" else ("redis" if fields.get("redis_url") else "memory")
     for secret in SECRETS:
-        fields[secret] = fields[secret] or None
+        fields[secret] = fields.get(secret) or None
     weights = CostWeights(cpu_credit=cpu_credit, disk_credit=disk_credit)
     return ServiceConfig(backend=kind, hash_seed=resolve_seed(None, hash_seed),
                          weights=weights, **fields)
