@@ -4,9 +4,9 @@ Roles:
 
 * *router* (``token``): Route, Stats and server reflection.
 * *admin* (``admin_token``): PinPrefix and UnpinPrefix (they hold device memory on every
-  worker, so a router token is not enough). Without an admin token they are closed as soon
-  as any other token is configured; a service with no token at all is open to everyone,
-  these calls included.
+  worker, so a router token is not enough). Without an admin token they are closed when a
+  router token is configured, and open like Route when it is not (a service whose router
+  calls are open to everyone).
 * *worker*: RegisterWorker, Heartbeat, PublishEvents and SyncWorker. Accepted tokens:
   a token minted from ``worker_secret`` for the request's own worker id (bound: acting for
   another id is PERMISSION_DENIED, see ``service.worker_tokens``) and the shared
@@ -86,13 +86,13 @@ def service_auth(cfg: ServiceConfig) -> BearerAuth | None:
         worker.append(worker_tokens.verifier("worker", cfg.worker_secret))
     if cfg.worker_token:
         worker.append(shared_token("worker", cfg.worker_token))
-    admin: list[Verifier] = [shared_token("admin", cfg.admin_token)] if cfg.admin_token else []
+    # A role without verifiers is open: with a router token and no admin token, the admin
+    # calls get a verifier that accepts nothing (closed), never open.
+    admin: list[Verifier] = ([shared_token("admin", cfg.admin_token)] if cfg.admin_token
+                             else [_nobody] if cfg.token else [])
     if not router and not worker and not admin:
         return None
-    # A role without verifiers is open: with other tokens set and no admin token, the admin
-    # calls get a verifier that accepts nothing (closed), never open.
-    return BearerAuth(role_of, {"router": router, "worker": worker,
-                                "admin": admin or [_nobody]})
+    return BearerAuth(role_of, {"router": router, "worker": worker, "admin": admin})
 
 
 def _nobody(_token: str) -> Grant | None:
