@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from kvmesh.hashing import DEFAULT_ALGO, Lora, MMItem, lora_key
+from kvmesh.hashing import DEFAULT_ALGO, Lora, MMItem, block_hashes, lora_key
 from worker.kv_cache import KVCacheManager, KVRequest
 from worker.model import AttentionMetadata, load_model
 from worker.sampler import sample
@@ -73,7 +73,8 @@ class Engine:
     def __init__(self, model: torch.nn.Module, config, *, block_size: int = 16,
                  num_blocks: int | None = None, hash_algo: str = DEFAULT_ALGO,
                  hash_seed: str | None = None, scheduler: SchedulerConfig | None = None,
-                 kv_cache_bytes: int | None = None) -> None:
+                 kv_cache_bytes: int | None = None, eviction: str = "lru",
+                 auto_pin: bool = False) -> None:
         self.model = model
         self.config = config
         self.block_size = block_size
@@ -81,7 +82,7 @@ class Engine:
         if num_blocks is None:
             num_blocks = self._blocks_for_budget(kv_cache_bytes)
         self.kv = KVCacheManager(num_blocks, block_size, hash_algo=hash_algo,
-                                 hash_seed=hash_seed)
+                                 hash_seed=hash_seed, eviction=eviction, auto_pin=auto_pin)
         self.kv_cache = model.allocate_kv_cache(num_blocks, block_size)
         self.scheduler = Scheduler(self.kv, scheduler)
         self.eos = set(config.eos_token_ids)
@@ -150,8 +151,8 @@ class Engine:
         call and the asyncio driver validate first, so a bad request never gets queued)."""
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         lora = lora_key(*lora) if lora is not None else None  # ("", "") is no LoRA, as on the wire
-        seq = Seq(KVRequest(rid, prompt, salt=salt or None, lora=lora, mm=tuple(mm)),
-                  params, num_prompt_tokens=len(prompt))
+        seq = Seq(KVRequest(rid, prompt, salt=salt or None, lora=lora, mm=tuple(mm),
+                            num_prompt_tokens=len(prompt)), params, num_prompt_tokens=len(prompt))
         if params.temperature > 0:
             seq.generator = torch.Generator().manual_seed(
                 params.seed if params.seed is not None else torch.seed())
@@ -250,6 +251,44 @@ class Engine:
             raise
         return [Completion(s.output_ids, s.num_cached_tokens, s.finish_reason,
                            s.num_prompt_tokens, s.ttft_s or 0.0) for s in seqs]
+
+    # --- pins -----------------------------------------------------------------------
+
+    def pin(self, token_ids: list[int] | None = None, *, salt: str | None = None,
+            lora: Lora | None = None, mm: tuple[MMItem, ...] = (),
+            block_hashes: list[bytes] | None = None, ttl_s: float, warm: bool = False) -> int:
+        """Pin a prefix's cached device blocks for ``ttl_s`` seconds (refreshed by use): the
+        prefix is ``token_ids`` (+ salt/LoRA/mm) or its chain ``block_hashes``. Returns the
+        blocks pinned now (from block 0, as far as this worker holds the chain, within the
+        pin cap). ``warm`` (``token_ids`` only): if not all of it is held, prefill it as a
+        request of its own and pin it once computed. Call between steps (engine thread)."""
+        chain = self._pin_chain(token_ids, salt, lora, mm, block_hashes)
+        pinned = self.kv.pin(chain, ttl_s)
+        if warm and pinned < len(chain):
+            if token_ids is None:
+                raise RequestError("warm needs token_ids, not block hashes")
+            seq = self.add_request(token_ids, SamplingParams(max_tokens=1), salt=salt,
+                                   lora=lora, mm=mm)
+            self.kv.pin_when_computed(seq.req, ttl_s)
+        return pinned
+
+    def unpin(self, token_ids: list[int] | None = None, *, salt: str | None = None,
+              lora: Lora | None = None, mm: tuple[MMItem, ...] = (),
+              block_hashes: list[bytes] | None = None) -> int:
+        """Release the pins of a prefix (and of everything pinned after it); returns the
+        number of blocks unpinned."""
+        return self.kv.unpin(self._pin_chain(token_ids, salt, lora, mm, block_hashes))
+
+    def _pin_chain(self, token_ids: list[int] | None, salt: str | None, lora: Lora | None,
+                   mm: tuple[MMItem, ...], chain: list[bytes] | None) -> list[bytes]:
+        if (token_ids is None) == (chain is None):
+            raise RequestError("give token_ids or block_hashes (one of them)")
+        if chain is not None:
+            return list(chain)
+        lora = lora_key(*lora) if lora is not None else None
+        return block_hashes([int(t) for t in token_ids], self.block_size,
+                            algo=self.kv.hash_algo, seed=self.kv.hash_seed, salt=salt or None,
+                            lora=lora, mm=tuple(mm))
 
     # --- reporting ------------------------------------------------------------------
 

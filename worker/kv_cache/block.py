@@ -14,6 +14,11 @@ Invariants kept by :class:`FreeBlockQueue`:
 
 The queue is the pool's eviction order: the head is the next block handed out (and, when it
 still holds a cached hash, the one evicted); the tail is the last.
+
+:class:`LayeredFreeQueue` (``eviction="layered"``) has the same interface over two such
+queues: blocks holding nothing or holding decode-generated tokens are handed out before
+blocks computed by prefill (KVBoost: a generated block is rarely shared, a prompt block
+often is); inside each class the order is the plain queue's.
 """
 from __future__ import annotations
 
@@ -72,7 +77,7 @@ class KVCacheBlock:
     """
 
     __slots__ = ("block_id", "block_hash", "ref_cnt", "prev_free", "next_free", "content",
-                 "parent_hash")
+                 "parent_hash", "decoded", "layer")
 
     def __init__(self, block_id: int, block_hash: bytes | None = None, ref_cnt: int = 0,
                  prev_free: KVCacheBlock | None = None, next_free: KVCacheBlock | None = None,
@@ -84,6 +89,10 @@ class KVCacheBlock:
         self.next_free = next_free
         self.content = content
         self.parent_hash: bytes | None = None  # the chain's previous hash (None at block 0)
+        # Eviction class under ``eviction="layered"`` (ignored otherwise): set by the manager
+        # when the block is cached or hit, read only while the block is cached.
+        self.decoded = False
+        self.layer = 0  # which queue of a LayeredFreeQueue the block is linked into
 
     @property
     def token_ids(self) -> tuple[int, ...] | None:
@@ -193,3 +202,76 @@ class FreeBlockQueue:
         for block in forward:
             assert block.prev_free is not None and block.prev_free.next_free is block
             assert block.next_free is not None and block.next_free.prev_free is block
+
+
+class LayeredFreeQueue:
+    """A :class:`FreeBlockQueue` in two classes: ``first`` (blocks without a hash, and cached
+    blocks with ``decoded`` set) is handed out entirely before ``second`` (cached prefill
+    blocks). Same interface and O(1) operations as :class:`FreeBlockQueue`; iteration is
+    ``first`` then ``second``, the overall hand-out order.
+
+    - ``append`` puts a block at the tail of its class: ``first`` when it has no hash or is
+      ``decoded``, else ``second``. ``appendleft`` (unhashed blocks) puts it at the head of
+      ``first``, so blocks holding nothing go before any cached block, as in the plain queue.
+    - The class a block was linked into is kept in ``block.layer``, so ``remove`` stays O(1)
+      even when the block's hash or ``decoded`` changed while it was free (``uncache``).
+    """
+
+    def __init__(self, blocks: Iterable[KVCacheBlock]) -> None:
+        blocks = list(blocks)
+        for block in blocks:
+            block.layer = 0
+        self._layers = (FreeBlockQueue(blocks), FreeBlockQueue(()))
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._layers[0].num_free_blocks + self._layers[1].num_free_blocks
+
+    def __len__(self) -> int:
+        return self.num_free_blocks
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        yield from self._layers[0]
+        yield from self._layers[1]
+
+    def layer(self, index: int) -> FreeBlockQueue:
+        """One class: 0 is handed out first (for tests and stats)."""
+        return self._layers[index]
+
+    def popleft(self) -> KVCacheBlock:
+        """Remove and return the next block to hand out. Raises ``ValueError`` when empty."""
+        first = self._layers[0]
+        return (first if first.num_free_blocks else self._layers[1]).popleft()
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        """Remove and return the next ``n`` blocks; all or nothing."""
+        if n > self.num_free_blocks:
+            raise ValueError(f"asked for {n} blocks, {self.num_free_blocks} free")
+        return [self.popleft() for _ in range(n)]
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """Unlink ``block`` from its class (O(1))."""
+        self._layers[block.layer].remove(block)
+
+    def append(self, block: KVCacheBlock) -> None:
+        """Put ``block`` at the tail of its class."""
+        index = 0 if block.block_hash is None or block.decoded else 1
+        self._layers[index].append(block)
+        block.layer = index
+
+    def appendleft(self, block: KVCacheBlock) -> None:
+        """Put ``block`` at the head of the first class: handed out next."""
+        self._layers[0].appendleft(block)
+        block.layer = 0
+
+    def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Append ``blocks``, each to the tail of its class, in the given order."""
+        for block in blocks:
+            self.append(block)
+
+    def check(self) -> None:
+        """Assert both classes' links and each block's ``layer`` (O(n); for tests)."""
+        for index, queue in enumerate(self._layers):
+            queue.check()
+            for block in queue:
+                assert block.layer == index, f"block {block.block_id} in the wrong class"

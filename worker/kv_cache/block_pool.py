@@ -14,6 +14,9 @@ unhashed blocks):
   given; callers pass a request's blocks in REVERSE, so a chain's last block sits nearest
   the head and is evicted first. Blocks without a hash hold nothing reusable: they go to the
   HEAD so they are handed out before any cached block.
+- ``eviction="layered"`` splits the free queue in two classes (:class:`LayeredFreeQueue`):
+  unhashed and decode-generated blocks (``block.decoded``, set by the manager) are handed out
+  before prefill-computed ones; the rules above hold inside each class.
 - Every cached block carries its :class:`BlockContent`; :meth:`get_cached_block` only
   returns a block whose content matches the caller's tokens, so a hash collision is a miss.
 - A cached block's KV is written, or is being written by the step in progress. A step that
@@ -24,10 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from .block import BlockContent, Extra, FreeBlockQueue, KVCacheBlock
+from .block import BlockContent, Extra, FreeBlockQueue, KVCacheBlock, LayeredFreeQueue
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, CacheSnapshot, KVEvent
 
 TIERS = ("gpu", "cpu")
+# Free-queue orders: "lru" is vLLM's; "layered" hands out decode-generated blocks before
+# prefill-computed ones (see LayeredFreeQueue).
+EVICTIONS = ("lru", "layered")
 # Bound of the unread event backlog, in blocks (an event weighs 1 + its block hashes, and its
 # tokens are proportional to those): with nobody reading events (no service link, or an
 # ``Engine`` used directly) they would otherwise grow with traffic forever. A reader taking
@@ -38,16 +44,20 @@ MAX_PENDING_BLOCKS = 32_768
 class BlockPool:
     """All KV blocks of one tier and the map of which prefixes they hold."""
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True, tier: str = "gpu") -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool = True, tier: str = "gpu",
+                 eviction: str = "lru") -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if tier not in TIERS:
             raise ValueError(f"unknown tier {tier!r}; valid: {', '.join(TIERS)}")
+        if eviction not in EVICTIONS:
+            raise ValueError(f"unknown eviction {eviction!r}; valid: {', '.join(EVICTIONS)}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.tier = tier
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.free_queue = FreeBlockQueue(self.blocks)
+        self.free_queue: FreeBlockQueue | LayeredFreeQueue = (
+            LayeredFreeQueue if eviction == "layered" else FreeBlockQueue)(self.blocks)
         self.cached: dict[bytes, dict[int, KVCacheBlock]] = {}
         self.num_cached_blocks = 0
         self.evictions = 0

@@ -33,11 +33,21 @@ blocks (its own, or a batch-mate's that it hit in the same step). Blocks cached 
 steps (the first chunks of a chunked prefill, a preempted request's blocks) were written
 and stay cached.
 
+Eviction order (``eviction``): "lru" is vLLM's free queue; "layered" hands out blocks holding
+decode-generated tokens (past ``req.num_prompt_tokens``) before prefill-computed ones. A block
+is marked when cached, and becomes a prefill block when a later admission hits it inside its
+prompt (it is shared now, as a multi-turn history is).
+
+Pins (:mod:`.pins`): :meth:`KVCacheManager.pin` keeps a cached chain's device blocks resident
+for a TTL refreshed by use; ``auto_pin=True`` pins blocks hit by many requests. Pins are
+applied and expired between steps (:meth:`KVCacheManager.step` runs their tick first).
+
 Not thread-safe: call everything, ``take_events`` included, from the engine's loop.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -46,6 +56,7 @@ from kvmesh.hashing import ALGOS, DEFAULT_ALGO, extend_block_hashes, extra_keys
 from .block import Extra, KVCacheBlock
 from .block_pool import BlockPool
 from .events import CacheSnapshot, KVEvent
+from .pins import PinTable
 from .request import KVRequest
 
 
@@ -103,7 +114,9 @@ class KVCacheManager:
 
     def __init__(self, num_blocks: int, block_size: int, *, hash_algo: str = DEFAULT_ALGO,
                  hash_seed: str | None = None, enable_caching: bool = True,
-                 tier: str = "gpu") -> None:
+                 tier: str = "gpu", eviction: str = "lru", auto_pin: bool = False,
+                 pin_cap: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if hash_algo not in ALGOS:
@@ -112,7 +125,10 @@ class KVCacheManager:
         self.hash_algo = hash_algo
         self.hash_seed = hash_seed
         self.enable_caching = enable_caching
-        self.pool = BlockPool(num_blocks, enable_caching=enable_caching, tier=tier)
+        self.pool = BlockPool(num_blocks, enable_caching=enable_caching, tier=tier,
+                              eviction=eviction)
+        self._layered = eviction == "layered"
+        self.pins = PinTable(self.pool, pin_cap, auto=auto_pin and enable_caching, clock=clock)
         self._blocks: dict[str, list[KVCacheBlock]] = {}  # request id -> block table
         self._num_cached: dict[str, int] = {}  # request id -> leading blocks already cached
         self._first = _Admissions()      # first admissions: the hit rate's counters
@@ -190,7 +206,8 @@ class KVCacheManager:
         the cache hits, for a request being admitted); return the newly allocated blocks.
 
         Returns ``None``, changing nothing, when the pool has too few free blocks (cache hits
-        that are free count against them, as touching takes them off the free queue).
+        that are free count against them, as touching takes them off the free queue); pins
+        that the request could never fit beside are released first (``PinTable.yield_to``).
         Otherwise: hits are touched, new blocks popped from the free queue's head (evicting
         what they cached), and every block the scheduled tokens fill is cached at once.
         Raises ``ValueError`` on inconsistent arguments (hits for a request that already
@@ -210,7 +227,11 @@ class KVCacheManager:
                              - held - len(hits))
         taken_from_free = sum(1 for b in hits if b.ref_cnt == 0)
         if num_new_blocks + taken_from_free > self.pool.num_free_blocks:
-            return None
+            if not self.pins.yield_to({*(table or ()), *hits}, num_new_blocks):
+                return None
+            taken_from_free = sum(1 for b in hits if b.ref_cnt == 0)
+            if num_new_blocks + taken_from_free > self.pool.num_free_blocks:
+                return None
 
         if table is None:  # admission
             table = self._blocks[req.request_id] = []
@@ -219,6 +240,7 @@ class KVCacheManager:
         if hits:
             self.pool.touch(hits)
             table.extend(hits)
+            self._note_hits(req, hits)
         new_blocks = self.pool.get_new_blocks(num_new_blocks) if num_new_blocks else []
         table.extend(new_blocks)
         if self.enable_caching:
@@ -251,6 +273,10 @@ class KVCacheManager:
         self.pool.cache_full_blocks(table, req.block_hashes, req.token_ids, num_cached,
                                     num_full, self.block_size, extras)
         self._num_cached[req.request_id] = num_full
+        if self._layered:
+            prompt = req.num_prompt_tokens
+            for i in range(num_cached, num_full):
+                table[i].decoded = prompt is not None and (i + 1) * self.block_size > prompt
         if self._unwritten is not None:
             self._unwritten.extend(table[num_cached:num_full])
 
@@ -265,6 +291,7 @@ class KVCacheManager:
         """
         if self._unwritten is not None:
             raise RuntimeError("a step is already open")
+        self.pins.tick(self.pins.clock())
         self._unwritten = []
         try:
             yield
@@ -299,9 +326,59 @@ class KVCacheManager:
         return [b.block_id for b in self._blocks.get(req.request_id, ())]
 
     def reset_prefix_cache(self) -> bool:
-        """Drop all cached hashes (emits ``AllBlocksCleared``); ``False``, changing nothing,
-        while any request holds blocks."""
+        """Drop all cached hashes and all pins (emits ``AllBlocksCleared``); ``False``,
+        changing nothing, while any request holds blocks."""
+        if len(self.pins) and self.pins.held_only_by_pins():
+            self.pins.release_all()
         return self.pool.reset_prefix_cache()
+
+    # --- pins -------------------------------------------------------------------------
+
+    def pin(self, block_hashes: Sequence[bytes], ttl_s: float) -> int:
+        """Pin the chain ``block_hashes`` (from block 0) on the device blocks holding it, as
+        far as the pool holds it and the pin cap allows, for ``ttl_s`` seconds refreshed by
+        each admission hitting it; blocks already pinned are refreshed. Returns the number
+        of the chain's blocks pinned now (0 with caching off)."""
+        if not self.enable_caching:
+            return 0
+        return self.pins.pin(list(block_hashes), ttl_s, self.pins.clock())
+
+    def pin_when_computed(self, req: KVRequest, ttl_s: float) -> None:
+        """Pin ``req``'s prompt chain (its full blocks) at the first step after it has been
+        computed (a warm-up request); dropped if that takes longer than ``ttl_s``."""
+        if not self.enable_caching:
+            return
+        self._update_hashes(req)
+        prompt = req.num_tokens if req.num_prompt_tokens is None else req.num_prompt_tokens
+        num_full = prompt // self.block_size
+        self.pins.defer(req, req.block_hashes[:num_full], num_full * self.block_size, ttl_s,
+                        self.pins.clock())
+
+    def unpin(self, block_hashes: Sequence[bytes]) -> int:
+        """Release the pins on ``block_hashes`` and on their descendants; returns the number
+        of blocks unpinned."""
+        return self.pins.unpin(block_hashes)
+
+    def expire_pins(self, now: float | None = None) -> int:
+        """The pins' periodic work (run by :meth:`step`): release pins expired at ``now``
+        (default: the clock), then take the due automatic and deferred pins. Returns the
+        number of blocks released."""
+        return self.pins.tick(self.pins.clock() if now is None else now)
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        return len(self.pins)
+
+    def _note_hits(self, req: KVRequest, hits: list[KVCacheBlock]) -> None:
+        """An admission's hits: a hit inside the prompt makes a block a prefill block (it is
+        shared), and the pins see the use."""
+        if self._layered:
+            prompt = req.num_prompt_tokens
+            for i, block in enumerate(hits):
+                if prompt is None or (i + 1) * self.block_size <= prompt:
+                    block.decoded = False
+        if self.pins.watching:
+            self.pins.note_hits(hits, self.pins.clock(), first=req.num_preemptions == 0)
 
     # --- reporting --------------------------------------------------------------------
 
