@@ -233,7 +233,16 @@ def worker_requests(lim: Limits, vocab: int = 256) -> dict[str, st.SearchStrateg
         mm=st.one_of(st.just([]), st.lists(mm, max_size=2)), index_matched_tokens=U64)
     fetch = st.builds(wpb.FetchBlocksRequest, block_hashes=st.lists(hashes(), max_size=4),
                       tier=_tier())
+    pin = st.builds(
+        wpb.PinRequest, token_ids=st.one_of(st.just([]), prompt),
+        block_hashes=st.one_of(st.just([]), st.just([]), st.lists(hashes(), max_size=4)),
+        salt=st.one_of(st.just(""), st.just("tenant"), texts(lim.max_salt_bytes)),
+        lora=st.one_of(st.none(), st.none(), lora),
+        mm=st.one_of(st.just([]), st.lists(mm, max_size=2)),
+        ttl_s=st.one_of(st.just(0.0), st.floats(0, 1e4), st.floats()), warm=st.booleans(),
+        unpin=st.booleans())
     return {
+        "Pin": st.one_of(_as_bytes(pin), _oversized(lim, lambda t: wpb.PinRequest(token_ids=t))),
         "Generate": st.one_of(_as_bytes(generate),
                               _oversized(lim, lambda t: wpb.GenerateRequest(token_ids=t))),
         "Stats": st.one_of(st.just(b""), RAW),

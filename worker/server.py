@@ -88,7 +88,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                     yield worker_pb2.GenerateResponse(token_ids=out.new_token_ids)
                     continue
                 seq = out.seq
-                self.precision.add(request.index_matched_tokens, seq.num_cached_tokens)
+                # a promise beyond the prompt is capped: the counters are uint64 on the wire
+                self.precision.add(min(request.index_matched_tokens, seq.num_prompt_tokens),
+                                   seq.num_cached_tokens)
                 if self.metrics is not None and seq.ttft_s is not None:
                     self.metrics.ttft.observe(seq.ttft_s)
                 yield worker_pb2.GenerateResponse(
@@ -119,13 +121,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
             blocks = await pin.apply(self.runner)
+        except RequestError as exc:  # the engine refused the prefix
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except StepFailed as exc:  # the warming prefill failed: the worker's fault
             await context.abort(grpc.StatusCode.INTERNAL, f"worker {self.worker_id}: {exc}")
         return worker_pb2.PinResponse(pinned_blocks=blocks)
 
     async def Stats(self, request, context) -> worker_pb2.WorkerStatsResponse:
-        stats = await self.runner.call(lambda e: (e.kv.stats, e.load(), e.requests_done))
-        cache, load, done = stats
+        stats = await self.runner.call(lambda e: (e.kv.stats, e.load(), e.requests_done,
+                                                  e.kv.num_pinned_blocks))
+        cache, load, done, pinned = stats
         from kvmesh.v1 import index_pb2
 
         return worker_pb2.WorkerStatsResponse(
@@ -136,7 +141,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                 cached_blocks=cache.blocks_cached, free_blocks=cache.blocks_free,
                 total_blocks=cache.blocks_total, cached_hashes=cache.hashes_cached),
             requests_done=done, index_promised_tokens=self.precision.promised,
-            index_served_tokens=self.precision.served)
+            index_served_tokens=self.precision.served, pinned_blocks=pinned)
 
     async def FetchBlocks(self, request, context):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED,
