@@ -1,4 +1,4 @@
-"""`kvmesh route | generate | stats`: the client verbs of the command line.
+"""`kvmesh route | generate | stats | pin`: the client verbs of the command line.
 
 Each verb talks to the metadata service given by ``--service ADDR[,ADDR...]`` (env
 ``KVMESH_SERVICE``), authenticates with ``--token`` (env ``KVMESH_TOKEN``), speaks TLS with
@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from kvmesh.cli_options import DEFAULT_SERVICE, Policy, Service, TlsCa, TlsCert, TlsKey, Token
+from kvmesh.cli_options import (
+    DEFAULT_SERVICE,
+    AdminToken,
+    Policy,
+    Service,
+    TlsCa,
+    TlsCert,
+    TlsKey,
+    Token,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -71,7 +80,7 @@ def _prompt(tokens: str | None, text: str | None) -> list[int]:
 @contextmanager
 def _client(service: str, token: str | None, timeout: float,
             tls: tuple[str | None, str | None, str | None] = (None, None, None),
-            ) -> Iterator[KvmeshClient]:
+            admin_token: str | None = None) -> Iterator[KvmeshClient]:
     """A connected client (``tls`` = ``(ca, cert, key)`` flags); any client failure becomes
     a one-line error and exit 1 (bad flags: exit 2)."""
     from client.errors import KvmeshError
@@ -80,8 +89,8 @@ def _client(service: str, token: str | None, timeout: float,
 
     try:
         ca, cert, key = tls
-        with KvmeshClient(service, token, timeout=timeout,
-                          tls=tls_files(cert, key, ca)) as client:
+        with KvmeshClient(service, token, timeout=timeout, tls=tls_files(cert, key, ca),
+                          admin_token=admin_token, pin_timeout=timeout) as client:
             yield client
     except KvmeshError as exc:
         raise _fail(f"{exc.code.name}: {exc.message}") from None
@@ -155,6 +164,40 @@ def generate_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
                + (f", {result.attempts} attempts" if result.attempts > 1 else ""))
     typer.echo(f"text: {out['text']!r}" if text is not None
                else "tokens: " + ",".join(map(str, result.token_ids)))
+
+
+def pin_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
+            service: Service = DEFAULT_SERVICE, token: Token = None,
+            admin_token: AdminToken = None,
+            ttl: Annotated[float, typer.Option(
+                "--ttl", min=0.0, help="Seconds the pin lasts, refreshed by every request "
+                "that uses the prefix (0: the service's --pin-ttl-s).")] = 0.0,
+            unpin: Annotated[bool, typer.Option(
+                "--unpin", help="Release the prefix on every worker instead.")] = False,
+            max_workers: Annotated[int, typer.Option(
+                "--max-workers", min=0, help="0: every worker holding the prefix; N: the N "
+                "best holders, warming others when fewer hold it.")] = 0,
+            timeout: Timeout = 60.0, json_out: JsonOut = False,
+            tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None) -> None:
+    """Keep a prefix (a system prompt) in the device tier of the workers (admin token).
+
+    Exits 1 when any worker could not pin it (each failure is listed)."""
+    prompt = _prompt(tokens, text)
+    with _client(service, token, timeout, (tls_ca, tls_cert, tls_key), admin_token) as client:
+        result = (client.unpin(prompt, salt=salt) if unpin else
+                  client.pin(prompt, salt=salt, ttl_s=ttl, max_workers=max_workers))
+    if json_out:
+        _print_json(dataclasses.asdict(result))
+    else:
+        what = "unpinned" if unpin else "pinned"
+        blocks = "" if unpin else f" (prefix of {result.chain_blocks} full blocks)"
+        typer.echo(f"{what} on {len(result.workers) - len(result.failed)} of "
+                   f"{len(result.workers)} workers{blocks}")
+        for w in result.workers:
+            typer.echo(f"  {w.worker_id}: " + (f"error: {w.error}" if w.error
+                                               else f"{w.pinned_blocks} blocks {what}"))
+    if result.failed:
+        raise typer.Exit(1)
 
 
 def _note_random_model(client: KvmeshClient, address: str) -> None:
@@ -270,7 +313,8 @@ def print_stats(data: dict[str, Any], console: Console | None = None) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add the ``route``, ``generate`` and ``stats`` verbs to ``app``."""
+    """Add the ``route``, ``generate``, ``stats`` and ``pin`` verbs to ``app``."""
     app.command("route")(route_cmd)
     app.command("generate")(generate_cmd)
     app.command("stats")(stats_cmd)
+    app.command("pin")(pin_cmd)

@@ -14,7 +14,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from client.errors import BrokenStream
-from client.results import Candidate, GenerateResult, RouteResult
+from client.results import Candidate, GenerateResult, PinnedWorker, PinResult, RouteResult
 from kvmesh.auth import worker_access_token
 from kvmesh.v1 import index_pb2, worker_pb2
 
@@ -86,6 +86,24 @@ def route_request(token_ids: Iterable[int], salt: str | None = None, lora: LoraS
         token_ids=_token_list(token_ids), salt=salt or "", lora=_lora(lora), mm=_mm(mm),
         model=model or "", policy=policy or "", max_candidates=max(0, int(max_candidates)),
         dry_run=dry_run)
+
+
+def prefix_ref(token_ids: Iterable[int] | None, salt: str | None = None,
+               lora: LoraSpec = None, mm: Iterable[MmSpec] = (), model: str | None = None,
+               block_hashes: Iterable[bytes] | None = None) -> index_pb2.PrefixRef:
+    """A prefix for ``PinPrefix`` / ``UnpinPrefix``: token ids (+ salt, LoRA, mm) or, with
+    ``token_ids=None``, its chain of block hashes."""
+    return index_pb2.PrefixRef(
+        token_ids=_token_list(token_ids) if token_ids is not None else (),
+        salt=salt or "", lora=_lora(lora), mm=_mm(mm), model=model or "",
+        block_hashes=list(block_hashes or ()))
+
+
+def pin_result(resp: index_pb2.PinPrefixResponse | index_pb2.UnpinPrefixResponse
+               ) -> PinResult:
+    """A pin or unpin answer as a ``PinResult``."""
+    workers = [PinnedWorker(w.worker_id, int(w.pinned_blocks), w.error) for w in resp.workers]
+    return PinResult(int(getattr(resp, "chain_blocks", 0)), workers)
 
 
 def generate_request(route: index_pb2.RouteRequest, max_tokens: int = 16,

@@ -2,7 +2,8 @@
 
 ``RouteResult`` is the service's routing decision (best candidate first, plus the ranked
 alternatives a caller can fail over to); ``GenerateResult`` is a whole completed generation,
-never a partial one; ``TokenChunk`` is what ``generate_stream`` hands on as tokens arrive.
+never a partial one; ``TokenChunk`` is what ``generate_stream`` hands on as tokens arrive;
+``PinResult`` is what each worker did with a pin (or unpin).
 """
 from __future__ import annotations
 
@@ -76,3 +77,26 @@ class TokenChunk(NamedTuple):
     token_ids: list[int]
     worker_id: str
     address: str
+
+
+@dataclass(frozen=True)
+class PinnedWorker:
+    """One worker's part of a pin: the blocks it pinned (unpinned), or why it could not."""
+
+    worker_id: str
+    pinned_blocks: int
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class PinResult:
+    """The answer to ``pin`` / ``unpin``: the prefix's full blocks (``chain_blocks``, 0 for
+    an unpin) and one entry per worker the service called."""
+
+    chain_blocks: int
+    workers: list[PinnedWorker]
+
+    @property
+    def failed(self) -> list[PinnedWorker]:
+        """The workers that could not be reached or refused."""
+        return [w for w in self.workers if w.error]
