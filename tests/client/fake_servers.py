@@ -46,6 +46,8 @@ class FakeIndex(index_pb2_grpc.IndexServiceServicer):
         self.routes: list[index_pb2.RouteRequest] = []
         self.metadata: list[dict[str, str]] = []
         self.stats = index_pb2.StatsResponse()
+        self.pins: list[index_pb2.PinPrefixRequest | index_pb2.UnpinPrefixRequest] = []
+        self.pinned: list[index_pb2.PinnedWorker] = []  # the answer to PinPrefix/UnpinPrefix
 
     def _enter(self, context: grpc.ServicerContext) -> None:
         self.metadata.append(dict(context.invocation_metadata()))
@@ -65,6 +67,17 @@ class FakeIndex(index_pb2_grpc.IndexServiceServicer):
     def Stats(self, request, context):
         self._enter(context)
         return self.stats
+
+    def PinPrefix(self, request, context):
+        self._enter(context)
+        self.pins.append(request)
+        return index_pb2.PinPrefixResponse(chain_blocks=len(request.prefix.token_ids) // 4,
+                                           workers=self.pinned)
+
+    def UnpinPrefix(self, request, context):
+        self._enter(context)
+        self.pins.append(request)
+        return index_pb2.UnpinPrefixResponse(workers=self.pinned)
 
 
 class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):

@@ -80,6 +80,29 @@ def test_route_shows_matched_tokens_per_tier(cluster) -> None:
     assert out["candidates"][1]["matched_tokens_by_tier"] == {"gpu": 48}
 
 
+def test_pin_prints_each_worker_and_fails_when_one_did(cluster) -> None:
+    index = FakeIndex(token="adm")
+    index.pinned = [index_pb2.PinnedWorker(worker_id="w1", pinned_blocks=2)]
+    address = cluster.index(index)
+    args = ["pin", "--service", address, "--text", "hello, kv!", "--salt", "s1"]
+    result = runner.invoke(app, [*args, "--ttl", "30", "--max-workers", "2"],
+                           env={"KVMESH_ADMIN_TOKEN": "adm"})
+    assert result.exit_code == 0, result.output
+    assert "pinned on 1 of 1 workers (prefix of 2 full blocks)" in result.stdout
+    assert "w1: 2 blocks pinned" in result.stdout
+    sent = index.pins[-1]
+    assert list(sent.prefix.token_ids) == list(b"hello, kv!") and sent.prefix.salt == "s1"
+    assert (sent.ttl_s, sent.max_workers) == (30.0, 2)
+    index.pinned.append(index_pb2.PinnedWorker(worker_id="w2", error="UNAVAILABLE: down"))
+    result = runner.invoke(app, [*args, "--unpin", "--admin-token", "adm", "--json"])
+    assert result.exit_code == 1 and isinstance(index.pins[-1], index_pb2.UnpinPrefixRequest)
+    out = json.loads(result.stdout)
+    assert out["workers"][1] == {"worker_id": "w2", "pinned_blocks": 0,
+                                 "error": "UNAVAILABLE: down"}
+    result = runner.invoke(app, args, env={"KVMESH_TOKEN": "router"})  # not the admin token
+    assert result.exit_code == 1 and "UNAUTHENTICATED" in result.output
+
+
 def test_generate_text_json_with_env_token(cluster) -> None:
     worker = FakeWorker("w1", token=worker_access_token("tok"))
     index = FakeIndex([candidate("w1", cluster.worker(worker))], token="tok")
