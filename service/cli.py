@@ -55,10 +55,10 @@ _OWN = [
         metavar="LEVEL", help=f"Logging level: {opt.choices(_LEVELS)}.")], "info"),
     # CostWeights overrides: unset, each worker's match is credited by its measured costs
     ("cpu_credit", Annotated[float | None, typer.Option(
-        min=0.0, max=1.0, help="Credit of a CPU-tier match for every worker, 0-1 (default: "
+        help="Credit of a CPU-tier match for every worker, 0-1 (default: "
         "measured per worker, 0.5 until measured).")], None),
     ("disk_credit", Annotated[float | None, typer.Option(
-        min=0.0, max=1.0, help="Credit of a disk-tier match for every worker, 0-1 (default: "
+        help="Credit of a disk-tier match for every worker, 0-1 (default: "
         "measured per worker, 0.25 until measured).")], None),
 ]
 

@@ -48,7 +48,7 @@ def test_credit_flags_override_the_measured_credits() -> None:
     register(app)
     app.command("other")(lambda: None)
     res = CliRunner().invoke(app, ["service", "--disk-credit", "1.5"])
-    assert res.exit_code == 2 and "--disk-credit" in res.output
+    assert res.exit_code == 2 and "disk_credit must be in [0, 1]" in res.output
 
 
 def test_python_m_service_serves_and_stops(redis_url: str) -> None:
