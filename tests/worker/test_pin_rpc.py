@@ -13,7 +13,8 @@ import pytest
 from kvmesh.auth import worker_access_token, worker_pin_token
 from kvmesh.hashing import block_hashes
 from kvmesh.v1 import index_pb2, worker_pb2, worker_pb2_grpc
-from tests.grpc_codes import code_of
+from tests.grpc_codes import code_of, status_of
+from tests.worker.faults import FailingForward
 from tests.worker.serving import with_worker
 from worker import Engine
 from worker.async_engine import AsyncEngine
@@ -107,6 +108,23 @@ def test_bad_pins_are_refused_and_change_nothing(req: worker_pb2.PinRequest,
             before.cache, before.pinned_blocks, before.requests_done)
 
     asyncio.run(with_worker(body, _runner()))
+
+
+def test_a_failed_warming_step_is_internal_and_pins_nothing() -> None:
+    """The warming request's step fails (the engine's fault): INTERNAL, which says so, and
+    nothing pinned; once the fault clears the same pin succeeds."""
+    engine = Engine.from_pretrained("tiny", num_blocks=32)
+    broken = FailingForward(engine)
+    req = worker_pb2.PinRequest(token_ids=PREFIX, ttl_s=60, warm=True)
+
+    async def body(stub: worker_pb2_grpc.WorkerServiceStub, _ch) -> None:
+        code, details = await status_of(stub.Pin(req))
+        assert code == grpc.StatusCode.INTERNAL and "out of memory" in details
+        assert await _pinned(stub) == 0
+        broken.failing = False
+        assert (await stub.Pin(req)).pinned_blocks == 3
+
+    asyncio.run(with_worker(body, AsyncEngine(engine).start()))
 
 
 def test_pin_needs_the_pin_token_not_the_access_token() -> None:
