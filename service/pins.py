@@ -119,6 +119,9 @@ class PinService:
         now = self.clock()
         views, tokens, blocks = await self._views(inp.prefix, self._groups(inp.prefix, now),
                                                   now)
+        if not blocks:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"a prefix of {tokens} "
+                               "tokens has no full block: there is nothing to pin")
         ranked = [r.view for r in self.policy.rank(tokens, views, self.rng)]
         targets = choose(ranked, inp.max_workers, can_warm=inp.prefix.tokens is not None)
         results = await self._send(targets, inp.prefix, ttl_s=inp.ttl_s, unpin=False)
