@@ -67,7 +67,9 @@ class Policy(abc.ABC):
 
 
 class KvmeshPolicy(Policy):
-    """Minimum estimated work: uncached prefill + queued prefill + decode load.
+    """Minimum estimated work: uncached prefill + queued prefill + decode load. A CPU/disk
+    match counts as the share of its tokens that onboarding saves on that worker
+    (``service.credits``: measured, else configured).
 
     A worker whose free blocks (when it reports ``total_blocks``) cannot hold the request's
     uncached blocks ranks after all workers that can.
