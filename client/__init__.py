@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from client.async_client import AsyncKvmeshClient
     from client.errors import KvmeshError
-    from client.results import Candidate, GenerateResult, RouteResult
+    from client.results import Candidate, GenerateResult, PinResult, RouteResult
     from client.sync_client import KvmeshClient
     from kvmesh.tls import TlsFiles
 
@@ -24,12 +24,13 @@ _EXPORTS = {
     "KvmeshError": "client.errors",
     "Candidate": "client.results",
     "GenerateResult": "client.results",
+    "PinResult": "client.results",
     "RouteResult": "client.results",
     "TlsFiles": "kvmesh.tls",
 }
 
 __all__ = ["AsyncKvmeshClient", "Candidate", "GenerateResult", "KvmeshClient", "KvmeshError",
-           "RouteResult", "TlsFiles"]
+           "PinResult", "RouteResult", "TlsFiles"]
 
 
 def __getattr__(name: str) -> Any:

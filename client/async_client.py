@@ -20,13 +20,14 @@ from client.base import BaseClient
 from client.convert import (
     LoraSpec,
     MmSpec,
+    pin_result,
     route_request,
     stats_dict,
     worker_stats_dict,
 )
 from client.errors import BrokenStream, KvmeshError
 from client.failover import Failures
-from client.results import GenerateResult, RouteResult, TokenChunk
+from client.results import GenerateResult, PinResult, RouteResult, TokenChunk
 from kvmesh.retry import Source
 from kvmesh.v1 import index_pb2, worker_pb2
 
@@ -34,23 +35,27 @@ __all__ = ["AsyncKvmeshClient", "TokenChunk"]
 
 
 class AsyncKvmeshClient(BaseClient):
-    """Asyncio client: ``await route(...)``, ``generate``, ``stats``, ``worker_stats``, and
-    ``async for`` over ``generate_stream(...)``.
+    """Asyncio client: ``await route(...)``, ``generate``, ``stats``, ``worker_stats``,
+    ``pin``, ``unpin``, and ``async for`` over ``generate_stream(...)``.
 
     ``timeout`` bounds each service call and ``worker_stats`` (seconds); ``generate_timeout``
-    bounds one attempt of a Generate stream on one worker.
+    bounds one attempt of a Generate stream on one worker; ``pin_timeout`` a pin or unpin.
     """
 
     def _dial(self, address: str) -> grpc.aio.Channel:
         return self._dialer.aio(address)
 
-    async def _service_call(self, method: str, request: Any) -> tuple[str, Any]:
-        """Call ``IndexService.<method>``, failing over between replicas per the retry table."""
+    async def _service_call(self, method: str, request: Any, *, admin: bool = False
+                      ) -> tuple[str, Any]:
+        """Call ``IndexService.<method>``, failing over between replicas per the retry table
+        (``admin``: with the admin token, and the pin deadline)."""
         failures = Failures("service replica")
+        metadata = self._admin_metadata if admin else self._metadata
+        timeout = self.pin_timeout if admin else self.timeout
         for address in self._ring.order():
             rpc = getattr(self._conn(address).index, method)
             try:
-                response = await rpc(request, timeout=self.timeout, metadata=self._metadata)
+                response = await rpc(request, timeout=timeout, metadata=metadata)
             except grpc.RpcError as err:
                 failures.failed(Source.SERVICE, address, err)
                 continue
@@ -135,6 +140,35 @@ class AsyncKvmeshClient(BaseClient):
                 yield result
                 return
         raise plan.error()
+
+    async def pin(self, token_ids: Iterable[int] | None, salt: str | None = None, *,
+              ttl_s: float = 0.0, max_workers: int = 0, lora: LoraSpec = None,
+              mm: Iterable[MmSpec] = (), model: str | None = None,
+              block_hashes: Iterable[bytes] | None = None) -> PinResult:
+        """Keep a prefix in the device tier of the workers that hold it (admin token).
+
+        The prefix is ``token_ids`` (+ ``salt``, ``lora``, ``mm``, hashed as a request's
+        prompt) or, with ``token_ids=None``, its chain ``block_hashes``. ``ttl_s`` (0: the
+        service's default) is refreshed whenever a request uses the prefix.
+        ``max_workers`` 0: every live worker holding (part of) it; N: the N best holders,
+        and other workers warmed (they prefill it) when fewer hold it. The result lists
+        each worker called; a worker that failed has an ``error`` (the call still
+        succeeds). Raises ``KvmeshError`` (UNAUTHENTICATED without the admin token).
+        """
+        method, request = self._pin_request(token_ids, salt, lora, mm, model, block_hashes,
+                                            ttl_s, max_workers, unpin=False)
+        _, response = await self._service_call(method, request, admin=True)
+        return pin_result(response)
+
+    async def unpin(self, token_ids: Iterable[int] | None, salt: str | None = None, *,
+                lora: LoraSpec = None, mm: Iterable[MmSpec] = (), model: str | None = None,
+                block_hashes: Iterable[bytes] | None = None) -> PinResult:
+        """Release a pinned prefix on every live worker (admin token); the result lists
+        each worker with the blocks it unpinned (see :meth:`pin` for the prefix)."""
+        method, request = self._pin_request(token_ids, salt, lora, mm, model, block_hashes,
+                                            0.0, 0, unpin=True)
+        _, response = await self._service_call(method, request, admin=True)
+        return pin_result(response)
 
     async def stats(self) -> dict[str, Any]:
         """The service's view: ``workers``, ``counters``, ``degraded``, ``service``."""

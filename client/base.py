@@ -9,9 +9,18 @@ on first use and shared by service and worker stubs; none after :meth:`BaseClien
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from client.convert import auth_metadata, generate_request, route_result, worker_metadata
+from client.convert import (
+    LoraSpec,
+    MmSpec,
+    auth_metadata,
+    generate_request,
+    prefix_ref,
+    route_result,
+    worker_metadata,
+)
 from client.failover import Candidates, no_worker_error
 from client.results import RouteResult
 from kvmesh.channel import Dialer, parse_addresses
@@ -33,9 +42,13 @@ class BaseClient:
 
     def __init__(self, addresses: str | list[str], token: str | None = None, *,
                  timeout: float = 5.0, generate_timeout: float = 120.0,
-                 tls: TlsFiles | None = None) -> None:
+                 tls: TlsFiles | None = None, admin_token: str | None = None,
+                 pin_timeout: float = 60.0) -> None:
         self._ring = ReplicaRing(parse_addresses(addresses))
         self._metadata = auth_metadata(token)
+        # pins take the admin token; a cluster without one may leave them to the router's
+        self._admin_metadata = auth_metadata(admin_token or token)
+        self.pin_timeout = pin_timeout  # a pin waits for every worker's answer (warming)
         self._worker_metadata = worker_metadata(token)
         self._dialer = Dialer.from_tls(tls)
         self.timeout = timeout
@@ -70,6 +83,20 @@ class BaseClient:
             self._closed = True
             conns, self._conns = list(self._conns.values()), {}
         return [conn.channel for conn in conns]
+
+    @staticmethod
+    def _pin_request(token_ids: Iterable[int] | None, salt: str | None, lora: LoraSpec,
+                     mm: Iterable[MmSpec], model: str | None,
+                     block_hashes: Iterable[bytes] | None, ttl_s: float, max_workers: int,
+                     unpin: bool) -> tuple[str, Any]:
+        """The service method and request of a pin (or an unpin)."""
+        if (token_ids is None) == (block_hashes is None):
+            raise ValueError("give the prefix as token_ids or as block_hashes (one of them)")
+        ref = prefix_ref(token_ids, salt, lora, mm, model, block_hashes)
+        if unpin:
+            return "UnpinPrefix", index_pb2.UnpinPrefixRequest(prefix=ref)
+        return "PinPrefix", index_pb2.PinPrefixRequest(prefix=ref, ttl_s=float(ttl_s),
+                                                       max_workers=max(0, int(max_workers)))
 
     @staticmethod
     def _routed(response: index_pb2.RouteResponse) -> RouteResult:

@@ -1,4 +1,4 @@
-"""`kvmesh route | generate | stats`: the client verbs of the command line.
+"""`kvmesh route | generate | stats | pin`: the client verbs of the command line.
 
 Each verb talks to the metadata service given by ``--service ADDR[,ADDR...]`` (env
 ``KVMESH_SERVICE``), authenticates with ``--token`` (env ``KVMESH_TOKEN``), speaks TLS with
@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from kvmesh.cli_options import DEFAULT_SERVICE, Policy, Service, TlsCa, TlsCert, TlsKey, Token
+from kvmesh.cli_options import (
+    DEFAULT_SERVICE,
+    AdminToken,
+    Policy,
+    Service,
+    TlsCa,
+    TlsCert,
+    TlsKey,
+    Token,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -28,6 +37,7 @@ Text = Annotated[str | None, typer.Option("--text", help="Prompt text (byte-leve
 Salt = Annotated[str | None, typer.Option("--salt", help="Cache salt (tenant isolation).")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Per-call timeout, seconds.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+TIERS = ("gpu", "cpu", "disk")  # KV tiers, fastest first, as the wire names them
 TINY_MODEL = "tiny"  # the worker's built-in model: byte vocabulary, random weights
 
 
@@ -70,7 +80,7 @@ def _prompt(tokens: str | None, text: str | None) -> list[int]:
 @contextmanager
 def _client(service: str, token: str | None, timeout: float,
             tls: tuple[str | None, str | None, str | None] = (None, None, None),
-            ) -> Iterator[KvmeshClient]:
+            admin_token: str | None = None) -> Iterator[KvmeshClient]:
     """A connected client (``tls`` = ``(ca, cert, key)`` flags); any client failure becomes
     a one-line error and exit 1 (bad flags: exit 2)."""
     from client.errors import KvmeshError
@@ -79,8 +89,8 @@ def _client(service: str, token: str | None, timeout: float,
 
     try:
         ca, cert, key = tls
-        with KvmeshClient(service, token, timeout=timeout,
-                          tls=tls_files(cert, key, ca)) as client:
+        with KvmeshClient(service, token, timeout=timeout, tls=tls_files(cert, key, ca),
+                          admin_token=admin_token, pin_timeout=timeout) as client:
             yield client
     except KvmeshError as exc:
         raise _fail(f"{exc.code.name}: {exc.message}") from None
@@ -113,13 +123,17 @@ def route_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
 
     flag = " [bold red](degraded: index unreachable, load-only)[/]" if result.degraded else ""
     console = Console()
+    lower = [(t, result.matched_tokens_by_tier.get(t, 0)) for t in TIERS[1:]]
+    split = "".join(f", {n} on {t}" for t, n in lower if n)
     console.print(f"[bold]{result.worker_id}[/] at {result.address}: "
-                  f"{result.matched_tokens}/{len(prompt)} prompt tokens cached "
+                  f"{result.matched_tokens}/{len(prompt)} prompt tokens cached{split} "
                   f"(policy {result.policy or 'default'}){flag}")
-    table = Table("rank", "worker", "address", "matched", "tier", "cost")
+    table = Table("rank", "worker", "address", "matched", *TIERS, "cost",
+                  caption="gpu / cpu / disk: matched tokens held on that tier")
     for rank, c in enumerate(result.candidates, 1):
-        table.add_row(str(rank), c.worker_id, c.address, str(c.matched_tokens),
-                      c.tier.removeprefix("TIER_").lower(), f"{c.cost:.1f}")
+        by_tier = [str(c.matched_tokens_by_tier.get(t, 0)) for t in TIERS]
+        table.add_row(str(rank), c.worker_id, c.address, str(c.matched_tokens), *by_tier,
+                      f"{c.cost:.1f}")
     console.print(table)
 
 
@@ -150,6 +164,40 @@ def generate_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
                + (f", {result.attempts} attempts" if result.attempts > 1 else ""))
     typer.echo(f"text: {out['text']!r}" if text is not None
                else "tokens: " + ",".join(map(str, result.token_ids)))
+
+
+def pin_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
+            service: Service = DEFAULT_SERVICE, token: Token = None,
+            admin_token: AdminToken = None,
+            ttl: Annotated[float, typer.Option(
+                "--ttl", min=0.0, help="Seconds the pin lasts, refreshed by every request "
+                "that uses the prefix (0: the service's --pin-ttl-s).")] = 0.0,
+            unpin: Annotated[bool, typer.Option(
+                "--unpin", help="Release the prefix on every worker instead.")] = False,
+            max_workers: Annotated[int, typer.Option(
+                "--max-workers", min=0, help="0: every worker holding the prefix; N: the N "
+                "best holders, warming others when fewer hold it.")] = 0,
+            timeout: Timeout = 60.0, json_out: JsonOut = False,
+            tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None) -> None:
+    """Keep a prefix (a system prompt) in the device tier of the workers (admin token).
+
+    Exits 1 when any worker could not pin it (each failure is listed)."""
+    prompt = _prompt(tokens, text)
+    with _client(service, token, timeout, (tls_ca, tls_cert, tls_key), admin_token) as client:
+        result = (client.unpin(prompt, salt=salt) if unpin else
+                  client.pin(prompt, salt=salt, ttl_s=ttl, max_workers=max_workers))
+    if json_out:
+        _print_json(dataclasses.asdict(result))
+    else:
+        what = "unpinned" if unpin else "pinned"
+        blocks = "" if unpin else f" (prefix of {result.chain_blocks} full blocks)"
+        typer.echo(f"{what} on {len(result.workers) - len(result.failed)} of "
+                   f"{len(result.workers)} workers{blocks}")
+        for w in result.workers:
+            typer.echo(f"  {w.worker_id}: " + (f"error: {w.error}" if w.error
+                                               else f"{w.pinned_blocks} blocks {what}"))
+    if result.failed:
+        raise typer.Exit(1)
 
 
 def _note_random_model(client: KvmeshClient, address: str) -> None:
@@ -306,7 +354,8 @@ def _print_fitting(table: Any, console: Console) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add the ``route``, ``generate`` and ``stats`` verbs to ``app``."""
+    """Add the ``route``, ``generate``, ``stats`` and ``pin`` verbs to ``app``."""
     app.command("route")(route_cmd)
     app.command("generate")(generate_cmd)
     app.command("stats")(stats_cmd)
+    app.command("pin")(pin_cmd)

@@ -14,7 +14,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from client.errors import BrokenStream
-from client.results import Candidate, GenerateResult, RouteResult
+from client.results import Candidate, GenerateResult, PinnedWorker, PinResult, RouteResult
 from kvmesh.auth import worker_access_token
 from kvmesh.v1 import index_pb2, worker_pb2
 
@@ -88,6 +88,24 @@ def route_request(token_ids: Iterable[int], salt: str | None = None, lora: LoraS
         dry_run=dry_run)
 
 
+def prefix_ref(token_ids: Iterable[int] | None, salt: str | None = None,
+               lora: LoraSpec = None, mm: Iterable[MmSpec] = (), model: str | None = None,
+               block_hashes: Iterable[bytes] | None = None) -> index_pb2.PrefixRef:
+    """A prefix for ``PinPrefix`` / ``UnpinPrefix``: token ids (+ salt, LoRA, mm) or, with
+    ``token_ids=None``, its chain of block hashes."""
+    return index_pb2.PrefixRef(
+        token_ids=_token_list(token_ids) if token_ids is not None else (),
+        salt=salt or "", lora=_lora(lora), mm=_mm(mm), model=model or "",
+        block_hashes=list(block_hashes or ()))
+
+
+def pin_result(resp: index_pb2.PinPrefixResponse | index_pb2.UnpinPrefixResponse
+               ) -> PinResult:
+    """A pin or unpin answer as a ``PinResult``."""
+    workers = [PinnedWorker(w.worker_id, int(w.pinned_blocks), w.error) for w in resp.workers]
+    return PinResult(int(getattr(resp, "chain_blocks", 0)), workers)
+
+
 def generate_request(route: index_pb2.RouteRequest, max_tokens: int = 16,
                      temperature: float = 0.0, seed: int | None = None,
                      ignore_eos: bool = False,
@@ -144,7 +162,9 @@ def candidate(c: index_pb2.Candidate) -> Candidate:
                      matched_tokens=int(c.matched_tokens), cost=float(c.cost),
                      tier=index_pb2.Tier.Name(c.tier) if c.tier in index_pb2.Tier.values()
                      else str(c.tier),
-                     load=message_to_dict(c.load))
+                     load=message_to_dict(c.load),
+                     matched_tokens_by_tier={k: int(v) for k, v in
+                                             c.matched_tokens_by_tier.items()})
 
 
 def route_result(resp: index_pb2.RouteResponse) -> RouteResult:
@@ -158,7 +178,8 @@ def route_result(resp: index_pb2.RouteResponse) -> RouteResult:
                        address=best.address if best else "",
                        matched_tokens=best.matched_tokens if best else 0,
                        candidates=cands, degraded=resp.degraded,
-                       prompt_tokens=int(resp.prompt_tokens), policy=resp.policy)
+                       prompt_tokens=int(resp.prompt_tokens), policy=resp.policy,
+                       matched_tokens_by_tier=dict(best.matched_tokens_by_tier) if best else {})
 
 
 def stats_dict(resp: index_pb2.StatsResponse, service: str = "") -> dict[str, Any]:
@@ -210,4 +231,5 @@ class StreamAssembler:
             finish_reason=final.finish_reason, prompt_tokens=int(final.prompt_tokens),
             address=self._cand.address,
             e2e_s=float(final.e2e_s) or time.perf_counter() - self._start,
-            matched_tokens=self._cand.matched_tokens, attempts=self._attempts)
+            matched_tokens=self._cand.matched_tokens, attempts=self._attempts,
+            cached_tokens_by_tier={k: int(v) for k, v in final.cached_tokens_by_tier.items()})

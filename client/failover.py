@@ -135,6 +135,9 @@ class Candidates:
                 self.failures.add(cand.worker_id, grpc.StatusCode.UNAVAILABLE, "no address")
                 continue
             self.request.index_matched_tokens = cand.matched_tokens
+            by_tier = self.request.index_matched_tokens_by_tier
+            by_tier.clear()  # one request message, re-sent to each candidate in turn
+            by_tier.update(cand.matched_tokens_by_tier)
             yield Attempt(cand, number, self.request, self.stream)
 
     def failed(self, attempt: Attempt, err: grpc.RpcError | BrokenStream

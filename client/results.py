@@ -2,7 +2,8 @@
 
 ``RouteResult`` is the service's routing decision (best candidate first, plus the ranked
 alternatives a caller can fail over to); ``GenerateResult`` is a whole completed generation,
-never a partial one; ``TokenChunk`` is what ``generate_stream`` hands on as tokens arrive.
+never a partial one; ``TokenChunk`` is what ``generate_stream`` hands on as tokens arrive;
+``PinResult`` is what each worker did with a pin (or unpin).
 """
 from __future__ import annotations
 
@@ -12,22 +13,28 @@ from typing import NamedTuple
 
 @dataclass(frozen=True)
 class Candidate:
-    """One worker the service ranked for a request; lower ``cost`` is better."""
+    """One worker the service ranked for a request; lower ``cost`` is better.
+
+    ``matched_tokens_by_tier``: ``matched_tokens`` split by the tier each matched block is
+    held on (``gpu``, ``cpu``, ``disk``); ``tier`` is the slowest of them.
+    """
 
     worker_id: str
     address: str
     matched_tokens: int
     cost: float
     tier: str = "TIER_UNSPECIFIED"
-    load: dict[str, int] = field(default_factory=dict)
+    load: dict[str, int | float] = field(default_factory=dict)
+    matched_tokens_by_tier: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class RouteResult:
     """The chosen worker (``candidates[0]``) and the full ranking.
 
-    ``matched_tokens`` is how much of the prompt the index says the chosen worker has cached;
-    ``degraded`` is true when the index was unreachable and the answer is load-only.
+    ``matched_tokens`` is how much of the prompt the index says the chosen worker has cached
+    (``matched_tokens_by_tier``: split by tier); ``degraded`` is true when the index was
+    unreachable and the answer is load-only.
     """
 
     worker_id: str
@@ -37,15 +44,18 @@ class RouteResult:
     degraded: bool = False
     prompt_tokens: int = 0
     policy: str = ""
+    matched_tokens_by_tier: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class GenerateResult:
     """A finished generation on one worker.
 
-    ``num_cached_tokens`` is what the worker really served from its prefix cache and
-    ``ttft_s`` its measured time to first token; ``matched_tokens`` is what the index promised
-    for that worker when routing; ``attempts`` counts workers tried (1 = no failover).
+    ``num_cached_tokens`` is what the worker really served from its prefix cache
+    (``cached_tokens_by_tier``: split by the tier the blocks came from, ``gpu``/``cpu``/
+    ``disk``; empty from a worker that predates tiers) and ``ttft_s`` its measured time to
+    first token; ``matched_tokens`` is what the index promised for that worker when routing;
+    ``attempts`` counts workers tried (1 = no failover).
     """
 
     worker_id: str
@@ -58,6 +68,7 @@ class GenerateResult:
     e2e_s: float = 0.0
     matched_tokens: int = 0
     attempts: int = 1
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
 
 
 class TokenChunk(NamedTuple):
@@ -66,3 +77,26 @@ class TokenChunk(NamedTuple):
     token_ids: list[int]
     worker_id: str
     address: str
+
+
+@dataclass(frozen=True)
+class PinnedWorker:
+    """One worker's part of a pin: the blocks it pinned (unpinned), or why it could not."""
+
+    worker_id: str
+    pinned_blocks: int
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class PinResult:
+    """The answer to ``pin`` / ``unpin``: the prefix's full blocks (``chain_blocks``, 0 for
+    an unpin) and one entry per worker the service called."""
+
+    chain_blocks: int
+    workers: list[PinnedWorker]
+
+    @property
+    def failed(self) -> list[PinnedWorker]:
+        """The workers that could not be reached or refused."""
+        return [w for w in self.workers if w.error]

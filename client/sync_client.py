@@ -12,8 +12,9 @@ Contract:
   finished request is never run again. ``generate_stream`` yields the tokens as they come
   and fails over the same way, but only before its first token (``kvmesh.retry``).
 * ``token`` (the router token) is sent as ``authorization: Bearer <token>`` on service calls
-  only; workers get ``kvmesh.auth.worker_access_token(token)`` instead, so a worker (or a
-  fake one whose address reached the index) never learns a token that can Route.
+  only (``admin_token``, when given, on ``pin``/``unpin`` instead); workers get
+  ``kvmesh.auth.worker_access_token(token)`` instead, so a worker (or a fake one whose
+  address reached the index) never learns a token that can Route.
 * ``tls`` (``kvmesh.tls.TlsFiles``): with a ``ca``, every channel (service and workers) is
   TLS and verifies the server's certificate against it; ``cert``/``key`` are presented as a
   client certificate when a server requires one. Without it, channels are plaintext.
@@ -36,35 +37,43 @@ from client.base import BaseClient
 from client.convert import (
     LoraSpec,
     MmSpec,
+    pin_result,
     route_request,
     stats_dict,
     worker_stats_dict,
 )
 from client.errors import BrokenStream, KvmeshError
 from client.failover import Failures
-from client.results import GenerateResult, RouteResult, TokenChunk
+from client.results import GenerateResult, PinResult, RouteResult, TokenChunk
 from kvmesh.retry import Source
 from kvmesh.v1 import index_pb2, worker_pb2
 
 
 class KvmeshClient(BaseClient):
     """Blocking client: ``route``, ``generate``, ``generate_stream``, ``stats``,
-    ``worker_stats`` (the same methods and signatures as ``AsyncKvmeshClient``).
+    ``worker_stats``, ``pin``, ``unpin`` (the same methods and signatures as
+    ``AsyncKvmeshClient``).
 
     ``timeout`` bounds each service call and ``worker_stats`` (seconds); ``generate_timeout``
-    bounds one attempt of a Generate stream on one worker.
+    bounds one attempt of a Generate stream on one worker; ``pin_timeout`` a pin or unpin
+    (it waits for every worker). ``admin_token`` is sent on ``pin``/``unpin`` only (the
+    router token when none is given).
     """
 
     def _dial(self, address: str) -> grpc.Channel:
         return self._dialer.sync(address)
 
-    def _service_call(self, method: str, request: Any) -> tuple[str, Any]:
-        """Call ``IndexService.<method>``, failing over between replicas per the retry table."""
+    def _service_call(self, method: str, request: Any, *, admin: bool = False
+                      ) -> tuple[str, Any]:
+        """Call ``IndexService.<method>``, failing over between replicas per the retry table
+        (``admin``: with the admin token, and the pin deadline)."""
         failures = Failures("service replica")
+        metadata = self._admin_metadata if admin else self._metadata
+        timeout = self.pin_timeout if admin else self.timeout
         for address in self._ring.order():
             rpc = getattr(self._conn(address).index, method)
             try:
-                response = rpc(request, timeout=self.timeout, metadata=self._metadata)
+                response = rpc(request, timeout=timeout, metadata=metadata)
             except grpc.RpcError as err:
                 failures.failed(Source.SERVICE, address, err)
                 continue
@@ -148,6 +157,35 @@ class KvmeshClient(BaseClient):
                 yield result
                 return
         raise plan.error()
+
+    def pin(self, token_ids: Iterable[int] | None, salt: str | None = None, *,
+              ttl_s: float = 0.0, max_workers: int = 0, lora: LoraSpec = None,
+              mm: Iterable[MmSpec] = (), model: str | None = None,
+              block_hashes: Iterable[bytes] | None = None) -> PinResult:
+        """Keep a prefix in the device tier of the workers that hold it (admin token).
+
+        The prefix is ``token_ids`` (+ ``salt``, ``lora``, ``mm``, hashed as a request's
+        prompt) or, with ``token_ids=None``, its chain ``block_hashes``. ``ttl_s`` (0: the
+        service's default) is refreshed whenever a request uses the prefix.
+        ``max_workers`` 0: every live worker holding (part of) it; N: the N best holders,
+        and other workers warmed (they prefill it) when fewer hold it. The result lists
+        each worker called; a worker that failed has an ``error`` (the call still
+        succeeds). Raises ``KvmeshError`` (UNAUTHENTICATED without the admin token).
+        """
+        method, request = self._pin_request(token_ids, salt, lora, mm, model, block_hashes,
+                                            ttl_s, max_workers, unpin=False)
+        _, response = self._service_call(method, request, admin=True)
+        return pin_result(response)
+
+    def unpin(self, token_ids: Iterable[int] | None, salt: str | None = None, *,
+                lora: LoraSpec = None, mm: Iterable[MmSpec] = (), model: str | None = None,
+                block_hashes: Iterable[bytes] | None = None) -> PinResult:
+        """Release a pinned prefix on every live worker (admin token); the result lists
+        each worker with the blocks it unpinned (see :meth:`pin` for the prefix)."""
+        method, request = self._pin_request(token_ids, salt, lora, mm, model, block_hashes,
+                                            0.0, 0, unpin=True)
+        _, response = self._service_call(method, request, admin=True)
+        return pin_result(response)
 
     def stats(self) -> dict[str, Any]:
         """The service's view: ``workers`` (``worker_id``, ``address``, ``alive``, load fields,

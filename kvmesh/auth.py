@@ -74,6 +74,19 @@ def worker_access_token(router_token: str) -> str:
     return hmac.new(router_token.encode(), b"kvmesh worker access v1", hashlib.sha256).hexdigest()
 
 
+def worker_pin_token(service_token: str) -> str:
+    """The token a worker's ``Pin`` requires, derived from the credential the worker
+    presents to the metadata service (its bound ``kvmesh worker-token``, or the shared
+    worker token): HMAC-SHA256(service_token, "kvmesh worker pin v1"), hex.
+
+    Only the service (which can mint every worker's credential from its worker secret) and
+    the worker itself can compute it; routers, which hold the worker access token, cannot
+    pin directly on a worker and bypass the service's admin-only ``PinPrefix``. One-way, so
+    whoever answers at a worker's address learns nothing that registers or heartbeats.
+    """
+    return hmac.new(service_token.encode(), b"kvmesh worker pin v1", hashlib.sha256).hexdigest()
+
+
 def bearer(metadata: Sequence[tuple[str, Any]] | None) -> str:
     """The token of an ``authorization: Bearer <token>`` entry, or ``""`` when absent."""
     for key, value in metadata or ():

@@ -50,6 +50,10 @@ Token = Annotated[str | None, typer.Option(
     "--token", envvar="KVMESH_TOKEN",
     help="Router token (the service's --token): Route/Stats need it; workers get only the "
     "access token derived from it.")]
+AdminToken = Annotated[str | None, typer.Option(
+    "--admin-token", envvar="KVMESH_ADMIN_TOKEN",
+    help="Admin token (the service's --admin-token): PinPrefix/UnpinPrefix need it, the "
+    "router token is not enough.")]
 WorkerToken = Annotated[str | None, typer.Option(
     "--worker-token", envvar="KVMESH_WORKER_TOKEN",
     help="Separate token for Register/Heartbeat/Publish/Sync.")]

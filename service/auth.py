@@ -3,6 +3,10 @@
 Roles:
 
 * *router* (``token``): Route, Stats and server reflection.
+* *admin* (``admin_token``): PinPrefix and UnpinPrefix (they hold device memory on every
+  worker, so a router token is not enough). Without an admin token they are closed when a
+  router token is configured, and open like Route when it is not (a service whose router
+  calls are open to everyone).
 * *worker*: RegisterWorker, Heartbeat, PublishEvents and SyncWorker. Accepted tokens:
   a token minted from ``worker_secret`` for the request's own worker id (bound: acting for
   another id is PERMISSION_DENIED, see ``service.worker_tokens``) and the shared
@@ -26,7 +30,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING
 
-from kvmesh.auth import BearerAuth, Verifier, shared_token
+from kvmesh.auth import BearerAuth, Grant, Verifier, shared_token
 from service import worker_tokens
 
 if TYPE_CHECKING:  # service.config calls check_credentials
@@ -35,19 +39,26 @@ if TYPE_CHECKING:  # service.config calls check_credentials
 SERVICE = "/kvmesh.v1.IndexService/"
 WORKER_METHODS = frozenset(SERVICE + m for m in
                            ("RegisterWorker", "Heartbeat", "PublishEvents", "SyncWorker"))
+ADMIN_METHODS = frozenset(SERVICE + m for m in ("PinPrefix", "UnpinPrefix"))
 _FINGERPRINT_LABEL = b"kvmesh credential fingerprint v1\x00"
 
 
 def role_of(method: str) -> str:
-    """``"worker"`` for the worker calls, ``"router"`` for everything else."""
-    return "worker" if method in WORKER_METHODS else "router"
+    """``"worker"`` for the worker calls, ``"admin"`` for the pins, ``"router"`` for
+    everything else."""
+    if method in WORKER_METHODS:
+        return "worker"
+    return "admin" if method in ADMIN_METHODS else "router"
 
 
 def check_credentials(token: str | None, worker_token: str | None,
-                      worker_secret: str | None) -> None:
+                      worker_secret: str | None, admin_token: str | None = None) -> None:
     """Raise ``ValueError`` for a credential set that would let the router token act as a
     worker, or leave workers unable to join: a router token with no worker credential, or a
-    worker credential equal to the router token."""
+    worker credential equal to the router token; or an admin token equal to any other."""
+    if admin_token and admin_token in (token, worker_token, worker_secret):
+        raise ValueError("the admin token must differ from the router token and the worker "
+                         "token / worker secret")
     if not token:
         return
     if not worker_token and not worker_secret:
@@ -75,6 +86,15 @@ def service_auth(cfg: ServiceConfig) -> BearerAuth | None:
         worker.append(worker_tokens.verifier("worker", cfg.worker_secret))
     if cfg.worker_token:
         worker.append(shared_token("worker", cfg.worker_token))
-    if not router and not worker:
+    # A role without verifiers is open: with a router token and no admin token, the admin
+    # calls get a verifier that accepts nothing (closed), never open.
+    admin: list[Verifier] = ([shared_token("admin", cfg.admin_token)] if cfg.admin_token
+                             else [_nobody] if cfg.token else [])
+    if not router and not worker and not admin:
         return None
-    return BearerAuth(role_of, {"router": router, "worker": worker})
+    return BearerAuth(role_of, {"router": router, "worker": worker, "admin": admin})
+
+
+def _nobody(_token: str) -> Grant | None:
+    """The verifier of a role nobody may take (no admin token configured)."""
+    return None

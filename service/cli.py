@@ -19,6 +19,7 @@ from service.config import BACKENDS, ServiceConfig
 # (``--max-prompt-tokens``) and takes the field's type and default, so a setting is declared
 # once, in ServiceConfig; fields shared with other commands take their kvmesh.cli_options type.
 _SHARED = {"redis_url": opt.RedisUrl, "policy": opt.Policy, "token": opt.Token,
+           "admin_token": opt.AdminToken,
            "worker_token": opt.WorkerToken, "worker_secret": opt.WorkerSecret,
            "tls_cert_file": opt.TlsCert, "tls_key_file": opt.TlsKey, "tls_ca_file": opt.TlsCa,
            "tls_client_auth": opt.TlsClientAuth}
@@ -34,8 +35,12 @@ _HELP = {
     "indexed_blocks_per_pool": "A worker may index at most this many times the total_blocks "
                                "it reports (and at least --min-indexed-cap).",
     "min_indexed_cap": "Blocks any worker may index.",
+    "pin_ttl_s": "TTL of a pinned prefix when PinPrefix gives none, seconds (refreshed by use).",
+    "max_pin_ttl_s": "Longest TTL a PinPrefix may ask for, seconds.",
+    "pin_timeout_s": "Deadline of one worker's Pin call (a warm one prefills first), seconds.",
 }
 _LEVELS = ("debug", "info", "warning", "error")
+SECRETS = ("token", "worker_token", "worker_secret", "admin_token")
 # Options of the command itself, not of ServiceConfig (or with a CLI-only default).
 _OWN = [
     ("port", Annotated[int, typer.Option(
@@ -48,6 +53,13 @@ _OWN = [
     ("hash_seed", opt.HashSeed, None),  # None: kvmesh.hashing.resolve_seed decides
     ("log_level", Annotated[Literal[_LEVELS], typer.Option(
         metavar="LEVEL", help=f"Logging level: {opt.choices(_LEVELS)}.")], "info"),
+    # CostWeights overrides: unset, each worker's match is credited by its measured costs
+    ("cpu_credit", Annotated[float | None, typer.Option(
+        help="Credit of a CPU-tier match for every worker, 0-1 (default: "
+        "measured per worker, 0.5 until measured).")], None),
+    ("disk_credit", Annotated[float | None, typer.Option(
+        help="Credit of a disk-tier match for every worker, 0-1 (default: "
+        "measured per worker, 0.25 until measured).")], None),
 ]
 
 
@@ -68,15 +80,20 @@ def _params() -> list[inspect.Parameter]:
                   if f.name in _SHARED or f.name in _HELP]
 
 
-def config_of(backend: str, hash_seed: str | None, **fields: Any) -> ServiceConfig:
+def config_of(backend: str, hash_seed: str | None, cpu_credit: float | None = None,
+              disk_credit: float | None = None, **fields: Any) -> ServiceConfig:
     """The ServiceConfig of the command's flags: ``backend`` auto resolved, the seed resolved
-    as vLLM does, empty secrets as none. Raises ``ValueError`` for inconsistent flags."""
+    as vLLM does, empty secrets as none, explicit credits into the cost weights. Raises
+    ``ValueError`` for inconsistent flags."""
     from kvmesh.hashing import resolve_seed
+    from service.config import CostWeights
 
     kind = backend if backend != "auto" else ("redis" if fields.get("redis_url") else "memory")
-    for secret in ("token", "worker_token", "worker_secret"):
-        fields[secret] = fields[secret] or None
-    return ServiceConfig(backend=kind, hash_seed=resolve_seed(None, hash_seed), **fields)
+    for secret in SECRETS:
+        fields[secret] = fields.get(secret) or None
+    weights = CostWeights(cpu_credit=cpu_credit, disk_credit=disk_credit)
+    return ServiceConfig(backend=kind, hash_seed=resolve_seed(None, hash_seed),
+                         weights=weights, **fields)
 
 
 def register(app: typer.Typer) -> None:

@@ -26,8 +26,11 @@ class CostWeights:
          + decode_weight * context tokens of its running sequences
          + running_weight * its running sequences
 
-    A GPU-tier match is credited fully, a CPU-tier match ``cpu_credit`` and a disk-tier match
-    ``disk_credit`` of its tokens (loading them back is cheaper than recomputing, not free).
+    A GPU-tier match is credited fully; a CPU- or disk-tier match a fraction of its tokens
+    (loading them back is cheaper than recomputing, not free): what onboarding saves on that
+    worker, from the costs it measures (``service.credits``). ``cpu_credit`` / ``disk_credit``,
+    when set, override the measurement for every worker; ``*_credit_fallback`` is the credit
+    of a worker that has not measured its costs (yet).
     ``free_block_guard``: a worker without enough free blocks for the request's uncached part
     ranks after every worker that has them.
     """
@@ -39,9 +42,18 @@ class CostWeights:
     queue_weight: float = 1.0
     decode_weight: float = 0.1
     running_weight: float = 16.0
-    cpu_credit: float = 0.5
-    disk_credit: float = 0.25
+    cpu_credit: float | None = None
+    disk_credit: float | None = None
+    cpu_credit_fallback: float = 0.5
+    disk_credit_fallback: float = 0.25
     free_block_guard: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_credit", "disk_credit", "cpu_credit_fallback",
+                     "disk_credit_fallback"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,7 @@ class ServiceConfig:
     token: str | None = field(default=None, repr=False)  # router token: Route/Stats only
     worker_token: str | None = field(default=None, repr=False)  # shared, unbound worker token
     worker_secret: str | None = field(default=None, repr=False)  # mints id-bound tokens
+    admin_token: str | None = field(default=None, repr=False)  # PinPrefix / UnpinPrefix only
     heartbeat_interval_s: float = 1.0
     liveness_timeout_s: float = 3.0       # no heartbeat for this long: out of routing
     purge_after_s: float = 10.0           # no heartbeat for this long: the janitor purges
@@ -71,6 +84,9 @@ class ServiceConfig:
     refresh_interval_s: float = 0.25      # how often a replica re-reads the worker records
     degraded_retry_s: float = 0.5         # after an index error, answer degraded this long
     provisional_ttl_s: float = 2.0
+    pin_ttl_s: float = 600.0              # a PinPrefix without ttl_s; refreshed by use
+    max_pin_ttl_s: float = 86_400.0
+    pin_timeout_s: float = 30.0           # one worker's Pin call (a warm one prefills first)
     # A Route that finds no live worker re-reads the records (workers may have registered
     # through another replica), at most this often: a flood of routes for an unserved model
     # must not become a flood of reads.
@@ -118,7 +134,7 @@ class ServiceConfig:
             raise ValueError("worker_secret must be at least 16 bytes")
         from service.auth import check_credentials  # lazily: it imports grpc
 
-        check_credentials(self.token, self.worker_token, self.worker_secret)
+        check_credentials(self.token, self.worker_token, self.worker_secret, self.admin_token)
         limits = ("max_prompt_tokens", "max_salt_bytes", "max_batch_events",
                   "max_batch_hashes", "max_snapshot_blocks", "max_message_bytes",
                   "max_mm_items", "indexed_blocks_per_pool", "min_indexed_cap",
@@ -126,6 +142,8 @@ class ServiceConfig:
         for name in limits:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if not 0 < self.pin_ttl_s <= self.max_pin_ttl_s or self.pin_timeout_s <= 0:
+            raise ValueError("need 0 < pin_ttl_s <= max_pin_ttl_s and pin_timeout_s > 0")
         if self.forced_refresh_min_s < 0:
             raise ValueError("forced_refresh_min_s must be >= 0")
         if self.max_inflight_per_conn < 0:

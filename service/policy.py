@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from service.config import CostWeights
+from service.credits import tier_credits
 from service.index.base import BlockMatch, WorkerLoad
 
 
@@ -39,6 +40,12 @@ class WorkerView:
     @property
     def matched_tokens(self) -> int:
         return self.match.blocks * self.block_size
+
+    @property
+    def matched_tokens_by_tier(self) -> dict[str, int]:
+        """``matched_tokens`` split by the tier holding each block."""
+        m, bs = self.match, self.block_size
+        return {"gpu": m.gpu * bs, "cpu": m.cpu * bs, "disk": m.disk * bs}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +67,9 @@ class Policy(abc.ABC):
 
 
 class KvmeshPolicy(Policy):
-    """Minimum estimated work: uncached prefill + queued prefill + decode load.
+    """Minimum estimated work: uncached prefill + queued prefill + decode load. A CPU/disk
+    match counts as the share of its tokens that onboarding saves on that worker
+    (``service.credits``: measured, else configured).
 
     A worker whose free blocks (when it reports ``total_blocks``) cannot hold the request's
     uncached blocks ranks after all workers that can.
@@ -72,8 +81,11 @@ class KvmeshPolicy(Policy):
         self.w = weights or CostWeights()
 
     def credited_tokens(self, v: WorkerView) -> float:
+        """Matched tokens less what onboarding the lower-tier ones costs on ``v``
+        (``service.credits``)."""
         m, bs = v.match, v.block_size
-        return bs * (m.gpu + self.w.cpu_credit * m.cpu + self.w.disk_credit * m.disk)
+        credit = tier_credits(self.w, v.load, bs)
+        return bs * (m.gpu + credit.cpu * m.cpu + credit.disk * m.disk)
 
     def cost(self, prompt_tokens: int, v: WorkerView) -> float:
         w, load = self.w, v.load

@@ -75,7 +75,10 @@ def pb_load(load: WorkerLoad) -> pb.WorkerLoad:
     return pb.WorkerLoad(running=load.running, waiting=load.waiting,
                          queued_prefill_tokens=load.queued_prefill_tokens,
                          free_blocks=load.free_blocks, total_blocks=load.total_blocks,
-                         decode_tokens=load.decode_tokens)
+                         decode_tokens=load.decode_tokens,
+                         prefill_us_per_token=load.prefill_us_per_token,
+                         onboard_us_per_block_cpu=load.onboard_us_per_block_cpu,
+                         onboard_us_per_block_disk=load.onboard_us_per_block_disk)
 
 
 def response(inp: validate.RouteInput, ranked: list[Ranked], policy: str,
@@ -85,6 +88,8 @@ def response(inp: validate.RouteInput, ranked: list[Ranked], policy: str,
         ranked = ranked[:inp.max_candidates]
     cands = [pb.Candidate(worker_id=r.view.worker_id, address=r.view.address,
                           matched_tokens=r.matched_tokens, tier=r.view.match.tier,
-                          cost=r.cost, load=pb_load(r.view.load)) for r in ranked]
+                          cost=r.cost, load=pb_load(r.view.load),
+                          matched_tokens_by_tier=r.view.matched_tokens_by_tier)
+             for r in ranked]
     return pb.RouteResponse(candidates=cands, degraded=degraded,
                             prompt_tokens=len(inp.tokens), policy=policy)

@@ -9,7 +9,9 @@ RegisterWorker for an id a live worker holds from another address or credential 
 ALREADY_EXISTS (the state of the id, not the caller's rights, refuses it: a worker restarted
 on a new port gets it too, and its link retries until the old record expires),
 backend unreachable on a worker call -> UNAVAILABLE (retry). Route and Stats never fail
-because of the backend: they answer from the worker table with ``degraded=true``. A
+because of the backend: they answer from the worker table with ``degraded=true``.
+PinPrefix needs the index to find the holders (UNAVAILABLE without it); UnpinPrefix does
+not; a worker that fails either is an error string in the answer (``service.pins``). A
 rejected request changes nothing. Every handler goes through :func:`_rpc`, so no handler
 answers UNKNOWN: any other exception is a bug, logged with its traceback and answered
 INTERNAL.
@@ -55,6 +57,7 @@ from service.index.base import (
 )
 from service.liveness import WorkerTable
 from service.metrics import ServiceMetrics
+from service.pins import PinService
 from service.policy import Policy, Ranked, WorkerView, make_policies
 from service.route import cap_match, hash_in_thread, live_groups, pb_load, response, usable_blocks
 from service.validate import RequestError
@@ -96,7 +99,7 @@ def _rpc(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
 
 
 class IndexServicer(pb_grpc.IndexServiceServicer):
-    """The six RPCs over one backend; see the module docstring for the error contract."""
+    """The eight RPCs over one backend; see the module docstring for the error contract."""
 
     def __init__(self, config: ServiceConfig, backend: IndexBackend,
                  clock: Clock = wall_ms) -> None:
@@ -111,6 +114,8 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         self.hash_memo = BlockHashMemo()  # shared prefixes are hashed once (exact memo)
         self._down_until_ms = 0  # until then Route answers degraded at once
         self._forced_refresh_ms = 0  # last refresh a Route forced (see _forced_refresh)
+        self.pins = PinService(config, self.table, self._lookup, self._hashes,
+                               self.policies["kvmesh"], self.rng, self.clock)
 
     # --- backend health -----------------------------------------------------------------
 
@@ -370,6 +375,16 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         except IndexUnavailable as e:
             log.warning("could not record provisional entries: %s", e)
             self.mark_down()
+
+    # --- admin RPCs (service.pins) -------------------------------------------------------
+
+    @_rpc
+    async def PinPrefix(self, req: pb.PinPrefixRequest) -> pb.PinPrefixResponse:
+        return await self.pins.pin(validate.pin(req, self.cfg))
+
+    @_rpc
+    async def UnpinPrefix(self, req: pb.UnpinPrefixRequest) -> pb.UnpinPrefixResponse:
+        return await self.pins.unpin(validate.unpin(req, self.cfg))
 
     @_rpc
     async def Stats(self, req: pb.StatsRequest) -> pb.StatsResponse:

@@ -8,6 +8,7 @@ root-hash check (FAILED_PRECONDITION) need state and live in the servicer.
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from dataclasses import dataclass
 
@@ -55,12 +56,23 @@ def worker_id(value: str) -> str:
     return value
 
 
+_COSTS = ("prefill_us_per_token", "onboard_us_per_block_cpu", "onboard_us_per_block_disk")
+
+
 def load(msg: pb.WorkerLoad) -> WorkerLoad:
+    """The load of a Register/Heartbeat; its measured costs must be finite and >= 0 (0:
+    not measured), else the cost model could credit a match by NaN."""
     if msg.total_blocks and msg.free_blocks > msg.total_blocks:
         raise RequestError(INVALID, f"load.free_blocks ({msg.free_blocks}) exceeds "
                            f"load.total_blocks ({msg.total_blocks})")
+    for name in _COSTS:
+        value = getattr(msg, name)
+        if not (math.isfinite(value) and value >= 0.0):
+            raise RequestError(INVALID, f"load.{name} ({value}) must be a finite number of "
+                               "microseconds >= 0 (0: not measured)")
     return WorkerLoad(msg.running, msg.waiting, msg.queued_prefill_tokens, msg.free_blocks,
-                      msg.total_blocks, msg.decode_tokens)
+                      msg.total_blocks, msg.decode_tokens, msg.prefill_us_per_token,
+                      msg.onboard_us_per_block_cpu, msg.onboard_us_per_block_disk)
 
 
 def address(value: str) -> str:
@@ -187,38 +199,99 @@ class RouteInput:
     dry_run: bool = False  # inspect only: record no provisional entries or routed work
 
 
-def route(req: pb.RouteRequest, cfg: ServiceConfig) -> RouteInput:
-    n = len(req.token_ids)
+def _prompt(token_ids: list[int], salt: str, lora_msg: pb.Lora, items: list[pb.MultimodalItem],
+            cfg: ServiceConfig, what: str = "token_ids",
+            ) -> tuple[list[int], str | None, tuple[str, str] | None, tuple]:
+    """The checks every prompt takes (Route's and a pinned prefix's): tokens, salt, LoRA,
+    multimodal items."""
+    n = len(token_ids)
     if n == 0:
-        raise RequestError(INVALID, "token_ids is empty")
+        raise RequestError(INVALID, f"{what} is empty")
     if n > cfg.max_prompt_tokens:
         raise RequestError(TOO_BIG, f"prompt of {n} tokens exceeds the limit of "
                            f"{cfg.max_prompt_tokens} (--max-prompt-tokens)")
-    tokens = list(req.token_ids)
+    tokens = list(token_ids)
     if min(tokens) < 0:
         i = next(i for i, t in enumerate(tokens) if t < 0)
-        raise RequestError(INVALID, f"token_ids[{i}] = {tokens[i]} is negative")
-    if len(req.salt.encode()) > cfg.max_salt_bytes:
-        raise RequestError(INVALID, f"salt is {len(req.salt.encode())} bytes; the limit is "
+        raise RequestError(INVALID, f"{what}[{i}] = {tokens[i]} is negative")
+    if len(salt.encode()) > cfg.max_salt_bytes:
+        raise RequestError(INVALID, f"salt is {len(salt.encode())} bytes; the limit is "
                            f"{cfg.max_salt_bytes}")
     try:
-        lora = lora_key(req.lora.name, req.lora.path)  # unset message: "" and "", no LoRA
+        lora = lora_key(lora_msg.name, lora_msg.path)  # unset message: "" and "", no LoRA
     except ValueError as e:
         raise RequestError(INVALID, str(e)) from None
-    if len(req.mm) > cfg.max_mm_items:
-        raise RequestError(INVALID, f"{len(req.mm)} multimodal items; the limit is "
+    if len(items) > cfg.max_mm_items:
+        raise RequestError(INVALID, f"{len(items)} multimodal items; the limit is "
                            f"{cfg.max_mm_items} per request (--max-mm-items)")
     mm = []
-    for i, item in enumerate(req.mm):
+    for i, item in enumerate(items):
         if not item.identifier or len(item.identifier) > 1024:
             raise RequestError(INVALID, f"mm[{i}].identifier must be 1-1024 characters")
         if item.offset < 0 or item.length < 1 or item.offset + item.length > n:
             raise RequestError(INVALID, f"mm[{i}] covers [{item.offset}, "
                                f"{item.offset + item.length}), outside the prompt [0, {n})")
         mm.append((item.identifier, item.offset, item.length))
+    return tokens, salt or None, lora, tuple(mm)
+
+
+def route(req: pb.RouteRequest, cfg: ServiceConfig) -> RouteInput:
+    tokens, salt, lora, mm = _prompt(req.token_ids, req.salt, req.lora, list(req.mm), cfg)
     policy = req.policy or cfg.policy
     if policy not in POLICIES:
         raise RequestError(INVALID, f"unknown policy {req.policy[:64]!r}; valid: "
                            f"{', '.join(POLICIES)}")
-    return RouteInput(tokens, req.salt or None, lora, tuple(mm), req.model, policy,
-                      req.max_candidates, req.dry_run)
+    return RouteInput(tokens, salt, lora, mm, req.model, policy, req.max_candidates,
+                      req.dry_run)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixInput:
+    """A prefix to pin: ``tokens`` (with their salt, LoRA and multimodal items, hashed per
+    namespace like a Route's prompt) or, when ``tokens`` is None, its chain ``hashes``."""
+
+    tokens: RouteInput | None
+    hashes: tuple[bytes, ...]
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class PinInput:
+    prefix: PrefixInput
+    ttl_s: float           # resolved: the service's default when the request gave none
+    max_workers: int       # 0: every live holder
+
+
+def prefix(ref: pb.PrefixRef, cfg: ServiceConfig) -> PrefixInput:
+    """Exactly one of token ids or block hashes; hashes carry salt, LoRA and multimodal
+    items already, so those must be unset with them. Hashes: 16 or 32 bytes, all alike, at
+    most ``max_batch_hashes``."""
+    if ref.block_hashes:
+        if ref.token_ids or ref.salt or ref.HasField("lora") or ref.mm:
+            raise RequestError(INVALID, "prefix: give token_ids (with salt, lora, mm) or "
+                               "block_hashes, not both")
+        if len(ref.block_hashes) > cfg.max_batch_hashes:
+            raise RequestError(TOO_BIG, f"prefix of {len(ref.block_hashes)} block hashes; the "
+                               f"limit is {cfg.max_batch_hashes} (--max-batch-hashes)")
+        width = len(ref.block_hashes[0])
+        for i, h in enumerate(ref.block_hashes):
+            if len(h) != width or width not in set(DIGEST_BYTES.values()):
+                raise RequestError(INVALID, f"prefix.block_hashes[{i}] is {len(h)} bytes; "
+                                   "hashes are 16 or 32 bytes, all of one size")
+        return PrefixInput(None, tuple(ref.block_hashes), ref.model)
+    tokens, salt, lora, mm = _prompt(ref.token_ids, ref.salt, ref.lora, list(ref.mm), cfg,
+                                     "prefix.token_ids")
+    inp = RouteInput(tokens, salt, lora, mm, ref.model, "kvmesh", 0, dry_run=True)
+    return PrefixInput(inp, (), ref.model)
+
+
+def pin(req: pb.PinPrefixRequest, cfg: ServiceConfig) -> PinInput:
+    ttl = req.ttl_s
+    if not (math.isfinite(ttl) and 0.0 <= ttl <= cfg.max_pin_ttl_s):
+        raise RequestError(INVALID, f"ttl_s ({ttl}) must be in [0, {cfg.max_pin_ttl_s}] "
+                           "seconds (0: the service's default, --pin-ttl-s)")
+    return PinInput(prefix(req.prefix, cfg), ttl or cfg.pin_ttl_s, req.max_workers)
+
+
+def unpin(req: pb.UnpinPrefixRequest, cfg: ServiceConfig) -> PrefixInput:
+    return prefix(req.prefix, cfg)

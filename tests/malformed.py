@@ -75,7 +75,11 @@ def loads() -> st.SearchStrategy[pb.WorkerLoad]:
         total_blocks=st.just(total)))
     arbitrary = st.builds(pb.WorkerLoad, running=U32, waiting=U32, queued_prefill_tokens=U64,
                           free_blocks=U32, total_blocks=U32, decode_tokens=U64)
-    return st.one_of(st.just(pb.WorkerLoad()), plausible, arbitrary)
+    cost = st.one_of(st.just(0.0), st.floats(0, 1e4), st.floats())  # NaN, inf, negative too
+    measured = st.builds(pb.WorkerLoad, total_blocks=st.just(64), free_blocks=st.just(8),
+                         prefill_us_per_token=cost, onboard_us_per_block_cpu=cost,
+                         onboard_us_per_block_disk=cost)
+    return st.one_of(st.just(pb.WorkerLoad()), plausible, arbitrary, measured)
 
 
 def tokens(limit: int) -> st.SearchStrategy[list[int]]:
@@ -152,6 +156,19 @@ def _route(lim: Limits) -> st.SearchStrategy[pb.RouteRequest]:
         max_candidates=U32, dry_run=st.booleans())
 
 
+def _prefix(lim: Limits) -> st.SearchStrategy[pb.PrefixRef]:
+    """Prefixes to pin: token ids, block hashes, both or neither, with extra keys."""
+    mm = st.builds(pb.MultimodalItem, identifier=texts(1100), offset=I64, length=I64)
+    lora = st.builds(pb.Lora, name=st.text(max_size=8), path=st.text(max_size=8))
+    many = _around(lim.max_batch_hashes).map(lambda n: [HASH_POOL[0]] * n)
+    chain = st.one_of(st.just([]), st.just([]), st.lists(hashes(), max_size=5), many)
+    return st.builds(
+        pb.PrefixRef, token_ids=st.one_of(st.just([]), tokens(lim.max_prompt_tokens)),
+        salt=st.one_of(st.just(""), texts(lim.max_salt_bytes)), lora=st.one_of(st.none(), lora),
+        mm=st.one_of(st.just([]), st.lists(mm, max_size=2)),
+        model=st.one_of(st.just(""), st.just("tiny"), texts(64)), block_hashes=chain)
+
+
 def _oversized(lim: Limits, make: Callable[[list[int]], Message]) -> st.SearchStrategy[bytes]:
     """A request (``make(token_ids)``) just over the message limit, or far over gRPC's
     transport cap (token id 300 takes 2 bytes)."""
@@ -180,6 +197,13 @@ def index_requests(lim: Limits) -> dict[str, st.SearchStrategy[bytes]]:
         "Route": st.one_of(_as_bytes(_route(lim)),
                            _oversized(lim, lambda t: pb.RouteRequest(token_ids=t))),
         "Stats": st.one_of(st.just(b""), RAW),
+        "PinPrefix": st.one_of(
+            _as_bytes(st.builds(pb.PinPrefixRequest, prefix=st.one_of(st.none(), _prefix(lim)),
+                                ttl_s=st.one_of(st.just(0.0), st.floats()),
+                                max_workers=st.one_of(st.integers(0, 3), U32))),
+            _oversized(lim, lambda t: pb.PinPrefixRequest(prefix=pb.PrefixRef(token_ids=t)))),
+        "UnpinPrefix": _as_bytes(st.builds(pb.UnpinPrefixRequest,
+                                           prefix=st.one_of(st.none(), _prefix(lim)))),
     }
 
 
@@ -209,7 +233,16 @@ def worker_requests(lim: Limits, vocab: int = 256) -> dict[str, st.SearchStrateg
         mm=st.one_of(st.just([]), st.lists(mm, max_size=2)), index_matched_tokens=U64)
     fetch = st.builds(wpb.FetchBlocksRequest, block_hashes=st.lists(hashes(), max_size=4),
                       tier=_tier())
+    pin = st.builds(
+        wpb.PinRequest, token_ids=st.one_of(st.just([]), prompt),
+        block_hashes=st.one_of(st.just([]), st.just([]), st.lists(hashes(), max_size=4)),
+        salt=st.one_of(st.just(""), st.just("tenant"), texts(lim.max_salt_bytes)),
+        lora=st.one_of(st.none(), st.none(), lora),
+        mm=st.one_of(st.just([]), st.lists(mm, max_size=2)),
+        ttl_s=st.one_of(st.just(0.0), st.floats(0, 1e4), st.floats()), warm=st.booleans(),
+        unpin=st.booleans())
     return {
+        "Pin": st.one_of(_as_bytes(pin), _oversized(lim, lambda t: wpb.PinRequest(token_ids=t))),
         "Generate": st.one_of(_as_bytes(generate),
                               _oversized(lim, lambda t: wpb.GenerateRequest(token_ids=t))),
         "Stats": st.one_of(st.just(b""), RAW),

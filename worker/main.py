@@ -75,6 +75,7 @@ def check_tiers(cpu_blocks: int, disk_blocks: int, disk_dir: str | None) -> None
 async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or SIGINT/SIGTERM). Prints one ``listening on`` line
     once the server accepts calls; launchers wait for it."""
+    from kvmesh.auth import worker_pin_token
     from kvmesh.hashing import none_hash, resolve_seed
     from worker.async_engine import AsyncEngine
     from worker.engine import Engine
@@ -97,6 +98,7 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     server, port, servicer = await create_server(
         f"{opts.host}:{opts.port}", runner, worker_id=opts.worker_id or "",
         model_name=opts.model, access_token=opts.access_token,
+        pin_token=worker_pin_token(opts.service_token) if opts.service_token else None,
         credentials=tls.server_credentials() if tls is not None else None,
         max_inflight_per_conn=opts.max_inflight_per_conn,
         max_message_bytes=opts.max_message_bytes)

@@ -1,4 +1,4 @@
-"""The worker's gRPC server: ``WorkerService`` (Generate, Stats) plus standard health.
+"""The worker's gRPC server: ``WorkerService`` (Generate, Stats, Pin) plus standard health.
 
 ``Generate`` streams each step's tokens as they come and ends with one message carrying
 ``finished=True`` and the request's facts (cached tokens, time to first token measured on
@@ -18,20 +18,22 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvmesh.auth import BearerAuth, shared_token
-from kvmesh.hashing import lora_key
 from kvmesh.limits import RequestLimits, server_options
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 from worker.async_engine import AsyncEngine
 from worker.engine import RequestError, StepFailed
 from worker.internal_errors import InternalErrors
 from worker.metrics import WorkerMetrics
-from worker.sequence import SamplingParams
+from worker.pin_call import pin_call
+from worker.prompt_keys import prompt_keys
+from worker.sequence import SamplingParams, Seq
 from worker.tier_precision import TierPrecision
 from worker.tier_stats import engine_tier_figures
 
 MAX_MESSAGE_BYTES = 16 << 20  # --max-message-bytes
 DEFAULT_MAX_INFLIGHT = 1024  # --max-inflight-per-conn (calls in flight per connection)
 MAX_MM_ITEMS = 64  # multimodal items per request: hashing costs blocks x items
+PIN_METHOD = "/kvmesh.v1.WorkerService/Pin"
 
 
 @dataclass
@@ -45,6 +47,14 @@ class PrecisionCounter:
         if promised:
             self.promised += promised
             self.served += min(promised, cached)
+
+
+def cached_by_tier(seq: Seq) -> dict[str, int]:
+    """``seq.num_cached_tokens`` split by the tier the blocks came from (set at first
+    admission; empty only for a request never admitted)."""
+    if seq.cached_tokens_by_tier:
+        return dict(seq.cached_tokens_by_tier)
+    return {"gpu": max(seq.num_cached_tokens, 0), "cpu": 0, "disk": 0}
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
@@ -63,21 +73,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         params = SamplingParams(max_tokens=sp.max_tokens, temperature=sp.temperature,
                                 seed=sp.seed if sp.HasField("seed") else None,
                                 ignore_eos=sp.ignore_eos)
-        try:  # the service's definition too, so both hash an empty-named Lora alike
-            lora = lora_key(request.lora.name, request.lora.path)
+        try:
+            lora, mm = prompt_keys(request, self.max_mm_items)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        if len(request.mm) > self.max_mm_items:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"{len(request.mm)} multimodal items; the limit is "
-                                f"{self.max_mm_items} per request")
-        mm = tuple((m.identifier, m.offset, m.length) for m in request.mm)
-        if any(m.length <= 0 for m in request.mm):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "multimodal items need a positive length")
-        if len(request.salt.encode()) > 4096:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"salt is {len(request.salt.encode())} bytes; the limit is 4096")
         # Unique per attempt: a client retrying with the same id must not collide with a
         # half-aborted earlier attempt.
         rid = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:8]}"
@@ -90,7 +89,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                     yield worker_pb2.GenerateResponse(token_ids=out.new_token_ids)
                     continue
                 seq = out.seq
-                self.precision.add(request.index_matched_tokens, seq.num_cached_tokens)
+                # a promise beyond the prompt is capped: the counters are uint64 on the wire
+                self.precision.add(min(request.index_matched_tokens, seq.num_prompt_tokens),
+                                   seq.num_cached_tokens)
                 self.tier_precision.add(request.index_matched_tokens_by_tier,
                                         seq.cached_tokens_by_tier)
                 if self.metrics is not None and seq.ttft_s is not None:
@@ -99,7 +100,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                     token_ids=out.new_token_ids, finished=True, finish_reason=seq.finish_reason,
                     num_cached_tokens=seq.num_cached_tokens,
                     prompt_tokens=seq.num_prompt_tokens, ttft_s=seq.ttft_s or 0.0,
-                    e2e_s=time.perf_counter() - start, worker_id=self.worker_id)
+                    e2e_s=time.perf_counter() - start, worker_id=self.worker_id,
+                    cached_tokens_by_tier=cached_by_tier(seq))
         except RequestError as exc:
             code = (grpc.StatusCode.RESOURCE_EXHAUSTED if exc.too_large
                     else grpc.StatusCode.INVALID_ARGUMENT)
@@ -108,6 +110,25 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             await context.abort(grpc.StatusCode.INTERNAL,
                                 f"worker {self.worker_id}: {exc}; this request was not "
                                 "served here and may be retried on another worker")
+
+    async def Pin(self, request: worker_pb2.PinRequest, context) -> worker_pb2.PinResponse:
+        """Pin (or, with ``unpin``, unpin) a prefix in the device tier: ``worker.pin``."""
+        try:
+            pin = pin_call(request, self.max_mm_items)
+            if pin.token_ids:  # the same checks as a prompt (vocabulary, context, pool)
+                self.runner.engine.validate(list(pin.token_ids), SamplingParams(max_tokens=1))
+        except RequestError as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED if exc.too_large
+                                else grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            blocks = await pin.apply(self.runner)
+        except RequestError as exc:  # the engine refused the prefix
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except StepFailed as exc:  # the warming prefill failed: the worker's fault
+            await context.abort(grpc.StatusCode.INTERNAL, f"worker {self.worker_id}: {exc}")
+        return worker_pb2.PinResponse(pinned_blocks=blocks)
 
     async def Stats(self, request, context) -> worker_pb2.WorkerStatsResponse:
         stats = await self.runner.call(lambda e: (
@@ -135,18 +156,23 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         yield  # pragma: no cover - makes this an async generator like the other stream
 
 
-def access_auth(access_token: str) -> BearerAuth:
+def access_auth(access_token: str | None, pin_token: str | None = None) -> BearerAuth:
     """The worker's access policy: every WorkerService call needs the worker access token
     (``kvmesh.auth.worker_access_token`` of the cluster's router token, never the router
-    token itself); gRPC health stays open."""
-    return BearerAuth(lambda _method: "client",
-                      {"client": [shared_token("client", access_token)]})
+    token itself), except ``Pin``, which needs ``pin_token`` when one is set (the
+    metadata service's credential, ``kvmesh.auth.worker_pin_token``: routers cannot pin
+    directly); a role without a token is open; gRPC health stays open."""
+    client = [shared_token("client", access_token)] if access_token else []
+    pin = [shared_token("pin", pin_token)] if pin_token else []
+    return BearerAuth(lambda method: "pin" if method == PIN_METHOD and pin else "client",
+                      {"client": client, "pin": pin})
 
 
 async def create_server(address: str, runner: AsyncEngine, *, worker_id: str,
                         model_name: str, interceptors=(),
                         credentials: grpc.ServerCredentials | None = None,
                         access_token: str | None = None,
+                        pin_token: str | None = None,
                         max_inflight_per_conn: int = DEFAULT_MAX_INFLIGHT,
                         max_message_bytes: int = MAX_MESSAGE_BYTES,
                         max_mm_items: int = MAX_MM_ITEMS,
@@ -155,13 +181,13 @@ async def create_server(address: str, runner: AsyncEngine, *, worker_id: str,
 
     Interceptors, outermost first: ``InternalErrors`` (nothing answers UNKNOWN), request
     limits (``kvmesh.limits``: calls in flight per connection, request bytes, undecodable
-    requests -> INVALID_ARGUMENT), then the ``access_token`` if given (``access_auth``),
-    then ``interceptors``. ``credentials``: serve TLS.
+    requests -> INVALID_ARGUMENT), then the ``access_token`` / ``pin_token`` if given
+    (``access_auth``), then ``interceptors``. ``credentials``: serve TLS.
     """
     chain: list[grpc.aio.ServerInterceptor] = [InternalErrors(), RequestLimits(
         max_inflight=max_inflight_per_conn, max_message_bytes=max_message_bytes)]
-    if access_token:
-        chain.append(access_auth(access_token))
+    if access_token or pin_token:
+        chain.append(access_auth(access_token, pin_token))
     server = grpc.aio.server(interceptors=[*chain, *interceptors],
                              options=server_options(max_message_bytes, max_inflight_per_conn))
     servicer = WorkerServicer(runner, worker_id, model_name, max_mm_items)

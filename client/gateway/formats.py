@@ -3,7 +3,8 @@
 ``ResponseShape`` builds every JSON object one response needs (the whole body, each
 server-sent-event chunk, the usage chunk) with one id and creation time. kvmesh's facts ride
 in ``usage``: ``prompt_tokens_details.cached_tokens`` is what the worker really served from
-its prefix cache (``null`` when unknown, e.g. a stream cut short by a stop string).
+its prefix cache (``null`` when unknown, e.g. a stream cut short by a stop string), and
+``prompt_tokens_details.cached_tokens_by_tier`` the same split by KV tier.
 """
 from __future__ import annotations
 
@@ -16,27 +17,47 @@ from typing import Any
 DONE = "data: [DONE]\n\n"
 
 
+TIERS = ("gpu", "cpu", "disk")
+
+
 @dataclass(frozen=True)
 class Usage:
-    """Token counts of one request (summed over a batch)."""
+    """Token counts of one request (summed over a batch). ``cached_tokens_by_tier`` splits
+    ``cached_tokens`` by the KV tier the blocks came from (``gpu``/``cpu``/``disk``; a missing
+    tier counts 0); both are None when unknown."""
 
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int | None
+    cached_tokens_by_tier: dict[str, int] | None = None
 
     def __add__(self, other: Usage) -> Usage:
         cached = (None if self.cached_tokens is None or other.cached_tokens is None
                   else self.cached_tokens + other.cached_tokens)
+        by_tier = None
+        if cached is not None:
+            by_tier = {t: self.tier(t) + other.tier(t) for t in TIERS}
         return Usage(self.prompt_tokens + other.prompt_tokens,
-                     self.completion_tokens + other.completion_tokens, cached)
+                     self.completion_tokens + other.completion_tokens, cached, by_tier)
+
+    def tier(self, name: str) -> int:
+        """Cached tokens that came from tier ``name`` (all of them from ``gpu`` when the
+        worker gave no split)."""
+        if self.cached_tokens_by_tier is None:
+            return (self.cached_tokens or 0) if name == "gpu" else 0
+        return int(self.cached_tokens_by_tier.get(name, 0))
 
     def as_dict(self) -> dict[str, Any]:
-        """OpenAI's ``usage`` object."""
+        """OpenAI's ``usage`` object; kvmesh adds ``cached_tokens_by_tier`` next to
+        ``cached_tokens`` in ``prompt_tokens_details``."""
+        details = None
+        if self.cached_tokens is not None:
+            details = {"cached_tokens": self.cached_tokens,
+                       "cached_tokens_by_tier": {t: self.tier(t) for t in TIERS}}
         return {"prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": (None if self.cached_tokens is None
-                                          else {"cached_tokens": self.cached_tokens})}
+                "prompt_tokens_details": details}
 
 
 def sse(obj: dict[str, Any]) -> str:

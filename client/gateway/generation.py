@@ -52,8 +52,10 @@ def _finish_reason(result: GenerateResult) -> str:
 
 def _outcome(job: Job, text: str, stream: TextStream, result: GenerateResult) -> Outcome:
     completion = stream.num_tokens if stream.stopped else len(result.token_ids)
+    # a caller without the salt learns nothing of the cache, not even by tier
     cached = result.num_cached_tokens if job.report_cached else 0
-    usage = Usage(result.prompt_tokens or len(job.token_ids), completion, cached)
+    by_tier = (result.cached_tokens_by_tier or None) if job.report_cached else {}
+    usage = Usage(result.prompt_tokens or len(job.token_ids), completion, cached, by_tier)
     return Outcome(text, "stop" if stream.stopped else _finish_reason(result), usage,
                    result.worker_id, result.ttft_s)
 

@@ -132,12 +132,20 @@ class OverCap(Exception):
 
 @dataclass(frozen=True, slots=True)
 class WorkerLoad:
+    """A worker's last reported load. The three costs are measured on the worker, in
+    microseconds (0.0: not measured yet): recomputing one prompt token, and copying one
+    block from the CPU / disk tier back to the device (``service.credits`` turns them into
+    the credit a lower-tier match earns on that worker)."""
+
     running: int = 0
     waiting: int = 0
     queued_prefill_tokens: int = 0
     free_blocks: int = 0
     total_blocks: int = 0
     decode_tokens: int = 0
+    prefill_us_per_token: float = 0.0
+    onboard_us_per_block_cpu: float = 0.0
+    onboard_us_per_block_disk: float = 0.0
 
 
 @dataclass(slots=True)

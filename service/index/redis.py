@@ -73,9 +73,14 @@ from service.index.base import (
 )
 
 REGISTRY = "kvm:workers"
-_LOAD_FIELDS = (("running", "running"), ("waiting", "waiting"),
-                ("queued_prefill_tokens", "queued"), ("free_blocks", "free"),
-                ("total_blocks", "total"), ("decode_tokens", "decode"))
+# (WorkerLoad field, record field, type): counts are ints, measured costs floats (stored
+# as repr(), which round-trips exactly).
+_LOAD_FIELDS = (("running", "running", int), ("waiting", "waiting", int),
+                ("queued_prefill_tokens", "queued", int), ("free_blocks", "free", int),
+                ("total_blocks", "total", int), ("decode_tokens", "decode", int),
+                ("prefill_us_per_token", "prefill_us", float),
+                ("onboard_us_per_block_cpu", "onboard_cpu_us", float),
+                ("onboard_us_per_block_disk", "onboard_disk_us", float))
 # Anything the server or the socket answers instead of a result (refused, timeout, LOADING,
 # READONLY after a failover, OOM under maxmemory...) means "the index is unavailable".
 _DOWN = (rexc.RedisError, OSError)
@@ -108,7 +113,7 @@ def _width(events: Sequence[KvEvent]) -> int:
 
 
 def _record(wid: str, ns: str, f: dict[str, str]) -> WorkerRecord:
-    load = WorkerLoad(**{name: int(f.get(short, 0)) for name, short in _LOAD_FIELDS})
+    load = WorkerLoad(**{name: kind(f.get(short, 0)) for name, short, kind in _LOAD_FIELDS})
     return WorkerRecord(worker_id=wid, ns=ns, address=f.get("address", ""),
                         model=f.get("model", ""), block_size=int(f.get("bs", 0)),
                         algo=f.get("algo", ""), load=load, last_seq=int(f.get("seq", 0)),
@@ -119,8 +124,8 @@ def _record(wid: str, ns: str, f: dict[str, str]) -> WorkerRecord:
 
 def _load_args(load: WorkerLoad) -> list[Any]:
     out: list[Any] = []
-    for name, short in _LOAD_FIELDS:
-        out += [short, getattr(load, name)]
+    for name, short, kind in _LOAD_FIELDS:
+        out += [short, repr(float(getattr(load, name))) if kind is float else getattr(load, name)]
     return out
 
 

@@ -46,6 +46,8 @@ class FakeIndex(index_pb2_grpc.IndexServiceServicer):
         self.routes: list[index_pb2.RouteRequest] = []
         self.metadata: list[dict[str, str]] = []
         self.stats = index_pb2.StatsResponse()
+        self.pins: list[index_pb2.PinPrefixRequest | index_pb2.UnpinPrefixRequest] = []
+        self.pinned: list[index_pb2.PinnedWorker] = []  # the answer to PinPrefix/UnpinPrefix
 
     def _enter(self, context: grpc.ServicerContext) -> None:
         self.metadata.append(dict(context.invocation_metadata()))
@@ -66,6 +68,17 @@ class FakeIndex(index_pb2_grpc.IndexServiceServicer):
         self._enter(context)
         return self.stats
 
+    def PinPrefix(self, request, context):
+        self._enter(context)
+        self.pins.append(request)
+        return index_pb2.PinPrefixResponse(chain_blocks=len(request.prefix.token_ids) // 4,
+                                           workers=self.pinned)
+
+    def UnpinPrefix(self, request, context):
+        self._enter(context)
+        self.pins.append(request)
+        return index_pb2.UnpinPrefixResponse(workers=self.pinned)
+
 
 class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
     """Streams ``max_tokens`` tokens (100, 101, ...) in chunks of 2, then the final facts.
@@ -82,6 +95,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
         self.worker_id = worker_id
         self.mode = mode
         self.cached = cached
+        self.cached_by_tier: dict[str, int] = {}  # the final message's split, if any
         self.token = token
         self.failure: tuple[grpc.StatusCode, str] = (grpc.StatusCode.INTERNAL, "scripted")
         self.fail_after = 0
@@ -114,7 +128,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
         yield worker_pb2.GenerateResponse(
             finished=True, finish_reason="length", num_cached_tokens=self.cached,
             prompt_tokens=len(request.token_ids), ttft_s=0.0125, e2e_s=0.05,
-            worker_id=self.worker_id)
+            worker_id=self.worker_id, cached_tokens_by_tier=self.cached_by_tier)
         self._fail_at(context, AFTER_FINAL)
 
     def Stats(self, request, context):
@@ -129,9 +143,10 @@ class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
 
 
 def candidate(worker_id: str, address: str, matched: int = 0, cost: float = 1.0,
-              tier: int = index_pb2.TIER_GPU) -> index_pb2.Candidate:
-    """A route candidate with a small load."""
+              tier: int = index_pb2.TIER_GPU,
+              by_tier: dict[str, int] | None = None) -> index_pb2.Candidate:
+    """A route candidate with a small load (``by_tier``: its matched tokens per tier)."""
     return index_pb2.Candidate(worker_id=worker_id, address=address, matched_tokens=matched,
-                               tier=tier, cost=cost,
+                               tier=tier, cost=cost, matched_tokens_by_tier=by_tier or {},
                                load=index_pb2.WorkerLoad(running=1, waiting=2, free_blocks=10,
                                                          total_blocks=16))

@@ -91,6 +91,65 @@ def test_generate_returns_final_facts(cluster, make_client) -> None:
     assert sent.sampling.temperature == pytest.approx(0.5) and sent.request_id
 
 
+def test_tiers_in_route_and_generate_results(cluster, make_client) -> None:
+    """Matched tokens per tier reach the RouteResult and, for each candidate tried, that
+    worker's GenerateRequest (never the previous candidate's); the worker's cached tokens
+    per tier reach the GenerateResult."""
+    broken, good = FakeWorker("w1", mode="abort"), FakeWorker("w2", cached=8)
+    good.cached_by_tier = {"gpu": 4, "cpu": 4, "disk": 0}
+    index = FakeIndex([
+        candidate("w1", cluster.worker(broken), 12, tier=index_pb2.TIER_DISK,
+                  by_tier={"gpu": 4, "cpu": 4, "disk": 4}),
+        candidate("w2", cluster.worker(good), 8, tier=index_pb2.TIER_CPU,
+                  by_tier={"gpu": 4, "cpu": 4})])
+    client = make_client(cluster.index(index))
+    routed = client.route([1] * 20)
+    assert routed.matched_tokens_by_tier == {"gpu": 4, "cpu": 4, "disk": 4}
+    assert routed.candidates[1].matched_tokens_by_tier == {"gpu": 4, "cpu": 4}
+    result = client.generate([1] * 20, max_tokens=2)
+    assert result.worker_id == "w2" and result.attempts == 2
+    assert result.cached_tokens_by_tier == {"gpu": 4, "cpu": 4, "disk": 0}
+    sent_first, sent_second = broken.requests[-1], good.requests[-1]
+    assert dict(sent_first.index_matched_tokens_by_tier) == {"gpu": 4, "cpu": 4, "disk": 4}
+    assert dict(sent_second.index_matched_tokens_by_tier) == {"gpu": 4, "cpu": 4}
+    assert sent_second.index_matched_tokens == 8
+
+
+def test_pin_and_unpin_send_the_prefix_with_the_admin_token(cluster, make_client) -> None:
+    index = FakeIndex([candidate("w1", "h1:1")])
+    index.pinned = [index_pb2.PinnedWorker(worker_id="w1", pinned_blocks=3),
+                    index_pb2.PinnedWorker(worker_id="w2", error="UNAVAILABLE: gone")]
+    client = make_client(cluster.index(index), token="router", admin_token="admin")
+    result = client.pin(list(range(13)), "tenant", ttl_s=30.0, max_workers=2,
+                        lora=("ad", "/p"), mm=[("img", 0, 2)], model="tiny")
+    assert result.chain_blocks == 3
+    assert [(w.worker_id, w.pinned_blocks, w.error) for w in result.workers] == [
+        ("w1", 3, ""), ("w2", 0, "UNAVAILABLE: gone")]
+    assert [w.worker_id for w in result.failed] == ["w2"]
+    sent = index.pins[-1]
+    assert isinstance(sent, index_pb2.PinPrefixRequest)
+    assert (sent.ttl_s, sent.max_workers) == (30.0, 2)
+    p = sent.prefix
+    assert (list(p.token_ids), p.salt, p.model) == (list(range(13)), "tenant", "tiny")
+    assert (p.lora.name, p.mm[0].identifier) == ("ad", "img") and not p.block_hashes
+    client.unpin(None, block_hashes=[b"\x01" * 32])
+    assert isinstance(index.pins[-1], index_pb2.UnpinPrefixRequest)
+    assert list(index.pins[-1].prefix.block_hashes) == [b"\x01" * 32]
+    assert [md["authorization"] for md in index.metadata] == ["Bearer admin"] * 2
+    client.route([1])  # the router token everywhere else
+    assert index.metadata[-1]["authorization"] == "Bearer router"
+    for bad in (dict(token_ids=None), dict(token_ids=[1], block_hashes=[b"\x01" * 32])):
+        with pytest.raises(ValueError, match="one of them"):
+            client.pin(**bad)
+
+
+def test_pin_without_the_admin_token_is_unauthenticated(cluster, make_client) -> None:
+    client = make_client(cluster.index(FakeIndex(token="admin")), token="router")
+    with pytest.raises(KvmeshError) as info:
+        client.pin([1, 2, 3])
+    assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+
 def test_generate_fails_over_from_a_closed_port(cluster, make_client) -> None:
     good = FakeWorker("w2")
     index = FakeIndex([candidate("w1", closed_port_address()),

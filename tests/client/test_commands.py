@@ -63,6 +63,46 @@ def test_route_table(service) -> None:
     assert "w1" in result.stdout and "2/2 prompt tokens cached" in result.stdout
 
 
+def test_route_shows_matched_tokens_per_tier(cluster) -> None:
+    index = FakeIndex([candidate("w1", "127.0.0.1:1", 56, tier=index_pb2.TIER_DISK,
+                                 by_tier={"gpu": 16, "cpu": 32, "disk": 8}),
+                       candidate("w2", "127.0.0.1:2", 48, by_tier={"gpu": 48})])
+    address = cluster.index(index)
+    result = runner.invoke(app, ["route", "--service", address, "--tokens", "1,2"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    rows = {line.split("│")[2].strip(): [cell.strip() for cell in line.split("│")[4:8]]
+            for line in result.stdout.splitlines() if line.count("│") > 7}
+    assert rows["w1"] == ["56", "16", "32", "8"] and rows["w2"] == ["48", "48", "0", "0"]
+    assert "56/2 prompt tokens cached, 32 on cpu, 8 on disk" in result.stdout
+    result = runner.invoke(app, ["route", "--service", address, "--tokens", "1", "--json"])
+    out = json.loads(result.stdout)
+    assert out["matched_tokens_by_tier"] == {"gpu": 16, "cpu": 32, "disk": 8}
+    assert out["candidates"][1]["matched_tokens_by_tier"] == {"gpu": 48}
+
+
+def test_pin_prints_each_worker_and_fails_when_one_did(cluster) -> None:
+    index = FakeIndex(token="adm")
+    index.pinned = [index_pb2.PinnedWorker(worker_id="w1", pinned_blocks=2)]
+    address = cluster.index(index)
+    args = ["pin", "--service", address, "--text", "hello, kv!", "--salt", "s1"]
+    result = runner.invoke(app, [*args, "--ttl", "30", "--max-workers", "2"],
+                           env={"KVMESH_ADMIN_TOKEN": "adm"})
+    assert result.exit_code == 0, result.output
+    assert "pinned on 1 of 1 workers (prefix of 2 full blocks)" in result.stdout
+    assert "w1: 2 blocks pinned" in result.stdout
+    sent = index.pins[-1]
+    assert list(sent.prefix.token_ids) == list(b"hello, kv!") and sent.prefix.salt == "s1"
+    assert (sent.ttl_s, sent.max_workers) == (30.0, 2)
+    index.pinned.append(index_pb2.PinnedWorker(worker_id="w2", error="UNAVAILABLE: down"))
+    result = runner.invoke(app, [*args, "--unpin", "--admin-token", "adm", "--json"])
+    assert result.exit_code == 1 and isinstance(index.pins[-1], index_pb2.UnpinPrefixRequest)
+    out = json.loads(result.stdout)
+    assert out["workers"][1] == {"worker_id": "w2", "pinned_blocks": 0,
+                                 "error": "UNAVAILABLE: down"}
+    result = runner.invoke(app, args, env={"KVMESH_TOKEN": "router"})  # not the admin token
+    assert result.exit_code == 1 and "UNAUTHENTICATED" in result.output
+
+
 def test_generate_text_json_with_env_token(cluster) -> None:
     worker = FakeWorker("w1", token=worker_access_token("tok"))
     index = FakeIndex([candidate("w1", cluster.worker(worker))], token="tok")

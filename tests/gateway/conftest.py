@@ -72,6 +72,7 @@ class Stack:
             worker.mode = "ok"
             worker.fail_after = 0
             worker.cached = cached
+            worker.cached_by_tier = {}
             worker.requests.clear()
 
     @property

@@ -56,13 +56,16 @@ def gateways() -> Iterator[Gateways]:
 
 
 def cached(gateway: LiveGateway, prompt: str, key: str = "unused", **extra: object) -> int:
-    """The cached prompt tokens the gateway reports for one request (both places agree)."""
+    """The cached prompt tokens the gateway reports for one request (all three places
+    agree: the header, the total and its split by tier)."""
     raw = gateway.openai(key).completions.with_raw_response.create(
         model="tiny", prompt=prompt, max_tokens=1, temperature=0, extra_body=extra or None)
     usage = raw.parse().usage
     details = usage.prompt_tokens_details
     reported = details.cached_tokens if details and details.cached_tokens else 0
     assert raw.headers["x-kvmesh-cached-tokens"] == str(reported)
+    if details:  # the split by tier tells no more than the total
+        assert sum(details.cached_tokens_by_tier.values()) == reported
     return reported
 
 

@@ -25,6 +25,9 @@ def test_completion_text_usage_and_headers(stack: Stack) -> None:
     assert completion.usage.completion_tokens == 4
     assert completion.usage.total_tokens == 9
     assert completion.usage.prompt_tokens_details.cached_tokens == W1_CACHED
+    # a worker that gives no split served everything from its device tier
+    assert completion.usage.prompt_tokens_details.cached_tokens_by_tier == {
+        "gpu": W1_CACHED, "cpu": 0, "disk": 0}
     assert raw.headers["x-kvmesh-worker"] == "w1"
     assert raw.headers["x-kvmesh-cached-tokens"] == str(W1_CACHED)
     req = stack.last_request
@@ -103,6 +106,21 @@ def test_streaming_completion(stack: Stack) -> None:
     assert chunks[-1].choices == []
     assert (usage.prompt_tokens, usage.completion_tokens) == (5, 5)
     assert usage.prompt_tokens_details.cached_tokens == W1_CACHED
+
+
+def test_cached_tokens_by_tier_in_usage(stack: Stack) -> None:
+    """The worker's split reaches ``usage.prompt_tokens_details`` (body and usage chunk),
+    summed over a batch."""
+    stack.w1.cached, stack.w1.cached_by_tier = 3, {"gpu": 1, "cpu": 2}
+    client = stack.gateway.openai()
+    batch = client.completions.create(model="tiny", prompt=["hello", "world"], max_tokens=1)
+    details = batch.usage.prompt_tokens_details
+    assert details.cached_tokens == 6
+    assert details.cached_tokens_by_tier == {"gpu": 2, "cpu": 4, "disk": 0}
+    chunks = list(client.completions.create(model="tiny", prompt="hello", max_tokens=2,
+                                            stream=True, stream_options={"include_usage": True}))
+    details = chunks[-1].usage.prompt_tokens_details
+    assert details.cached_tokens_by_tier == {"gpu": 1, "cpu": 2, "disk": 0}
 
 
 def test_streaming_chat(stack: Stack) -> None:

@@ -7,7 +7,7 @@ from typer.core import TyperOption
 from client.cli import app
 
 COMMANDS = ("up", "service", "worker", "worker-token", "gateway", "route", "generate", "stats",
-            "demo")
+            "pin", "demo")
 
 
 def test_operations_doc_lists_every_flag():

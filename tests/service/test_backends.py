@@ -216,6 +216,25 @@ def test_register_heartbeat_purge(backend_factory: Callable[[], IndexBackend]) -
     run(backend_factory, body)
 
 
+def test_measured_costs_round_trip(backend_factory: Callable[[], IndexBackend]) -> None:
+    """The worker's measured costs (floats) come back exactly from register and heartbeat,
+    next to the integer load fields."""
+    costs = dict(prefill_us_per_token=123.456789, onboard_us_per_block_cpu=0.1 + 0.2,
+                 onboard_us_per_block_disk=1e-7)
+
+    async def body(b: IndexBackend) -> None:
+        first = WorkerLoad(running=1, total_blocks=8, **costs)
+        await b.register(WorkerRecord("a", NS, "a:1", "m", 4, "sha256_cbor", load=first,
+                                      heartbeat_ms=T0))
+        assert (await b.get_worker("a")).load == first  # type: ignore[union-attr]
+        later = WorkerLoad(running=2, free_blocks=3, total_blocks=8, prefill_us_per_token=7.5,
+                           onboard_us_per_block_cpu=2.25)
+        await b.heartbeat("a", later, 0, T0 + 1)
+        assert [w.load for w in await b.workers()] == [later]
+
+    run(backend_factory, body)
+
+
 # uint64 ids that differ only beyond a double's 53-bit mantissa (Lua numbers are doubles)
 OLD_INC, NEW_INC = 2**64 - 1, 2**64 - 2
 

@@ -32,8 +32,23 @@ def test_register_adds_the_service_command() -> None:
     assert res.exit_code == 0
     for flag in ("--port", "--redis-url", "--backend", "--token", "--worker-token",
                  "--metrics-port", "--hash-seed", "--policy", "--worker-secret", "--tls-ca",
-                 "--tls-client-auth", "--max-message-bytes", "--max-prompt-tokens"):
+                 "--tls-client-auth", "--max-message-bytes", "--max-prompt-tokens",
+                 "--cpu-credit", "--disk-credit"):
         assert flag in res.output
+
+
+def test_credit_flags_override_the_measured_credits() -> None:
+    from service.cli import config_of
+
+    none = dict(token=None, worker_token=None, worker_secret=None)
+    cfg = config_of("auto", None, cpu_credit=0.7, **none)
+    assert (cfg.weights.cpu_credit, cfg.weights.disk_credit) == (0.7, None)
+    assert config_of("auto", None, **none).weights.cpu_credit is None  # measured
+    app = typer.Typer()
+    register(app)
+    app.command("other")(lambda: None)
+    res = CliRunner().invoke(app, ["service", "--disk-credit", "1.5"])
+    assert res.exit_code == 2 and "disk_credit must be in [0, 1]" in res.output
 
 
 def test_python_m_service_serves_and_stops(redis_url: str) -> None:

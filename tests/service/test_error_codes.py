@@ -54,7 +54,7 @@ def every_rpc(stub: Any, w: ProtocolWorker) -> dict[str, Callable[[], Awaitable[
 def test_every_handler_goes_through_the_error_mapping() -> None:
     names = pb.DESCRIPTOR.services_by_name["IndexService"].methods_by_name
     assert set(names) == {"RegisterWorker", "Heartbeat", "PublishEvents", "SyncWorker",
-                          "Route", "Stats"}
+                          "Route", "Stats", "PinPrefix", "UnpinPrefix"}
     for name in names:
         assert hasattr(getattr(IndexServicer, name), "__wrapped__"), name
 
@@ -137,6 +137,43 @@ def test_a_backend_bug_is_internal_with_a_message_and_a_logged_traceback(
                 assert "ZeroDivisionError" in details, details
                 failed = [rec for rec in caplog.records if rec.levelno == logging.ERROR]
                 assert failed and failed[0].exc_info is not None, name
+
+    with caplog.at_level(logging.ERROR, logger="kvmesh.service"):
+        asyncio.run(main())
+
+
+def test_pins_after_redis_died_under_live_workers(redis_server: RedisServer,
+                                                  redis_url: str) -> None:
+    """PinPrefix needs the index to find the holders: UNAVAILABLE without it (never
+    UNKNOWN); UnpinPrefix touches no index and answers, the unreachable worker as an error
+    entry."""
+    cfg = ServiceConfig(backend="redis", redis_url=redis_url, redis_timeout_s=0.3,
+                        **FAST)  # type: ignore[arg-type]
+    prefix = pb.PrefixRef(token_ids=prompt(12))
+
+    async def main() -> None:
+        async with serve(cfg) as r:
+            a = ProtocolWorker(r.stub, "a", port=free_port())
+            await a.join()
+            await a.store(prompt(12))
+            redis_server.kill()
+            code, _ = await answer(r.stub.PinPrefix(pb.PinPrefixRequest(prefix=prefix)))
+            assert code == UNAVAILABLE
+            code, res = await answer(r.stub.UnpinPrefix(pb.UnpinPrefixRequest(prefix=prefix)))
+            assert code == OK and res.workers[0].error.startswith("UNAVAILABLE"), res
+
+    asyncio.run(main())
+
+
+def test_a_backend_bug_under_pin_prefix_is_internal(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        backend = BrokenBackend()
+        async with serve(ServiceConfig(backend="memory"), backend) as r:
+            await ProtocolWorker(r.stub, "a").join()
+            backend.broken = True
+            code, details = await answer(r.stub.PinPrefix(pb.PinPrefixRequest(
+                prefix=pb.PrefixRef(token_ids=prompt(12)))))
+            assert code == INTERNAL and "ZeroDivisionError" in details, details
 
     with caplog.at_level(logging.ERROR, logger="kvmesh.service"):
         asyncio.run(main())

@@ -35,7 +35,7 @@ class Fuzzed:
     def call(self, method: str, payload: bytes) -> tuple[grpc.StatusCode, str]:
         path = f"/kvmesh.v1.WorkerService/{method}"
         try:
-            if method == "Stats":
+            if method in ("Stats", "Pin"):
                 self.channel.unary_unary(path)(payload, timeout=30)
             else:
                 for _ in self.channel.unary_stream(path)(payload, timeout=30):

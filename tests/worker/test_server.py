@@ -51,6 +51,8 @@ def test_generate_streams_tokens_and_final_facts():
         assert not any(m.finished for m in msgs[:-1])
     assert first[-1].num_cached_tokens == 0
     assert second[-1].num_cached_tokens == 48  # 3 full blocks; the last token is computed
+    # a worker without lower tiers served its hit from the device pool
+    assert dict(second[-1].cached_tokens_by_tier) == {"gpu": 48, "cpu": 0, "disk": 0}
     assert stats.cache.hits == 48 and stats.cache.queries == 100
     assert stats.index_promised_tokens == 48 and stats.index_served_tokens == 48
     assert stats.requests_done == 2 and stats.load.total_blocks == 64

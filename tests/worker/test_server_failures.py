@@ -38,6 +38,8 @@ def test_every_rpc_has_its_code_while_the_engine_fails():
             "Generate": lambda: stub.Generate(_gen(PROMPT)),
             "Stats": lambda: stub.Stats(worker_pb2.WorkerStatsRequest()),
             "FetchBlocks": lambda: stub.FetchBlocks(worker_pb2.FetchBlocksRequest()),
+            # (a warming Pin, which runs a step: tests/worker/test_pin_rpc.py)
+            "Pin": lambda: stub.Pin(worker_pb2.PinRequest(token_ids=PROMPT, ttl_s=60)),
         }
         methods = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].methods
         assert set(calls) == {m.name for m in methods}, "a WorkerService RPC is not covered"
@@ -56,6 +58,7 @@ def test_every_rpc_has_its_code_while_the_engine_fails():
     assert "another worker" in details
     assert got["Stats"][0] == grpc.StatusCode.OK
     assert got["FetchBlocks"][0] == grpc.StatusCode.UNIMPLEMENTED
+    assert got["Pin"][0] == grpc.StatusCode.OK  # nothing held yet: nothing pinned
     assert health.status == health_pb2.HealthCheckResponse.SERVING
     assert after == want
     assert runner.failed_steps == 1 and runner.error is None  # recovered: still healthy
