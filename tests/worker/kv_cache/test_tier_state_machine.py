@@ -29,6 +29,10 @@ from worker.kv_cache import (
 )
 
 from .fake_plane import FakePlane
+from .test_state_machine import ALGO as SM_ALGO
+from .test_state_machine import BS as SM_BS
+from .test_state_machine import NUM_BLOCKS as SM_BLOCKS
+from .test_state_machine import KVCacheMachine
 
 BS = 2
 NUM_BLOCKS = 6
@@ -334,3 +338,44 @@ def test_long_random_runs(seed):
     assert d.count["Onboard"] > 20 and d.count["Offload"] > 100
     if disk:
         assert d.count["Spill"] > 10
+
+
+class DeviceUnchangedMachine(KVCacheMachine):
+    """The device-only state machine (vLLM's rules, checked block for block against a
+    reference model) run on a manager WITH lower tiers: offloading what the pool evicts
+    never changes a hit, a block id, the free queue or a device event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.m = KVCacheManager(SM_BLOCKS, SM_BS, hash_algo=SM_ALGO, cpu_blocks=3,
+                                disk_blocks=2)
+        self.lower = {"cpu": set(), "disk": set()}
+
+    @invariant()
+    def events_replay_to_the_cached_set(self):
+        for event in self.m.take_events():
+            self.seq += 1
+            assert event.seq == self.seq
+            if isinstance(event, AllBlocksCleared):
+                self.held.clear()
+                for s in self.lower.values():
+                    s.clear()
+                continue
+            held = self.held if event.tier == "gpu" else self.lower[event.tier]
+            if isinstance(event, BlockStored):
+                held.update(event.block_hashes)
+            else:
+                assert held.issuperset(event.block_hashes)
+                held.difference_update(event.block_hashes)
+        assert self.held == set(self.m.pool.cached)
+        lower = self.m.offloader
+        assert self.lower == {t.name: {e.block_hash for e in t} for t in lower.tiers}
+        snap = self.m.cached_block_hashes()
+        gpu = {h for h, t in zip(snap.block_hashes, snap.tiers, strict=True) if t == "gpu"}
+        assert snap.seq == self.seq and gpu == self.held
+        self.m.take_transfers()
+
+
+DeviceUnchangedMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40,
+                                                    deadline=None)
+TestDeviceUnchangedByTiers = DeviceUnchangedMachine.TestCase
