@@ -85,6 +85,8 @@ class KVCacheManager:
             raise ValueError("cpu_blocks and disk_blocks must be >= 0")
         if disk_blocks and not cpu_blocks:
             raise ValueError("a disk tier needs a CPU tier (blocks spill to disk from it)")
+        if cpu_blocks and tier != "gpu":
+            raise ValueError("lower tiers sit below the device pool (tier='gpu')")
         self.block_size = block_size
         self.hash_algo = hash_algo
         self.hash_seed = hash_seed
