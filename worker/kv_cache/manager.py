@@ -173,8 +173,8 @@ class KVCacheManager:
         """Order the copy to the device of the CPU/disk blocks continuing a waiting request's
         chain after its device ``hits`` (from :meth:`get_computed_blocks`), holding the
         hits and fresh blocks for it (``Onboarder.start``). ``False``, changing nothing,
-        when nothing below matches, no block is free, the request had its onboard already
-        (or one failed: it recomputes) or holds blocks."""
+        when nothing below matches, no block is free, the request already holds an onboard
+        (or its onboard failed: it recomputes) or has a block table."""
         onboards = self._onboards
         if (onboards is None or req.request_id in self._blocks
                 or not onboards.can_start(req.request_id)):
