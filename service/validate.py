@@ -72,7 +72,8 @@ def load(msg: pb.WorkerLoad) -> WorkerLoad:
                                "microseconds >= 0 (0: not measured)")
     return WorkerLoad(msg.running, msg.waiting, msg.queued_prefill_tokens, msg.free_blocks,
                       msg.total_blocks, msg.decode_tokens, msg.prefill_us_per_token,
-                      msg.onboard_us_per_block_cpu, msg.onboard_us_per_block_disk)
+                      msg.onboard_us_per_block_cpu, msg.onboard_us_per_block_disk,
+                      msg.tier_blocks)
 
 
 def address(value: str) -> str:

@@ -363,6 +363,8 @@ class Engine:
                 "queued_prefill_tokens": sched.queued_prefill_tokens,
                 "free_blocks": self.kv.num_free_blocks, "total_blocks": self.kv.num_blocks,
                 "decode_tokens": sum(s.num_tokens for s in sched.running),
+                "tier_blocks": sum(t.capacity_blocks for name, t in self.kv.tier_stats().items()
+                                   if name != "gpu"),
                 **self.costs.load()}
 
 

@@ -102,7 +102,8 @@ class WorkerIdInUse(Exception):
 @dataclass(frozen=True, slots=True)
 class BlockCap:
     """How many blocks one worker may have indexed: ``per_pool`` times the ``total_blocks``
-    its last Register/Heartbeat reported, and at least ``floor``. ``per_pool == 0``: no cap.
+    + ``tier_blocks`` (device pool and lower tiers) its last Register/Heartbeat reported, and
+    at least ``floor``. ``per_pool == 0``: no cap.
     A real worker holds at most its pool, so only a lying or buggy one reaches the cap."""
 
     per_pool: int = 0
@@ -146,6 +147,7 @@ class WorkerLoad:
     prefill_us_per_token: float = 0.0
     onboard_us_per_block_cpu: float = 0.0
     onboard_us_per_block_disk: float = 0.0
+    tier_blocks: int = 0  # capacity of the CPU and disk tiers (the block cap counts them)
 
 
 @dataclass(slots=True)

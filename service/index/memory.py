@@ -146,7 +146,7 @@ class MemoryBackend(IndexBackend):
         new = events[max(rec.last_seq + 1 - events[0].seq, 0):]  # skip the applied overlap
         blocks = self._blocks.setdefault(rec.ns, {})
         held = self._held.setdefault(worker_id, {})
-        limit = cap.limit(rec.load.total_blocks)
+        limit = cap.limit(rec.load.total_blocks + rec.load.tier_blocks)
         if limit is not None and len(held) + _net_hashes(events) > limit:  # as redis APPLY
             raise OverCap(worker_id, limit)
         for ev in new:
@@ -165,7 +165,7 @@ class MemoryBackend(IndexBackend):
             elif isinstance(op, Cleared):
                 self._forget_all(worker_id)
                 held = self._held.setdefault(worker_id, {})
-        limit = cap.limit(rec.load.total_blocks)
+        limit = cap.limit(rec.load.total_blocks + rec.load.tier_blocks)
         if limit is not None and len(held) > limit:  # as the redis APPLY script
             self._forget_all(worker_id)
             self._held[worker_id] = {}
@@ -180,7 +180,7 @@ class MemoryBackend(IndexBackend):
         if rec is None:
             return None
         resolved = resolve_snapshot(blocks)
-        limit = cap.limit(rec.load.total_blocks)
+        limit = cap.limit(rec.load.total_blocks + rec.load.tier_blocks)
         if limit is not None and len(resolved) > limit:
             raise OverCap(worker_id, limit)
         self._forget_all(worker_id)

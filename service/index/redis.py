@@ -80,7 +80,8 @@ _LOAD_FIELDS = (("running", "running", int), ("waiting", "waiting", int),
                 ("total_blocks", "total", int), ("decode_tokens", "decode", int),
                 ("prefill_us_per_token", "prefill_us", float),
                 ("onboard_us_per_block_cpu", "onboard_cpu_us", float),
-                ("onboard_us_per_block_disk", "onboard_disk_us", float))
+                ("onboard_us_per_block_disk", "onboard_disk_us", float),
+                ("tier_blocks", "tiers", int))
 # Anything the server or the socket answers instead of a result (refused, timeout, LOADING,
 # READONLY after a failover, OOM under maxmemory...) means "the index is unavailable".
 _DOWN = (rexc.RedisError, OSError)

@@ -134,7 +134,7 @@ return {1, seq, prev}
 #   'R' tierbits HASHES                       (BlockRemoved)
 #   'C'                                       (AllBlocksCleared)
 # Events with seq <= the record's seq were applied before (a retried batch): skipped.
-# The block cap is max(per_pool * the record's 'total', floor): a batch for which indexed +
+# The block cap is max(per_pool * (the record's 'total' + 'tiers'), floor): a batch for which indexed +
 # stored - removed hashes exceeds it is refused before any work ({-4, cap, 0}); one that
 # still ends over it (a backstop) drops all the worker's entries and resets its seq to 0
 # ({-4, cap, 1}: it must resync).
@@ -149,7 +149,8 @@ if tonumber(ARGV[4]) <= last then return {0, 0, last} end
 if tonumber(ARGV[3]) > last + 1 then return {-1, 0, last} end
 local per_pool, cap = tonumber(ARGV[7]), 0
 if per_pool > 0 then
-  cap = math.max(per_pool * tonumber(redis.call('HGET', KEYS[1], 'total') or '0'),
+  cap = math.max(per_pool * (tonumber(redis.call('HGET', KEYS[1], 'total') or '0')
+                             + tonumber(redis.call('HGET', KEYS[1], 'tiers') or '0')),
                  tonumber(ARGV[8]))
   local n, k = redis.call('HLEN', held), 9
   while k <= #ARGV do
@@ -206,6 +207,7 @@ local cp, wid, held, w = ARGV[1], ARGV[2], KEYS[2], tonumber(ARGV[4])
 local hs, roots, masks = ARGV[5], ARGV[6], ARGV[7]
 if tonumber(ARGV[9]) > 0 then
   local total = tonumber(redis.call('HGET', KEYS[1], 'total') or '0')
+                + tonumber(redis.call('HGET', KEYS[1], 'tiers') or '0')
   local cap = math.max(tonumber(ARGV[9]) * total, tonumber(ARGV[10]))
   if #masks > cap then return -3 - cap end
 end

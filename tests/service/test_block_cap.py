@@ -105,3 +105,23 @@ def test_a_worker_cannot_index_more_than_its_pool(service: ServerProcess,
         asyncio.run(main())
     finally:
         client.close()
+
+
+def test_lower_tiers_count_toward_the_cap(service: ServerProcess) -> None:
+    """A worker with a CPU tier indexes more than a multiple of its device pool: a device pool
+    of 16 blocks and 80 tier blocks index 300 blocks (over 4 x 16 and over the floor of 64),
+    while the same 300 from a worker without tiers are refused."""
+
+    async def main() -> None:
+        async with grpc.aio.insecure_channel(service.address) as ch:
+            tiered = ProtocolWorker(stub(ch), "tiered", port=9003)
+            await tiered.join(total_blocks=16, free_blocks=16, tier_blocks=80)
+            res = await tiered.publish(tiered.next_event(stored=_stored(300)))
+            assert not res.resync and res.applied == 1
+            flat = ProtocolWorker(stub(ch), "flat", port=9004)
+            await flat.join(total_blocks=16, free_blocks=16)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await flat.publish(flat.next_event(stored=_stored(300)))
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    asyncio.run(main())
