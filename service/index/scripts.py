@@ -136,8 +136,8 @@ return {1, seq, prev}
 # Events with seq <= the record's seq were applied before (a retried batch): skipped.
 # The block cap is max(per_pool * (the record's 'total' + 'tiers'), floor): a batch for
 # which indexed + stored - removed hashes exceeds it is refused before any work
-# ({-4, cap, 0}); one that still ends over it (a backstop) drops all the worker's entries and resets its seq to 0
-# ({-4, cap, 1}: it must resync).
+# ({-4, cap, 0}); one that still ends over it (a backstop) drops all the worker's entries
+# and resets its seq to 0 ({-4, cap, 1}: it must resync).
 # Returns {status, applied, last seq}: status 1 applied, 0 duplicate, -1 gap, -2 unknown,
 # -3 stale incarnation (nothing applied), -4 over the cap.
 APPLY = PRELUDE + r"""
