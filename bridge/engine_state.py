@@ -1,0 +1,319 @@
+"""One vLLM engine's cache as the kvmesh index sees it: pure state, no I/O.
+
+Input: the engine's event batches in ``seq`` order (``ingest``). Output: kvmesh index events
+(``index_pb2.KvEvent``, numbered from 1 by ``out_seq``, exactly what ``PublishEvents`` takes)
+and, for a resync, a snapshot (``SyncWorker``'s blocks).
+
+Invariants:
+
+- Every engine block hash the engine holds maps to the kvmesh chain hash of the same block,
+  recomputed with ``kvmesh.hashing`` (this bridge's algo and seed, so the engine's own hash
+  algorithm and seed need not match kvmesh's) from the event's ``token_ids``, the block's
+  extra keys (``bridge.extra_keys``: LoRA map, salt, multimodal) and the parent's chain hash.
+  A block that cannot be rebuilt exactly (and every block chained below it) maps to nothing
+  and is never indexed: the index may under-claim, never over-claim.
+- Copies are counted per (engine hash, tier): vLLM stores and removes every PHYSICAL block, so
+  a hash held twice is removed twice. The index hears ``stored`` when a (chain hash, tier) goes
+  from no copy to one and ``removed`` when it goes back to none, never otherwise.
+- A removal of a hash the state does not hold on that tier changes nothing (it was stored
+  before the state started, or before a clear) and is counted in ``stats.unknown_removes``.
+- ``AllBlocksCleared`` (in a batch) and ``clear()`` forget every block and emit one
+  ``cleared`` to the index. ``clear()`` also forgets the seq position: the next batch is
+  accepted as a fresh start (after an engine restart or a gap nothing can fill).
+- Only events of KV-cache group ``group`` (``None`` counts as 0) with this ``block_size`` are
+  indexed; other groups and unknown mediums are ignored.
+
+Seq tracking: ``check(seq)`` says whether a batch is the next one, the first one, ahead of it
+(a gap: ask the replay socket from ``replay_from``, the last applied seq, whose payload
+``is_anchor`` must still match, or the engine restarted) or behind it (a replayed duplicate, or
+an engine restart: the caller tells which by ``is_anchor``/payload).
+"""
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from bridge.extra_keys import Unroutable, block_extra, event_lora
+from kvmesh import vllm_events as ve
+from kvmesh.hashing import DEFAULT_ALGO, hash_block, none_hash
+from kvmesh.v1 import index_pb2
+
+TIER_INDEX = {"gpu": 0, "cpu": 1, "disk": 2}
+_PB_TIER = (index_pb2.TIER_GPU, index_pb2.TIER_CPU, index_pb2.TIER_DISK)
+_MEDIUM_INDEX = {m: TIER_INDEX[t] for m, t in ve.TIERS.items()}
+
+
+class SeqCheck(enum.Enum):
+    FIRST = "first"    # nothing applied since start or the last clear(): accept any seq
+    NEXT = "next"      # the expected seq
+    GAP = "gap"        # ahead of the expected seq: batches were lost
+    BEHIND = "behind"  # at or before the last applied seq: a duplicate, or a restart
+
+
+@dataclass
+class StateStats:
+    batches: int = 0
+    stored_blocks: int = 0     # physical block copies stored, as the engine reported them
+    removed_blocks: int = 0
+    unknown_removes: int = 0
+    ignored_events: int = 0    # other KV-cache groups, unknown mediums
+    clears: int = 0            # AllBlocksCleared received, or clear() called
+    unroutable: Counter[str] = field(default_factory=Counter)  # by reason, per new block
+
+
+class _Block:
+    """One engine hash: its chain hash (``None``: unroutable) and copies per tier."""
+    __slots__ = ("chain", "copies")
+
+    def __init__(self, chain: bytes | None) -> None:
+        self.chain = chain
+        self.copies = [0, 0, 0]
+
+
+class _Held:
+    """One chain hash in the index: its parent (b"" at block 0) and, per tier, how many
+    engine hashes hold it (more than one only if distinct engine hashes rebuild to it)."""
+    __slots__ = ("parent", "engines")
+
+    def __init__(self, parent: bytes) -> None:
+        self.parent = parent
+        self.engines = [0, 0, 0]
+
+
+class _Runs:
+    """Index events being built: consecutive chain blocks of one tier share one message."""
+
+    def __init__(self, state: EngineState) -> None:
+        self.state = state
+        self.events: list[index_pb2.KvEvent] = []
+        self.kind = ""
+        self.tier = -1
+        self.parent = b""
+        self.hashes: list[bytes] = []
+
+    def stored(self, chain: bytes, parent: bytes, tier: int) -> None:
+        if not (self.kind == "stored" and self.tier == tier and self.hashes[-1] == parent):
+            self.flush()
+            self.kind, self.tier, self.parent = "stored", tier, parent
+        self.hashes.append(chain)
+
+    def removed(self, chain: bytes, tier: int) -> None:
+        if not (self.kind == "removed" and self.tier == tier):
+            self.flush()
+            self.kind, self.tier = "removed", tier
+        self.hashes.append(chain)
+
+    def cleared(self) -> None:
+        self.flush()
+        self.events.append(index_pb2.KvEvent(seq=self.state._next_out(),
+                                             cleared=index_pb2.AllBlocksCleared()))
+
+    def flush(self) -> None:
+        if not self.hashes:
+            return
+        seq, tier = self.state._next_out(), _PB_TIER[self.tier]
+        if self.kind == "stored":
+            ev = index_pb2.KvEvent(seq=seq, stored=index_pb2.BlockStored(
+                block_hashes=self.hashes, parent_hash=self.parent, tier=tier))
+        else:
+            ev = index_pb2.KvEvent(seq=seq, removed=index_pb2.BlockRemoved(
+                block_hashes=self.hashes, tier=tier))
+        self.events.append(ev)
+        self.kind, self.hashes = "", []
+
+
+class EngineState:
+    """The index's view of one engine (one data-parallel rank); see the module contract."""
+
+    def __init__(self, *, block_size: int, algo: str = DEFAULT_ALGO, seed: str | None = None,
+                 loras: Mapping[str, str] | None = None, group: int = 0) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.algo = algo
+        self.root = none_hash(algo, seed)
+        self.loras = dict(loras or {})
+        self.group = group
+        self.stats = StateStats()
+        self.out_seq = 0
+        self._blocks: dict[ve.ExternalBlockHash, _Block] = {}
+        self._held: dict[bytes, _Held] = {}
+        self._expected: int | None = None
+        self._anchor: tuple[int, bytes] | None = None
+
+    # --- seq ------------------------------------------------------------------------------
+
+    @property
+    def expected(self) -> int | None:
+        """The next seq wanted; ``None`` before the first batch and after ``clear()``."""
+        return self._expected
+
+    @property
+    def replay_from(self) -> int:
+        """Where a replay request starts: the last applied seq (its payload proves the engine
+        is the same process), or 0 when nothing was applied."""
+        return self._anchor[0] if self._anchor else 0
+
+    def check(self, seq: int) -> SeqCheck:
+        if self._expected is None:
+            return SeqCheck.FIRST
+        if seq == self._expected:
+            return SeqCheck.NEXT
+        return SeqCheck.GAP if seq > self._expected else SeqCheck.BEHIND
+
+    def is_anchor(self, seq: int, payload: bytes) -> bool:
+        """Whether (seq, payload) is the last batch applied: same engine process, no loss."""
+        return self._anchor is not None and self._anchor == (seq, payload)
+
+    def ingest(self, seq: int, payload: bytes) -> list[index_pb2.KvEvent]:
+        """Apply the batch ``seq`` (FIRST or NEXT only, else ``ValueError``).
+
+        A payload that does not decode raises ``ValueError`` and changes nothing; the caller
+        then treats it as lost (``clear()``)."""
+        kind = self.check(seq)
+        if kind not in (SeqCheck.FIRST, SeqCheck.NEXT):
+            raise ValueError(f"batch seq {seq} is {kind.value}; expected {self._expected}")
+        out = self.apply(ve.decode_batch(payload))
+        self._expected, self._anchor = seq + 1, (seq, payload)
+        return out
+
+    def clear(self) -> list[index_pb2.KvEvent]:
+        """Forget every block and the seq position; the index hears one ``cleared``."""
+        self._expected = self._anchor = None
+        runs = _Runs(self)
+        self._forget(runs)
+        return runs.events
+
+    # --- events ---------------------------------------------------------------------------
+
+    def apply(self, batch: ve.KVEventBatch) -> list[index_pb2.KvEvent]:
+        """Apply one batch's events (no seq bookkeeping) and return the index events."""
+        self.stats.batches += 1
+        runs = _Runs(self)
+        for ev in batch.events:
+            if isinstance(ev, ve.BlockStored):
+                self._stored(ev, runs)
+            elif isinstance(ev, ve.BlockRemoved):
+                self._removed(ev, runs)
+            else:
+                self._forget(runs)
+        runs.flush()
+        return runs.events
+
+    def _tier(self, ev: ve.BlockStored | ve.BlockRemoved) -> int | None:
+        tier = _MEDIUM_INDEX.get(ev.medium)
+        if tier is None or (ev.group_idx or 0) != self.group:
+            self.stats.ignored_events += 1
+            return None
+        return tier
+
+    def _stored(self, ev: ve.BlockStored, runs: _Runs) -> None:
+        t = self._tier(ev)
+        if t is None:
+            return
+        bs, n = self.block_size, len(ev.block_hashes)
+        reason: str | None = None
+        lora = None
+        if ev.block_size != bs or len(ev.token_ids) != n * bs:
+            reason = "block_size"
+        else:
+            try:
+                lora = event_lora(ev.lora_name, ev.lora_id, self.loras)
+            except Unroutable as e:
+                reason = e.reason
+        first = ev.parent_block_hash is None
+        if first:
+            parent: bytes | None = b""
+        else:
+            pb = self._blocks.get(ev.parent_block_hash)  # type: ignore[arg-type]
+            parent = pb.chain if pb is not None else None
+            if pb is None and reason is None:
+                reason = "orphan"
+        keys = ev.extra_keys
+        self.stats.stored_blocks += n
+        for i, h in enumerate(ev.block_hashes):
+            blk = self._blocks.get(h)
+            if blk is None:
+                chain = None
+                if parent is not None and reason is None:
+                    try:
+                        extra = block_extra(keys[i] if keys and i < len(keys) else None, lora,
+                                            first and i == 0)
+                        chain = hash_block(parent or self.root,
+                                           ev.token_ids[i * bs:(i + 1) * bs], extra, self.algo)
+                    except Unroutable as e:
+                        reason = e.reason
+                if chain is None:
+                    self.stats.unroutable[reason or "parent_unroutable"] += 1
+                blk = self._blocks[h] = _Block(chain)
+            blk.copies[t] += 1
+            if blk.copies[t] == 1 and blk.chain is not None:
+                held = self._held.get(blk.chain)
+                if held is None:
+                    held = self._held[blk.chain] = _Held(parent or b"")
+                held.engines[t] += 1
+                if held.engines[t] == 1:
+                    runs.stored(blk.chain, held.parent, t)
+            parent = blk.chain
+
+    def _removed(self, ev: ve.BlockRemoved, runs: _Runs) -> None:
+        t = self._tier(ev)
+        if t is None:
+            return
+        for h in ev.block_hashes:
+            blk = self._blocks.get(h)
+            if blk is None or blk.copies[t] == 0:
+                self.stats.unknown_removes += 1
+                continue
+            self.stats.removed_blocks += 1
+            blk.copies[t] -= 1
+            if blk.copies[t]:
+                continue
+            if blk.chain is not None:
+                held = self._held[blk.chain]
+                held.engines[t] -= 1
+                if not held.engines[t]:
+                    runs.removed(blk.chain, t)
+                    if not any(held.engines):
+                        del self._held[blk.chain]
+            if not any(blk.copies):
+                del self._blocks[h]
+
+    def _forget(self, runs: _Runs) -> None:
+        self.stats.clears += 1
+        self._blocks.clear()
+        self._held.clear()
+        runs.cleared()
+
+    def _next_out(self) -> int:
+        self.out_seq += 1
+        return self.out_seq
+
+    # --- snapshot -------------------------------------------------------------------------
+
+    @property
+    def indexed_blocks(self) -> int:
+        """Chain hashes the index holds for this engine (any tier)."""
+        return len(self._held)
+
+    def held(self, chain: bytes) -> set[str]:
+        """The tiers on which the index holds ``chain`` for this engine."""
+        h = self._held.get(chain)
+        return {t for t, i in TIER_INDEX.items() if h is not None and h.engines[i]}
+
+    def snapshot(self) -> tuple[int, list[index_pb2.BlockStored]]:
+        """(``out_seq``, the index's whole view) for ``SyncWorker``: per tier, runs of chained
+        blocks, each run one ``BlockStored`` whose ``parent_hash`` is its first block's."""
+        out: list[index_pb2.BlockStored] = []
+        for t, pb_tier in enumerate(_PB_TIER):
+            run: index_pb2.BlockStored | None = None
+            for chain, h in self._held.items():
+                if not h.engines[t]:
+                    continue
+                if run is None or run.block_hashes[-1] != h.parent:
+                    run = index_pb2.BlockStored(parent_hash=h.parent, tier=pb_tier)
+                    out.append(run)
+                run.block_hashes.append(chain)
+        return self.out_seq, out
