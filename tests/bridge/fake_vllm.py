@@ -27,19 +27,23 @@ class FakeEngine:
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.bind(f"tcp://127.0.0.1:{pub_port}")
-        self.router = None
-        if replay_port is not None:
-            self.router = self.ctx.socket(zmq.ROUTER)
-            self.router.setsockopt(zmq.LINGER, 0)
-            self.router.bind(f"tcp://127.0.0.1:{replay_port}")
+        self.router: zmq.asyncio.Socket | None = None
+        self._task: asyncio.Task | None = None
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer)
         self.topic = topic
         self.old_framing = old_framing
         self.seq = 0
         self.requests: list[int] = []  # start seqs asked for
         self.before_reply: Callable[[], None] | None = None  # runs as a request arrives
-        self._task = asyncio.get_running_loop().create_task(self._serve()) \
-            if self.router is not None else None
+        if replay_port is not None:
+            self.serve_replay(replay_port)
+
+    def serve_replay(self, port: int) -> None:
+        """Bind the replay ROUTER (an engine may bind it after its PUB socket)."""
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.bind(f"tcp://127.0.0.1:{port}")
+        self._task = asyncio.get_running_loop().create_task(self._serve())
 
     def publish(self, *events: ve.Event, drop: bool = False) -> int:
         seq, self.seq = self.seq, self.seq + 1
@@ -71,7 +75,7 @@ class FakeEngine:
             await self.router.send_multipart([ident, *end])
 
     async def close(self) -> None:
-        if self._task is not None:
+        if self._task is not None and self.router is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task

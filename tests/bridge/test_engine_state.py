@@ -68,6 +68,18 @@ def test_duplicates_survive_one_removal() -> None:
     assert st.apply(batch(removed([1]))) == [] and st.stats.unknown_removes == 1
 
 
+def test_two_engine_hashes_for_one_chain_hash() -> None:
+    """Distinct engine hashes that rebuild to one chain (the engine hashed something kvmesh
+    does not, or a 64-bit collision): the index hears of the chain once, and loses it only
+    with the last engine hash."""
+    st = EngineState(block_size=BS)
+    out = st.apply(batch(stored([1], TOKENS[:4]), stored([2], TOKENS[:4])))
+    assert len(out) == 1 and st.indexed_blocks == 1
+    assert st.apply(batch(removed([1]))) == []
+    out = st.apply(batch(removed([2])))
+    assert [e.WhichOneof("event") for e in out] == ["removed"] and st.indexed_blocks == 0
+
+
 def test_tiers_are_counted_apart() -> None:
     st = EngineState(block_size=BS)
     h = block_hashes(TOKENS, BS)

@@ -176,6 +176,33 @@ def test_an_engine_restart_leaves_no_stale_entry(publish_first: bool) -> None:
     asyncio.run(main())
 
 
+def test_after_a_disconnect_the_expected_seq_from_a_new_process_is_checked_first() -> None:
+    """The new engine process binds its replay socket late, so the resync at reconnection
+    fails, and its first live batch carries exactly the seq the old process would have sent
+    next: applying it as a continuation would keep the old process's blocks."""
+    async def main():
+        pub, rep = ports()
+        engine = FakeEngine(pub, rep)
+        async with Bridge(*urls(pub, rep), replay_timeout=0.2, probe_interval=None) as b:
+            await b.live(engine)
+            engine.publish(root(1, 11))
+            await b.until(lambda: b.holds() == {chain_of(1)})
+            expected = b.state.expected
+            await engine.close()
+            failures = b.stats.replay_failures
+            engine = await restarted(pub, None)
+            await b.until(lambda: b.stats.connects >= 2 and b.stats.replay_failures > failures)
+            while engine.seq < expected:  # lost on the way while nobody listened
+                engine.publish(root(40 + engine.seq, 40 + engine.seq), drop=True)
+            engine.serve_replay(rep)
+            engine.publish(root(9, 19))
+            await b.until(lambda: b.stats.restarts >= 1)
+            await b.until(lambda: chain_of(9) in b.holds())
+            assert chain_of(1) not in b.holds()
+        await engine.close()
+    asyncio.run(main())
+
+
 def test_a_loss_larger_than_the_replay_buffer_clears_and_rebuilds() -> None:
     async def main():
         pub, rep = ports()
