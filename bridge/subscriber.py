@@ -10,6 +10,8 @@ Recovery (a "resync" asks the replay socket from ``state.replay_from``):
   what the engine published before the bridge existed or while it was away.
 - A gap in the live ``seq`` resyncs; so does a quiet stream every ``probe_interval`` seconds,
   which catches a lost last batch and a restart of an idle engine.
+- A replay cut short (vLLM's ROUTER drops replies past its send high-water mark, silently) is
+  resumed from the last batch applied, a few rounds at most.
 - A resync first checks the anchor: the replay must start with the last applied batch, byte
   for byte. If it does, the rest of the replay fills the gap. If the engine no longer has it
   (its buffer of 10,000 batches moved past it: ``unfilled``) or it differs or is missing
@@ -19,9 +21,11 @@ Recovery (a "resync" asks the replay socket from ``state.replay_from``):
   under that seq (live messages queue while a replay runs), otherwise the engine restarted
   (seq went backwards): clear, resync.
 - Without a replay socket, or when it does not answer within ``replay_timeout``, a gap that
-  nothing filled clears the state and the stream restarts from the batch at hand.
+  nothing filled clears the state and the stream restarts from the batch at hand; without a
+  replay socket, so does every reconnection (the PUB socket dropped what it sent meanwhile).
 - After a disconnect, the first live batch is applied only after a resync proved the anchor
-  (an engine restarted while the SUB socket was away may already be past the expected seq).
+  (an engine restarted while the SUB socket was away may already be past the expected seq);
+  if no replay answers, the state is cleared before it is applied.
 - A batch that does not decode is a lost batch: clear.
 
 Stop by cancelling the task running ``run()``; sockets are closed on the way out.
@@ -61,6 +65,8 @@ class SubscriberStats:
 
 class Subscriber:
     """One engine's event stream (``events``: its PUB endpoint, ``replay``: its ROUTER)."""
+
+    REPLAY_ROUNDS = 3
 
     def __init__(self, state: EngineState, events: str, replay: str | None, on_events: Sink,
                  *, topic: bytes = b"", replay_timeout: float = 5.0,
@@ -131,6 +137,9 @@ class Subscriber:
         kind = self.state.check(seq)
         if self._suspect and kind is SeqCheck.NEXT:
             await self._resync()
+            if self._suspect:  # no replay answered: this batch may not follow ours
+                self.stats.unfilled += 1
+                self._emit(self.state.clear())
         elif kind is SeqCheck.GAP:
             self.stats.gaps += 1
             await self._resync()
@@ -168,44 +177,54 @@ class Subscriber:
     async def _resync(self) -> None:
         """Catch up from the replay socket (see the module contract); no-op without one."""
         if self.replay is None:
-            self._suspect = False  # nothing to check against
-            return
-        start = self.state.replay_from
-        got = await self._fetch(start)
-        if got is None:
-            return
-        self._suspect = False
-        if self.state.expected is not None:
-            if got and self.state.is_anchor(*got[0]):
-                self._replayed(got[1:])
-                return
-            if got and got[0][0] > start:
+            if self._suspect and self.state.expected is not None:
+                # batches published while we were away are lost and nothing can tell which
                 self.stats.unfilled += 1
-            else:
-                self.stats.restarts += 1
-            self._emit(self.state.clear())
-            got = await self._fetch(0)
-            if got is None:
+                self._emit(self.state.clear())
+            self._suspect = False
+            return
+        self._dups = {}
+        # vLLM's ROUTER drops replies past its send high-water mark: a replay cut short is
+        # resumed from where it stopped, a few rounds at most (then the next live batch or
+        # probe carries on).
+        for _ in range(self.REPLAY_ROUNDS):
+            start = self.state.replay_from
+            got, complete = await self._fetch(start)
+            if not got and not complete:
+                return  # no answer
+            self._suspect = False
+            self._dups.update(got)
+            if self.state.expected is not None:
+                if not (got and self.state.is_anchor(*got[0])):
+                    if got and got[0][0] > start:
+                        self.stats.unfilled += 1
+                    else:
+                        self.stats.restarts += 1
+                    self._emit(self.state.clear())
+                    continue  # the state is fresh: the next round asks from 0
+                got = got[1:]
+            if self._replayed(got) and complete:
                 return
-        self._replayed(got)
 
-    def _replayed(self, got: list[tuple[int, bytes]]) -> None:
-        self._dups = dict(got)
+    def _replayed(self, got: list[tuple[int, bytes]]) -> bool:
+        """Apply replayed batches in order; ``False`` at a hole (a reply the ROUTER dropped),
+        leaving the state at the last batch before it."""
         for seq, payload in got:
             kind = self.state.check(seq)
             if kind is SeqCheck.BEHIND:
                 continue
-            if kind is SeqCheck.GAP:  # a replay with a hole: cannot come from vLLM's deque
-                self.stats.unfilled += 1
-                self._emit(self.state.clear())
+            if kind is SeqCheck.GAP:
+                return False
             self._apply(seq, payload)
+        return True
 
-    async def _fetch(self, start: int) -> list[tuple[int, bytes]] | None:
-        """Every buffered batch with ``seq >= start``; ``None`` if the replay socket does not
-        answer completely (``replay_timeout`` between two replies)."""
+    async def _fetch(self, start: int) -> tuple[list[tuple[int, bytes]], bool]:
+        """(buffered batches with ``seq >= start``, whether the end marker came). The replay
+        is cut short when ``replay_timeout`` passes between two replies."""
         self.stats.replays += 1
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.RCVHWM, 0)  # take all 10,000 replies as fast as they come
         dealer.connect(self.replay)  # type: ignore[arg-type]
         got: list[tuple[int, bytes]] = []
         try:
@@ -213,16 +232,16 @@ class Subscriber:
             while True:
                 if not await dealer.poll(int(self.replay_timeout * 1000)):
                     self.stats.replay_failures += 1
-                    return None
+                    return got, False
                 try:
                     reply = ve.parse_replay_reply(await dealer.recv_multipart())
                 except ValueError:
                     self.stats.malformed += 1
                     self.stats.replay_failures += 1
-                    return None
+                    return got, False
                 if reply is None:
-                    self.stats.replayed += len(got)
-                    return got
+                    return got, True
                 got.append(reply)
+                self.stats.replayed += 1
         finally:
             dealer.close(linger=0)

@@ -4,7 +4,8 @@ Behaves as vLLM's publisher does: ``seq`` counts batches from 0 per instance (a 
 the same ports is a restarted engine), every published batch is kept in a replay buffer of
 ``buffer`` batches (vLLM's default: 10,000), and the ROUTER answers ``[b"", start_seq]`` with
 every buffered batch whose seq is at least ``start_seq``, then the end marker. ``drop=True``
-buffers a batch without sending it (a message lost on the way).
+buffers a batch without sending it (a message lost on the way); ``drop_replies`` leaves
+batches out of the next replay.
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ class FakeEngine:
         self.seq = 0
         self.requests: list[int] = []  # start seqs asked for
         self.before_reply: Callable[[], None] | None = None  # runs as a request arrives
+        self.drop_replies: set[int] = set()  # seqs the next replay leaves out (vLLM's ROUTER
+        # drops replies past its send high-water mark), each once
         if replay_port is not None:
             self.serve_replay(replay_port)
 
@@ -65,7 +68,9 @@ class FakeEngine:
             if self.before_reply is not None:
                 self.before_reply()
             for seq, payload in list(self.buffer):
-                if seq >= self.requests[-1]:
+                if seq in self.drop_replies:
+                    self.drop_replies.discard(seq)
+                elif seq >= self.requests[-1]:
                     if self.old_framing:
                         reply = [b"", seq.to_bytes(8, "big"), payload]
                     else:

@@ -133,6 +133,41 @@ def test_a_dropped_message_is_filled_by_replay() -> None:
     asyncio.run(main())
 
 
+def test_a_full_replay_buffer_arrives_whole() -> None:
+    """vLLM keeps 10,000 batches and its ROUTER drops replies past its high-water mark: the
+    bridge takes them all in one replay."""
+    async def main():
+        pub, rep = ports()
+        engine = FakeEngine(pub, rep)
+        engine.publish(root(1, 11), drop=True)  # falls out of the buffer
+        filler = ve.BlockRemoved(block_hashes=list(range(1 << 40, (1 << 40) + 50)),
+                                 medium=None)  # ~500 bytes, like a busy engine step
+        for _ in range(ve.REPLAY_BUFFER - 1):
+            engine.publish(filler, drop=True)
+        engine.publish(root(2, 12), drop=True)
+        async with Bridge(*urls(pub, rep), probe_interval=None) as b:
+            await b.until(lambda: b.holds() == {chain_of(2)})
+            assert b.stats.replayed == ve.REPLAY_BUFFER and engine.requests == [0]
+            assert b.state.expected == engine.seq
+        await engine.close()
+    asyncio.run(main())
+
+
+def test_a_replay_with_holes_is_resumed() -> None:
+    async def main():
+        pub, rep = ports()
+        engine = FakeEngine(pub, rep)
+        for n in range(6):
+            engine.publish(root(n, 10 + n))
+        engine.drop_replies = {2, 4}
+        async with Bridge(*urls(pub, rep), probe_interval=None) as b:
+            await b.until(lambda: b.holds() == {chain_of(n) for n in range(6)})
+            assert engine.requests == [0, 1] and b.stats.unfilled == 0  # resumed after 1
+            assert b.index.cleared == 0
+        await engine.close()
+    asyncio.run(main())
+
+
 def test_live_copies_of_replayed_batches_are_dropped() -> None:
     async def main():
         pub, rep = ports()
@@ -176,10 +211,12 @@ def test_an_engine_restart_leaves_no_stale_entry(publish_first: bool) -> None:
     asyncio.run(main())
 
 
-def test_after_a_disconnect_the_expected_seq_from_a_new_process_is_checked_first() -> None:
-    """The new engine process binds its replay socket late, so the resync at reconnection
-    fails, and its first live batch carries exactly the seq the old process would have sent
-    next: applying it as a continuation would keep the old process's blocks."""
+@pytest.mark.parametrize("replay_later", [True, False], ids=["replay-late", "replay-never"])
+def test_after_a_disconnect_the_expected_seq_from_a_new_process_is_checked_first(
+        replay_later: bool) -> None:
+    """The new engine process binds its replay socket late (or never), so the resync at
+    reconnection fails, and its first live batch carries exactly the seq the old process would
+    have sent next: applying it as a continuation would keep the old process's blocks."""
     async def main():
         pub, rep = ports()
         engine = FakeEngine(pub, rep)
@@ -194,11 +231,11 @@ def test_after_a_disconnect_the_expected_seq_from_a_new_process_is_checked_first
             await b.until(lambda: b.stats.connects >= 2 and b.stats.replay_failures > failures)
             while engine.seq < expected:  # lost on the way while nobody listened
                 engine.publish(root(40 + engine.seq, 40 + engine.seq), drop=True)
-            engine.serve_replay(rep)
+            if replay_later:
+                engine.serve_replay(rep)
             engine.publish(root(9, 19))
-            await b.until(lambda: b.stats.restarts >= 1)
             await b.until(lambda: chain_of(9) in b.holds())
-            assert chain_of(1) not in b.holds()
+            assert chain_of(1) not in b.holds() and b.index.cleared >= 1
         await engine.close()
     asyncio.run(main())
 
@@ -221,7 +258,7 @@ def test_a_loss_larger_than_the_replay_buffer_clears_and_rebuilds() -> None:
     asyncio.run(main())
 
 
-def test_without_a_replay_socket_a_gap_clears() -> None:
+def test_without_a_replay_socket_a_gap_or_a_reconnection_clears() -> None:
     async def main():
         pub, _ = ports()
         engine = FakeEngine(pub, None)
@@ -233,6 +270,10 @@ def test_without_a_replay_socket_a_gap_clears() -> None:
             engine.publish(root(3, 13))
             await b.until(lambda: b.holds() == {chain_of(3)})
             assert b.stats.unfilled == 1 and b.stats.replays == 0
+            await engine.close()
+            engine = await restarted(pub, None)
+            await b.until(lambda: b.holds() == set())  # away: what was sent meanwhile is lost
+            assert b.stats.unfilled == 2 and b.stats.restarts == 0
         await engine.close()
     asyncio.run(main())
 
