@@ -36,12 +36,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from bridge.extra_keys import Unroutable, block_extra, event_lora
+from bridge.index_events import IndexEvents, snapshot_runs
 from kvmesh import vllm_events as ve
 from kvmesh.hashing import DEFAULT_ALGO, hash_block, none_hash
 from kvmesh.v1 import index_pb2
 
-TIER_INDEX = {"gpu": 0, "cpu": 1, "disk": 2}
-_PB_TIER = (index_pb2.TIER_GPU, index_pb2.TIER_CPU, index_pb2.TIER_DISK)
+TIER_INDEX = {"gpu": 0, "cpu": 1, "disk": 2}  # positions in PB_TIERS
 _MEDIUM_INDEX = {m: TIER_INDEX[t] for m, t in ve.TIERS.items()}
 
 
@@ -80,48 +80,6 @@ class _Held:
     def __init__(self, parent: bytes) -> None:
         self.parent = parent
         self.engines = [0, 0, 0]
-
-
-class _Runs:
-    """Index events being built: consecutive chain blocks of one tier share one message."""
-
-    def __init__(self, state: EngineState) -> None:
-        self.state = state
-        self.events: list[index_pb2.KvEvent] = []
-        self.kind = ""
-        self.tier = -1
-        self.parent = b""
-        self.hashes: list[bytes] = []
-
-    def stored(self, chain: bytes, parent: bytes, tier: int) -> None:
-        if not (self.kind == "stored" and self.tier == tier and self.hashes[-1] == parent):
-            self.flush()
-            self.kind, self.tier, self.parent = "stored", tier, parent
-        self.hashes.append(chain)
-
-    def removed(self, chain: bytes, tier: int) -> None:
-        if not (self.kind == "removed" and self.tier == tier):
-            self.flush()
-            self.kind, self.tier = "removed", tier
-        self.hashes.append(chain)
-
-    def cleared(self) -> None:
-        self.flush()
-        self.events.append(index_pb2.KvEvent(seq=self.state._next_out(),
-                                             cleared=index_pb2.AllBlocksCleared()))
-
-    def flush(self) -> None:
-        if not self.hashes:
-            return
-        seq, tier = self.state._next_out(), _PB_TIER[self.tier]
-        if self.kind == "stored":
-            ev = index_pb2.KvEvent(seq=seq, stored=index_pb2.BlockStored(
-                block_hashes=self.hashes, parent_hash=self.parent, tier=tier))
-        else:
-            ev = index_pb2.KvEvent(seq=seq, removed=index_pb2.BlockRemoved(
-                block_hashes=self.hashes, tier=tier))
-        self.events.append(ev)
-        self.kind, self.hashes = "", []
 
 
 class EngineState:
@@ -182,7 +140,7 @@ class EngineState:
     def clear(self) -> list[index_pb2.KvEvent]:
         """Forget every block and the seq position; the index hears one ``cleared``."""
         self._expected = self._anchor = None
-        runs = _Runs(self)
+        runs = IndexEvents(self._next_out)
         self._forget(runs)
         return runs.events
 
@@ -191,7 +149,7 @@ class EngineState:
     def apply(self, batch: ve.KVEventBatch) -> list[index_pb2.KvEvent]:
         """Apply one batch's events (no seq bookkeeping) and return the index events."""
         self.stats.batches += 1
-        runs = _Runs(self)
+        runs = IndexEvents(self._next_out)
         for ev in batch.events:
             if isinstance(ev, ve.BlockStored):
                 self._stored(ev, runs)
@@ -209,7 +167,7 @@ class EngineState:
             return None
         return tier
 
-    def _stored(self, ev: ve.BlockStored, runs: _Runs) -> None:
+    def _stored(self, ev: ve.BlockStored, runs: IndexEvents) -> None:
         t = self._tier(ev)
         if t is None:
             return
@@ -258,7 +216,7 @@ class EngineState:
                     runs.stored(blk.chain, held.parent, t)
             parent = blk.chain
 
-    def _removed(self, ev: ve.BlockRemoved, runs: _Runs) -> None:
+    def _removed(self, ev: ve.BlockRemoved, runs: IndexEvents) -> None:
         t = self._tier(ev)
         if t is None:
             return
@@ -281,7 +239,7 @@ class EngineState:
             if not any(blk.copies):
                 del self._blocks[h]
 
-    def _forget(self, runs: _Runs) -> None:
+    def _forget(self, runs: IndexEvents) -> None:
         self.stats.clears += 1
         self._blocks.clear()
         self._held.clear()
@@ -306,14 +264,5 @@ class EngineState:
     def snapshot(self) -> tuple[int, list[index_pb2.BlockStored]]:
         """(``out_seq``, the index's whole view) for ``SyncWorker``: per tier, runs of chained
         blocks, each run one ``BlockStored`` whose ``parent_hash`` is its first block's."""
-        out: list[index_pb2.BlockStored] = []
-        for t, pb_tier in enumerate(_PB_TIER):
-            run: index_pb2.BlockStored | None = None
-            for chain, h in self._held.items():
-                if not h.engines[t]:
-                    continue
-                if run is None or run.block_hashes[-1] != h.parent:
-                    run = index_pb2.BlockStored(parent_hash=h.parent, tier=pb_tier)
-                    out.append(run)
-                run.block_hashes.append(chain)
-        return self.out_seq, out
+        return self.out_seq, snapshot_runs(
+            (chain, h.parent, h.engines) for chain, h in self._held.items())
