@@ -3,11 +3,14 @@
 kvmesh speaks this format both ways: the vLLM bridge (``bridge/``) consumes it, and a kvmesh
 worker can publish it so that any consumer built for vLLM can index a kvmesh worker.
 
-What vLLM publishes (read from vllm-project/vllm ``vllm/distributed/kv_events.py``: commit
-b4e69e0af33f (mid-2025: events ``array_like``, no ``medium``), commit 0181ea3173e5 (events as
-tagged maps, ``medium``/``lora_name``/``extra_keys``/``group_idx``), and a later revision that
-adds ``MEDIUM_CPU``/``MEDIUM_STORAGE``, ``locality``/``ownership`` and the topic frame in
-replay replies; and ``vllm/v1/core/kv_cache_utils.py``, ``maybe_convert_block_hash``):
+What vLLM publishes, read from vllm-project/vllm ``vllm/distributed/kv_events.py`` at commit
+b4e69e0af33f (an early revision: events ``array_like``, no ``medium``), at commit 0181ea3173e5
+(events as tagged maps, ``medium``/``lora_name``/``extra_keys``/``group_idx``/
+``kv_cache_spec_*``; its batch had no ``array_like``), and a later revision (a stored copy
+whose commit the code index did not name) that adds ``MEDIUM_CPU``/``MEDIUM_STORAGE``,
+``locality``/``ownership`` and the topic frame in replay replies; ``session_id`` comes from
+vLLM's own tests of that schema, ``lookahead_token_ids`` from the issue (no source seen). The
+int form of a hash: ``maybe_convert_block_hash`` in ``vllm/v1/core/kv_cache_utils.py``.
 
 - A PUB socket; each message is ``[topic, seq, payload]``, ``seq`` 8 bytes big-endian unsigned,
   counting batches from 0 per engine process (so it restarts at 0 with the engine).
