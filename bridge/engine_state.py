@@ -22,6 +22,12 @@ Invariants:
   accepted as a fresh start (after an engine restart or a gap nothing can fill).
 - Only events of KV-cache group ``group`` (``None`` counts as 0) with this ``block_size`` are
   indexed; other groups and unknown mediums are ignored.
+- Each new engine hash is rehashed once: the blocks of one event that are new are rebuilt in
+  one ``chain_hashes`` call, and the chain hashes of the last ``memo_blocks`` engine hashes
+  whose last copy went (``memo``) are kept, so a block evicted and stored again (a popular
+  prefix, a block moving between tiers) is not rehashed. Sound because an engine hash names
+  its content and parent (the engine's hash chain), so it always rebuilds to the same chain
+  hash; ``clear()`` forgets the memo too (another engine process may hash with another seed).
 
 Seq tracking: ``check(seq)`` says whether a batch is the next one, the first one, ahead of it
 (a gap: ask the replay socket from ``replay_from``, the last applied seq, whose payload
@@ -38,7 +44,7 @@ from dataclasses import dataclass, field
 from bridge.extra_keys import Unroutable, block_extra, event_lora
 from bridge.index_events import IndexEvents, snapshot_runs
 from kvmesh import vllm_events as ve
-from kvmesh.hashing import DEFAULT_ALGO, hash_block, none_hash
+from kvmesh.hashing import DEFAULT_ALGO, Extra, Lora, chain_hashes, none_hash
 from kvmesh.v1 import index_pb2
 
 TIER_INDEX = {"gpu": 0, "cpu": 1, "disk": 2}  # positions in PB_TIERS
@@ -60,6 +66,8 @@ class StateStats:
     unknown_removes: int = 0
     ignored_events: int = 0    # other KV-cache groups, unknown mediums
     clears: int = 0            # AllBlocksCleared received, or clear() called
+    rehashed: int = 0          # blocks whose chain hash was computed
+    memo_hits: int = 0         # blocks stored again whose chain hash the memo still had
     unroutable: Counter[str] = field(default_factory=Counter)  # by reason, per new block
 
 
@@ -86,7 +94,8 @@ class EngineState:
     """The index's view of one engine (one data-parallel rank); see the module contract."""
 
     def __init__(self, *, block_size: int, algo: str = DEFAULT_ALGO, seed: str | None = None,
-                 loras: Mapping[str, str] | None = None, group: int = 0) -> None:
+                 loras: Mapping[str, str] | None = None, group: int = 0,
+                 memo_blocks: int = 65_536) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
@@ -97,6 +106,9 @@ class EngineState:
         self.stats = StateStats()
         self.out_seq = 0
         self._blocks: dict[ve.ExternalBlockHash, _Block] = {}
+        # engine hash -> chain hash of blocks no longer held, oldest first (dict order)
+        self.memo_blocks = memo_blocks
+        self._memo: dict[ve.ExternalBlockHash, bytes] = {}
         self._held: dict[bytes, _Held] = {}
         self._expected: int | None = None
         self._anchor: tuple[int, bytes] | None = None
@@ -171,7 +183,8 @@ class EngineState:
         t = self._tier(ev)
         if t is None:
             return
-        bs, n = self.block_size, len(ev.block_hashes)
+        bs, hashes = self.block_size, ev.block_hashes
+        n = len(hashes)
         reason: str | None = None
         lora = None
         if ev.block_size != bs or len(ev.token_ids) != n * bs:
@@ -181,40 +194,86 @@ class EngineState:
                 lora = event_lora(ev.lora_name, ev.lora_id, self.loras)
             except Unroutable as e:
                 reason = e.reason
-        first = ev.parent_block_hash is None
-        if first:
+        if ev.parent_block_hash is None:
             parent: bytes | None = b""
         else:
-            pb = self._blocks.get(ev.parent_block_hash)  # type: ignore[arg-type]
+            pb = self._blocks.get(ev.parent_block_hash)
             parent = pb.chain if pb is not None else None
             if pb is None and reason is None:
                 reason = "orphan"
-        keys = ev.extra_keys
         self.stats.stored_blocks += n
-        for i, h in enumerate(ev.block_hashes):
-            blk = self._blocks.get(h)
-            if blk is None:
-                chain = None
-                if parent is not None and reason is None:
+        blocks, memo = self._blocks, self._memo
+        i = 0
+        while i < n:
+            h = hashes[i]
+            blk = blocks.get(h)
+            if blk is None and parent is not None and reason is None:
+                chain = memo.pop(h, None)
+                if chain is not None:
+                    blk = blocks[h] = _Block(chain)
+                    self.stats.memo_hits += 1
+            if blk is not None:
+                parent = self._hold(blk, parent, t, runs)
+                i += 1
+                continue
+            # a run of new engine hashes: rebuilt with one chain_hashes call (each token
+            # encoded once), the rest of the event being the common case
+            j = i + 1
+            while j < n and hashes[j] not in blocks and hashes[j] not in memo:
+                j += 1
+            chains, reason = self._rebuild(ev, i, j, parent, lora, reason)
+            for k in range(i, j):
+                blk = blocks.get(hashes[k])  # a hash repeated inside the run: one block
+                if blk is None:
+                    blk = blocks[hashes[k]] = _Block(chains[k - i])
+                parent = self._hold(blk, parent, t, runs)
+            i = j
+
+    def _rebuild(self, ev: ve.BlockStored, i: int, j: int, parent: bytes | None,
+                 lora: Lora | None, reason: str | None
+                 ) -> tuple[list[bytes | None], str | None]:
+        """The chain hashes of the event's blocks ``[i, j)`` (all new) below ``parent``
+        (``b""``: the root; ``None``: unroutable), ``None`` from the first block that cannot
+        be rebuilt on; and the reason that stopped the chain, if any."""
+        out: list[bytes | None] = []
+        if parent is not None and reason is None:
+            keys, first = ev.extra_keys, ev.parent_block_hash is None
+            extras: list[Extra] | None = None
+            if keys or lora is not None:
+                extras = []
+                for k in range(i, j):
                     try:
-                        extra = block_extra(keys[i] if keys and i < len(keys) else None, lora,
-                                            first and i == 0)
-                        chain = hash_block(parent or self.root,
-                                           ev.token_ids[i * bs:(i + 1) * bs], extra, self.algo)
+                        extras.append(block_extra(keys[k] if keys and k < len(keys) else None,
+                                                  lora, first and k == 0))
                     except Unroutable as e:
                         reason = e.reason
-                if chain is None:
-                    self.stats.unroutable[reason or "parent_unroutable"] += 1
-                blk = self._blocks[h] = _Block(chain)
-            blk.copies[t] += 1
-            if blk.copies[t] == 1 and blk.chain is not None:
-                held = self._held.get(blk.chain)
-                if held is None:
-                    held = self._held[blk.chain] = _Held(parent or b"")
-                held.engines[t] += 1
-                if held.engines[t] == 1:
-                    runs.stored(blk.chain, held.parent, t)
-            parent = blk.chain
+                        break
+            bs = self.block_size
+            m = j - i if extras is None else len(extras)
+            out.extend(chain_hashes(parent or self.root, ev.token_ids[i * bs:(i + m) * bs], bs,
+                                    extras, self.algo))
+            self.stats.rehashed += m
+        if len(out) < j - i:
+            self.stats.unroutable[reason or "parent_unroutable"] += j - i - len(out)
+            out.extend([None] * (j - i - len(out)))
+        return out, reason
+
+    def _hold(self, blk: _Block, parent: bytes | None, t: int, runs: IndexEvents
+              ) -> bytes | None:
+        """One more copy of ``blk`` on tier ``t`` (its chain parent ``parent``); the index
+        hears ``stored`` when the chain hash gains its first copy there. Returns the block's
+        chain hash: the parent of the next block."""
+        copies = blk.copies
+        copies[t] += 1
+        chain = blk.chain
+        if copies[t] == 1 and chain is not None:
+            held = self._held.get(chain)
+            if held is None:
+                held = self._held[chain] = _Held(parent or b"")
+            held.engines[t] += 1
+            if held.engines[t] == 1:
+                runs.stored(chain, held.parent, t)
+        return chain
 
     def _removed(self, ev: ve.BlockRemoved, runs: IndexEvents) -> None:
         t = self._tier(ev)
@@ -238,11 +297,17 @@ class EngineState:
                         del self._held[blk.chain]
             if not any(blk.copies):
                 del self._blocks[h]
+                if blk.chain is not None and self.memo_blocks:
+                    memo = self._memo
+                    memo[h] = blk.chain
+                    if len(memo) > self.memo_blocks:
+                        del memo[next(iter(memo))]
 
     def _forget(self, runs: IndexEvents) -> None:
         self.stats.clears += 1
         self._blocks.clear()
         self._held.clear()
+        self._memo.clear()
         runs.cleared()
 
     def _next_out(self) -> int:

@@ -10,12 +10,16 @@ from collections.abc import Callable, Iterable, Sequence
 from kvmesh.v1 import index_pb2
 
 PB_TIERS = (index_pb2.TIER_GPU, index_pb2.TIER_CPU, index_pb2.TIER_DISK)
+# Hashes in one index event: a PublishEvents batch may carry at most the service's
+# --max-batch-hashes (8192 by default) and an event is never split across batches.
+MAX_RUN = 1024
 
 
 class IndexEvents:
     """Index events being built, numbered by ``next_seq``: consecutive chain blocks of one
     tier share one message (``stored`` of a block whose parent is the run's last block extends
-    the run; ``removed`` of one tier extends a removal run). ``flush()`` ends the last run."""
+    the run; ``removed`` of one tier extends a removal run), up to ``MAX_RUN`` hashes.
+    ``flush()`` ends the last run."""
 
     def __init__(self, next_seq: Callable[[], int]) -> None:
         self.next_seq = next_seq
@@ -26,13 +30,14 @@ class IndexEvents:
         self.hashes: list[bytes] = []
 
     def stored(self, chain: bytes, parent: bytes, tier: int) -> None:
-        if not (self.kind == "stored" and self.tier == tier and self.hashes[-1] == parent):
+        if not (self.kind == "stored" and self.tier == tier and self.hashes[-1] == parent
+                and len(self.hashes) < MAX_RUN):
             self.flush()
             self.kind, self.tier, self.parent = "stored", tier, parent
         self.hashes.append(chain)
 
     def removed(self, chain: bytes, tier: int) -> None:
-        if not (self.kind == "removed" and self.tier == tier):
+        if not (self.kind == "removed" and self.tier == tier and len(self.hashes) < MAX_RUN):
             self.flush()
             self.kind, self.tier = "removed", tier
         self.hashes.append(chain)

@@ -240,3 +240,37 @@ def test_random_histories_match_a_reference_count() -> None:
             index_view.apply(st.apply(batch(ev)))
             expect = {(chains[i], t) for (i, t), n in copies.items() if n}
             assert set(index_view.held) == expect, seed
+
+
+def test_a_block_stored_again_is_not_rehashed_until_a_clear() -> None:
+    st = EngineState(block_size=BS, memo_blocks=2)
+    idx = IndexView()
+    idx.apply(st.apply(batch(stored([1, 2, 3], TOKENS))))
+    assert st.stats.rehashed == 3
+    idx.apply(st.apply(batch(removed([3, 2, 1]))))
+    assert idx.held == {} and st.indexed_blocks == 0
+    # the memo keeps the last two removed (2, 1): block 3 is rehashed, they are not
+    idx.apply(st.apply(batch(stored([1, 2, 3], TOKENS))))
+    assert st.stats.rehashed == 4 and st.stats.memo_hits == 2
+    assert set(idx.held) == {(h, GPU) for h in block_hashes(TOKENS, BS)}
+    # a hit under an unroutable parent stays unroutable: nothing below an orphan is indexed
+    idx.apply(st.apply(batch(removed([3]))))
+    assert set(idx.apply(st.apply(batch(stored([3], TOKENS[8:], parent=77)))).held) == {
+        (h, GPU) for h in block_hashes(TOKENS[:8], BS)}
+    idx.apply(st.apply(batch(removed([3]))))  # the orphan copy: no index event
+    idx.apply(st.clear())
+    st.apply(batch(stored([1, 2], TOKENS[:8])))
+    assert st.stats.memo_hits == 2 and st.stats.rehashed == 6  # the clear forgot the memo
+
+
+def test_long_runs_are_split_so_no_event_outgrows_a_batch(monkeypatch) -> None:
+    from bridge import index_events
+    monkeypatch.setattr(index_events, "MAX_RUN", 2)
+    tokens = list(range(5 * BS))
+    st = EngineState(block_size=BS)
+    out = st.apply(batch(stored(range(1, 6), tokens)))
+    assert [len(e.stored.block_hashes) for e in out] == [2, 2, 1]
+    assert view(out) == view([index_pb2.KvEvent(seq=1, stored=index_pb2.BlockStored(
+        block_hashes=block_hashes(tokens, BS), tier=GPU))])
+    out = st.apply(batch(removed(range(1, 6))))
+    assert [len(e.removed.block_hashes) for e in out] == [2, 2, 1]
