@@ -111,6 +111,8 @@ class EngineState:
         self._memo: dict[ve.ExternalBlockHash, bytes] = {}
         self._held: dict[bytes, _Held] = {}
         self._expected: int | None = None
+        # the engine's timestamp of the last batch ingested (its wall clock); None after clear()
+        self.last_ts: float | None = None
         self._anchor: tuple[int, bytes] | None = None
 
     # --- seq ------------------------------------------------------------------------------
@@ -145,13 +147,16 @@ class EngineState:
         kind = self.check(seq)
         if kind not in (SeqCheck.FIRST, SeqCheck.NEXT):
             raise ValueError(f"batch seq {seq} is {kind.value}; expected {self._expected}")
-        out = self.apply(ve.decode_batch(payload))
+        batch = ve.decode_batch(payload)
+        out = self.apply(batch)
         self._expected, self._anchor = seq + 1, (seq, payload)
+        self.last_ts = batch.ts
         return out
 
     def clear(self) -> list[index_pb2.KvEvent]:
         """Forget every block and the seq position; the index hears one ``cleared``."""
         self._expected = self._anchor = None
+        self.last_ts = None
         runs = IndexEvents(self._next_out)
         self._forget(runs)
         return runs.events
