@@ -79,10 +79,14 @@ def build(opts: BridgeOptions, engines: list[EngineSpec]) -> list[Rank]:
 
 
 async def serve(opts: BridgeOptions, engines: list[EngineSpec],
-                stop: asyncio.Event | None = None) -> list[Rank]:
-    """Bridge ``engines`` until ``stop`` is set (or SIGINT/SIGTERM); prints one line naming
-    the workers once everything runs. Returns the ranks (their statistics) when stopped."""
-    fleet = build(opts, engines)
+                stop: asyncio.Event | None = None) -> None:
+    """Bridge ``engines`` until ``stop`` is set (or SIGINT/SIGTERM)."""
+    await run(build(opts, engines), opts, stop)
+
+
+async def run(fleet: list[Rank], opts: BridgeOptions, stop: asyncio.Event | None = None) -> None:
+    """Run built ranks until ``stop`` is set (or SIGINT/SIGTERM); prints one line naming the
+    workers once everything runs. A task that ends by itself (a crash) is raised here."""
     metrics = BridgeMetrics(fleet)
     for r in fleet:
         metrics.watch(r.link)
@@ -110,4 +114,3 @@ async def serve(opts: BridgeOptions, engines: list[EngineSpec],
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return fleet

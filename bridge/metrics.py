@@ -72,7 +72,7 @@ class Rank(Protocol):
     link: EngineLink
 
 
-@dataclass
+@dataclass(eq=False)  # hashable: the registry keys collectors by identity
 class _Collector:
     ranks: Iterable[Rank]
 
