@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import click
 import typer
 
 from kvmesh import cli_options as opt
@@ -87,8 +86,9 @@ def register(app: typer.Typer) -> None:
         from kvmesh.tls import tls_files
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        # flags the user gave (typer vendors click: its ParameterSource is compared by name)
         given = {name for name in ctx.params
-                 if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
+                 if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") != "DEFAULT"}
         try:
             top: dict[str, Any] = {}
             if config is not None:

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import socket
+import subprocess
+import sys
+import threading
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 import grpc
 
@@ -15,6 +21,7 @@ from deploy.process import ServerProcess
 from deploy.redis_server import RedisServer
 from deploy.waiting import eventually
 from kvmesh import vllm_events as ve
+from kvmesh.channel import parse_addresses
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 
@@ -87,7 +94,7 @@ class Running:
     """A bridge (``bridge.main.run``) in a task of the current loop; ``ranks`` by worker id."""
 
     def __init__(self, service: str, engines: list[EngineSpec], **opts) -> None:
-        self.opts = BridgeOptions(services=(service,), **opts)
+        self.opts = BridgeOptions(services=tuple(parse_addresses(service)), **opts)
         self.engines = engines
         self.stop = asyncio.Event()
         self.task: asyncio.Task | None = None
@@ -127,3 +134,34 @@ async def router(address: str) -> AsyncIterator[Router]:
         yield r
     finally:
         await r.close()
+
+
+class BridgeProcess:
+    """``kvmesh bridge vllm ARGS`` as a child process, its output lines collected."""
+
+    def __init__(self, *args: str) -> None:
+        kvmesh = str(Path(sys.executable).parent / "kvmesh")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVMESH_")}
+        self.proc = subprocess.Popen(
+            [kvmesh, "bridge", "vllm", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, text=True, env={**env, "PYTHONUNBUFFERED": "1"})
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM, then its exit code (SIGKILL past ``timeout``)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
