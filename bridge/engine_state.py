@@ -284,29 +284,32 @@ class EngineState:
         t = self._tier(ev)
         if t is None:
             return
+        blocks, held_map, memo, cap = self._blocks, self._held, self._memo, self.memo_blocks
+        unknown = 0
         for h in ev.block_hashes:
-            blk = self._blocks.get(h)
+            blk = blocks.get(h)
             if blk is None or blk.copies[t] == 0:
-                self.stats.unknown_removes += 1
+                unknown += 1
                 continue
-            self.stats.removed_blocks += 1
-            blk.copies[t] -= 1
-            if blk.copies[t]:
+            copies, chain = blk.copies, blk.chain
+            copies[t] -= 1
+            if copies[t]:
                 continue
-            if blk.chain is not None:
-                held = self._held[blk.chain]
+            if chain is not None:
+                held = held_map[chain]
                 held.engines[t] -= 1
                 if not held.engines[t]:
-                    runs.removed(blk.chain, t)
+                    runs.removed(chain, t)
                     if not any(held.engines):
-                        del self._held[blk.chain]
-            if not any(blk.copies):
-                del self._blocks[h]
-                if blk.chain is not None and self.memo_blocks:
-                    memo = self._memo
-                    memo[h] = blk.chain
-                    if len(memo) > self.memo_blocks:
+                        del held_map[chain]
+            if not any(copies):
+                del blocks[h]
+                if chain is not None and cap:
+                    memo[h] = chain
+                    if len(memo) > cap:
                         del memo[next(iter(memo))]
+        self.stats.unknown_removes += unknown
+        self.stats.removed_blocks += len(ev.block_hashes) - unknown
 
     def _forget(self, runs: IndexEvents) -> None:
         self.stats.clears += 1
