@@ -96,9 +96,11 @@ async def run(fleet: list[Rank], opts: BridgeOptions, stop: asyncio.Event | None
     tasks = [asyncio.create_task(t) for r in fleet for t in (r.sub.run(), r.link.run())]
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    handled = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
             loop.add_signal_handler(sig, stop.set)
+            handled.append(sig)
     print(f"kvmesh bridge: {len(fleet)} worker(s) {', '.join(r.worker_id for r in fleet)} "
           f"-> {','.join(opts.services)}{note}", flush=True)
     waiter = asyncio.create_task(stop.wait())
@@ -108,9 +110,12 @@ async def run(fleet: list[Rank], opts: BridgeOptions, stop: asyncio.Event | None
             if t is not waiter:
                 t.result()  # a task that ended on its own crashed: surface it
     finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
         waiter.cancel()
         for r in fleet:
             await r.link.close()
+        metrics.close()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

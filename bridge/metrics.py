@@ -120,6 +120,7 @@ class BridgeMetrics:
         self.lag = Histogram("kvmesh_bridge_lag_seconds",
                              "Engine batch timestamp to index acknowledgement.", ["worker_id"],
                              buckets=LAG_BUCKETS, registry=self.registry)
+        self._server = None
 
     def watch(self, link: EngineLink) -> None:
         """Observe ``link``'s lag."""
@@ -128,5 +129,12 @@ class BridgeMetrics:
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """``/metrics`` over HTTP (no authentication: loopback unless meant); the bound
         port (``port=0``: a free one)."""
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
-        return server.server_port
+        self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+        return self._server.server_port
+
+    def close(self) -> None:
+        """Stop serving ``/metrics`` (if it was served)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
