@@ -24,8 +24,13 @@ from kvmesh import vllm_events as ve
 from kvmesh.channel import parse_addresses
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
+from tests.bridge.fake_metrics import FakeMetrics
+from tests.bridge.fake_vllm import FakeEngine
+from tests.ports import free_port
 
 WITHIN = 15.0  # generous: a loaded 2-core host runs other suites beside this one
+BS = 4
+P = list(range(1000, 1012))  # a three-block prompt
 
 
 def start_service(redis: RedisServer) -> ServerProcess:
@@ -60,11 +65,41 @@ def removed(hashes: Sequence[int], medium: str | None = None) -> ve.BlockRemoved
     return ve.BlockRemoved(block_hashes=list(hashes), medium=medium)
 
 
+class Engine:
+    """A vLLM engine as the bridge sees it: publishers (one per rank) and a metrics page."""
+
+    def __init__(self, worker_id: str, model: str, *, ranks: int = 1, replay: bool = True,
+                 lora: dict[str, str] | None = None) -> None:
+        self.metrics = FakeMetrics(model=model, ranks=ranks, block_size=BS)
+        pub = port_pair()[0] if ranks > 1 else free_port()
+        rep = (port_pair()[0] if ranks > 1 else free_port()) if replay else None
+        self.ports = [(pub + r, None if rep is None else rep + r) for r in range(ranks)]
+        self.ranks = [FakeEngine(p, q) for p, q in self.ports]
+        self.spec = EngineSpec(
+            worker_id=worker_id, address=self.metrics.url, events=f"tcp://127.0.0.1:{pub}",
+            replay=None if rep is None else f"tcp://127.0.0.1:{rep}", block_size=BS,
+            dp_ranks=ranks, lora=lora or {})
+
+    @property
+    def pub(self) -> FakeEngine:
+        return self.ranks[0]
+
+    async def close(self) -> None:
+        for e in self.ranks:
+            await e.close()
+        self.metrics.stop()
+
+
+def chain(tokens, parent=None, first=1, **kw) -> ve.BlockStored:
+    n = len(tokens) // BS
+    return stored(range(first, first + n), tokens, parent, block_size=BS, **kw)
+
+
 class Router:
     """Route (dry run: it records nothing) and Stats against the service."""
 
-    def __init__(self, address: str) -> None:
-        self.channel = grpc.aio.insecure_channel(address)
+    def __init__(self, address: str, channel: grpc.aio.Channel | None = None) -> None:
+        self.channel = channel or grpc.aio.insecure_channel(address)
         self.stub = pb_grpc.IndexServiceStub(self.channel)
 
     async def matched(self, tokens: Sequence[int], model: str, *, salt: str = "",

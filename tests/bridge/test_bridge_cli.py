@@ -1,18 +1,30 @@
 """``kvmesh bridge vllm`` as a process (flags and a config file), its own metrics, failover
-across service addresses, and an index that loses everything being restored."""
+across service addresses, an index that loses everything being restored, mutual TLS and
+worker tokens bound to each rank."""
 from __future__ import annotations
 
 import asyncio
 import urllib.request
+from dataclasses import replace
 
 import pytest
 import redis
 
+from deploy.process import ServerProcess
 from deploy.redis_server import RedisServer
-from tests.bridge.cluster import BridgeProcess, Running, router, start_service
-from tests.bridge.fake_metrics import FakeMetrics
-from tests.bridge.fake_vllm import FakeEngine
-from tests.bridge.test_bridge_index import BS, P, Engine, chain
+from kvmesh.channel import Dialer
+from kvmesh.v1 import index_pb2 as pb
+from tests.bridge.cluster import (
+    BS,
+    BridgeProcess,
+    Engine,
+    P,
+    Router,
+    Running,
+    chain,
+    router,
+    start_service,
+)
 from tests.ports import closed_port_address, free_port
 
 pytestmark = pytest.mark.integration
@@ -125,4 +137,45 @@ def test_an_index_that_lost_everything_is_restored(service: str,
     asyncio.run(main())
 
 
-__all__ = ["FakeEngine", "FakeMetrics"]
+
+def test_mutual_tls_and_tokens_bound_to_each_rank(redis_server: RedisServer, certs) -> None:
+    from kvmesh.tls import TlsFiles
+    from service.worker_tokens import mint
+
+    secret, router_token = "s" * 24, "router-token"
+    svc = ServerProcess("tls-service", "service", [
+        "--port", "0", "--log-level", "warning", "--token", router_token,
+        "--worker-secret", secret, "--tls-cert", str(certs.server_cert),
+        "--tls-key", str(certs.server_key), "--tls-ca", str(certs.ca), "--tls-client-auth"],
+        env={"KVMESH_REDIS_URL": redis_server.url}).start()
+
+    async def main():
+        e = Engine("sec", "m-tls", ranks=2)
+        bad = Engine("impostor", "m-tls")
+        e.spec = replace(e.spec, service_token=(mint(secret, "sec-dp0"), mint(secret, "sec-dp1")))
+        bad.spec = replace(bad.spec, service_token=mint(secret, "sec-dp0"))  # not its own id
+        e.ranks[1].publish(chain(P))
+        tls = TlsFiles(ca=str(certs.ca), cert=str(certs.client_cert), key=str(certs.client_key))
+        channel = Dialer.from_tls(tls).aio(svc.address)
+        r = Router(svc.address, channel)
+        meta = (("authorization", f"Bearer {router_token}"),)
+        try:
+            async with Running(svc.address, [e.spec, bad.spec], tls=tls) as br:
+                async def ranked():
+                    resp = await r.stub.Route(pb.RouteRequest(
+                        token_ids=[*P, 0], model="m-tls", dry_run=True), metadata=meta,
+                        timeout=5)
+                    return {c.worker_id: c.matched_tokens for c in resp.candidates}
+                await r.until(ranked, lambda m: m == {"sec-dp0": 0, "sec-dp1": 12})
+                link = br.ranks["impostor"].link
+                await r.until(lambda: asyncio.sleep(0, link.counters),
+                              lambda c: c["error_permission_denied"] > 0)
+                assert not link.registered
+        finally:
+            await channel.close()
+            await e.close()
+            await bad.close()
+    try:
+        asyncio.run(main())
+    finally:
+        svc.stop()

@@ -11,20 +11,25 @@ import asyncio
 import grpc
 import pytest
 
-from bridge.config import EngineSpec
 from deploy.process import ServerProcess
 from deploy.redis_server import RedisServer
 from kvmesh import vllm_events as ve
 from kvmesh.v1 import index_pb2 as pb
-from tests.bridge.cluster import Running, port_pair, removed, router, start_service, stored
-from tests.bridge.fake_metrics import FakeMetrics
+from tests.bridge.cluster import (
+    BS,
+    Engine,
+    P,
+    Running,
+    chain,
+    removed,
+    router,
+    start_service,
+    stored,
+)
 from tests.bridge.fake_vllm import FakeEngine
-from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 
-BS = 4
-P = list(range(1000, 1012))  # a three-block prompt
 
 
 @pytest.fixture(scope="module")
@@ -36,36 +41,6 @@ def service(redis_server: RedisServer):
         yield proc.address
     finally:
         proc.stop()
-
-
-class Engine:
-    """A vLLM engine as the bridge sees it: publishers (one per rank) and a metrics page."""
-
-    def __init__(self, worker_id: str, model: str, *, ranks: int = 1, replay: bool = True,
-                 lora: dict[str, str] | None = None) -> None:
-        self.metrics = FakeMetrics(model=model, ranks=ranks, block_size=BS)
-        pub = port_pair()[0] if ranks > 1 else free_port()
-        rep = (port_pair()[0] if ranks > 1 else free_port()) if replay else None
-        self.ports = [(pub + r, None if rep is None else rep + r) for r in range(ranks)]
-        self.ranks = [FakeEngine(p, q) for p, q in self.ports]
-        self.spec = EngineSpec(
-            worker_id=worker_id, address=self.metrics.url, events=f"tcp://127.0.0.1:{pub}",
-            replay=None if rep is None else f"tcp://127.0.0.1:{rep}", block_size=BS,
-            dp_ranks=ranks, lora=lora or {})
-
-    @property
-    def pub(self) -> FakeEngine:
-        return self.ranks[0]
-
-    async def close(self) -> None:
-        for e in self.ranks:
-            await e.close()
-        self.metrics.stop()
-
-
-def chain(tokens, parent=None, first=1, **kw) -> ve.BlockStored:
-    n = len(tokens) // BS
-    return stored(range(first, first + n), tokens, parent, block_size=BS, **kw)
 
 
 def test_routes_find_the_engine_holding_a_prefix(service: str) -> None:
