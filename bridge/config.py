@@ -47,6 +47,17 @@ class EngineSpec:
     service_token: str | tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        for name in ("worker_id", "address", "events"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"{name} must be a non-empty string")
+        for name in ("replay", "model", "metrics_url"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ValueError(f"{self.worker_id}: {name} must be a string")
+        for name in ("block_size", "dp_ranks", "num_blocks"):
+            value = getattr(self, name)
+            if (value is not None or name != "num_blocks") and (
+                    not isinstance(value, int) or isinstance(value, bool)):
+                raise ValueError(f"{self.worker_id}: {name} must be an integer")
         if self.block_size < 1 or self.dp_ranks < 1:
             raise ValueError(f"{self.worker_id}: block_size and dp_ranks must be >= 1")
         host_port(self.address)
@@ -136,11 +147,20 @@ def load_config(path: str | Path) -> tuple[dict[str, Any], list[EngineSpec]]:
     path = Path(path)
     text = path.read_text()
     if path.suffix in (".toml", ".tml"):
-        doc = tomllib.loads(text)
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"{path}: {e}") from None
     else:
-        import yaml  # PyYAML: only for YAML configs
-
-        doc = yaml.safe_load(text)
+        try:
+            import yaml  # PyYAML: only for YAML configs
+        except ImportError:
+            raise ValueError(f"{path}: YAML configs need PyYAML (pip install pyyaml); or "
+                             "write the config in TOML") from None
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: {e}") from None
     if not isinstance(doc, Mapping) or not isinstance(doc.get("engines"), list):
         raise ValueError(f"{path}: expected a table with an 'engines' list")
     top = _keys({k: v for k, v in doc.items() if k != "engines"}, str(path), GLOBAL_KEYS)

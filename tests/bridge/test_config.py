@@ -92,6 +92,10 @@ def test_toml_and_yaml_configs(tmp_path) -> None:
     ("[[engines]]\nworker-id = 'a'\nadress = 'x'\n", "unknown"),  # a typo is not ignored
     ("nope = 1\nengines = []\n", "unknown"),
     ("engines = 3\n", "engines"),
+    ("[[engines]]\nworker-id = 'a'\naddress = 'a:1'\nevents = 'tcp://a:2'\n"
+     "block-size = '16'\n", "block_size must be an integer"),
+    ("[[engines]]\nworker-id = 7\naddress = 'a:1'\nevents = 'tcp://a:2'\n", "worker_id"),
+    ("engines = [", "bad.toml"),
 ])
 def test_bad_configs_say_what_is_wrong(tmp_path, text: str, match: str) -> None:
     path = tmp_path / "bad.toml"
