@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import logging
 import math
 import time
 import urllib.request
@@ -33,6 +34,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvmesh.v1 import index_pb2
 
+log = logging.getLogger("kvmesh.bridge.load")
+
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
@@ -41,6 +44,7 @@ PROMPT_SUM, PROMPT_COUNT = "vllm:request_prompt_tokens_sum", "vllm:request_promp
 # Only these lines are parsed: vLLM's page has hundreds of histogram buckets per engine.
 _WANTED = (RUNNING, WAITING, *USAGE, CACHE_INFO, PROMPT_SUM, PROMPT_COUNT)
 MAX_PAGE = 16 * 1024 * 1024
+UINT32_MAX = 2**32 - 1
 
 
 @dataclass(frozen=True)
@@ -76,8 +80,16 @@ def _of_rank(samples: list[tuple[dict[str, str], float]], rank: int
 
 
 def _sum(samples: list[tuple[dict[str, str], float]]) -> float | None:
-    vals = [v for _, v in samples if not math.isnan(v)]
+    vals = [v for _, v in samples if math.isfinite(v)]
     return sum(vals) if vals else None
+
+
+def _count(value: float | None, top: int = UINT32_MAX) -> int:
+    """A figure as a ``WorkerLoad`` count: 0 unless finite, clamped to ``[0, top]`` (a page
+    may say anything; the service refuses what its fields cannot hold)."""
+    if value is None or not math.isfinite(value):
+        return 0
+    return min(max(0, int(value)), top)
 
 
 def _int_label(samples: list[tuple[dict[str, str], float]], name: str) -> int | None:
@@ -98,18 +110,18 @@ def parse_load(text: str, rank: int = 0, *, num_blocks: int | None = None,
     running = _of_rank(by_name.get(RUNNING, []), rank)
     if not running:
         return None
-    waiting = int(_sum(_of_rank(by_name.get(WAITING, []), rank)) or 0)
+    waiting = _count(_sum(_of_rank(by_name.get(WAITING, []), rank)))
     info = _of_rank(by_name.get(CACHE_INFO, []), rank)
-    total = _int_label(info, "num_gpu_blocks") or num_blocks or 0
+    total = _count(_int_label(info, "num_gpu_blocks") or num_blocks)
     usage = next((u for name in USAGE
                   if (u := _sum(_of_rank(by_name.get(name, []), rank))) is not None), None)
-    used = min(total, math.ceil(total * usage)) if usage is not None else 0
+    used = min(total, max(0, math.ceil(total * usage))) if usage is not None else 0
     count = _sum(_of_rank(by_name.get(PROMPT_COUNT, []), rank)) or 0
     mean_prompt = (_sum(_of_rank(by_name.get(PROMPT_SUM, []), rank)) or 0) / count if count else 0
     return EngineLoad(
-        running=int(_sum(running) or 0), waiting=waiting, free_blocks=max(0, total - used),
+        running=_count(_sum(running)), waiting=waiting, free_blocks=total - used,
         total_blocks=total, decode_tokens=used * block_size,
-        queued_prefill_tokens=int(waiting * mean_prompt),
+        queued_prefill_tokens=_count(waiting * mean_prompt, 2**64 - 1),
         model=next((lb["model_name"] for lb, _ in running if lb.get("model_name")), None),
         block_size=_int_label(info, "block_size"))
 
@@ -162,13 +174,20 @@ class LoadSource:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.last: EngineLoad | None = None
+        self.bad_page = False
 
     async def sample(self, max_age: float) -> EngineLoad | None:
         page = await self.scraper.page(max_age)
         try:
             load = None if page is None else parse_load(
                 page, self.rank, num_blocks=self.num_blocks, block_size=self.block_size)
-        except ValueError:
+        except Exception as e:  # noqa: BLE001 - a page is outside input: it can be anything
+            if not self.bad_page:
+                log.warning("%s: unreadable metrics page (%s): no heartbeat until it reads",
+                            self.scraper.url, e)
+            self.bad_page = True
             load = None
+        else:
+            self.bad_page = False
         self.last = load
         return load

@@ -66,3 +66,16 @@ def test_the_scrape_is_shared_and_failures_are_none() -> None:
         gone = LoadSource(Scraper(f"http://{closed_port_address()}/metrics", timeout=2.0))
         assert await gone.sample(max_age=0) is None  # connection refused
     asyncio.run(main())
+
+
+def test_a_hostile_page_still_gives_a_load_the_service_accepts() -> None:
+    text = ('vllm:num_requests_running{engine="0"} +Inf\n'
+            'vllm:num_requests_waiting{engine="0"} -5\n'
+            'vllm:kv_cache_usage_perc{engine="0"} 7.5\n'
+            'vllm:cache_config_info{engine="0",num_gpu_blocks="99999999999999"} 1\n'
+            'vllm:request_prompt_tokens_sum{engine="0"} 1e300\n'
+            'vllm:request_prompt_tokens_count{engine="0"} 1e-300\n')
+    load = parse_load(text, 0, block_size=16)
+    pb = load.proto()  # within every field's range
+    assert pb.running == 0 and pb.waiting == 0 and pb.total_blocks == 2**32 - 1
+    assert pb.free_blocks == 0 <= pb.total_blocks
