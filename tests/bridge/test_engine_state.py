@@ -274,3 +274,35 @@ def test_long_runs_are_split_so_no_event_outgrows_a_batch(monkeypatch) -> None:
         block_hashes=block_hashes(tokens, BS), tier=GPU))])
     out = st.apply(batch(removed(range(1, 6))))
     assert [len(e.removed.block_hashes) for e in out] == [2, 2, 1]
+
+
+@pytest.mark.parametrize("memo", [0, 2, 65_536])
+def test_random_multi_block_events_match_a_reference_count(memo: int) -> None:
+    """As above with events of 1-4 chained blocks (runs of new blocks rehashed together,
+    blocks already held or remembered in the memo in between): same exact view."""
+    tokens = list(range(64))
+    chains = block_hashes(tokens, BS)
+    mediums = [None, "CPU", "STORAGE"]
+    tier_of = {None: GPU, "CPU": CPU, "STORAGE": DISK}
+    for seed in range(15):
+        rng = random.Random(seed)
+        st, copies, index_view = EngineState(block_size=BS, memo_blocks=memo), {}, IndexView()
+        for _ in range(150):
+            i, n, m = rng.randrange(len(chains)), rng.randint(1, 4), rng.choice(mediums)
+            n = min(n, len(chains) - i)
+            if rng.random() < 0.55:
+                if i and not any(copies.get((i - 1, t)) for t in (GPU, CPU, DISK)):
+                    continue
+                ev = stored(range(1000 + i, 1000 + i + n), tokens[i * BS:(i + n) * BS],
+                            parent=1000 + i - 1 if i else None, medium=m)
+                for k in range(i, i + n):
+                    copies[(k, tier_of[m])] = copies.get((k, tier_of[m]), 0) + 1
+            else:
+                ev = removed(range(1000 + i, 1000 + i + n), medium=m)
+                for k in range(i, i + n):
+                    if copies.get((k, tier_of[m])):
+                        copies[(k, tier_of[m])] -= 1
+            index_view.apply(st.apply(batch(ev)))
+            expect = {(chains[k], t) for (k, t), c in copies.items() if c}
+            assert set(index_view.held) == expect, seed
+        assert st.stats.rehashed + st.stats.memo_hits >= len({k for k, _ in copies})
