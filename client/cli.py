@@ -25,6 +25,7 @@ VERBS = {
     "worker": "worker.cli",
     "up": "deploy.cli",
     "gateway": "client.gateway",
+    "bridge": "bridge.cli",
     "demo": "bench.demo",
 }
 BENCH_VERBS = {

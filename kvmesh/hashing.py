@@ -21,8 +21,10 @@ block_start)`` for every multimodal item whose token range overlaps the block,
 hashes from 0.31 on (``generate_block_hash_extra_keys`` in vllm/v1/core/kv_cache_utils.py;
 vLLM <= 0.30 hashed them untagged, with the LoRA name only, so its salted, LoRA and
 multimodal hashes differ). vLLM's KV events still publish extra keys untagged
-(``to_event_extra_keys``: bare LoRA name, ``(identifier, offset)``, bare salt), so a bridge
-from vLLM events uses the block hashes they carry and never rebuilds keys from them. vLLM's
+(``to_event_extra_keys``: bare LoRA name, ``(identifier, offset)``, bare salt): the vLLM
+bridge (``bridge/extra_keys.py``) rebuilds the tagged keys from them (the LoRA path from its
+``--lora NAME=PATH`` map) and rehashes every block with ``chain_hashes``, so the engine's own
+algorithm and seed need not match kvmesh's. vLLM's
 fourth key, ``("prompt_embeds", sha256 of the block's embeddings)`` for prompt-embedding
 requests, is not supported: kvmesh requests are token ids only.
 
@@ -240,34 +242,50 @@ def extend_block_hashes(hashes: list[bytes], token_ids: Sequence[int], block_siz
     if last <= first:
         return []
     parent = hashes[-1] if hashes else none_hash(algo, seed)
+    extras = None
+    if salt is not None or lora is not None or mm:
+        extras = [extra_keys(b * block_size, (b + 1) * block_size, salt=salt, lora=lora, mm=mm)
+                  for b in range(first, last)]
+    new = chain_hashes(parent, token_ids[first * block_size:last * block_size], block_size,
+                       extras, algo)
+    hashes.extend(new)
+    return new
+
+
+def chain_hashes(parent: bytes, token_ids: Sequence[int], block_size: int,
+                 extras: Sequence[Extra] | None, algo: str) -> list[bytes]:
+    """The hashes of the consecutive full blocks of ``token_ids`` chained below ``parent``
+    (``none_hash`` for a chain that starts at block 0): block ``i``'s hash is
+    ``hash_block(previous, its tokens, extras[i], algo)``; ``extras=None``: no extra keys on
+    any block. Equal to that loop, but each token id is encoded once for the whole run and
+    the per-call checks run once. A trailing partial block is not hashed."""
+    _check_algo(algo)
+    n = len(token_ids) // block_size
+    if extras is not None and len(extras) < n:
+        raise ValueError(f"{len(extras)} extra keys for {n} blocks")
     new: list[bytes] = []
-    plain = salt is None and lora is None and not mm
     if algo.endswith("_cbor"):
         digest = hashlib.sha256 if algo == "sha256_cbor" else xxhash.xxh3_128
-        enc = _cbor_tokens(token_ids[first * block_size:last * block_size])
-        head = _CBOR_ARRAY3 + _head(2, len(parent))  # every parent has the digest's length
+        enc = _cbor_tokens(token_ids[:n * block_size])
+        head = _CBOR_ARRAY3 + _head(2, len(parent))
+        # every later parent is one of our digests
+        next_head = _CBOR_ARRAY3 + _head(2, 32 if algo == "sha256_cbor" else 16)
         tok_head = _head(4, block_size)
         join = b"".join
-        for i in range(last - first):
-            if plain:
-                tail = _CBOR_NULL
-            else:
-                start = (first + i) * block_size
-                tail = _cbor_extra(extra_keys(start, start + block_size,
-                                              salt=salt, lora=lora, mm=mm))
+        for i in range(n):
+            tail = _CBOR_NULL if extras is None else _cbor_extra(extras[i])
             parent = digest(join((head, parent, tok_head,
                                   *enc[i * block_size:(i + 1) * block_size], tail))).digest()
             new.append(parent)
+            head = next_head
     else:  # pickle: already one C call per block; only keep Python overhead out of the loop
         ser = partial(pickle.dumps, protocol=pickle.HIGHEST_PROTOCOL)
         digest = _digest(algo)
-        for b in range(first, last):
-            start = b * block_size
-            extra = None if plain else extra_keys(start, start + block_size,
-                                                  salt=salt, lora=lora, mm=mm)
-            parent = digest(ser((parent, tuple(token_ids[start:start + block_size]), extra)))
+        for i in range(n):
+            extra = None if extras is None else extras[i]
+            parent = digest(ser((parent, tuple(token_ids[i * block_size:(i + 1) * block_size]),
+                                 extra)))
             new.append(parent)
-    hashes.extend(new)
     return new
 
 

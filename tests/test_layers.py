@@ -1,7 +1,7 @@
 """Layers only point down: every module's imports, read with ``ast``, respect the floors.
 
-``kvmesh/`` (the contract) <- ``worker/``, ``service/``, ``client/`` (each imports only
-``kvmesh/`` and itself) <- ``deploy/`` (starts them) <- ``bench/`` (measures them, demo
+``kvmesh/`` (the contract) <- ``worker/``, ``service/``, ``client/``, ``bridge/`` (each imports
+only ``kvmesh/`` and itself) <- ``deploy/`` (starts them) <- ``bench/`` (measures them, demo
 included). Imports inside functions count too: a lazy import is still a dependency. Third-party
 and standard-library imports are not checked.
 
@@ -16,14 +16,15 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FLOORS = ("kvmesh", "worker", "service", "client", "deploy", "bench")
+FLOORS = ("kvmesh", "worker", "service", "client", "bridge", "deploy", "bench")
 ALLOWED = {
     "kvmesh": {"kvmesh"},
     "worker": {"kvmesh", "worker"},
     "service": {"kvmesh", "service"},
     "client": {"kvmesh", "client"},
-    "deploy": {"kvmesh", "worker", "service", "client", "deploy"},
-    "bench": {"kvmesh", "worker", "service", "client", "deploy", "bench"},
+    "bridge": {"kvmesh", "bridge"},
+    "deploy": {"kvmesh", "worker", "service", "client", "bridge", "deploy"},
+    "bench": {"kvmesh", "worker", "service", "client", "bridge", "deploy", "bench"},
 }
 # (module path, imported top package): imports allowed only inside a function, never at
 # module import time. Keep this list short and say why for each.

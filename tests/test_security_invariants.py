@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # the certs fixture skips where `cryptography` is missing
     from tests.certificates import Certs
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("kvmesh", "service", "worker", "client", "deploy", "bench")
+PACKAGES = ("kvmesh", "service", "worker", "client", "bridge", "deploy", "bench")
 
 
 def test_token_comparisons_are_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:

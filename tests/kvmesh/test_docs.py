@@ -7,7 +7,7 @@ from typer.core import TyperOption
 from client.cli import app
 
 COMMANDS = ("up", "service", "worker", "worker-token", "gateway", "route", "generate", "stats",
-            "pin", "demo")
+            "pin", "demo", "bridge vllm")
 
 
 def test_operations_doc_lists_every_flag():
@@ -18,7 +18,10 @@ def test_operations_doc_lists_every_flag():
         section = doc.split(f"### `kvmesh {name}`", 1)
         assert len(section) == 2, f"no section for kvmesh {name}"
         body = section[1].split("\n### ", 1)[0]
-        for param in group.get_command(None, name).params:
+        cmd = group
+        for part in name.split():  # "bridge vllm": a verb of a group
+            cmd = cmd.get_command(None, part)
+        for param in cmd.params:
             if isinstance(param, TyperOption) and param.name != "help":
                 if f"`{param.opts[0]}`" not in body:
                     missing.append(f"kvmesh {name} {param.opts[0]}")

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from kvmesh.hashing import (
     ALGOS,
     block_hashes,
+    chain_hashes,
     extend_block_hashes,
     extra_keys,
     hash_block,
@@ -181,3 +182,19 @@ def test_hash_block_equals_reference(parent, tokens):
     for algo in ALGOS:
         assert hash_block(parent, tokens, None, algo) == hash_value(
             algo, (parent, tuple(tokens), None))
+
+
+@settings(max_examples=100, deadline=None)
+@given(parent=st.binary(min_size=16, max_size=32), tokens=token_lists,
+       block_size=st.integers(1, 9), algo=st.sampled_from(ALGOS),
+       keyed=st.lists(st.sampled_from([None, (("cache_salt", "s"),), (("mm", "img", -3),),
+                                       (("lora", "a", "/p"), ("mm", "x", 0))]), max_size=12))
+def test_chain_hashes_equals_hash_block_loop(parent, tokens, block_size, algo, keyed):
+    n = len(tokens) // block_size
+    extras = (keyed * (n + 1))[:n] if keyed else None
+    want, prev = [], parent
+    for i in range(n):
+        prev = hash_block(prev, tokens[i * block_size:(i + 1) * block_size],
+                          extras[i] if extras else None, algo)
+        want.append(prev)
+    assert chain_hashes(parent, tokens, block_size, extras, algo) == want

@@ -1,0 +1,341 @@
+"""One vLLM engine's cache as the kvmesh index sees it: pure state, no I/O.
+
+Input: the engine's event batches in ``seq`` order (``ingest``). Output: kvmesh index events
+(``index_pb2.KvEvent``, numbered from 1 by ``out_seq``, exactly what ``PublishEvents`` takes)
+and, for a resync, a snapshot (``SyncWorker``'s blocks).
+
+Invariants:
+
+- Every engine block hash the engine holds maps to the kvmesh chain hash of the same block,
+  recomputed with ``kvmesh.hashing`` (this bridge's algo and seed, so the engine's own hash
+  algorithm and seed need not match kvmesh's) from the event's ``token_ids``, the block's
+  extra keys (``bridge.extra_keys``: LoRA map, salt, multimodal) and the parent's chain hash.
+  A block that cannot be rebuilt exactly (and every block chained below it) maps to nothing
+  and is never indexed: the index may under-claim, never over-claim.
+- Copies are counted per (engine hash, tier): vLLM stores and removes every PHYSICAL block, so
+  a hash held twice is removed twice. The index hears ``stored`` when a (chain hash, tier) goes
+  from no copy to one and ``removed`` when it goes back to none, never otherwise.
+- A removal of a hash the state does not hold on that tier changes nothing (it was stored
+  before the state started, or before a clear) and is counted in ``stats.unknown_removes``.
+- ``AllBlocksCleared`` (in a batch) and ``clear()`` forget every block and emit one
+  ``cleared`` to the index. ``clear()`` also forgets the seq position: the next batch is
+  accepted as a fresh start (after an engine restart or a gap nothing can fill).
+- Only events of KV-cache group ``group`` (``None`` counts as 0) with this ``block_size`` are
+  indexed; other groups and unknown mediums are ignored.
+- Each new engine hash is rehashed once: the blocks of one event that are new are rebuilt in
+  one ``chain_hashes`` call, and the chain hashes of the last ``memo_blocks`` engine hashes
+  whose last copy went (``memo``) are kept, so a block evicted and stored again (a popular
+  prefix, a block moving between tiers) is not rehashed. Sound because an engine hash names
+  its content and parent (the engine's hash chain), so it always rebuilds to the same chain
+  hash; ``clear()`` forgets the memo too (another engine process may hash with another seed).
+
+Seq tracking: ``check(seq)`` says whether a batch is the next one, the first one, ahead of it
+(a gap: ask the replay socket from ``replay_from``, the last applied seq, whose payload
+``is_anchor`` must still match, or the engine restarted) or behind it (a replayed duplicate, or
+an engine restart: the caller tells which by ``is_anchor``/payload).
+"""
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from bridge.extra_keys import Unroutable, block_extra, event_lora
+from bridge.index_events import IndexEvents, snapshot_runs
+from kvmesh import vllm_events as ve
+from kvmesh.hashing import DEFAULT_ALGO, Extra, Lora, chain_hashes, none_hash
+from kvmesh.v1 import index_pb2
+
+TIER_INDEX = {"gpu": 0, "cpu": 1, "disk": 2}  # positions in PB_TIERS
+_MEDIUM_INDEX = {m: TIER_INDEX[t] for m, t in ve.TIERS.items()}
+
+
+class SeqCheck(enum.Enum):
+    FIRST = "first"    # nothing applied since start or the last clear(): accept any seq
+    NEXT = "next"      # the expected seq
+    GAP = "gap"        # ahead of the expected seq: batches were lost
+    BEHIND = "behind"  # at or before the last applied seq: a duplicate, or a restart
+
+
+@dataclass
+class StateStats:
+    batches: int = 0
+    stored_blocks: int = 0     # physical block copies stored, as the engine reported them
+    removed_blocks: int = 0
+    unknown_removes: int = 0
+    ignored_events: int = 0    # other KV-cache groups, unknown mediums
+    clears: int = 0            # AllBlocksCleared received, or clear() called
+    rehashed: int = 0          # blocks whose chain hash was computed
+    memo_hits: int = 0         # blocks stored again whose chain hash the memo still had
+    unroutable: Counter[str] = field(default_factory=Counter)  # by reason, per new block
+
+
+class _Block:
+    """One engine hash: its chain hash (``None``: unroutable) and copies per tier."""
+    __slots__ = ("chain", "copies")
+
+    def __init__(self, chain: bytes | None) -> None:
+        self.chain = chain
+        self.copies = [0, 0, 0]
+
+
+class _Held:
+    """One chain hash in the index: its parent (b"" at block 0) and, per tier, how many
+    engine hashes hold it (more than one only if distinct engine hashes rebuild to it)."""
+    __slots__ = ("parent", "engines")
+
+    def __init__(self, parent: bytes) -> None:
+        self.parent = parent
+        self.engines = [0, 0, 0]
+
+
+class EngineState:
+    """The index's view of one engine (one data-parallel rank); see the module contract."""
+
+    def __init__(self, *, block_size: int, algo: str = DEFAULT_ALGO, seed: str | None = None,
+                 loras: Mapping[str, str] | None = None, group: int = 0,
+                 memo_blocks: int = 65_536) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.algo = algo
+        self.root = none_hash(algo, seed)
+        self.loras = dict(loras or {})
+        self.group = group
+        self.stats = StateStats()
+        self.out_seq = 0
+        self._blocks: dict[ve.ExternalBlockHash, _Block] = {}
+        # engine hash -> chain hash of blocks no longer held, oldest first (dict order)
+        self.memo_blocks = memo_blocks
+        self._memo: dict[ve.ExternalBlockHash, bytes] = {}
+        self._held: dict[bytes, _Held] = {}
+        self._expected: int | None = None
+        # the engine's timestamp of the last batch ingested (its wall clock); None after clear()
+        self.last_ts: float | None = None
+        self._anchor: tuple[int, bytes] | None = None
+
+    # --- seq ------------------------------------------------------------------------------
+
+    @property
+    def expected(self) -> int | None:
+        """The next seq wanted; ``None`` before the first batch and after ``clear()``."""
+        return self._expected
+
+    @property
+    def replay_from(self) -> int:
+        """Where a replay request starts: the last applied seq (its payload proves the engine
+        is the same process), or 0 when nothing was applied."""
+        return self._anchor[0] if self._anchor else 0
+
+    def check(self, seq: int) -> SeqCheck:
+        if self._expected is None:
+            return SeqCheck.FIRST
+        if seq == self._expected:
+            return SeqCheck.NEXT
+        return SeqCheck.GAP if seq > self._expected else SeqCheck.BEHIND
+
+    def is_anchor(self, seq: int, payload: bytes) -> bool:
+        """Whether (seq, payload) is the last batch applied: same engine process, no loss."""
+        return self._anchor is not None and self._anchor == (seq, payload)
+
+    def ingest(self, seq: int, payload: bytes) -> list[index_pb2.KvEvent]:
+        """Apply the batch ``seq`` (FIRST or NEXT only, else ``ValueError``).
+
+        A payload that does not decode raises ``ValueError`` and changes nothing; the caller
+        then treats it as lost (``clear()``)."""
+        kind = self.check(seq)
+        if kind not in (SeqCheck.FIRST, SeqCheck.NEXT):
+            raise ValueError(f"batch seq {seq} is {kind.value}; expected {self._expected}")
+        batch = ve.decode_batch(payload)
+        out = self.apply(batch)
+        self._expected, self._anchor = seq + 1, (seq, payload)
+        self.last_ts = batch.ts
+        return out
+
+    def clear(self) -> list[index_pb2.KvEvent]:
+        """Forget every block and the seq position; the index hears one ``cleared``."""
+        self._expected = self._anchor = None
+        self.last_ts = None
+        runs = IndexEvents(self._next_out)
+        self._forget(runs)
+        return runs.events
+
+    # --- events ---------------------------------------------------------------------------
+
+    def apply(self, batch: ve.KVEventBatch) -> list[index_pb2.KvEvent]:
+        """Apply one batch's events (no seq bookkeeping) and return the index events."""
+        self.stats.batches += 1
+        runs = IndexEvents(self._next_out)
+        for ev in batch.events:
+            if isinstance(ev, ve.BlockStored):
+                self._stored(ev, runs)
+            elif isinstance(ev, ve.BlockRemoved):
+                self._removed(ev, runs)
+            else:
+                self._forget(runs)
+        runs.flush()
+        return runs.events
+
+    def _tier(self, ev: ve.BlockStored | ve.BlockRemoved) -> int | None:
+        tier = _MEDIUM_INDEX.get(ev.medium)
+        if tier is None or (ev.group_idx or 0) != self.group:
+            self.stats.ignored_events += 1
+            return None
+        return tier
+
+    def _stored(self, ev: ve.BlockStored, runs: IndexEvents) -> None:
+        t = self._tier(ev)
+        if t is None:
+            return
+        bs, hashes = self.block_size, ev.block_hashes
+        n = len(hashes)
+        reason: str | None = None
+        lora = None
+        if ev.block_size != bs or len(ev.token_ids) != n * bs:
+            reason = "block_size"
+        else:
+            try:
+                lora = event_lora(ev.lora_name, ev.lora_id, self.loras)
+            except Unroutable as e:
+                reason = e.reason
+        if ev.parent_block_hash is None:
+            parent: bytes | None = b""
+        else:
+            pb = self._blocks.get(ev.parent_block_hash)
+            parent = pb.chain if pb is not None else None
+            if pb is None and reason is None:
+                reason = "orphan"
+        self.stats.stored_blocks += n
+        blocks, memo = self._blocks, self._memo
+        i = 0
+        while i < n:
+            h = hashes[i]
+            blk = blocks.get(h)
+            if blk is None and parent is not None and reason is None:
+                chain = memo.pop(h, None)
+                if chain is not None:
+                    blk = blocks[h] = _Block(chain)
+                    self.stats.memo_hits += 1
+            if blk is not None:
+                parent = self._hold(blk, parent, t, runs)
+                i += 1
+                continue
+            # a run of new engine hashes: rebuilt with one chain_hashes call (each token
+            # encoded once), the rest of the event being the common case
+            j = i + 1
+            while j < n and hashes[j] not in blocks and hashes[j] not in memo:
+                j += 1
+            chains, reason = self._rebuild(ev, i, j, parent, lora, reason)
+            for k in range(i, j):
+                blk = blocks.get(hashes[k])  # a hash repeated inside the run: one block
+                if blk is None:
+                    blk = blocks[hashes[k]] = _Block(chains[k - i])
+                parent = self._hold(blk, parent, t, runs)
+            i = j
+
+    def _rebuild(self, ev: ve.BlockStored, i: int, j: int, parent: bytes | None,
+                 lora: Lora | None, reason: str | None
+                 ) -> tuple[list[bytes | None], str | None]:
+        """The chain hashes of the event's blocks ``[i, j)`` (all new) below ``parent``
+        (``b""``: the root; ``None``: unroutable), ``None`` from the first block that cannot
+        be rebuilt on; and the reason that stopped the chain, if any."""
+        out: list[bytes | None] = []
+        if parent is not None and reason is None:
+            keys, first = ev.extra_keys, ev.parent_block_hash is None
+            extras: list[Extra] | None = None
+            if keys or lora is not None:
+                extras = []
+                for k in range(i, j):
+                    try:
+                        extras.append(block_extra(keys[k] if keys and k < len(keys) else None,
+                                                  lora, first and k == 0))
+                    except Unroutable as e:
+                        reason = e.reason
+                        break
+            bs = self.block_size
+            m = j - i if extras is None else len(extras)
+            out.extend(chain_hashes(parent or self.root, ev.token_ids[i * bs:(i + m) * bs], bs,
+                                    extras, self.algo))
+            self.stats.rehashed += m
+        if len(out) < j - i:
+            self.stats.unroutable[reason or "parent_unroutable"] += j - i - len(out)
+            out.extend([None] * (j - i - len(out)))
+        return out, reason
+
+    def _hold(self, blk: _Block, parent: bytes | None, t: int, runs: IndexEvents
+              ) -> bytes | None:
+        """One more copy of ``blk`` on tier ``t`` (its chain parent ``parent``); the index
+        hears ``stored`` when the chain hash gains its first copy there. Returns the block's
+        chain hash: the parent of the next block."""
+        copies = blk.copies
+        copies[t] += 1
+        chain = blk.chain
+        if copies[t] == 1 and chain is not None:
+            held = self._held.get(chain)
+            if held is None:
+                held = self._held[chain] = _Held(parent or b"")
+            held.engines[t] += 1
+            if held.engines[t] == 1:
+                runs.stored(chain, held.parent, t)
+        return chain
+
+    def _removed(self, ev: ve.BlockRemoved, runs: IndexEvents) -> None:
+        t = self._tier(ev)
+        if t is None:
+            return
+        blocks, held_map, memo, cap = self._blocks, self._held, self._memo, self.memo_blocks
+        unknown = 0
+        for h in ev.block_hashes:
+            blk = blocks.get(h)
+            if blk is None or blk.copies[t] == 0:
+                unknown += 1
+                continue
+            copies, chain = blk.copies, blk.chain
+            copies[t] -= 1
+            if copies[t]:
+                continue
+            if chain is not None:
+                held = held_map[chain]
+                held.engines[t] -= 1
+                if not held.engines[t]:
+                    runs.removed(chain, t)
+                    if not any(held.engines):
+                        del held_map[chain]
+            if not any(copies):
+                del blocks[h]
+                if chain is not None and cap:
+                    memo[h] = chain
+                    if len(memo) > cap:
+                        del memo[next(iter(memo))]
+        self.stats.unknown_removes += unknown
+        self.stats.removed_blocks += len(ev.block_hashes) - unknown
+
+    def _forget(self, runs: IndexEvents) -> None:
+        self.stats.clears += 1
+        self._blocks.clear()
+        self._held.clear()
+        self._memo.clear()
+        runs.cleared()
+
+    def _next_out(self) -> int:
+        self.out_seq += 1
+        return self.out_seq
+
+    # --- snapshot -------------------------------------------------------------------------
+
+    @property
+    def indexed_blocks(self) -> int:
+        """Chain hashes the index holds for this engine (any tier)."""
+        return len(self._held)
+
+    def held(self, chain: bytes) -> set[str]:
+        """The tiers on which the index holds ``chain`` for this engine."""
+        h = self._held.get(chain)
+        return {t for t, i in TIER_INDEX.items() if h is not None and h.engines[i]}
+
+    def snapshot(self) -> tuple[int, list[index_pb2.BlockStored]]:
+        """(``out_seq``, the index's whole view) for ``SyncWorker``: per tier, runs of chained
+        blocks, each run one ``BlockStored`` whose ``parent_hash`` is its first block's."""
+        return self.out_seq, snapshot_runs(
+            (chain, h.parent, h.engines) for chain, h in self._held.items())

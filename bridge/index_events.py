@@ -1,0 +1,80 @@
+"""kvmesh index events in their wire form (``index_pb2``), built from block-level changes.
+
+Tiers are positions in ``PB_TIERS`` (0 gpu, 1 cpu, 2 disk). A chain's first block has parent
+``b""``, as ``PublishEvents`` and ``SyncWorker`` expect.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from kvmesh.v1 import index_pb2
+
+PB_TIERS = (index_pb2.TIER_GPU, index_pb2.TIER_CPU, index_pb2.TIER_DISK)
+# Hashes in one index event: a PublishEvents batch may carry at most the service's
+# --max-batch-hashes (8192 by default) and an event is never split across batches.
+MAX_RUN = 1024
+
+
+class IndexEvents:
+    """Index events being built, numbered by ``next_seq``: consecutive chain blocks of one
+    tier share one message (``stored`` of a block whose parent is the run's last block extends
+    the run; ``removed`` of one tier extends a removal run), up to ``MAX_RUN`` hashes.
+    ``flush()`` ends the last run."""
+
+    def __init__(self, next_seq: Callable[[], int]) -> None:
+        self.next_seq = next_seq
+        self.events: list[index_pb2.KvEvent] = []
+        self.kind = ""
+        self.tier = -1
+        self.parent = b""
+        self.hashes: list[bytes] = []
+
+    def stored(self, chain: bytes, parent: bytes, tier: int) -> None:
+        if not (self.kind == "stored" and self.tier == tier and self.hashes[-1] == parent
+                and len(self.hashes) < MAX_RUN):
+            self.flush()
+            self.kind, self.tier, self.parent = "stored", tier, parent
+        self.hashes.append(chain)
+
+    def removed(self, chain: bytes, tier: int) -> None:
+        if not (self.kind == "removed" and self.tier == tier and len(self.hashes) < MAX_RUN):
+            self.flush()
+            self.kind, self.tier = "removed", tier
+        self.hashes.append(chain)
+
+    def cleared(self) -> None:
+        self.flush()
+        self.events.append(index_pb2.KvEvent(seq=self.next_seq(),
+                                             cleared=index_pb2.AllBlocksCleared()))
+
+    def flush(self) -> None:
+        if not self.hashes:
+            return
+        seq, tier = self.next_seq(), PB_TIERS[self.tier]
+        if self.kind == "stored":
+            ev = index_pb2.KvEvent(seq=seq, stored=index_pb2.BlockStored(
+                block_hashes=self.hashes, parent_hash=self.parent, tier=tier))
+        else:
+            ev = index_pb2.KvEvent(seq=seq, removed=index_pb2.BlockRemoved(
+                block_hashes=self.hashes, tier=tier))
+        self.events.append(ev)
+        self.kind, self.hashes = "", []
+
+
+def snapshot_runs(blocks: Iterable[tuple[bytes, bytes, Sequence[int]]]
+                  ) -> list[index_pb2.BlockStored]:
+    """``(chain, parent, held per tier)`` as ``SyncWorker`` blocks: per tier, in the given
+    order, runs of consecutive chain blocks (a block whose parent is the previous one's hash
+    extends the run)."""
+    blocks = list(blocks)
+    out: list[index_pb2.BlockStored] = []
+    for t, pb_tier in enumerate(PB_TIERS):
+        run: index_pb2.BlockStored | None = None
+        for chain, parent, held in blocks:
+            if not held[t]:
+                continue
+            if run is None or run.block_hashes[-1] != parent:
+                run = index_pb2.BlockStored(parent_hash=parent, tier=pb_tier)
+                out.append(run)
+            run.block_hashes.append(chain)
+    return out

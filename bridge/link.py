@@ -1,0 +1,322 @@
+"""One engine (one data-parallel rank) as a worker of the index, over ``IndexService``.
+
+Exactly what a kvmesh worker's link does (``worker/service_link.py``; the bridge may not
+import ``worker/``, so this is its smallest bridge-side twin): ``RegisterWorker`` with the
+model, block size, this bridge's hash algorithm and root hash (the bridge rehashes every
+block, so those are kvmesh's, not the engine's) and a random incarnation; heartbeats at the
+interval the service answers; ``PublishEvents`` of the ``EngineState``'s index events (fed by
+the subscriber through :meth:`EngineLink.on_events`); a ``SyncWorker`` of the state's
+snapshot whenever the service asks for one, after every registration, and when the pending
+events overflow; registration again when the service says it lost the worker; the next
+service address (``kvmesh.retry``'s table) when one fails, with a jittered backoff.
+
+Liveness follows the engine's metrics: every heartbeat first scrapes the engine
+(``bridge.engine_load``); a heartbeat whose scrape fails is not sent, so an engine whose
+``/metrics`` stops answering leaves routing after the service's liveness timeout, exactly
+like a silent worker, and comes back (a heartbeat, a resync or a new registration) once it
+answers again. Without a load source the link heartbeats an empty load.
+
+Everything runs on one event loop, the subscriber's included: a snapshot taken at seq S
+covers every event up to S, so the pending ones up to S are dropped and nothing is applied
+twice or missed.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+
+import grpc
+import grpc.aio
+
+from bridge.engine_load import EngineLoad, LoadSource
+from bridge.engine_state import EngineState
+from bridge.pending import MAX_BLOCKS, Pending, hashes_of
+from kvmesh.channel import CHANNEL_OPTIONS, Dialer
+from kvmesh.retry import Action, Backoff, ReplicaRing, Source, decide
+from kvmesh.v1 import index_pb2, index_pb2_grpc
+
+log = logging.getLogger("kvmesh.bridge.link")
+Stub = index_pb2_grpc.IndexServiceStub
+REFUSED = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT)
+
+
+class _Conn:
+    """The current service replica's stub; a failure the retry table sends elsewhere moves
+    to the next address (reported by either task: only the first report of a stub moves).
+    Channels get their own subchannel pool, as the worker's link does."""
+
+    def __init__(self, addresses: list[str], credentials: grpc.ChannelCredentials | None) -> None:
+        self.ring = ReplicaRing(addresses)
+        self._dialer = Dialer(credentials,
+                              CHANNEL_OPTIONS + (("grpc.use_local_subchannel_pool", 1),))
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: Stub | None = None
+        self._closing: set[asyncio.Task] = set()
+
+    def stub(self) -> Stub:
+        if self._stub is None:
+            self._channel = self._dialer.aio(self.ring.current)
+            self._stub = Stub(self._channel)
+        return self._stub
+
+    def next_replica(self, failed: Stub) -> None:
+        if self._stub is not failed:
+            return
+        channel, self._channel, self._stub = self._channel, None, None
+        self.ring.mark_failed(self.ring.current)
+        if channel is not None:  # in the background: the other task may have a call on it
+            task = asyncio.create_task(channel.close(grace=1.0))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+
+
+class EngineLink:
+    """Keeps the index in step with one engine rank: a beat task and an event task."""
+
+    def __init__(self, addresses: list[str], state: EngineState, load: LoadSource | None, *,
+                 worker_id: str, address: str, model: str | None, root_hash: bytes,
+                 token: str | None = None, credentials: grpc.ChannelCredentials | None = None,
+                 heartbeat_s: float = 1.0, rpc_timeout_s: float = 3.0, batch_max: int = 512,
+                 batch_max_hashes: int = 8192, max_pending: int = MAX_BLOCKS) -> None:
+        self.conn = _Conn(addresses, credentials)
+        self.state = state
+        self.load = load
+        self.worker_id = worker_id
+        self.model = model
+        self.incarnation = secrets.randbits(64) or 1
+        self.register_req = index_pb2.RegisterWorkerRequest(
+            worker_id=worker_id, address=address, block_size=state.block_size,
+            hash_algo=state.algo, root_hash=root_hash, incarnation=self.incarnation)
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.heartbeat_s = heartbeat_s
+        self.timeout = rpc_timeout_s
+        self.limits = self.configured = (batch_max, batch_max_hashes)
+        self.pending = Pending(max_pending)
+        self.last_seq = 0  # the last index event seq the service holds (or a snapshot covered)
+        self.registered = False
+        self.need_sync = True
+        self.silent = False  # the last scrape of the engine's metrics failed
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.on_lag: Callable[[float], None] | None = None  # publish-to-index lag observer
+        # (last index seq of an engine batch, the engine's batch timestamp), oldest first
+        self._stamps: collections.deque[tuple[int, float]] = collections.deque(maxlen=65_536)
+        self._kick = asyncio.Event()
+        self._closed = False
+        self._inflight = 0  # Publish/Sync calls in flight; _epoch moves as each starts/ends
+        self._epoch = 0
+        self._warned: set[str] = set()
+
+    # --- from the subscriber --------------------------------------------------------------
+
+    def on_events(self, events: list[index_pb2.KvEvent]) -> None:
+        """The state's new index events (in seq order): queue them for the service."""
+        if not events:
+            return
+        self._stamps.append((events[-1].seq, self.state.last_ts or time.time()))
+        if not self.need_sync and not self.pending.add(events, after=self.last_seq):
+            self.counters["overflows"] += 1
+            log.warning("%s: pending index events overflowed; resyncing with a snapshot",
+                        self.worker_id)
+            self.need_sync = True
+        self._kick.set()
+
+    def _acked(self, seq: int) -> None:
+        """The index holds everything through ``seq``: observe the lag of those batches."""
+        now = time.time()
+        while self._stamps and self._stamps[0][0] <= seq:
+            _, ts = self._stamps.popleft()
+            if self.on_lag is not None:
+                self.on_lag(max(0.0, now - ts))
+
+    # --- tasks ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Keep the index in step with the engine until :meth:`close` (or cancellation)."""
+        tasks = [asyncio.create_task(self._beats()), asyncio.create_task(self._events())]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _beats(self) -> None:
+        backoff = Backoff()
+        while not self._closed:
+            started = time.monotonic()
+            load = await self._sample()
+            if load is not None:
+                step = self._heartbeat if self.registered else self._register
+                if not await self._attempt(functools.partial(step, load=load), backoff):
+                    continue
+            await asyncio.sleep(max(0.0, started + self.heartbeat_s - time.monotonic()))
+
+    async def _sample(self) -> EngineLoad | None:
+        if self.load is None:
+            return EngineLoad()
+        load = await self.load.sample(max_age=self.heartbeat_s / 2)
+        if load is None:
+            self.counters["silent_beats"] += 1
+            if not self.silent:
+                log.warning("%s: the engine's metrics do not answer; no heartbeat until they "
+                            "do (it leaves routing after the liveness timeout)", self.worker_id)
+        elif self.silent:
+            log.info("%s: the engine's metrics answer again", self.worker_id)
+        self.silent = load is None
+        if load is not None and load.block_size not in (None, self.state.block_size):
+            self._warn("block_size", "%s: the engine's block size is %d, the bridge's %d: its "
+                       "blocks will not be indexed", self.worker_id, load.block_size,
+                       self.state.block_size)
+        return load
+
+    async def _events(self) -> None:
+        backoff = Backoff()
+        while not self._closed:
+            self._kick.clear()
+            if not self.registered or not (self.need_sync or self.pending):
+                await self._kick.wait()
+                continue
+            await self._attempt(self._sync_and_publish, backoff)
+
+    async def _attempt(self, step: Callable[[Stub], Awaitable[None]], backoff: Backoff) -> bool:
+        stub = self.conn.stub()
+        try:
+            await step(stub)
+        except Exception as exc:  # the task must outlive any error
+            self._failed(exc, stub)
+            await backoff.sleep()
+            return False
+        backoff.reset()
+        return True
+
+    def _failed(self, err: Exception, stub: Stub) -> None:
+        if isinstance(err, grpc.aio.UsageError):
+            return  # its channel was closed by the other task's move to the next address
+        if not isinstance(err, grpc.aio.AioRpcError):
+            log.error("%s: unexpected error", self.worker_id, exc_info=err)
+            self.counters["error_unexpected"] += 1
+            return
+        self.counters[f"error_{err.code().name.lower()}"] += 1
+        if decide(Source.SERVICE, err.code()) is Action.NEXT_REPLICA:
+            self.conn.next_replica(stub)
+        elif err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
+            log.warning("service refused %r: %r", self.worker_id, err.details())
+            self.registered = False
+        else:
+            log.warning("%s: service call failed: %s %r", self.worker_id, err.code().name,
+                        err.details())
+
+    # --- calls ----------------------------------------------------------------------------
+
+    async def _register(self, stub: Stub, *, load: EngineLoad) -> None:
+        model = self.model or load.model
+        if not model:
+            self._warn("model", "%s: no --model and the engine's metrics name none; not "
+                       "registering", self.worker_id)
+            return
+        self.register_req.model = model
+        self.register_req.load.CopyFrom(load.proto())
+        resp = await stub.RegisterWorker(self.register_req, timeout=self.timeout,
+                                         metadata=self.metadata)
+        if resp.heartbeat_interval_ms:
+            self.heartbeat_s = resp.heartbeat_interval_ms / 1000
+        self.limits = self.configured
+        self.registered = True
+        self.need_sync = True  # a snapshot after every registration
+        self.counters["registrations"] += 1
+        self._kick.set()
+
+    async def _heartbeat(self, stub: Stub, *, load: EngineLoad) -> None:
+        quiet, epoch = self._inflight == 0, self._epoch
+        resp = await stub.Heartbeat(index_pb2.HeartbeatRequest(
+            worker_id=self.worker_id, load=load.proto(), last_seq=self.last_seq,
+            incarnation=self.incarnation), timeout=self.timeout, metadata=self.metadata)
+        self.counters["heartbeats"] += 1
+        if resp.reregister:
+            self.registered = False
+        elif resp.resync and quiet and epoch == self._epoch:
+            # (a publish or sync that overlapped the beat may have moved the index past the
+            # last_seq it carried: not evidence of a lost index; the next beat asks again)
+            self.need_sync = True
+            self._kick.set()
+
+    async def _rpc(self, call: Callable[..., Awaitable], req: object, timeout: float):
+        self._inflight += 1
+        self._epoch += 1
+        try:
+            return await call(req, timeout=timeout, metadata=self.metadata)
+        finally:
+            self._inflight -= 1
+            self._epoch += 1
+
+    async def _sync_and_publish(self, stub: Stub) -> None:
+        if self.need_sync:
+            await self._sync(stub)
+        await self._publish(stub)
+
+    async def _sync(self, stub: Stub) -> None:
+        self.need_sync = False  # a request for another resync from now on is kept
+        seq, blocks = self.state.snapshot()
+        self.pending.clear()  # events up to seq are in the snapshot; later ones queue again
+        try:
+            await self._rpc(stub.SyncWorker, index_pb2.SyncWorkerRequest(
+                worker_id=self.worker_id, seq=seq, blocks=blocks,
+                incarnation=self.incarnation), max(self.timeout, 10.0))
+        except BaseException:
+            self.need_sync = True
+            raise
+        self.pending.drop_through(seq)
+        self.last_seq = seq
+        self.counters["resyncs"] += 1
+        self._acked(seq)
+
+    async def _publish(self, stub: Stub) -> None:
+        while self.pending and not self.need_sync and self.registered:
+            batch = self.pending.batch(*self.limits)
+            req = index_pb2.PublishEventsRequest(worker_id=self.worker_id, events=batch,
+                                                 incarnation=self.incarnation)
+            try:
+                resp = await self._rpc(stub.PublishEvents, req, self.timeout)
+            except grpc.aio.AioRpcError as err:
+                if err.code() not in REFUSED:
+                    raise
+                self._refused(batch, err)
+                continue
+            if resp.resync:
+                self.need_sync = True
+                self.counters["gaps"] += 1
+                return
+            self.pending.drop_through(batch[-1].seq)
+            self.last_seq = batch[-1].seq
+            self.counters["events_published"] += len(batch)
+            self._acked(self.last_seq)
+
+    def _refused(self, batch: list[index_pb2.KvEvent], err: grpc.aio.AioRpcError) -> None:
+        """Halve the batch limits when that can help (a service configured below them),
+        else give the events up for a snapshot."""
+        self.counters["refused"] += 1
+        if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and len(batch) > 1:
+            self.limits = (max(1, len(batch) // 2),
+                           max(1, sum(hashes_of(e) for e in batch) // 2))
+            return
+        log.warning("service refused event %d of %r (%s %r): resyncing with a snapshot",
+                    batch[0].seq, self.worker_id, err.code().name, err.details())
+        self.need_sync = True
+
+    def _warn(self, key: str, msg: str, *args: object) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(msg, *args)
+
+    async def close(self) -> None:
+        self._closed = True
+        self._kick.set()
+        await self.conn.close()

@@ -1,0 +1,247 @@
+"""Read one vLLM engine's KV events over ZMQ into an ``EngineState``, recovering from losses.
+
+A SUB socket takes the live stream; a fresh DEALER per request asks the engine's replay
+ROUTER for buffered batches (``kvmesh.vllm_events`` has the framing). Every index event the
+state produces goes to ``on_events`` in order.
+
+Recovery (a "resync" asks the replay socket from ``state.replay_from``):
+
+- Every (re)connection of the SUB socket (a finished handshake) resyncs, so the state learns
+  what the engine published before the bridge existed or while it was away.
+- A gap in the live ``seq`` resyncs; so does a quiet stream every ``probe_interval`` seconds,
+  which catches a lost last batch and a restart of an idle engine.
+- A replay cut short (vLLM's ROUTER drops replies past its send high-water mark, silently) is
+  resumed from the last batch applied, a few rounds at most.
+- A resync first checks the anchor: the replay must start with the last applied batch, byte
+  for byte. If it does, the rest of the replay fills the gap. If the engine no longer has it
+  (its buffer of 10,000 batches moved past it: ``unfilled``) or it differs or is missing
+  (another engine process: ``restarts``), the state is cleared (the index hears ``cleared``)
+  and rebuilt from everything the engine still buffers (a second replay, from 0).
+- A live batch behind the state is a duplicate when the last replay delivered the same bytes
+  under that seq (live messages queue while a replay runs), otherwise the engine restarted
+  (seq went backwards): clear, resync.
+- Without a replay socket, or when it does not answer within ``replay_timeout``, a gap that
+  nothing filled clears the state and the stream restarts from the batch at hand; without a
+  replay socket, so does every reconnection (the PUB socket dropped what it sent meanwhile).
+- After a disconnect, the first live batch is applied only after a resync proved the anchor
+  (an engine restarted while the SUB socket was away may already be past the expected seq);
+  if no replay answers, the state is cleared before it is applied.
+- A batch that does not decode is a lost batch: clear.
+
+Stop by cancelling the task running ``run()``; sockets are closed on the way out.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from bridge.engine_state import EngineState, SeqCheck
+from kvmesh import vllm_events as ve
+from kvmesh.v1 import index_pb2
+
+Sink = Callable[[list[index_pb2.KvEvent]], None]
+
+
+@dataclass
+class SubscriberStats:
+    messages: int = 0        # live messages received
+    applied: int = 0         # batches applied (live and replayed)
+    duplicates: int = 0      # live batches the last replay already delivered
+    gaps: int = 0            # live seq jumps
+    replays: int = 0         # replay requests sent
+    replayed: int = 0        # batches received from replays
+    replay_failures: int = 0  # replay requests without a complete answer
+    restarts: int = 0        # another engine process detected
+    unfilled: int = 0        # losses nothing could fill: state cleared
+    malformed: int = 0       # messages or payloads that did not parse
+    connects: int = 0
+    disconnects: int = 0
+
+
+class Subscriber:
+    """One engine's event stream (``events``: its PUB endpoint, ``replay``: its ROUTER)."""
+
+    REPLAY_ROUNDS = 3
+
+    def __init__(self, state: EngineState, events: str, replay: str | None, on_events: Sink,
+                 *, topic: bytes = b"", replay_timeout: float = 5.0,
+                 probe_interval: float | None = 10.0, rcvhwm: int = 100_000,
+                 ctx: zmq.asyncio.Context | None = None) -> None:
+        self.state = state
+        self.events = events
+        self.replay = replay
+        self.on_events = on_events
+        self.topic = topic
+        self.replay_timeout = replay_timeout
+        self.probe_interval = probe_interval
+        self.rcvhwm = rcvhwm
+        self.ctx = ctx or zmq.asyncio.Context.instance()
+        self.stats = SubscriberStats()
+        self._dups: dict[int, bytes] = {}  # the last replay, to recognise queued live copies
+        # Set by a disconnect: the next live batch may come from another engine process,
+        # even with the expected seq, so the anchor is checked (a resync) before applying it.
+        self._suspect = False
+
+    async def run(self) -> None:
+        sub = self.ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.RCVHWM, self.rcvhwm)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.subscribe(self.topic)
+        mon = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(mon, zmq.POLLIN)
+        sub.connect(self.events)
+        loop = asyncio.get_running_loop()
+        quiet_since = loop.time()
+        try:
+            while True:
+                timeout = None
+                if self.probe_interval is not None and self.replay is not None:
+                    timeout = max(0, int((quiet_since + self.probe_interval - loop.time())
+                                         * 1000))
+                ready = dict(await poller.poll(timeout))
+                if mon in ready:
+                    event = parse_monitor_message(await mon.recv_multipart())["event"]
+                    if event == zmq.EVENT_DISCONNECTED:
+                        self.stats.disconnects += 1
+                        self._suspect = True
+                    else:
+                        self.stats.connects += 1
+                        await self._resync()
+                if sub in ready:
+                    await self._on_live(await sub.recv_multipart())
+                    quiet_since = loop.time()
+                elif not ready:  # quiet for probe_interval: is the engine still where we are?
+                    await self._resync()
+                    quiet_since = loop.time()
+        finally:
+            sub.disable_monitor()
+            mon.close(linger=0)
+            sub.close(linger=0)
+
+    # --- live -----------------------------------------------------------------------------
+
+    async def _on_live(self, frames: list[bytes]) -> None:
+        self.stats.messages += 1
+        try:
+            _, seq, payload = ve.unpack_message(frames)
+        except ValueError:
+            self.stats.malformed += 1
+            return
+        kind = self.state.check(seq)
+        if self._suspect and kind is SeqCheck.NEXT:
+            await self._resync()
+            if self._suspect:  # no replay answered: this batch may not follow ours
+                self.stats.unfilled += 1
+                self._emit(self.state.clear())
+        elif kind is SeqCheck.GAP:
+            self.stats.gaps += 1
+            await self._resync()
+        elif kind is SeqCheck.BEHIND and self._dups.get(seq) != payload:
+            self.stats.restarts += 1
+            self._emit(self.state.clear())
+            await self._resync()
+        kind = self.state.check(seq)
+        if kind is SeqCheck.BEHIND:
+            if self._dups.get(seq) == payload:
+                self.stats.duplicates += 1
+            return
+        if kind is SeqCheck.GAP:  # nothing filled it
+            self.stats.unfilled += 1
+            self._emit(self.state.clear())
+        self._dups.clear()  # live is now past every replayed seq: no copy can follow
+        self._apply(seq, payload)
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        try:
+            out = self.state.ingest(seq, payload)
+        except ValueError:
+            self.stats.malformed += 1
+            out = self.state.clear()
+        else:
+            self.stats.applied += 1
+        self._emit(out)
+
+    def _emit(self, events: list[index_pb2.KvEvent]) -> None:
+        if events:
+            self.on_events(events)
+
+    # --- replay ---------------------------------------------------------------------------
+
+    async def _resync(self) -> None:
+        """Catch up from the replay socket (see the module contract); no-op without one."""
+        if self.replay is None:
+            if self._suspect and self.state.expected is not None:
+                # batches published while we were away are lost and nothing can tell which
+                self.stats.unfilled += 1
+                self._emit(self.state.clear())
+            self._suspect = False
+            return
+        self._dups = {}
+        # vLLM's ROUTER drops replies past its send high-water mark: a replay cut short is
+        # resumed from where it stopped, a few rounds at most (then the next live batch or
+        # probe carries on).
+        for _ in range(self.REPLAY_ROUNDS):
+            start = self.state.replay_from
+            got, complete = await self._fetch(start)
+            if not got and not complete:
+                return  # no answer
+            self._suspect = False
+            self._dups.update(got)
+            if self.state.expected is not None:
+                if not (got and self.state.is_anchor(*got[0])):
+                    if got and got[0][0] > start:
+                        self.stats.unfilled += 1
+                    else:
+                        self.stats.restarts += 1
+                    self._emit(self.state.clear())
+                    continue  # the state is fresh: the next round asks from 0
+                got = got[1:]
+            if self._replayed(got) and complete:
+                return
+
+    def _replayed(self, got: list[tuple[int, bytes]]) -> bool:
+        """Apply replayed batches in order; ``False`` at a hole (a reply the ROUTER dropped),
+        leaving the state at the last batch before it."""
+        for seq, payload in got:
+            kind = self.state.check(seq)
+            if kind is SeqCheck.BEHIND:
+                continue
+            if kind is SeqCheck.GAP:
+                return False
+            self._apply(seq, payload)
+        return True
+
+    async def _fetch(self, start: int) -> tuple[list[tuple[int, bytes]], bool]:
+        """(buffered batches with ``seq >= start``, whether the end marker came). The replay
+        is cut short when ``replay_timeout`` passes between two replies."""
+        self.stats.replays += 1
+        dealer = self.ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.RCVHWM, 0)  # take all 10,000 replies as fast as they come
+        dealer.connect(self.replay)  # type: ignore[arg-type]
+        got: list[tuple[int, bytes]] = []
+        try:
+            await dealer.send_multipart(ve.replay_request(start))
+            while True:
+                if not await dealer.poll(int(self.replay_timeout * 1000)):
+                    self.stats.replay_failures += 1
+                    return got, False
+                try:
+                    reply = ve.parse_replay_reply(await dealer.recv_multipart())
+                except ValueError:
+                    self.stats.malformed += 1
+                    self.stats.replay_failures += 1
+                    return got, False
+                if reply is None:
+                    return got, True
+                got.append(reply)
+                self.stats.replayed += 1
+        finally:
+            dealer.close(linger=0)

@@ -1,0 +1,228 @@
+"""vLLM's KV-event wire format: the structs, both payload encodings, the ZMQ frames, replay.
+
+kvmesh speaks this format both ways: the vLLM bridge (``bridge/``) consumes it, and a kvmesh
+worker can publish it so that any consumer built for vLLM can index a kvmesh worker.
+
+What vLLM publishes, read from vllm-project/vllm ``vllm/distributed/kv_events.py`` at commit
+b4e69e0af33f (an early revision: events ``array_like``, no ``medium``), at commit 0181ea3173e5
+(events as tagged maps, ``medium``/``lora_name``/``extra_keys``/``group_idx``/
+``kv_cache_spec_*``; its batch had no ``array_like``), and a later revision (a stored copy
+whose commit the code index did not name) that adds ``MEDIUM_CPU``/``MEDIUM_STORAGE``,
+``locality``/``ownership`` and the topic frame in replay replies; ``session_id`` comes from
+vLLM's own tests of that schema, ``lookahead_token_ids`` from the issue (no source seen). The
+int form of a hash: ``maybe_convert_block_hash`` in ``vllm/v1/core/kv_cache_utils.py``.
+
+- A PUB socket; each message is ``[topic, seq, payload]``, ``seq`` 8 bytes big-endian unsigned,
+  counting batches from 0 per engine process (so it restarts at 0 with the engine).
+- ``payload``: msgpack of ``KVEventBatch``, an array ``[ts, events, data_parallel_rank]``. Each
+  event is a map tagged by ``"type"`` (current releases) or, in older releases, an array whose
+  first element is the type name and whose fields follow in declaration order. ``decode_batch``
+  reads both, ignores fields and event types it does not know (new ones appear every few
+  releases), and also accepts a batch encoded as a map (one revision dropped ``array_like``).
+- Block hashes (``ExternalBlockHash``): a 64-bit unsigned int, the digest's low 8 bytes read
+  big-endian (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, the default), or the raw digest bytes.
+- ``medium``: ``"GPU"``, ``"CPU"``, ``"STORAGE"``; ``None`` is GPU (``TIERS`` maps to kvmesh
+  tier names).
+- Replay: a ROUTER socket. A DEALER sends ``[b"", start_seq]`` and receives ``[b"", topic, seq,
+  payload]`` per buffered batch with ``seq >= start_seq`` (older releases: ``[b"", seq,
+  payload]``, no topic), then ``[b"", b"", END_SEQ, b""]`` (older: ``[b"", END_SEQ, b""]``).
+  ``END_SEQ`` is -1 as 8 bytes signed big-endian. The engine keeps 10,000 batches by default.
+
+The structs below are declared as vLLM declares them (names, field order, struct options), with
+the optional fields of later releases appended in their order; ``encode_batch`` therefore
+writes exactly the bytes vLLM writes.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+ExternalBlockHash = bytes | int
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+REPLAY_BUFFER = 10_000  # vLLM's default ``buffer_steps``
+TIERS: dict[str | None, str] = {None: "gpu", "GPU": "gpu", "CPU": "cpu", "STORAGE": "disk"}
+MEDIUMS = {"gpu": "GPU", "cpu": "CPU", "disk": "STORAGE"}
+
+
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None = None
+
+
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    """Base of the three event types; ``tag=True``: the tag is the class name."""
+
+
+class BlockStored(KVCacheEvent):
+    """Full blocks cached, in chain order; ``token_ids`` covers all of them;
+    ``parent_block_hash`` is the parent of the first (``None``: the chain starts at block 0);
+    ``extra_keys`` has one entry per block (``None``: none)."""
+    block_hashes: list[ExternalBlockHash]
+    parent_block_hash: ExternalBlockHash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None  # deprecated by vLLM in favour of lora_name
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: list[int] | None = None
+
+
+class BlockRemoved(KVCacheEvent):
+    """One entry per evicted physical block: a hash held twice is removed twice."""
+    block_hashes: list[ExternalBlockHash]
+    medium: str | None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+
+
+class AllBlocksCleared(KVCacheEvent):
+    pass
+
+
+class KVEventBatch(EventBatch):
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+
+Event = BlockStored | BlockRemoved | AllBlocksCleared
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__name__: cls for cls in (BlockStored, BlockRemoved, AllBlocksCleared)}
+
+# Fields declared without a default that older releases did not publish (``medium`` and
+# ``lora_name`` came after the first releases with events); absent means None.
+_ABSENT_IS_NONE: dict[type, tuple[str, ...]] = {
+    BlockStored: ("parent_block_hash", "lora_id", "medium", "lora_name"),
+    BlockRemoved: ("medium",),
+}
+_encoder = msgspec.msgpack.Encoder()
+_typed = msgspec.msgpack.Decoder(KVEventBatch)
+_untyped = msgspec.msgpack.Decoder()
+
+
+def encode_batch(batch: KVEventBatch) -> bytes:
+    """The payload vLLM would publish for ``batch`` (current map encoding)."""
+    return _encoder.encode(batch)
+
+
+def decode_batch(payload: bytes) -> KVEventBatch:
+    """A payload in any known encoding, as the current structs.
+
+    Unknown fields and unknown event types are dropped. Raises ``msgspec.DecodeError`` or
+    ``msgspec.ValidationError`` (both ``ValueError``) for a payload that is not a batch.
+    """
+    try:
+        return _typed.decode(payload)  # the current encoding: one C call
+    except msgspec.ValidationError:
+        pass
+    raw = _untyped.decode(payload)
+    if isinstance(raw, dict):
+        ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")
+    elif isinstance(raw, list) and 2 <= len(raw) <= 3:
+        ts, events, rank = raw[0], raw[1], raw[2] if len(raw) == 3 else None
+    else:
+        raise msgspec.ValidationError("a KV event batch is [ts, events, data_parallel_rank]")
+    if not isinstance(events, list):
+        raise msgspec.ValidationError("a KV event batch's events must be an array")
+    if not isinstance(ts, int | float) or isinstance(ts, bool):
+        raise msgspec.ValidationError("a KV event batch's ts must be a number")
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)):
+        raise msgspec.ValidationError("a KV event batch's data_parallel_rank must be an int")
+    out = [ev for ev in (_event(e) for e in events) if ev is not None]
+    return KVEventBatch(ts=float(ts), events=out, data_parallel_rank=rank)
+
+
+def _event(raw: Any) -> Event | None:
+    """One event in the map or the array encoding; ``None`` for a type we do not know."""
+    if isinstance(raw, dict):
+        cls = EVENT_TYPES.get(raw.get("type"))  # type: ignore[arg-type]
+        fields = raw
+    elif isinstance(raw, list) and raw and isinstance(raw[0], str):
+        cls = EVENT_TYPES.get(raw[0])
+        if cls is None:
+            return None
+        # array_like: fields in declaration order; later releases append, so zip stops early
+        fields = dict(zip(cls.__struct_fields__, raw[1:], strict=False))
+    else:
+        raise msgspec.ValidationError(f"a KV event must be a map or an array, got {raw!r:.80}")
+    if cls is None:
+        return None
+    known = {k: v for k, v in fields.items() if k in cls.__struct_fields__}
+    for name in _ABSENT_IS_NONE.get(cls, ()):
+        known.setdefault(name, None)  # older releases did not have the field yet
+    return msgspec.convert(known, cls)
+
+
+# --- block hashes -------------------------------------------------------------------------
+
+def external_hash(digest: bytes, as_int: bool = True) -> ExternalBlockHash:
+    """A digest as vLLM publishes it: the low 8 bytes big-endian as an int, or the bytes."""
+    return int.from_bytes(digest[-8:], "big") if as_int else bytes(digest)
+
+
+def hash_bytes(h: ExternalBlockHash) -> bytes:
+    """A published hash as bytes: an int as its 8 bytes big-endian, bytes as they are."""
+    return h.to_bytes(8, "big") if isinstance(h, int) else bytes(h)
+
+
+def tier_of(medium: str | None) -> str | None:
+    """kvmesh's tier name for a ``medium`` (``None`` is GPU); ``None`` for an unknown one."""
+    return TIERS.get(medium)
+
+
+# --- frames -------------------------------------------------------------------------------
+
+def pack_message(topic: bytes, seq: int, payload: bytes) -> list[bytes]:
+    """The three frames of one published batch."""
+    return [topic, seq.to_bytes(8, "big"), payload]
+
+
+def unpack_message(frames: Sequence[bytes]) -> tuple[bytes, int, bytes]:
+    """(topic, seq, payload) of a published message; ``ValueError`` if malformed."""
+    if len(frames) != 3 or len(frames[1]) != 8:
+        raise ValueError(f"a KV event message is [topic, seq(8), payload], got "
+                         f"{len(frames)} frames")
+    return bytes(frames[0]), int.from_bytes(frames[1], "big"), bytes(frames[2])
+
+
+def replay_request(start_seq: int) -> list[bytes]:
+    """What a DEALER sends to ask for every buffered batch with ``seq >= start_seq``."""
+    return [b"", start_seq.to_bytes(8, "big")]
+
+
+def replay_reply(topic: bytes, seq: int, payload: bytes) -> list[bytes]:
+    """One replayed batch as a DEALER receives it (the ROUTER prepends the identity)."""
+    return [b"", topic, seq.to_bytes(8, "big"), payload]
+
+
+def replay_end() -> list[bytes]:
+    """The end-of-replay marker as a DEALER receives it."""
+    return [b"", b"", END_SEQ, b""]
+
+
+def parse_replay_reply(frames: Sequence[bytes]) -> tuple[int, bytes] | None:
+    """(seq, payload) of one replayed batch, ``None`` for the end marker.
+
+    Both framings: ``[b"", topic, seq, payload]`` and the older ``[b"", seq, payload]``.
+    ``ValueError`` if malformed."""
+    if len(frames) == 4 and frames[0] == b"":
+        seq_frame, payload = frames[2], frames[3]
+    elif len(frames) == 3 and frames[0] == b"":
+        seq_frame, payload = frames[1], frames[2]
+    else:
+        raise ValueError(f"a replay reply is [b'', topic, seq, payload], got {len(frames)} "
+                         "frames")
+    if len(seq_frame) != 8:
+        raise ValueError(f"replay seq frame is {len(seq_frame)} bytes, not 8")
+    if seq_frame == END_SEQ:
+        return None
+    return int.from_bytes(seq_frame, "big"), bytes(payload)
