@@ -328,8 +328,9 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> bool:
         """Drop all cached hashes and all pins (emits ``AllBlocksCleared``); ``False``,
         changing nothing, while any request holds blocks."""
-        if len(self.pins) and self.pins.held_only_by_pins():
-            self.pins.release_all()
+        if not self.pins.held_only_by_pins():
+            return False
+        self.pins.release_all()
         return self.pool.reset_prefix_cache()
 
     # --- pins -------------------------------------------------------------------------
