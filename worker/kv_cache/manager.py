@@ -227,7 +227,7 @@ class KVCacheManager:
                              - held - len(hits))
         taken_from_free = sum(1 for b in hits if b.ref_cnt == 0)
         if num_new_blocks + taken_from_free > self.pool.num_free_blocks:
-            if not self.pins.yield_to({*(table or ()), *hits}, num_new_blocks):
+            if not self.pins.yield_to(table or (), hits, num_new_blocks):
                 return None
             taken_from_free = sum(1 for b in hits if b.ref_cnt == 0)
             if num_new_blocks + taken_from_free > self.pool.num_free_blocks:

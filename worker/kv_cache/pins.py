@@ -225,12 +225,15 @@ class PinTable:
 
     # --- room -------------------------------------------------------------------------
 
-    def yield_to(self, mine: set[KVCacheBlock], num_new_blocks: int) -> bool:
-        """A request holding (or hitting) ``mine`` needs ``num_new_blocks`` more and the pool
-        is short: if it could not fit even with every other request gone, because of pins,
-        release pins (:meth:`make_room`). ``True`` if any pin outside ``mine`` was released."""
+    def yield_to(self, held: Sequence[KVCacheBlock], hits: Sequence[KVCacheBlock],
+                 num_new_blocks: int) -> bool:
+        """A request holding ``held`` (and admitted with ``hits``) needs ``num_new_blocks``
+        more and the pool is short: if it could not fit even with every other request gone,
+        because of pins, release pins (:meth:`make_room`). ``True`` if any pin outside the
+        request's blocks was released."""
         if not self._pins:
             return False
+        mine = {*held, *hits}
         outside = sum(p.block not in mine for p in self._pins.values())
         excess = len(mine) + num_new_blocks + outside - self.pool.num_blocks
         return excess > 0 and self.make_room(mine, excess) > 0
