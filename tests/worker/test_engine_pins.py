@@ -91,4 +91,6 @@ def test_pin_by_tokens_or_hashes_unpin_and_warm():
     with pytest.raises(RequestError):
         engine.pin(ttl_s=60)
     with pytest.raises(RequestError):
+        engine.pin(SYS, ttl_s=0)
+    with pytest.raises(RequestError):
         engine.pin(block_hashes=[b"not held"], ttl_s=60, warm=True)  # no tokens to prefill

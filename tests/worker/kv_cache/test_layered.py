@@ -3,8 +3,7 @@ before both, vLLM's order inside each class (the state machine in test_eviction_
 checks the same rules on random sequences)."""
 import pytest
 
-from worker.kv_cache import KVCacheBlock, KVCacheManager, KVRequest
-from worker.kv_cache.block import LayeredFreeQueue
+from worker.kv_cache import KVCacheBlock, KVCacheManager, KVRequest, LayeredFreeQueue
 
 BS = 2
 
