@@ -196,16 +196,15 @@ class PinTable:
         """An admission hit ``hits`` (a chain from block 0): refresh the pins on them, and
         (automatic pinning, ``first`` admissions only) count the hits; the hot prefix of the
         chain is pinned at the next tick."""
-        chain = [b.block_hash for b in hits]
+        chain = [b.block_hash for b in hits if b.block_hash is not None]  # hits are cached
         for block_hash in chain:
-            pin = self._pins.get(block_hash)  # type: ignore[arg-type]
+            pin = self._pins.get(block_hash)
             if pin is not None:
                 pin.expires_at = max(pin.expires_at, now + pin.ttl_s)
         if not (self.auto and first and chain):
             return
         hot = 0
         for i, block_hash in enumerate(chain):
-            assert block_hash is not None
             times = self._hits.get(block_hash)
             if times is None:
                 times = self._hits[block_hash] = deque(maxlen=self.hot_hits)
@@ -214,7 +213,7 @@ class PinTable:
                     and now - times[0] <= self.window_s):
                 hot += 1
         if any(h not in self._pins for h in chain[:hot]):
-            self._hot.append(chain[:hot])  # type: ignore[arg-type]
+            self._hot.append(chain[:hot])
         if len(self._hits) > 2 * self.pool.num_blocks:
             self._prune(now)
 
