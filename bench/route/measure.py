@@ -126,7 +126,9 @@ def run(workers: int = 8, routes: int = 400, rounds: int = 4, threads: int = 4,
     variants: dict[str, tuple[str, dict[str, str], bool]] = {"": ("1", {}, True),
                                                              "_nomemo": ("0", {}, True)}
     if baseline:
-        variants["_base"] = ("1", {"PYTHONPATH": os.path.abspath(baseline)}, False)
+        # PYTHONSAFEPATH: `python -m` would put the working directory (this tree) first
+        variants["_base"] = ("1", {"PYTHONPATH": os.path.abspath(baseline),
+                                   "PYTHONSAFEPATH": "1"}, False)
     ports = {v: free_port() for v in variants}
     redis = start_redis()
     services = {v: ServerProcess(f"service{v}", "bench.route.serve", [str(ports[v]), memo],
