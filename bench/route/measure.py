@@ -167,11 +167,14 @@ def run(workers: int = 8, routes: int = 400, rounds: int = 4, threads: int = 4,
         live = _latencies({"": clients[""]}, prompts, routes // 2, rounds, False)[""]
         runs: dict[str, dict[int, list[dict[str, float]]]] = {
             v: {n: [] for n in sizes} for v in variants}
-        for k in range(2):  # two halves, replicas in turn (reversed in the second)
+        # slices of about half a second, replicas in turn (the order alternating), so that
+        # a busy moment of the machine hits every replica alike
+        slices = max(2, round(duration_s / 0.5))
+        for k in range(slices):
             for n in sizes:
-                for v in list(clients) if k == 0 else list(clients)[::-1]:
+                for v in list(clients) if k % 2 == 0 else list(clients)[::-1]:
                     runs[v][n].append(_throughput(
-                        clients[v], prompts[n], threads, duration_s / 2,
+                        clients[v], prompts[n], threads, duration_s / slices,
                         {"service": services[v].pid, "redis": redis.pid}))
         rps = {v: {n: _rates(runs[v][n]) for n in sizes} for v in variants}
         parts = breakdown(prompts, chains, redis.url, fleet.ids, repeats=50)
