@@ -52,11 +52,18 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def redis_cpu_seconds(info: Any) -> float:
+    """CPU time the Redis server has used so far (``INFO cpu``: microsecond resolution,
+    where ``/proc`` counts 10 ms ticks); ``info`` is a redis-py client."""
+    cpu = info.info("cpu")
+    return float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+
+
 def _throughput(client: Any, toks: list[int], threads: int, duration_s: float,
-                pids: dict[str, int | None]) -> dict[str, float]:
+                pids: dict[str, int | None], redis_info: Any) -> dict[str, float]:
     """Dry-run routes (``routes``) in ``wall_s`` seconds with ``threads`` threads sharing
-    ``client``, and the CPU seconds each process of ``pids`` spent meanwhile (``client``:
-    this process)."""
+    ``client``, and the CPU seconds each process of ``pids`` (``client``: this process;
+    ``redis``: the server behind ``redis_info``) spent meanwhile."""
     counts = [0] * threads
     stop = time.perf_counter() + duration_s
 
@@ -66,6 +73,7 @@ def _throughput(client: Any, toks: list[int], threads: int, duration_s: float,
             counts[k] += 1
 
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    redis0 = redis_cpu_seconds(redis_info)
     own0 = time.process_time()
     t0 = time.perf_counter()
     pool = [threading.Thread(target=loop, args=(k,)) for k in range(threads)]
@@ -76,6 +84,7 @@ def _throughput(client: Any, toks: list[int], threads: int, duration_s: float,
     out = {"routes": float(sum(counts)), "wall_s": time.perf_counter() - t0,
            "client": time.process_time() - own0}
     out.update({name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()})
+    out["redis"] = redis_cpu_seconds(redis_info) - redis0
     return out
 
 
@@ -114,10 +123,12 @@ def run(workers: int = 8, routes: int = 400, rounds: int = 4, threads: int = 4,
     service ``p50_ms``, ``p99_ms``, ``ratio_p50`` (over the smallest size), ``p50_ms_live`` /
     ``p99_ms_live`` (without dry_run), ``routes_per_s``, ``handler_ms``, ``cpu_ms_service``
     (the service process's CPU per route over the routes/s run: gRPC, handler, Redis
-    client, all of it), ``cpu_ms_redis`` and ``cpu_ms_client`` (this process) over the same
-    run; the same keys suffixed ``_nomemo`` for the memo-less replica (and ``_base`` for
-    the baseline's); and the breakdown ``*_us``.
+    client, all of it), ``cpu_ms_redis`` (``INFO cpu``) and ``cpu_ms_client`` (this
+    process) over the same run; the same keys suffixed ``_nomemo`` for the memo-less
+    replica (and ``_base`` for the baseline's); and the breakdown ``*_us``.
     """
+    import redis as redis_py
+
     from client import KvmeshClient
     from deploy.process import ServerProcess
     from deploy.redis_server import start_redis
@@ -170,12 +181,14 @@ def run(workers: int = 8, routes: int = 400, rounds: int = 4, threads: int = 4,
         # slices of about half a second, replicas in turn (the order alternating), so that
         # a busy moment of the machine hits every replica alike
         slices = max(2, round(duration_s / 0.5))
+        redis_info = redis_py.Redis.from_url(redis.url)
         for k in range(slices):
             for n in sizes:
                 for v in list(clients) if k % 2 == 0 else list(clients)[::-1]:
                     runs[v][n].append(_throughput(
                         clients[v], prompts[n], threads, duration_s / slices,
-                        {"service": services[v].pid, "redis": redis.pid}))
+                        {"service": services[v].pid}, redis_info))
+        redis_info.close()
         rps = {v: {n: _rates(runs[v][n]) for n in sizes} for v in variants}
         parts = breakdown(prompts, chains, redis.url, fleet.ids, repeats=50)
     finally:
