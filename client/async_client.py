@@ -40,6 +40,8 @@ class AsyncKvmeshClient(BaseClient):
 
     ``timeout`` bounds each service call and ``worker_stats`` (seconds); ``generate_timeout``
     bounds one attempt of a Generate stream on one worker; ``pin_timeout`` a pin or unpin.
+    ``packed_tokens=False`` sends prompts in the repeated ``token_ids`` field, for a service
+    older than ``token_ids_packed``.
     """
 
     def _dial(self, address: str) -> grpc.aio.Channel:
@@ -74,7 +76,7 @@ class AsyncKvmeshClient(BaseClient):
         entries for the chosen worker, its estimated load): use it to inspect.
         """
         request = route_request(token_ids, salt, lora, mm, policy, max_candidates,
-                                dry_run=dry_run)
+                                dry_run=dry_run, packed=self.packed_tokens)
         return await self._route(request)
 
     async def _route(self, request: index_pb2.RouteRequest) -> RouteResult:
@@ -120,7 +122,7 @@ class AsyncKvmeshClient(BaseClient):
         """Route once, then drive :class:`client.failover.Candidates` over ``grpc.aio``
         calls: chunks (when ``stream``), then the one result (``KvmeshClient._generation``
         is the blocking twin)."""
-        rreq = route_request(token_ids, salt, lora, mm, policy)
+        rreq = route_request(token_ids, salt, lora, mm, policy, packed=self.packed_tokens)
         plan = self._plan(await self._route(rreq), rreq, max_tokens, temperature, seed, ignore_eos,
                           stream)
         for attempt in plan:

@@ -43,12 +43,15 @@ class BaseClient:
     def __init__(self, addresses: str | list[str], token: str | None = None, *,
                  timeout: float = 5.0, generate_timeout: float = 120.0,
                  tls: TlsFiles | None = None, admin_token: str | None = None,
-                 pin_timeout: float = 60.0) -> None:
+                 pin_timeout: float = 60.0, packed_tokens: bool = True) -> None:
         self._ring = ReplicaRing(parse_addresses(addresses))
         self._metadata = auth_metadata(token)
         # pins take the admin token; a cluster without one may leave them to the router's
         self._admin_metadata = auth_metadata(admin_token or token)
         self.pin_timeout = pin_timeout  # a pin waits for every worker's answer (warming)
+        # Route prompts as RouteRequest.token_ids_packed; False: the repeated token_ids, for
+        # services older than the packed field (they would see an empty prompt)
+        self.packed_tokens = packed_tokens
         self._worker_metadata = worker_metadata(token)
         self._dialer = Dialer.from_tls(tls)
         self.timeout = timeout

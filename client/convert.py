@@ -5,9 +5,11 @@ results. Nothing here does I/O.
 """
 from __future__ import annotations
 
+import array
+import sys
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -18,6 +20,7 @@ from client.results import Candidate, GenerateResult, PinnedWorker, PinResult, R
 from kvmesh.auth import worker_access_token
 from kvmesh.v1 import index_pb2, worker_pb2
 
+_U32 = "I" if array.array("I").itemsize == 4 else "L"  # the array typecode of a uint32
 LoraSpec = str | tuple[str, str] | Mapping[str, str] | index_pb2.Lora | None
 MmSpec = tuple[str, int, int] | Mapping[str, Any] | index_pb2.MultimodalItem
 
@@ -80,12 +83,55 @@ def _token_list(token_ids: Iterable[int]) -> Iterable[int]:
 def route_request(token_ids: Iterable[int], salt: str | None = None, lora: LoraSpec = None,
                   mm: Iterable[MmSpec] = (), policy: str | None = None,
                   max_candidates: int = 0, model: str | None = None,
-                  dry_run: bool = False) -> index_pb2.RouteRequest:
-    """Build a ``RouteRequest``; ``None`` means the service's default for every option."""
+                  dry_run: bool = False, packed: bool = True) -> index_pb2.RouteRequest:
+    """Build a ``RouteRequest``; ``None`` means the service's default for every option.
+
+    The prompt goes as ``token_ids_packed`` (:func:`pack_tokens`) when every id fits a
+    uint32, else (or with ``packed=False``, for a service older than the field) as the
+    repeated ``token_ids``, which the service still reads and checks."""
+    ids = _token_list(token_ids)
+    if not isinstance(ids, Sequence) and not hasattr(ids, "dtype"):
+        ids = list(ids)  # an iterator: it is read twice when it cannot be packed
+    raw = pack_tokens(ids) if packed else None
     return index_pb2.RouteRequest(
-        token_ids=_token_list(token_ids), salt=salt or "", lora=_lora(lora), mm=_mm(mm),
-        model=model or "", policy=policy or "", max_candidates=max(0, int(max_candidates)),
-        dry_run=dry_run)
+        token_ids=ids if raw is None else (), token_ids_packed=raw or b"", salt=salt or "",
+        lora=_lora(lora), mm=_mm(mm), model=model or "", policy=policy or "",
+        max_candidates=max(0, int(max_candidates)), dry_run=dry_run)
+
+
+def pack_tokens(token_ids: Sequence[int]) -> bytes | None:
+    """``token_ids`` as little-endian uint32 bytes (``RouteRequest.token_ids_packed``);
+    None when one is not an int in ``[0, 2**32)``. A C loop over a list (``array``), no
+    Python step per token."""
+    kind = getattr(getattr(token_ids, "dtype", None), "kind", None)
+    if kind is not None:  # a numpy array: its own vectorised checks and conversion
+        a: Any = token_ids
+        ok = kind in "iu" and a.ndim == 1 and (not a.size or (a.min() >= 0
+                                                               and a.max() < 1 << 32))
+        return a.astype("<u4").tobytes() if ok else None
+    try:
+        arr = array.array(_U32, token_ids)
+    except (OverflowError, TypeError):
+        return None
+    if sys.byteorder == "big":
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def unpack_tokens(raw: bytes) -> list[int]:
+    """The token ids of ``token_ids_packed`` bytes (the inverse of :func:`pack_tokens`)."""
+    arr = array.array(_U32)
+    arr.frombytes(raw[:len(raw) - len(raw) % 4])
+    if sys.byteorder == "big":
+        arr.byteswap()
+    return arr.tolist()
+
+
+def route_tokens(route: index_pb2.RouteRequest) -> list[int]:
+    """The prompt of ``route``, whichever field carries it."""
+    if route.token_ids_packed:
+        return unpack_tokens(route.token_ids_packed)
+    return list(route.token_ids)
 
 
 def prefix_ref(token_ids: Iterable[int] | None, salt: str | None = None,
@@ -116,7 +162,7 @@ def generate_request(route: index_pb2.RouteRequest, max_tokens: int = 16,
     if seed is not None:
         sampling.seed = int(seed)
     req = worker_pb2.GenerateRequest(request_id=request_id or uuid.uuid4().hex,
-                                     token_ids=route.token_ids, sampling=sampling,
+                                     token_ids=route_tokens(route), sampling=sampling,
                                      salt=route.salt, mm=route.mm)
     if route.HasField("lora"):
         req.lora.CopyFrom(route.lora)

@@ -57,7 +57,8 @@ class KvmeshClient(BaseClient):
     ``timeout`` bounds each service call and ``worker_stats`` (seconds); ``generate_timeout``
     bounds one attempt of a Generate stream on one worker; ``pin_timeout`` a pin or unpin
     (it waits for every worker). ``admin_token`` is sent on ``pin``/``unpin`` only (the
-    router token when none is given).
+    router token when none is given). ``packed_tokens=False`` sends prompts in the
+    repeated ``token_ids`` field, for a service older than ``token_ids_packed``.
     """
 
     def _dial(self, address: str) -> grpc.Channel:
@@ -91,7 +92,7 @@ class KvmeshClient(BaseClient):
         entries for the chosen worker, its estimated load): use it to inspect.
         """
         request = route_request(token_ids, salt, lora, mm, policy, max_candidates,
-                                dry_run=dry_run)
+                                dry_run=dry_run, packed=self.packed_tokens)
         return self._route(request)
 
     def _route(self, request: index_pb2.RouteRequest) -> RouteResult:
@@ -137,7 +138,7 @@ class KvmeshClient(BaseClient):
                     stream: bool) -> Iterator[TokenChunk | GenerateResult]:
         """Route once, then drive :class:`client.failover.Candidates` over blocking calls:
         chunks (when ``stream``), then the one result."""
-        rreq = route_request(token_ids, salt, lora, mm, policy)
+        rreq = route_request(token_ids, salt, lora, mm, policy, packed=self.packed_tokens)
         plan = self._plan(self._route(rreq), rreq, max_tokens, temperature, seed, ignore_eos,
                           stream)
         for attempt in plan:

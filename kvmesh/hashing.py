@@ -30,8 +30,9 @@ requests, is not supported: kvmesh requests are token ids only.
 
 The CBOR algorithms do not call cbor2 per block: the input always has the fixed shape
 ``[bytes, [uint...], null | [...]]``, so the encoder below writes those bytes directly and
-encodes each token id once per sequence (not once per block). Tests cross-check it against
-``cbor2.dumps(x, canonical=True)`` on random inputs.
+encodes each token id once per sequence (not once per block); token ids given as a numpy
+array of unsigned ints are encoded all at once, vectorised (the service's route path).
+Tests cross-check both against ``cbor2.dumps(x, canonical=True)`` on random inputs.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from functools import partial
 from typing import Any
 
 import cbor2
+import numpy as np
 import xxhash
 
 DEFAULT_SEED = "vllm-none-hash"
@@ -170,6 +172,35 @@ def _cbor_tokens(token_ids: Sequence[int]) -> list[bytes]:
     return [table[t] for t in token_ids]
 
 
+# Bulk encoding of unsigned ids. Class of an id: 0 (< 24, in the head byte), then 1, 2, 4 or
+# 8 argument bytes; per class its head byte, its argument width, and which bytes of a fixed
+# record (head + the id big-endian in 4 or 8 bytes) its canonical encoding keeps.
+_BOUNDS = np.array([24, 1 << 8, 1 << 16, 1 << 32], dtype=np.uint64)
+_HEADS = np.array([0, 0x18, 0x19, 0x1A, 0x1B], dtype=np.uint8)
+_WIDTHS = np.array([0, 1, 2, 4, 8], dtype=np.int64)
+_RECORD = {4: np.dtype([("head", "u1"), ("arg", ">u4")]),  # packed: 5 or 9 bytes an id
+           8: np.dtype([("head", "u1"), ("arg", ">u8")])}
+_KEEP = {n: np.array([[True] + [i >= n - w for i in range(n)] for w in (0, 1, 2, 4, 8)
+                      if w <= n], dtype=bool) for n in (4, 8)}
+
+
+def cbor_uint_stream(token_ids: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """Canonical CBOR of each of ``token_ids`` (a 1-D array of unsigned ints), back to back,
+    and ``starts`` (``len + 1`` offsets): id ``i`` is ``stream[starts[i]:starts[i + 1]]``.
+    The same bytes as :func:`_cbor_tokens`, from a few array passes instead of a Python
+    step per token: every id is written as a fixed record, then the bytes its class does
+    not use are dropped."""
+    a = np.asarray(token_ids)
+    cls = np.searchsorted(_BOUNDS, a, side="right")
+    arg = 8 if len(a) and cls.max() == 4 else 4
+    rec = np.empty(len(a), dtype=_RECORD[arg])
+    rec["arg"] = a
+    rec["head"] = np.where(cls == 0, a, _HEADS[cls])
+    starts = np.zeros(len(a) + 1, dtype=np.int64)
+    np.cumsum(_WIDTHS[cls] + 1, out=starts[1:])
+    return rec.view(np.uint8)[_KEEP[arg][cls].ravel()].tobytes(), starts
+
+
 def _cbor_int(i: int) -> bytes:
     return _head(0, i) if i >= 0 else _head(1, -1 - i)
 
@@ -264,18 +295,30 @@ def chain_hashes(parent: bytes, token_ids: Sequence[int], block_size: int,
     if extras is not None and len(extras) < n:
         raise ValueError(f"{len(extras)} extra keys for {n} blocks")
     new: list[bytes] = []
+    bulk = isinstance(token_ids, np.ndarray)
+    if bulk and not (token_ids.dtype.kind == "u" and algo.endswith("_cbor")):
+        token_ids = token_ids.tolist()  # pickle and signed ids: exactly Python's ints
+        bulk = False
     if algo.endswith("_cbor"):
         digest = hashlib.sha256 if algo == "sha256_cbor" else xxhash.xxh3_128
-        enc = _cbor_tokens(token_ids[:n * block_size])
         head = _CBOR_ARRAY3 + _head(2, len(parent))
         # every later parent is one of our digests
         next_head = _CBOR_ARRAY3 + _head(2, 32 if algo == "sha256_cbor" else 16)
         tok_head = _head(4, block_size)
         join = b"".join
+        if bulk:
+            stream, starts = cbor_uint_stream(token_ids[:n * block_size])
+            cuts = starts[::block_size].tolist()  # the stream's offset of each block
+        else:
+            enc = _cbor_tokens(token_ids[:n * block_size])
         for i in range(n):
             tail = _CBOR_NULL if extras is None else _cbor_extra(extras[i])
-            parent = digest(join((head, parent, tok_head,
-                                  *enc[i * block_size:(i + 1) * block_size], tail))).digest()
+            if bulk:
+                data = join((head, parent, tok_head, stream[cuts[i]:cuts[i + 1]], tail))
+            else:
+                data = join((head, parent, tok_head,
+                             *enc[i * block_size:(i + 1) * block_size], tail))
+            parent = digest(data).digest()
             new.append(parent)
             head = next_head
     else:  # pickle: already one C call per block; only keep Python overhead out of the loop

@@ -1,35 +1,48 @@
-"""An exact memo of block hashes for Route: repeated prefixes are hashed once.
+"""An exact memo of block hashes for Route: repeated prefixes are hashed once, and a prompt
+the memo knows whole costs a few lookups, not one per block.
 
 Routing hashes every prompt's whole chain, and prompts mostly share long prefixes (system
 prompts, RAG templates, earlier turns), so the service keeps computing the same blocks.
-:class:`BlockHashMemo` remembers ``hash input -> hash`` for each block it computed and walks
-the chain through that map before hashing what is left.
+:class:`BlockHashMemo` remembers what it computed at two grains and walks the chain through
+them before hashing what is left:
+
+- segments: ``SEGMENT_BLOCKS`` consecutive blocks at fixed positions (blocks ``[k * S, (k +
+  1) * S)``, the last one of a prompt shorter) -> their hashes. Boundaries do not depend on
+  the prompt, so prompts sharing a prefix share its whole segments; an 8K-token prompt known
+  whole is 16 lookups.
+- blocks: one block -> its hash, for where a prompt leaves a known one inside a segment.
 
 Contract:
 
-- ``memo.block_hashes(...)`` takes the arguments of :func:`kvmesh.hashing.block_hashes` and
-  always returns exactly what it returns. An entry's key is the tuple ``(context, parent,
-  tokens)``: ``context = (algo, seed, block_size, salt, lora)``, every argument the chain
-  depends on besides the tokens; ``parent`` the parent hash (the root, ``none_hash(algo,
-  seed)``, for block 0); ``tokens`` the block's token ids packed as little-endian int64. Tuple
-  fields are compared one by one, so no field can spill into another (the salt cannot pass
-  for tokens, a block of 8 for half a block of 16): two keys are equal only when every input
-  of :func:`block_hashes` that decides the hash is equal, and there is no collision risk
-  beyond the hash function's own. The salt sits in every block's context although it only
-  enters block 0's hash: later blocks chain on block 0 anyway, so this costs no sharing.
+- ``memo.block_hashes(...)`` takes the arguments of :func:`kvmesh.hashing.block_hashes`
+  (token ids as a sequence or a numpy array) and always returns exactly what it returns. A
+  key is the tuple ``(context, parent, tokens)``: ``context = (algo, seed, block_size, salt,
+  lora)``, every argument the chain depends on besides the tokens; ``parent`` the hash
+  before the first block of the key (the root, ``none_hash(algo, seed)``, for block 0);
+  ``tokens`` the key's token ids as little-endian uint32 bytes (whole blocks: the block size
+  is in the context, so the length says how many). Tuple fields are compared one by one, so
+  no field can spill into another (the salt cannot pass for tokens, a block of 8 for half a
+  block of 16): two keys are equal only when every input that decides the hashes is equal,
+  and there is no collision risk beyond the hash function's own. The salt sits in every
+  key's context although it only enters block 0's hash: later blocks chain on block 0
+  anyway, so this costs no sharing.
 - Requests with multimodal items (their extra keys vary per block) and token ids outside
-  int64 bypass the memo and are hashed directly.
-- Memory is bounded: two generations of at most ``capacity`` entries each (a hit in the old
-  generation moves the entry to the young one; a full young generation becomes the old one,
-  dropping the previous old one), so at most ``2 * capacity`` blocks are held, the recently
-  used ones. An entry costs about 350 bytes with 16-token blocks.
+  ``[0, 2**32)`` bypass the memo and are hashed directly.
+- Memory is bounded: each grain keeps two generations of at most ``capacity`` blocks each
+  (a hit in the old generation moves the entry to the young one; a full young generation
+  becomes the old one, dropping the previous old one), so at most ``2 * capacity`` block
+  entries (about 250 bytes each with 16-token blocks) and ``2 * capacity`` blocks in
+  segments (about 80 bytes a block; the hashes themselves are shared with the block
+  entries) are held, the recently used ones. ``len(memo)`` counts the block entries.
 - Safe to share between the event loop and worker threads: every stored entry is an exact
   input/output pair, so a race can at worst drop an entry, never return a wrong hash.
 """
 from __future__ import annotations
 
-import struct
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from typing import Generic, TypeVar
+
+import numpy as np
 
 from kvmesh.hashing import (
     DEFAULT_ALGO,
@@ -40,69 +53,114 @@ from kvmesh.hashing import (
     none_hash,
 )
 
-# (algo, seed, block size, salt, lora), parent hash, the block's tokens as packed int64
-_Key = tuple[tuple[str, str | None, int, str | None, tuple[str, ...] | None], bytes, bytes]
 DEFAULT_CAPACITY = 32_768  # blocks per generation: 512K tokens of distinct 16-token blocks
+SEGMENT_BLOCKS = 32        # 512 tokens of 16-token blocks: 2 KiB of key
+_U32_MAX = (1 << 32) - 1
+V = TypeVar("V")
+
+
+class _Generations(Generic[V]):
+    """Two generations of ``key -> value``, each holding values of at most ``capacity``
+    blocks in all (a value weighs the blocks it covers)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.young: dict[Hashable, V] = {}
+        self.old: dict[Hashable, V] = {}
+        self._young_blocks = 0
+
+    def get(self, key: Hashable, blocks: int = 1) -> V | None:
+        value = self.young.get(key)
+        if value is None:
+            value = self.old.get(key)
+            if value is not None:
+                self.put(key, value, blocks)  # promote: it is in use
+        return value
+
+    def put(self, key: Hashable, value: V, blocks: int = 1) -> None:
+        if blocks > self.capacity:
+            return  # would not fit in any generation
+        if self._young_blocks + blocks > self.capacity:
+            self.old, self.young, self._young_blocks = self.young, {}, 0
+        self.young[key] = value
+        self._young_blocks += blocks
+
+
+def packed_uint32(token_ids: Sequence[int] | np.ndarray, count: int) -> bytes | None:
+    """The first ``count`` token ids as little-endian uint32 bytes; None when one of them is
+    not an integer in ``[0, 2**32)``."""
+    try:
+        a = token_ids[:count] if isinstance(token_ids, np.ndarray) else np.asarray(
+            token_ids[:count])
+    except (OverflowError, TypeError, ValueError):
+        return None
+    if a.dtype.kind not in "iu" or (len(a) and (a.min() < 0 or a.max() > _U32_MAX)):
+        return None
+    return a.astype("<u4", copy=False).tobytes()
 
 
 class BlockHashMemo:
     """Exact, bounded memo of block-hash chains; see the module docstring."""
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
+    def __init__(self, capacity: int = DEFAULT_CAPACITY,
+                 segment_blocks: int = SEGMENT_BLOCKS) -> None:
+        if capacity < 1 or segment_blocks < 1:
+            raise ValueError(f"capacity and segment_blocks must be >= 1, got {capacity} and "
+                             f"{segment_blocks}")
         self.capacity = capacity
-        self._young: dict[_Key, bytes] = {}  # key -> hash
-        self._old: dict[_Key, bytes] = {}
+        self.segment_blocks = segment_blocks
+        self._blocks: _Generations[bytes] = _Generations(capacity)
+        self._segments: _Generations[tuple[bytes, ...]] = _Generations(capacity)
         self._roots: dict[tuple[str, str | None], bytes] = {}
         self.hits = 0    # blocks answered from the memo
         self.misses = 0  # blocks hashed
 
     def __len__(self) -> int:
-        return len(self._young) + len(self._old)
+        return len(self._blocks.young) + len(self._blocks.old)
 
-    def _store(self, key: _Key, value: bytes) -> None:
-        if len(self._young) >= self.capacity:
-            self._old, self._young = self._young, {}
-        self._young[key] = value
-
-    def block_hashes(self, token_ids: Sequence[int], block_size: int, *,
+    def block_hashes(self, token_ids: Sequence[int] | np.ndarray, block_size: int, *,
                      algo: str = DEFAULT_ALGO, seed: str | None = None,
                      salt: str | None = None, lora: Lora | None = None,
                      mm: Sequence[MMItem] = ()) -> list[bytes]:
         """Same arguments and result as :func:`kvmesh.hashing.block_hashes`."""
         n = len(token_ids) // block_size if block_size >= 1 else 0
-        if mm or n == 0:
+        raw = None if mm or n == 0 else packed_uint32(token_ids, n * block_size)
+        if raw is None:  # nothing to hash, or keys the memo does not take
             return block_hashes(token_ids, block_size, algo=algo, seed=seed, salt=salt,
                                 lora=lora, mm=mm)
-        try:
-            raw = struct.pack(f"<{n * block_size}q", *token_ids[:n * block_size])
-        except struct.error:  # not an int64: let the reference path decide what it means
-            return block_hashes(token_ids, block_size, algo=algo, seed=seed, salt=salt,
-                                lora=lora)
         root = self._roots.get((algo, seed))
         if root is None:
             root = self._roots[algo, seed] = none_hash(algo, seed)
-        width = 8 * block_size
         ctx = (algo, seed, block_size, salt, None if lora is None else tuple(lora))
-        young, old = self._young, self._old
+        width, step = 4 * block_size, self.segment_blocks
+        segments, blocks = self._segments, self._blocks
         out: list[bytes] = []
-        for i in range(n):
-            key = (ctx, out[-1] if i else root, raw[i * width:(i + 1) * width])
-            h = young.get(key)
+        i = 0
+        while i < n:  # whole segments first: a few lookups for a known prompt
+            end = min(i + step, n)
+            seg = segments.get((ctx, out[-1] if i else root, raw[i * width:end * width]),
+                               end - i)
+            if seg is None:
+                break
+            out += seg
+            i = end
+        first_new_segment = i
+        while i < n:  # then block by block, into the segment where the prompt leaves
+            h = blocks.get((ctx, out[-1] if i else root, raw[i * width:(i + 1) * width]))
             if h is None:
-                h = old.get(key)
-                if h is None:
-                    break
-                self._store(key, h)  # promote: it is in use
+                break
             out.append(h)
-        done = len(out)
-        self.hits += done
-        if done < n:
+            i += 1
+        self.hits += i
+        if i < n:
             extend_block_hashes(out, token_ids, block_size, algo=algo, seed=seed, salt=salt,
                                 lora=lora)
-            self.misses += n - done
-            for i in range(done, n):
-                key = (ctx, out[i - 1] if i else root, raw[i * width:(i + 1) * width])
-                self._store(key, out[i])
+            self.misses += n - i
+            for j in range(i, n):
+                blocks.put((ctx, out[j - 1] if j else root, raw[j * width:(j + 1) * width]),
+                           out[j])
+        for s in range(first_new_segment, n, step):
+            end = min(s + step, n)
+            segments.put((ctx, out[s - 1] if s else root, raw[s * width:end * width]),
+                         tuple(out[s:end]), end - s)
         return out

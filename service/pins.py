@@ -211,7 +211,7 @@ def pin_request(prefix: PrefixInput, *, ttl_s: float, warm: bool,
                                 unpin=unpin)
     inp = prefix.tokens
     if inp is not None:
-        req.token_ids.extend(inp.tokens)
+        req.token_ids.extend(inp.tokens.tolist())
         req.salt = inp.salt or ""
         if inp.lora is not None:
             req.lora.name, req.lora.path = inp.lora

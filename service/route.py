@@ -11,6 +11,8 @@ None of these touch the backend, the clock or the metrics: the servicer does, be
 """
 from __future__ import annotations
 
+import functools
+
 import grpc
 
 from kvmesh.v1 import index_pb2 as pb
@@ -72,6 +74,7 @@ def live_groups(live: list[WorkerRecord], model: str) -> dict[str, list[WorkerRe
 
 
 def pb_load(load: WorkerLoad) -> pb.WorkerLoad:
+    """``load`` as its message (a new one: the caller may change it)."""
     return pb.WorkerLoad(running=load.running, waiting=load.waiting,
                          queued_prefill_tokens=load.queued_prefill_tokens,
                          free_blocks=load.free_blocks, total_blocks=load.total_blocks,
@@ -81,15 +84,25 @@ def pb_load(load: WorkerLoad) -> pb.WorkerLoad:
                          onboard_us_per_block_disk=load.onboard_us_per_block_disk)
 
 
+@functools.lru_cache(maxsize=4096)
+def _shared_load(load: WorkerLoad) -> pb.WorkerLoad:
+    """The message of ``load``, built once per distinct load (a worker's changes only with
+    its heartbeats). Shared: never changed, only copied into candidates."""
+    return pb_load(load)
+
+
 def response(inp: validate.RouteInput, ranked: list[Ranked], policy: str,
              degraded: bool) -> pb.RouteResponse:
     """The answer: the best ``max_candidates`` (0: all) of ``ranked``, best first."""
     if inp.max_candidates:
         ranked = ranked[:inp.max_candidates]
-    cands = [pb.Candidate(worker_id=r.view.worker_id, address=r.view.address,
-                          matched_tokens=r.matched_tokens, tier=r.view.match.tier,
-                          cost=r.cost, load=pb_load(r.view.load),
-                          matched_tokens_by_tier=r.view.matched_tokens_by_tier)
-             for r in ranked]
-    return pb.RouteResponse(candidates=cands, degraded=degraded,
-                            prompt_tokens=len(inp.tokens), policy=policy)
+    out = pb.RouteResponse(degraded=degraded, prompt_tokens=len(inp.tokens), policy=policy)
+    for r in ranked:
+        view = r.view
+        cand = out.candidates.add(worker_id=view.worker_id, address=view.address,
+                                  matched_tokens=r.matched_tokens, tier=view.match.tier,
+                                  cost=r.cost, load=_shared_load(view.load))
+        by_tier = cand.matched_tokens_by_tier  # set one by one: a dict argument is slower
+        for tier, tokens in view.matched_tokens_by_tier.items():
+            by_tier[tier] = tokens
+    return out

@@ -10,9 +10,11 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
+import numpy as np
 
 from kvmesh.hashing import ALGOS, lora_key
 from kvmesh.v1 import index_pb2 as pb
@@ -37,6 +39,7 @@ _HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(?:\.(?!-)[A-Za-z0-9-]{1,6
                        re.ASCII)
 _DOTTED = re.compile(r"[0-9.]+")
 MAX_SEQ = 2**53  # seqs travel through Lua numbers (doubles)
+_U32_MAX = 2**32 - 1
 _TIERS = frozenset(pb.Tier.values())
 
 
@@ -190,7 +193,10 @@ def snapshot(req: pb.SyncWorkerRequest, digest: int, cfg: ServiceConfig) -> list
 
 @dataclass(frozen=True, slots=True)
 class RouteInput:
-    tokens: list[int]
+    """A validated prompt. ``tokens``: a 1-D array of ids >= 0, uint32 (uint64 only when the
+    old ``token_ids`` field carried an id of 2**32 or more); read-only, never copied."""
+
+    tokens: np.ndarray
     salt: str | None
     lora: tuple[str, str] | None
     mm: tuple[tuple[str, int, int], ...]
@@ -200,21 +206,45 @@ class RouteInput:
     dry_run: bool = False  # inspect only: record no provisional entries or routed work
 
 
-def _prompt(token_ids: list[int], salt: str, lora_msg: pb.Lora, items: list[pb.MultimodalItem],
-            cfg: ServiceConfig, what: str = "token_ids",
-            ) -> tuple[list[int], str | None, tuple[str, str] | None, tuple]:
-    """The checks every prompt takes (Route's and a pinned prefix's): tokens, salt, LoRA,
-    multimodal items."""
-    n = len(token_ids)
+def token_ids(ids: Sequence[int], packed: bytes, cfg: ServiceConfig,
+              what: str = "token_ids") -> np.ndarray:
+    """The prompt's ids from the repeated ``token_ids`` field and/or ``token_ids_packed``
+    (little-endian uint32), checked with array operations (no Python step per token):
+    packed bytes a multiple of 4, at least one token, at most ``max_prompt_tokens``, no
+    negative id, and when both fields are set, the same ids in both."""
+    if len(packed) % 4:
+        raise RequestError(INVALID, f"{what}_packed is {len(packed)} bytes, not a multiple of "
+                           "4 (one little-endian uint32 per token)")
+    n = len(packed) // 4 or len(ids)
     if n == 0:
         raise RequestError(INVALID, f"{what} is empty")
     if n > cfg.max_prompt_tokens:
         raise RequestError(TOO_BIG, f"prompt of {n} tokens exceeds the limit of "
                            f"{cfg.max_prompt_tokens} (--max-prompt-tokens)")
-    tokens = list(token_ids)
-    if min(tokens) < 0:
-        i = next(i for i, t in enumerate(tokens) if t < 0)
-        raise RequestError(INVALID, f"{what}[{i}] = {tokens[i]} is negative")
+    tokens = np.frombuffer(packed, dtype="<u4") if packed else None
+    if len(ids):
+        old = np.array(ids, dtype=np.int64)
+        if old.min() < 0:
+            i = int(np.argmax(old < 0))
+            raise RequestError(INVALID, f"{what}[{i}] = {old[i]} is negative")
+        if tokens is not None:
+            if len(old) != n or not np.array_equal(old, tokens):
+                raise RequestError(INVALID, f"{what} and {what}_packed are both set and "
+                                   "differ: send one of them")
+        else:
+            tokens = old.astype(np.uint32 if old.max() <= _U32_MAX else np.uint64)
+            tokens.flags.writeable = False
+    assert tokens is not None
+    return tokens
+
+
+def _prompt(ids: Sequence[int], packed: bytes, salt: str, lora_msg: pb.Lora,
+            items: list[pb.MultimodalItem], cfg: ServiceConfig, what: str = "token_ids",
+            ) -> tuple[np.ndarray, str | None, tuple[str, str] | None, tuple]:
+    """The checks every prompt takes (Route's and a pinned prefix's): tokens, salt, LoRA,
+    multimodal items."""
+    tokens = token_ids(ids, packed, cfg, what)
+    n = len(tokens)
     if len(salt.encode()) > cfg.max_salt_bytes:
         raise RequestError(INVALID, f"salt is {len(salt.encode())} bytes; the limit is "
                            f"{cfg.max_salt_bytes}")
@@ -237,7 +267,8 @@ def _prompt(token_ids: list[int], salt: str, lora_msg: pb.Lora, items: list[pb.M
 
 
 def route(req: pb.RouteRequest, cfg: ServiceConfig) -> RouteInput:
-    tokens, salt, lora, mm = _prompt(req.token_ids, req.salt, req.lora, list(req.mm), cfg)
+    tokens, salt, lora, mm = _prompt(req.token_ids, req.token_ids_packed, req.salt, req.lora,
+                                     list(req.mm), cfg)
     policy = req.policy or cfg.policy
     if policy not in POLICIES:
         raise RequestError(INVALID, f"unknown policy {req.policy[:64]!r}; valid: "
@@ -280,8 +311,8 @@ def prefix(ref: pb.PrefixRef, cfg: ServiceConfig) -> PrefixInput:
                 raise RequestError(INVALID, f"prefix.block_hashes[{i}] is {len(h)} bytes; "
                                    "hashes are 16 or 32 bytes, all of one size")
         return PrefixInput(None, tuple(ref.block_hashes), ref.model)
-    tokens, salt, lora, mm = _prompt(ref.token_ids, ref.salt, ref.lora, list(ref.mm), cfg,
-                                     "prefix.token_ids")
+    tokens, salt, lora, mm = _prompt(ref.token_ids, b"", ref.salt, ref.lora, list(ref.mm),
+                                     cfg, "prefix.token_ids")
     inp = RouteInput(tokens, salt, lora, mm, ref.model, "kvmesh", 0, dry_run=True)
     return PrefixInput(inp, (), ref.model)
 

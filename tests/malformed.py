@@ -8,6 +8,7 @@ workers), giant requests sized around the server's configured limits, and raw ra
 """
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -144,11 +145,21 @@ def _register() -> st.SearchStrategy[pb.RegisterWorkerRequest]:
         st.booleans(), st.binary(max_size=40), loads())
 
 
+def packed_tokens(limit: int) -> st.SearchStrategy[bytes]:
+    """``token_ids_packed``: none, valid uint32 ids (any, and around the prompt limit), and
+    byte strings of any length (not a multiple of 4 three times in four)."""
+    ids = st.lists(st.integers(0, 2**32 - 1), max_size=40)
+    return st.one_of(st.just(b""), st.just(b""), ids.map(lambda t: struct.pack(
+        f"<{len(t)}I", *t)), st.binary(max_size=40),
+        _around(limit).map(lambda n: b"\x07\x00\x00\x00" * n))
+
+
 def _route(lim: Limits) -> st.SearchStrategy[pb.RouteRequest]:
     mm = st.builds(pb.MultimodalItem, identifier=texts(1100), offset=I64, length=I64)
     lora = st.builds(pb.Lora, name=st.text(max_size=8), path=st.text(max_size=8))
     return st.builds(
-        pb.RouteRequest, token_ids=tokens(lim.max_prompt_tokens),
+        pb.RouteRequest, token_ids=st.one_of(st.just([]), tokens(lim.max_prompt_tokens)),
+        token_ids_packed=packed_tokens(lim.max_prompt_tokens),
         salt=texts(lim.max_salt_bytes), lora=st.one_of(st.none(), lora),
         mm=st.lists(mm, max_size=3), model=st.one_of(st.just(""), st.just("tiny"), texts(64)),
         policy=st.one_of(st.just(""), st.sampled_from(["kvmesh", "round_robin", "fastest"]),
@@ -195,7 +206,9 @@ def index_requests(lim: Limits) -> dict[str, st.SearchStrategy[bytes]]:
         "SyncWorker": _as_bytes(st.builds(pb.SyncWorkerRequest, worker_id=worker_ids(),
                                           seq=U64, blocks=snap_blocks)),
         "Route": st.one_of(_as_bytes(_route(lim)),
-                           _oversized(lim, lambda t: pb.RouteRequest(token_ids=t))),
+                           _oversized(lim, lambda t: pb.RouteRequest(token_ids=t)),
+                           _oversized(lim, lambda t: pb.RouteRequest(
+                               token_ids_packed=struct.pack(f"<{len(t)}I", *t)))),
         "Stats": st.one_of(st.just(b""), RAW),
         "PinPrefix": st.one_of(
             _as_bytes(st.builds(pb.PinPrefixRequest, prefix=st.one_of(st.none(), _prefix(lim)),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -21,7 +22,10 @@ def _median_us(fn: Callable[[], object], repeats: int) -> float:
 
 def breakdown(prompts: dict[int, list[int]], chains: dict[int, list[bytes]], redis_url: str,
                worker_ids: list[str], repeats: int) -> dict[int, dict[str, float]]:
-    """Median microseconds of each step of a route, timed alone in this process."""
+    """Median microseconds of each step of a route, timed alone in this process: the
+    client's request, the service's parse + validate, hashing (cold and through the memo),
+    ranking + building the answer (``rank_us``, every worker holding the whole chain), the
+    lookup, the client's parse of the response."""
     from client.convert import route_request, route_result
     from kvmesh.hashing import block_hashes
     from kvmesh.v1 import index_pb2 as pb
@@ -29,8 +33,10 @@ def breakdown(prompts: dict[int, list[int]], chains: dict[int, list[bytes]], red
     from service.clock import wall_ms as now_ms
     from service.config import ServiceConfig
     from service.hash_memo import BlockHashMemo
-    from service.index.base import namespace
+    from service.index.base import BlockMatch, WorkerLoad, namespace
     from service.index.redis import RedisBackend
+    from service.policy import WorkerView, make_policies
+    from service.route import cap_match, response, usable_blocks
 
     cfg = ServiceConfig()
     ns = namespace("tiny", BLOCK_SIZE, ALGO)
@@ -64,13 +70,25 @@ def breakdown(prompts: dict[int, list[int]], chains: dict[int, list[bytes]], red
             await backend.close()
 
     lookup_us = asyncio.run(all_lookups())
+    policy = make_policies(cfg.weights)[cfg.policy]
+    rng = random.Random(0)
     out: dict[int, dict[str, float]] = {}
     for n, toks in prompts.items():
         data = route_request(toks).SerializeToString()
         inp = validate.route(pb.RouteRequest.FromString(data), cfg)
         memo = BlockHashMemo()
         memo.block_hashes(inp.tokens, BLOCK_SIZE, algo=ALGO, seed=cfg.hash_seed)
+        held = len(chains[n])
+        views = [WorkerView(w, "127.0.0.1:1", WorkerLoad(free_blocks=900_000,
+                                                        total_blocks=1_000_000),
+                            cap_match(BlockMatch(held, held), usable_blocks(n, BLOCK_SIZE)),
+                            BLOCK_SIZE, ns) for w in worker_ids]
+
+        def rank(i: validate.RouteInput = inp, v: list[WorkerView] = views) -> None:
+            response(i, policy.rank(len(i.tokens), v, rng), cfg.policy, False)
+
         out[n] = {
+            "rank_us": _median_us(rank, repeats),
             "client_build_us": _median_us(
                 lambda t=toks: route_request(t, dry_run=True).SerializeToString(), repeats),
             "parse_validate_us": _median_us(

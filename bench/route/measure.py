@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import statistics
 import threading
@@ -40,8 +41,29 @@ def _latencies(clients: dict[str, Any], prompts: dict[int, list[int]], routes: i
     return out
 
 
-def _throughput(client: Any, toks: list[int], threads: int, duration_s: float) -> float:
-    """Dry-run routes per second with ``threads`` threads sharing ``client``."""
+def cpu_seconds(pid: int | None) -> float:
+    """CPU time (user + system, every thread) process ``pid`` has used so far, from
+    ``/proc/PID/stat``; NaN where that cannot be read (not Linux, gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def redis_cpu_seconds(info: Any) -> float:
+    """CPU time the Redis server has used so far (``INFO cpu``: microsecond resolution,
+    where ``/proc`` counts 10 ms ticks); ``info`` is a redis-py client."""
+    cpu = info.info("cpu")
+    return float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+
+
+def _throughput(client: Any, toks: list[int], threads: int, duration_s: float,
+                pids: dict[str, int | None], redis_info: Any) -> dict[str, float]:
+    """Dry-run routes (``routes``) in ``wall_s`` seconds with ``threads`` threads sharing
+    ``client``, and the CPU seconds each process of ``pids`` (``client``: this process;
+    ``redis``: the server behind ``redis_info``) spent meanwhile."""
     counts = [0] * threads
     stop = time.perf_counter() + duration_s
 
@@ -50,13 +72,29 @@ def _throughput(client: Any, toks: list[int], threads: int, duration_s: float) -
             client.route(toks, dry_run=True)
             counts[k] += 1
 
+    cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    redis0 = redis_cpu_seconds(redis_info)
+    own0 = time.process_time()
     t0 = time.perf_counter()
     pool = [threading.Thread(target=loop, args=(k,)) for k in range(threads)]
     for t in pool:
         t.start()
     for t in pool:
         t.join()
-    return sum(counts) / (time.perf_counter() - t0)
+    out = {"routes": float(sum(counts)), "wall_s": time.perf_counter() - t0,
+           "client": time.process_time() - own0}
+    out.update({name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()})
+    out["redis"] = redis_cpu_seconds(redis_info) - redis0
+    return out
+
+
+def _rates(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Routes/s and CPU ms per route (``cpu_ms_<process>``) over the runs of
+    :func:`_throughput` of one replica and size."""
+    total = {k: sum(r[k] for r in runs) for k in runs[0]}
+    n = max(total.pop("routes"), 1.0)
+    wall = total.pop("wall_s")
+    return {"routes_per_s": n / wall, **{f"cpu_ms_{k}": v / n * 1e3 for k, v in total.items()}}
 
 
 def _handler_seconds(metrics_port: int) -> tuple[float, float]:
@@ -73,25 +111,40 @@ def _stats(lat: list[float], base: list[float]) -> dict[str, float]:
 
 
 def run(workers: int = 8, routes: int = 400, rounds: int = 4, threads: int = 4,
-        duration_s: float = 2.0, sizes: tuple[int, ...] = SIZES, seed: int = 0) -> dict:
+        duration_s: float = 2.0, sizes: tuple[int, ...] = SIZES, seed: int = 0,
+        baseline: str | None = None) -> dict:
     """Start Valkey, two service replicas over it (the service as shipped, and the same with
     its block-hash memo off), the protocol fleet; measure both side by side; stop all.
+    ``baseline``: the root of another source tree (an earlier commit's checkout); a third
+    replica runs that tree's service, and its client sends prompts in the old repeated
+    ``token_ids`` field (what clients of that tree sent): before and after in one run.
 
     Returns the setup and ``sizes``: per size ``tokens``, ``blocks``, then for the shipped
     service ``p50_ms``, ``p99_ms``, ``ratio_p50`` (over the smallest size), ``p50_ms_live`` /
-    ``p99_ms_live`` (without dry_run), ``routes_per_s``, ``handler_ms``; the same keys
-    suffixed ``_nomemo`` for the memo-less replica; and the breakdown ``*_us``.
+    ``p99_ms_live`` (without dry_run), ``routes_per_s``, ``handler_ms``, ``cpu_ms_service``
+    (the service process's CPU per route over the routes/s run: gRPC, handler, Redis
+    client, all of it), ``cpu_ms_redis`` (``INFO cpu``) and ``cpu_ms_client`` (this
+    process) over the same run; the same keys suffixed ``_nomemo`` for the memo-less
+    replica (and ``_base`` for the baseline's); and the breakdown ``*_us``.
     """
+    import redis as redis_py
+
     from client import KvmeshClient
     from deploy.process import ServerProcess
     from deploy.redis_server import start_redis
 
-    variants = {"": "1", "_nomemo": "0"}  # result-key suffix -> MEMO argument of serve
+    # result-key suffix -> (MEMO argument of serve, extra environment, packed prompts)
+    variants: dict[str, tuple[str, dict[str, str], bool]] = {"": ("1", {}, True),
+                                                             "_nomemo": ("0", {}, True)}
+    if baseline:
+        # PYTHONSAFEPATH: `python -m` would put the working directory (this tree) first
+        variants["_base"] = ("1", {"PYTHONPATH": os.path.abspath(baseline),
+                                   "PYTHONSAFEPATH": "1"}, False)
     ports = {v: free_port() for v in variants}
     redis = start_redis()
     services = {v: ServerProcess(f"service{v}", "bench.route.serve", [str(ports[v]), memo],
-                                 env={"KVMESH_REDIS_URL": redis.url})
-                for v, memo in variants.items()}
+                                 env={"KVMESH_REDIS_URL": redis.url, **env})
+                for v, (memo, env, _) in variants.items()}
     fleet: ProtocolFleet | None = None
     clients: dict[str, Any] = {}
     try:
@@ -100,7 +153,8 @@ def run(workers: int = 8, routes: int = 400, rounds: int = 4, threads: int = 4,
         fleet = ProtocolFleet(str(services[""].address), workers).start()
         prompts = make_prompts(sizes, seed)
         chains = index_prompts(fleet, prompts)
-        clients = {v: KvmeshClient(str(svc.address)) for v, svc in services.items()}
+        clients = {v: KvmeshClient(str(svc.address), packed_tokens=variants[v][2])
+                   for v, svc in services.items()}
         deadline = time.monotonic() + 10
         for client in clients.values():  # the other replica sees the fleet through Redis
             while sum(w["alive"] for w in client.stats()["workers"]) < workers:
@@ -122,8 +176,20 @@ def run(workers: int = 8, routes: int = 400, rounds: int = 4, threads: int = 4,
             for n, lat in per_size.items():
                 dry[v][n] += lat
         live = _latencies({"": clients[""]}, prompts, routes // 2, rounds, False)[""]
-        rps = {v: {n: _throughput(c, prompts[n], threads, duration_s) for n in sizes}
-               for v, c in clients.items()}
+        runs: dict[str, dict[int, list[dict[str, float]]]] = {
+            v: {n: [] for n in sizes} for v in variants}
+        # slices of about half a second, replicas in turn (the order alternating), so that
+        # a busy moment of the machine hits every replica alike
+        slices = max(2, round(duration_s / 0.5))
+        redis_info = redis_py.Redis.from_url(redis.url)
+        for k in range(slices):
+            for n in sizes:
+                for v in list(clients) if k % 2 == 0 else list(clients)[::-1]:
+                    runs[v][n].append(_throughput(
+                        clients[v], prompts[n], threads, duration_s / slices,
+                        {"service": services[v].pid}, redis_info))
+        redis_info.close()
+        rps = {v: {n: _rates(runs[v][n]) for n in sizes} for v in variants}
         parts = breakdown(prompts, chains, redis.url, fleet.ids, repeats=50)
     finally:
         for client in clients.values():
@@ -138,11 +204,12 @@ def run(workers: int = 8, routes: int = 400, rounds: int = 4, threads: int = 4,
         row: dict[str, Any] = {"tokens": n, "blocks": n // BLOCK_SIZE}
         for v in variants:
             row.update({k + v: x for k, x in _stats(dry[v][n], dry[v][sizes[0]]).items()})
-            row["routes_per_s" + v] = rps[v][n]
+            row.update({k + v: x for k, x in rps[v][n].items()})
             row["handler_ms" + v] = handler[v][n]
         row["p50_ms_live"] = statistics.median(live[n]) * 1e3
         row["p99_ms_live"] = _pct(live[n], 0.99) * 1e3
         rows.append({**row, **parts[n]})
     return {"workers": workers, "threads": threads,
             "routes_per_size": len(dry[""][sizes[0]]), "block_size": BLOCK_SIZE,
-            "algo": ALGO, "sizes": rows, "goal_ratio_8k": 2.5}
+            "algo": ALGO, "sizes": rows, "goal_ratio_8k": 1.5, "goal_own_cpu_ms": 0.5,
+            "goal_rps_gain": 3.0, "baseline": baseline}

@@ -185,7 +185,7 @@ class SyncWorkerResponse(_message.Message):
     def __init__(self, indexed_blocks: _Optional[int] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
-    __slots__ = ("token_ids", "salt", "lora", "mm", "model", "policy", "max_candidates", "dry_run")
+    __slots__ = ("token_ids", "salt", "lora", "mm", "model", "policy", "max_candidates", "dry_run", "token_ids_packed")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SALT_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +194,7 @@ class RouteRequest(_message.Message):
     POLICY_FIELD_NUMBER: _ClassVar[int]
     MAX_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_PACKED_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     salt: str
     lora: Lora
@@ -202,7 +203,8 @@ class RouteRequest(_message.Message):
     policy: str
     max_candidates: int
     dry_run: bool
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., salt: _Optional[str] = ..., lora: _Optional[_Union[Lora, _Mapping]] = ..., mm: _Optional[_Iterable[_Union[MultimodalItem, _Mapping]]] = ..., model: _Optional[str] = ..., policy: _Optional[str] = ..., max_candidates: _Optional[int] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+    token_ids_packed: bytes
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., salt: _Optional[str] = ..., lora: _Optional[_Union[Lora, _Mapping]] = ..., mm: _Optional[_Iterable[_Union[MultimodalItem, _Mapping]]] = ..., model: _Optional[str] = ..., policy: _Optional[str] = ..., max_candidates: _Optional[int] = ..., dry_run: _Optional[bool] = ..., token_ids_packed: _Optional[bytes] = ...) -> None: ...
 
 class Candidate(_message.Message):
     __slots__ = ("worker_id", "address", "matched_tokens", "tier", "cost", "load", "matched_tokens_by_tier")

@@ -10,6 +10,7 @@ from concurrent import futures
 
 import grpc
 
+from client.convert import route_tokens
 from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.ports import closed_port_address  # noqa: F401  (the client tests import it here)
 
@@ -60,6 +61,8 @@ class FakeIndex(index_pb2_grpc.IndexServiceServicer):
 
     def Route(self, request, context):
         self._enter(context)
+        if request.token_ids_packed:  # read the prompt as the service does: either field
+            request.token_ids.extend(route_tokens(request))
         self.routes.append(request)
         return index_pb2.RouteResponse(candidates=self.candidates, degraded=self.degraded,
                                        prompt_tokens=len(request.token_ids), policy="kvmesh")

@@ -3,6 +3,7 @@ import hashlib
 import pickle
 
 import cbor2
+import numpy as np
 import pytest
 import xxhash
 from hypothesis import given, settings
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from kvmesh.hashing import (
     ALGOS,
     block_hashes,
+    cbor_uint_stream,
     chain_hashes,
     extend_block_hashes,
     extra_keys,
@@ -198,3 +200,38 @@ def test_chain_hashes_equals_hash_block_loop(parent, tokens, block_size, algo, k
                           extras[i] if extras else None, algo)
         want.append(prev)
     assert chain_hashes(parent, tokens, block_size, extras, algo) == want
+
+
+# Every class boundary of CBOR's unsigned ints: in the head, 1, 2, 4 and 8 argument bytes.
+UINT_EDGES = [0, 23, 24, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1]
+uint_lists = st.lists(st.one_of(st.sampled_from(UINT_EDGES), st.integers(0, 2**64 - 1),
+                                st.integers(0, 300)), max_size=80)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ids=uint_lists)
+def test_bulk_cbor_stream_is_cbor2_canonical(ids):
+    narrow = all(i < 2**32 for i in ids)
+    for dtype in (np.uint64, np.uint32) if narrow else (np.uint64,):
+        stream, starts = cbor_uint_stream(np.array(ids, dtype=dtype))
+        assert len(starts) == len(ids) + 1 and starts[0] == 0 and starts[-1] == len(stream)
+        assert [stream[starts[i]:starts[i + 1]] for i in range(len(ids))] == [
+            cbor2.dumps(i, canonical=True) for i in ids]
+
+
+@settings(max_examples=100, deadline=None)
+@given(ids=uint_lists, block_size=st.integers(1, 9), algo=st.sampled_from(ALGOS), kw=extras,
+       cut=st.integers(0, 80))
+def test_numpy_arrays_hash_like_lists(ids, block_size, algo, kw, cut):
+    """Arrays of unsigned ids take the bulk encoder (CBOR), others their ints; any array
+    hashes exactly as the list of its ids, one shot or incrementally."""
+    want = vllm_style_chain(ids, block_size, algo, **kw)
+    arr = np.array(ids, dtype=np.uint32 if all(i < 2**32 for i in ids) else np.uint64)
+    assert block_hashes(arr, block_size, algo=algo, **kw) == want
+    chain: list[bytes] = []
+    extend_block_hashes(chain, arr[:cut], block_size, algo=algo, **kw)
+    extend_block_hashes(chain, arr, block_size, algo=algo, **kw)
+    assert chain == want
+    signed = [i - 2**31 for i in ids if i < 2**32]
+    assert block_hashes(np.array(signed, dtype=np.int64), block_size, algo=algo,
+                        **kw) == vllm_style_chain(signed, block_size, algo, **kw)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import random
 import struct
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -111,3 +112,74 @@ def test_any_sequence_of_calls_matches_the_reference(calls: list, capacity: int)
         toks = stems[stem] + _prompt(rng, tail, vocab=8)
         assert memo.block_hashes(toks, 4, algo=algo, salt=salt) == block_hashes(
             toks, 4, algo=algo, salt=salt)
+
+
+def test_a_known_prompt_is_a_few_segment_lookups() -> None:
+    """512 blocks known whole: 16 lookups of 32-block segments, none per block."""
+    memo = BlockHashMemo()
+    toks = np.array(_prompt(random.Random(2), 512 * 16, vocab=128_256), dtype=np.uint32)
+    want = block_hashes(toks.tolist(), 16)
+    assert memo.block_hashes(toks, 16) == want
+    calls: list[int] = []
+    for level in (memo._segments, memo._blocks):
+        get = level.get
+        level.get = lambda key, blocks=1, get=get: calls.append(blocks) or get(key, blocks)
+    assert memo.block_hashes(toks, 16) == want
+    assert calls == [32] * 16
+    assert (memo.hits, memo.misses) == (512, 512)
+
+
+def test_a_longer_turn_reuses_whole_segments_then_blocks() -> None:
+    """A conversation's next turn: the earlier turn's whole segments, then the blocks of
+    the segment where it grew, then new hashing."""
+    memo = BlockHashMemo(segment_blocks=4)
+    rng = random.Random(3)
+    turn1 = _prompt(rng, 10 * 16, vocab=1000)       # segments [0,4) [4,8) [8,10)
+    turn2 = turn1 + _prompt(rng, 5 * 16, vocab=1000)  # 15 blocks
+    assert memo.block_hashes(turn1, 16) == block_hashes(turn1, 16)
+    assert memo.block_hashes(turn2, 16) == block_hashes(turn2, 16)
+    assert (memo.hits, memo.misses) == (10, 15)
+    assert memo.block_hashes(turn2, 16) == block_hashes(turn2, 16)
+    assert (memo.hits, memo.misses) == (25, 15)
+
+
+def test_arrays_of_any_integer_type_match_the_reference() -> None:
+    rng = random.Random(4)
+    ids = _prompt(rng, 100, vocab=2**32)
+    memo = BlockHashMemo(segment_blocks=2)
+    for dtype in (np.uint32, np.int64, np.uint64):
+        assert memo.block_hashes(np.array(ids, dtype=dtype), 8) == block_hashes(ids, 8)
+    assert memo.hits == 2 * 12
+    wide = [2**40] + ids[1:]
+    assert memo.block_hashes(np.array(wide, dtype=np.uint64), 8) == block_hashes(wide, 8)
+    assert memo.block_hashes(np.array([-1] + ids[1:]), 8) == block_hashes([-1] + ids[1:], 8)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 60), st.sampled_from(
+    [None, "s1"]), st.sampled_from(ALGOS), st.booleans()), min_size=1, max_size=12),
+    st.integers(1, 12), st.integers(1, 5))
+def test_any_sequence_of_calls_with_segments_matches_the_reference(
+        calls: list, capacity: int, segment: int) -> None:
+    """Small segments and capacities: segment hits, partial ones and both levels rotating;
+    prompts as lists or arrays."""
+    rng = random.Random(len(calls) + 7 * segment)
+    stems = [_prompt(rng, 32, vocab=8) for _ in range(4)]
+    memo = BlockHashMemo(capacity=capacity, segment_blocks=segment)
+    for stem, tail, salt, algo, as_array in calls:
+        toks = stems[stem] + _prompt(rng, tail, vocab=8)
+        arg = np.array(toks, dtype=np.uint32) if as_array else toks
+        assert memo.block_hashes(arg, 4, algo=algo, salt=salt) == block_hashes(
+            toks, 4, algo=algo, salt=salt)
+        assert len(memo) <= 2 * capacity
+
+
+def test_equal_segments_after_different_prefixes_never_share_hashes() -> None:
+    """A segment's hashes depend on everything before it: the same tokens at the same place
+    after another prefix (or at another place) are other hashes."""
+    rng = random.Random(5)
+    a, b, c = (_prompt(rng, 2 * 16, vocab=1000) for _ in range(3))
+    memo = BlockHashMemo(segment_blocks=2)
+    for toks in (a + c, b + c, c + c, a + c + c, b + c + c):
+        assert memo.block_hashes(toks, 16) == block_hashes(toks, 16)
+        assert memo.block_hashes(np.array(toks), 16) == block_hashes(toks, 16)
