@@ -135,6 +135,8 @@ def test_setup_sizes_the_lower_tiers_from_the_device_pool() -> None:
     assert (cfg.capacity_blocks, cfg.cpu_blocks, cfg.disk_blocks) == (160, 640, 2560)
     assert (cfg.eviction, cfg.auto_pin, cfg.cost.offload_overlap) == ("layered", False, False)
     assert tiers.Setup.parse("gpu+cpu/overlap/pin").config(BASE, 4, 16).cost.offload_overlap
+    bound = tiers.Setup.parse("bound").config(BASE, 4.0, 16.0)  # the CPU tier's memory on device
+    assert (bound.capacity_blocks, bound.cpu_blocks, bound.disk_blocks) == (800, 0, 0)
 
 
 def test_cli_json_and_table_with_goals(small_trace: Path, tmp_path: Path,
@@ -151,10 +153,11 @@ def test_cli_json_and_table_with_goals(small_trace: Path, tmp_path: Path,
     assert {"token_hit_rate", "mean_ttft_s", "p90_ttft_s", "prefill_tokens", "onboard_bytes",
             "hit_share_by_tier", "mean_ttft_cut"} <= set(lines[1])
     png = tmp_path / "t.png"
-    res = runner.invoke(app, [*args, "--setups", "gpu,gpu+cpu", "--plot", str(png)],
+    res = runner.invoke(app, [*args, "--setups", "gpu,gpu+cpu,bound", "--plot", str(png)],
                         env={"COLUMNS": "220"})
     assert res.exit_code == 0, res.output
     assert "onboard a cpu block < 1/5 of recomputing it" in res.stdout
     assert "gpu+cpu hit rate >= 1.5x gpu" in res.stdout and png.stat().st_size > 10_000
+    assert "the bound, the CPU tier's memory at device speed" in res.stdout
     bad = runner.invoke(app, [*args, "--setups", "gpu+tpu"])
     assert bad.exit_code == 2 and "bad setup" in bad.output
