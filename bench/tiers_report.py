@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench.tiers import BASELINE, SetupResult
+from bench.tiers import BASELINE, BOUND, SetupResult
 
 TIER_COLORS = {"gpu": "tab:green", "cpu": "tab:blue", "disk": "tab:orange"}
 
@@ -74,7 +74,8 @@ def plot(results: Sequence[SetupResult], path: str | Path, title: str) -> Path:
     for tier, color in TIER_COLORS.items():
         vals = np.array([r.result.hit_by_tier.get(tier, 0) / max(r.result.prompt_tokens, 1)
                          * 100 for r in results])
-        a.bar(x, vals, bottom=bottom, color=color, label=f"from {tier}")
+        a.bar(x, vals, bottom=bottom, color=color, label=f"from {tier}",
+              hatch=["//" if n == BOUND else "" for n in names])
         bottom += vals
     a.bar_label(a.containers[-1], [f"{v:.1f}" for v in bottom], fontsize=8)
     a.set_title("token hit rate (%), by the tier each hit came from")
@@ -108,7 +109,8 @@ def plot(results: Sequence[SetupResult], path: str | Path, title: str) -> Path:
         if r.result.ttfts:
             t = np.sort(np.asarray(r.result.ttfts))
             a.plot(t, np.arange(1, len(t) + 1) / len(t), label=r.setup.name,
-                   linewidth=2 if r.setup.name in (BASELINE, "gpu+cpu") else 1)
+                   linewidth=2 if r.setup.name in (BASELINE, "gpu+cpu") else 1,
+                   linestyle=":" if r.setup.name == BOUND else "-")
     a.set_xscale("log")
     a.set_xlabel("TTFT (s)")
     a.set_title("TTFT CDF")

@@ -76,6 +76,10 @@ class CostModel:
 
     Onboard per block: CPU 2 MiB / 25 GB/s = 84 us, disk + 350 us = 434 us, against 800 us to
     recompute its 16 tokens (ratios 0.10 and 0.54).
+
+    ``offload_overlap``: False (kvmesh's data plane) stalls the step on its offloads and
+    spills, as the forward reuses the evicted blocks; True runs them on the copy engine
+    behind the step (what a per-layer pipelined or write-behind data plane would get).
     """
 
     prefill_s_per_token: float = 5e-5
@@ -86,6 +90,7 @@ class CostModel:
     pcie_bytes_per_s: float = 25e9
     disk_bytes_per_s: float = 6e9
     host_copy_bytes_per_s: float = 10e9
+    offload_overlap: bool = False
 
     def prefill_s(self, tokens: int) -> float:
         return self.prefill_s_per_token * tokens
@@ -241,8 +246,11 @@ class SimWorker:
             raise AssertionError("decode slots were checked against the free blocks")
         req.hit_tokens, req.prefill_tokens = n, prompt - n
         if self._lower:
-            req.copy_s = self.totals.copies.charge(kv.take_transfers(), self.cost,
-                                                   kv.block_size)
+            copy = self.totals.copies.charge(kv.take_transfers(), self.cost, kv.block_size)
+            if self.cost.offload_overlap:
+                self._copy_free = max(self._copy_free, self.clock) + copy
+            else:
+                req.copy_s = copy
             req.hit_by_tier = kv.cached_tokens_by_tier(req.kv)
         else:
             req.hit_by_tier = {"gpu": n}

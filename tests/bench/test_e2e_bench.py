@@ -51,3 +51,36 @@ def test_one_policy_on_a_real_cluster() -> None:
     assert 0 < row["token_hit_rate"] < 1  # each tenant's first request misses, later ones hit
     assert sum(row["per_worker"].values()) == 6
     assert res["ratios"] == {} and res["offered_tokens_per_s"] > 0
+
+
+def test_cpu_tier_rows_and_ratios() -> None:
+    def o(cached: int, ttft: float) -> e2e.Outcome:
+        return e2e.Outcome(100, cached, 4, ttft, ttft, 1.0, "a")
+
+    off = e2e.summarize("kvmesh", [o(20, 0.4), o(20, 0.2)], 1.0, {"gpu": 40})
+    on = e2e.summarize("kvmesh+cpu", [o(80, 0.1), o(80, 0.2)], 1.0,
+                       {"gpu": 100, "cpu": 60, "disk": 0})
+    assert on["hit_rate_by_tier"] == {"cpu": 0.3, "disk": 0.0, "gpu": 0.5}
+    assert off["hit_rate_by_tier"] == {"gpu": 0.2}
+    ratios = e2e._ratios([off, on], cpu=True)
+    assert ratios["mean_ttft_lower"] == pytest.approx(0.3 / 0.15)
+    assert ratios["p90_ttft_lower"] == pytest.approx(0.4 / 0.2)
+    assert ratios["token_hit_rate"] == pytest.approx(4.0)
+    assert e2e._ratios([off, on]) == {}  # no round robin row: nothing to compare
+
+
+@pytest.mark.integration
+def test_cpu_tier_run_on_a_real_cluster() -> None:
+    """Two tenants whose prompts do not both fit a worker's 8 blocks: with the CPU tier the
+    evicted one comes back from host memory (hits from the CPU tier), without it is
+    recomputed."""
+    spec = e2e.E2ESpec(workers=1, num_blocks=8, cpu_blocks=32,
+                       workload=WorkloadSpec(tenants=2, system_tokens=96, question_tokens=16,
+                                             max_tokens=2, rate_per_s=4.0, requests=8, seed=1))
+    res = e2e.run(spec, policies=("kvmesh",))
+    off, on = res["rows"]
+    assert (off["policy"], on["policy"]) == ("kvmesh", "kvmesh+cpu")
+    assert off["errors"] == on["errors"] == 0
+    assert "cpu" not in off["hit_rate_by_tier"] and on["hit_rate_by_tier"]["cpu"] > 0
+    assert on["token_hit_rate"] > off["token_hit_rate"]
+    assert set(res["ratios"]) >= {"mean_ttft_lower", "p90_ttft_lower", "token_hit_rate"}

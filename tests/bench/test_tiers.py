@@ -75,11 +75,14 @@ def test_lower_tiers_raise_the_hit_rate_at_equal_device_memory(results) -> None:
     assert by["gpu+cpu"].result.copies.spill_blocks == 0
 
 
-def test_an_onboard_delays_the_prefill_by_its_copy_time() -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_an_onboard_delays_the_prefill_by_its_copy_time(overlap: bool) -> None:
     """A pool of 33 blocks (one 512-token prompt + its output block): b evicts all of a's
     blocks to the CPU tier; c (a's prompt again) has them copied back, waiting for the copy,
-    then prefills only its last block."""
-    cost = CostModel(prefill_s_per_token=1e-3, decode_step_s=0.01, decode_s_per_ctx_token=0)
+    then prefills only its last block. Its admission's offloads stall its prefill, unless
+    they overlap (run on the copy engine)."""
+    cost = CostModel(prefill_s_per_token=1e-3, decode_step_s=0.01, decode_s_per_ctx_token=0,
+                     offload_overlap=overlap)
     w = SimWorker(0, KVCacheManager(33, 16, cpu_blocks=64), cost)
     synth = TokenSynth(16)
 
@@ -103,7 +106,7 @@ def test_an_onboard_delays_the_prefill_by_its_copy_time() -> None:
     # the onboard's 31 device blocks: b's unhashed output block (free queue head) and 30 of
     # b's cached blocks, offloaded first; c's admission evicts (offloads) 2 more
     assert copies.offload_blocks == 32 + 30 + 2
-    assert c.copy_s == pytest.approx(2 * cost.offload_s(16))
+    assert c.copy_s == pytest.approx(0.0 if overlap else 2 * cost.offload_s(16))
     onboard = 30 * cost.offload_s(16) + 31 * cost.onboard_s("cpu", 16)
     assert c.ttft_s == pytest.approx(onboard + 16e-3 + c.copy_s)
     assert copies.onboard_wait_s == pytest.approx(onboard)
@@ -121,7 +124,7 @@ def test_costs_per_block_follow_the_bandwidths() -> None:
         c.onboard_s("gpu", 16)
 
 
-@pytest.mark.parametrize("bad", ["tpu", "gpu/fast", "gpu/pin/pin", "cpu"])
+@pytest.mark.parametrize("bad", ["tpu", "gpu/fast", "gpu/pin/pin", "cpu", "gpu+cpu/"])
 def test_setup_names_are_checked(bad: str) -> None:
     with pytest.raises(ValueError):
         tiers.Setup.parse(bad)
@@ -130,7 +133,10 @@ def test_setup_names_are_checked(bad: str) -> None:
 def test_setup_sizes_the_lower_tiers_from_the_device_pool() -> None:
     cfg = tiers.Setup.parse("gpu+cpu+disk/layered").config(BASE, 4.0, 16.0)
     assert (cfg.capacity_blocks, cfg.cpu_blocks, cfg.disk_blocks) == (160, 640, 2560)
-    assert (cfg.eviction, cfg.auto_pin) == ("layered", False)
+    assert (cfg.eviction, cfg.auto_pin, cfg.cost.offload_overlap) == ("layered", False, False)
+    assert tiers.Setup.parse("gpu+cpu/overlap/pin").config(BASE, 4, 16).cost.offload_overlap
+    bound = tiers.Setup.parse("bound").config(BASE, 4.0, 16.0)  # the CPU tier's memory on device
+    assert (bound.capacity_blocks, bound.cpu_blocks, bound.disk_blocks) == (800, 0, 0)
 
 
 def test_cli_json_and_table_with_goals(small_trace: Path, tmp_path: Path,
@@ -147,10 +153,11 @@ def test_cli_json_and_table_with_goals(small_trace: Path, tmp_path: Path,
     assert {"token_hit_rate", "mean_ttft_s", "p90_ttft_s", "prefill_tokens", "onboard_bytes",
             "hit_share_by_tier", "mean_ttft_cut"} <= set(lines[1])
     png = tmp_path / "t.png"
-    res = runner.invoke(app, [*args, "--setups", "gpu,gpu+cpu", "--plot", str(png)],
+    res = runner.invoke(app, [*args, "--setups", "gpu,gpu+cpu,bound", "--plot", str(png)],
                         env={"COLUMNS": "220"})
     assert res.exit_code == 0, res.output
     assert "onboard a cpu block < 1/5 of recomputing it" in res.stdout
     assert "gpu+cpu hit rate >= 1.5x gpu" in res.stdout and png.stat().st_size > 10_000
+    assert "the bound, the CPU tier's memory at device speed" in res.stdout
     bad = runner.invoke(app, [*args, "--setups", "gpu+tpu"])
     assert bad.exit_code == 2 and "bad setup" in bad.output

@@ -50,12 +50,18 @@ class BlockContent:
         """Whether ``other`` describes the same prefix; iterative, stops at a shared node."""
         a: BlockContent | None = self
         b = other
+        walked: list[BlockContent] = []
         while a is not b:
             if a is None or b is None:
                 return False
             if a.token_ids != b.token_ids or a.extra_keys != b.extra_keys:
                 return False
+            walked.append(b)
             a, b = a.parent, b.parent
+        x = self
+        for node in walked:  # equal prefixes: share one, so the next comparison is ``is``
+            node.parent = x.parent
+            x = x.parent
         return True
 
     def extends(self, parent: BlockContent | None, token_ids: Iterable[int],
