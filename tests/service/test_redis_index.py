@@ -1,17 +1,28 @@
 """Redis-specific properties: one round trip per lookup, scripts by SHA with NOSCRIPT
-recovery, the documented key layout (one hash tag per chain), no garbage left behind, and
-IndexUnavailable (not a hang) when the server is down."""
+recovery, the documented key layout (keys.py), the sweep (no garbage left behind, handles
+reused only once clean), tags that spread over cluster slots, and IndexUnavailable (not a
+hang) when the server is down."""
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from typing import Any
 
 import pytest
+import redis.asyncio
+from redis.crc import key_slot
 
 from deploy.redis_server import RedisServer
-from service.index.base import BlockMatch, IndexUnavailable, KvEvent, Stored, WorkerLoad
+from service.index import keys
+from service.index.base import (
+    TIER_CPU,
+    BlockMatch,
+    Cleared,
+    IndexUnavailable,
+    KvEvent,
+    Stored,
+    WorkerLoad,
+)
 from service.index.redis import RedisBackend
 from tests.service.test_backends import NS, T0, H, rec
 
@@ -56,40 +67,99 @@ def test_lookup_is_one_round_trip_by_sha(redis_url: str) -> None:
     asyncio.run(main())
 
 
-def test_every_key_of_a_chain_shares_one_hash_tag(redis_url: str) -> None:
+def test_the_documented_layout(redis_url: str) -> None:
+    """Every key is one of keys.py's: block keys are the raw hash behind its tag, holding
+    sorted (handle, tier bits) entries; control keys share the {ctl} slot; a chain's blocks
+    spread over tags; purge hides the entries at once and the sweep deletes them."""
+    async def main() -> None:
+        b = RedisBackend.from_url(redis_url)
+        raw = redis.asyncio.Redis.from_url(redis_url)  # binary keys and values
+        try:
+            for w in "ab":
+                await b.register(rec(w))
+            chain = H(*range(40))
+            await b.apply_events("a", [KvEvent(1, Stored(tuple(chain)))])
+            await b.apply_events("b", [KvEvent(1, Stored(tuple(chain[:2]), tier=TIER_CPU))])
+            await b.add_provisional(NS, chain + H(*range(41))[40:], "a", 40, T0, 2000)
+            got = set(await raw.keys("*"))
+            blocks = {keys.block_key(h) for h in chain}
+            prov = {keys.prov_key(NS, H(*range(41))[40])}
+            control = {k.encode() for k in (keys.REGISTRY, keys.HANDLES, keys.live_key(NS),
+                                            keys.prov_marker(NS), keys.worker_key(NS, "a"),
+                                            keys.worker_key(NS, "b"))}
+            assert got == blocks | prov | control
+            assert all(key_slot(k) == key_slot(b"{ctl}") for k in control)
+            assert len({key_slot(k) for k in blocks}) > 20  # one chain, many slots
+            assert "{" not in NS and "}" not in NS  # the model name had braces: encoded
+            ha, hb = [int(await b.client.hget(keys.worker_key(NS, w), "h") or 0) for w in "ab"]
+            assert 0 < ha < hb
+            assert keys.entries(await raw.get(keys.block_key(chain[0]))) == {ha: 1, hb: 2}
+            assert await raw.get(keys.block_key(chain[0])) == (keys.handle_bytes(ha) + b"\x01"
+                                                              + keys.handle_bytes(hb) + b"\x02")
+            assert keys.entries(await raw.get(keys.block_key(chain[5]))) == {ha: 1}
+            assert await b.client.hgetall(keys.live_key(NS)) == {str(ha): "a", str(hb): "b"}
+            assert 0 < await b.client.pttl(prov.pop()) <= 2000
+            # purging hides a's entries at once; the sweep then deletes them
+            assert await b.purge_worker("a")
+            assert await b.lookup(NS, chain, T0) == {"b": BlockMatch(2, 0, 2)}
+            assert await b.client.smembers(keys.DEAD) == {str(ha)}
+            assert await raw.exists(*blocks) == 40
+            assert await b.sweep() == 40
+            assert await raw.exists(*blocks) == 2
+            assert keys.entries(await raw.get(keys.block_key(chain[0]))) == {hb: 2}
+            assert await b.client.smembers(keys.FREE) == {str(ha)}  # drawn again next
+            await b.register(rec("c"))
+            assert await b.client.hget(keys.worker_key(NS, "c"), "h") == str(ha)
+            assert await b.sweep() == 0 and not await raw.exists(keys.SWEEP)
+        finally:
+            await raw.aclose()
+            await b.close()
+
+    asyncio.run(main())
+
+
+def test_a_sweep_cycle_frees_only_handles_retired_before_it_began(redis_url: str) -> None:
+    """A handle retired while a cycle runs may still have entries in keys the cycle has
+    passed: it waits for the next cycle, and nothing is dropped early."""
     async def main() -> None:
         b = RedisBackend.from_url(redis_url)
         try:
             await b.register(rec("a"))
-            c1, c2 = H(1, 2, 3), H(7, 8)
-            await b.apply_events("a", [KvEvent(1, Stored(tuple(c1))),
-                                       KvEvent(2, Stored(tuple(c2)))])
-            await b.add_provisional(NS, c1 + H(1, 2, 3, 4)[3:], "a", 3, T0, 2000)
-            keys = sorted(await b.client.keys("kvm:*"))
-            tags: dict[str, set[str]] = {}
-            for k in keys:
-                m = re.fullmatch(r"kvm:\{([^}]*)\}:([bp]:[0-9a-f]{64}|pm|blocks)|kvm:\{([^}]*)\}"
-                                 r"|kvm:workers", k)
-                assert m, k
-                tag = m.group(1) or m.group(3)
-                if tag:
-                    tags.setdefault(tag.split("|")[1], set()).add(k)
-            assert "{" not in NS and "}" not in NS  # the model name had braces: encoded
-            assert len(tags[c1[0].hex()]) == 5     # 3 blocks + provisional + marker: one tag
-            assert len(tags[c2[0].hex()]) == 2
-            kp = f"kvm:{{{NS}|{c1[0].hex()}}}:"
-            assert await b.client.mget([f"{kp}b:{h.hex()}" for h in c1]) == [";a=1"] * 3
-            assert tags["w:a"] == {f"kvm:{{{NS}|w:a}}", f"kvm:{{{NS}|w:a}}:blocks"}
-            # purging leaves no block keys behind (provisional keys expire by TTL)
-            assert await b.purge_worker("a")
-            left = [k for k in await b.client.keys("kvm:*") if ":p" not in k]
-            assert left == []
-            h4 = H(1, 2, 3, 4)[3].hex()
-            assert 0 < await b.client.pttl(f"{kp}p:{h4}") <= 2000
+            await b.register(rec("b"))
+            for w, c in (("a", H(1, 2, 3)), ("b", H(7, 8, 9))):
+                await b.apply_events(w, [KvEvent(1, Stored(tuple(c)))])
+            ha = await b.client.hget(keys.worker_key(NS, "a"), "h")
+            await b.apply_events("a", [KvEvent(2, Cleared())])  # retires a's handle
+            sweep = [keys.SWEEP, keys.DEAD, keys.CYCLE, keys.FREE]
+            state, _, _ = await b._sweep(sweep, [1])  # one key per step: a cycle begins
+            assert state == 1 and await b.client.smembers(keys.CYCLE) == {ha}
+            hb = await b.client.hget(keys.worker_key(NS, "b"), "h")
+            await b.apply_events("b", [KvEvent(2, Cleared())])  # retired mid-cycle
+            while state == 1:
+                state, _, _ = await b._sweep(sweep, [1])
+            assert state == 2
+            assert await b.client.smembers(keys.FREE) == {ha}
+            assert await b.client.smembers(keys.DEAD) == {hb}
+            assert await b.lookup(NS, H(7, 8, 9), T0) == {}  # retired: invisible meanwhile
+            assert await b.sweep() == 3
+            assert await b.client.smembers(keys.FREE) == {ha, hb}
+            assert await b.client.dbsize() == 6  # registry, 2 records, live map, counter, free
         finally:
             await b.close()
 
     asyncio.run(main())
+
+
+def test_tags_spread_over_cluster_slots() -> None:
+    """64 distinct one-byte tags, never a brace; with S shards owning equal slot ranges
+    every shard owns at most 1.125x its share of tags (S = 2..10)."""
+    assert len(set(keys.TAGS)) == 64 and not set(keys.TAGS) & set(b"{}")
+    slots = [key_slot(keys.TAG_PREFIXES[3 * i:3 * i + 3] + b"x" * 32) for i in range(64)]
+    for shards in range(2, 11):
+        owned = [0] * shards
+        for s in slots:
+            owned[s * shards // 16384] += 1
+        assert max(owned) <= 1.125 * 64 / shards, (shards, owned)
 
 
 def test_down_server_raises_index_unavailable_fast(redis_server: RedisServer,
