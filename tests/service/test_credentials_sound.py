@@ -65,8 +65,8 @@ def test_records_keep_a_fingerprint_never_the_token(redis_url: str) -> None:
 
     asyncio.run(main())
     db = redis.Redis.from_url(redis_url, decode_responses=True)
-    stored = " ".join(str(db.hgetall(k) if db.type(k) == "hash" else db.get(k))
-                      for k in db.keys("*"))
+    read = {"hash": db.hgetall, "set": db.smembers}
+    stored = " ".join(str(read.get(db.type(k), db.get)(k)) for k in db.keys("*"))
     assert REGISTRY in db.keys("*") and token.split(":")[1] not in stored
     records = [db.hgetall(k) for k in db.keys("kvm:*|a")]
     assert [rec["cred"] for rec in records] == [fingerprint(token)]
