@@ -9,7 +9,9 @@ holds no ``{``, ``}`` or ``|``; ``HASH`` is a block hash as raw bytes, 32 or 16 
     p{T}HASH NS              STRING  ";worker|expiry_ms;..." provisional holders (key TTL)
     kvm:{ctl}:workers        HASH    worker id -> NS                          (registry)
     kvm:{ctl}:w:NS|ID        HASH    the worker's record (address, seq, load, h, n, ...)
-    kvm:{ctl}:live:NS        HASH    handle (decimal) -> worker id, live handles only
+    kvm:{ctl}:live:NS        HASH    handle (decimal) -> worker id, live handles only;
+                                     'v': its version (changes with every handle drawn
+                                     or retired), 'c': the count behind the version
     kvm:{ctl}:pm:NS          STRING  "1" while provisional entries of NS may exist (TTL)
     kvm:{ctl}:handles        STRING  the last handle ever drawn (INCR)
     kvm:{ctl}:free           SET     handles swept clean, drawn again before new ones
@@ -31,6 +33,8 @@ count handles of ``live:NS``). The sweep (``SWEEP``) later deletes retired handl
 and returns the handles to ``free``.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from redis.crc import key_slot
 
@@ -62,17 +66,38 @@ TAGS = _pick_tags()
 TAG_PREFIXES = b"".join(b"{" + bytes([t]) + b"}" for t in TAGS)
 
 
+# "{t}" by first byte of the hash
+_BY_BYTE = tuple(TAG_PREFIXES[3 * (b % N_TAGS):3 * (b % N_TAGS) + 3] for b in range(256))
+
+
 def tag(h: bytes) -> int:
     """Index of the tag of block hash ``h`` (its first byte, modulo 64)."""
     return h[0] % N_TAGS
 
 
 def block_key(h: bytes) -> bytes:
-    return TAG_PREFIXES[3 * tag(h):3 * tag(h) + 3] + h
+    return _BY_BYTE[h[0]] + h
+
+
+def block_keys(hashes: Sequence[bytes]) -> bytes:
+    """The block keys of ``hashes``, concatenated (what the scripts take)."""
+    out: list[bytes] = []
+    for h in hashes:
+        out += (_BY_BYTE[h[0]], h)
+    return b"".join(out)
 
 
 def prov_key(ns: str, h: bytes) -> bytes:
     return b"p" + block_key(h) + ns.encode()
+
+
+def prov_keys(ns: str, hashes: Sequence[bytes]) -> bytes:
+    """The provisional keys of ``hashes``, concatenated."""
+    tail = ns.encode()
+    out: list[bytes] = []
+    for h in hashes:
+        out += (b"p", _BY_BYTE[h[0]], h, tail)
+    return b"".join(out)
 
 
 def worker_key(ns: str, worker_id: str) -> str:
@@ -99,6 +124,3 @@ def entries(value: bytes | None) -> dict[int, int]:
             for i in range(0, len(value), ENTRY_BYTES)}
 
 
-def lua_bytes(data: bytes) -> str:
-    """``data`` as a Lua string literal of decimal escapes (8-bit clean, ASCII source)."""
-    return '"' + "".join(f"\\{b}" for b in data) + '"'

@@ -38,7 +38,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.retry import Retry
 
-from service.index import keys, lookup_scripts, scripts
+from service.index import keys, prov_script, resp, scripts
 from service.index.base import (
     ApplyResult,
     ApplyStatus,
@@ -59,7 +59,8 @@ from service.index.base import (
     resolve_snapshot,
     tier_bit,
 )
-from service.index.keys import REGISTRY, live_key, prov_marker, worker_key
+from service.index.keys import REGISTRY, block_key, block_keys, live_key, prov_marker, worker_key
+from service.index.walk import walk
 
 __all__ = ["REGISTRY", "RedisBackend", "worker_key"]
 # (WorkerLoad field, record field, type): counts are ints, measured costs floats (stored
@@ -87,6 +88,16 @@ def _record(wid: str, ns: str, f: dict[str, str]) -> WorkerRecord:
                         credential=f.get("cred", ""))
 
 
+def _live_map(reply: dict[bytes, bytes] | list[bytes]) -> tuple[bytes | None, dict[int, str]]:
+    """(version, handle -> worker id) of a live map's HGETALL reply (a map in RESP3, a
+    flat list of fields and values in RESP2)."""
+    fields = dict(reply) if isinstance(reply, dict) else dict(
+        zip(reply[::2], reply[1::2], strict=True))
+    version = fields.pop(b"v", None)
+    fields.pop(b"c", None)
+    return version, {int(h): wid.decode() for h, wid in fields.items()}
+
+
 def _load_args(load: WorkerLoad) -> list[Any]:
     out: list[Any] = []
     for name, short, kind in _LOAD_FIELDS:
@@ -110,8 +121,10 @@ class RedisBackend(IndexBackend):
         self._sync = script(scripts.SYNC)
         self._purge = script(scripts.PURGE)
         self._sweep = script(scripts.SWEEP)
-        self._lookup = script(lookup_scripts.LOOKUP)
-        self._provisional = script(lookup_scripts.PROVISIONAL)
+        self._provisional = script(prov_script.PROVISIONAL)
+        # ns -> (version, handle -> worker id): the live map as of its version 'v'
+        self._live: dict[str, tuple[bytes | None, dict[int, str]]] = {}
+        self._prov_seen: dict[str, bool] = {}  # ns -> its marker existed at the last lookup
 
     @classmethod
     def from_url(cls, url: str, timeout_s: float = 0.5) -> RedisBackend:
@@ -134,7 +147,7 @@ class RedisBackend(IndexBackend):
         """SCRIPT LOAD every script (optional: calls load them on NOSCRIPT anyway)."""
         async with self._guard():
             for s in (self._register, self._heartbeat, self._apply, self._sync, self._purge,
-                      self._sweep, self._lookup, self._provisional):
+                      self._sweep, self._provisional):
                 await self.client.script_load(s.script)
 
     async def ping(self) -> None:
@@ -223,16 +236,17 @@ class RedisBackend(IndexBackend):
         for ev in events:
             op = ev.op
             if isinstance(op, Stored):
-                flat += ["S", tier_bit(op.tier), op.parent, b"".join(op.hashes)]
+                flat += ["S", tier_bit(op.tier), block_key(op.parent) if op.parent else b"",
+                         block_keys(op.hashes)]
             elif isinstance(op, Removed):
-                flat += ["R", tier_bit(op.tier), b"".join(op.hashes)]
+                flat += ["R", tier_bit(op.tier), block_keys(op.hashes)]
             elif isinstance(op, Cleared):
                 flat.append("C")
                 continue
             if op.hashes:  # the service validated that every hash of a batch has one size
                 width = len(op.hashes[0])
-        args = [events[0].seq, events[-1].seq, width, str(incarnation), cap.per_pool,
-                cap.floor, *flat]
+        args = [events[0].seq, events[-1].seq, len(block_key(bytes(width))), str(incarnation),
+                cap.per_pool, cap.floor, *flat]
         status, applied, last = await self._worker_call(worker_id, self._apply, args,
                                                         [-2, 0, 0])
         if status == -3:
@@ -247,8 +261,9 @@ class RedisBackend(IndexBackend):
                           incarnation: int = 0, cap: BlockCap = BlockCap()) -> int | None:
         resolved = resolve_snapshot(blocks)
         width = len(next(iter(resolved))) if resolved else 32
-        args = [seq, width, b"".join(resolved), "".join(str(m) for _, m in resolved.values()),
-                str(incarnation), cap.per_pool, cap.floor]
+        args = [seq, len(block_key(bytes(width))), block_keys(list(resolved)),
+                "".join(str(m) for _, m in resolved.values()), str(incarnation), cap.per_pool,
+                cap.floor]
         n = int(await self._worker_call(worker_id, self._sync, args, -1))
         if n == -2:
             raise StaleIncarnation(worker_id, incarnation)
@@ -282,21 +297,41 @@ class RedisBackend(IndexBackend):
 
     async def lookup(self, ns: str, hashes: Sequence[bytes], now_ms: int,
                      workers: Collection[str] | None = None) -> dict[str, BlockMatch]:
+        """One round trip: a MULTI/EXEC snapshot of the live map's version, the provisional
+        marker and every block key (``MGET``), plus the provisional keys when the marker
+        existed at the last lookup; the walk runs here (``walk.py``). A live map whose
+        version moved since it was cached, or a marker that appeared, costs one more."""
         if not hashes:
             return {}
-        allow: list[Any] = [-1] if workers is None else [len(workers), *workers]
-        async with self._guard():
-            flat = await self._lookup([live_key(ns), prov_marker(ns)],
-                                      [now_ms, len(hashes[0]), b"".join(hashes), ns, *allow])
-        return {flat[i]: BlockMatch(int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]),
-                                    int(flat[i + 4])) for i in range(0, len(flat), 5)}
+        lk, marker = live_key(ns).encode(), prov_marker(ns).encode()
+        cached = self._live.get(ns)
+        with_prov = self._prov_seen.get(ns, False)
+        for attempt in range(3):
+            full = cached is None or attempt > 0
+            cmds = [resp.command(b"HGETALL", lk) if full else resp.command(b"HGET", lk, b"v"),
+                    resp.command(b"EXISTS", marker), resp.mget(hashes)]
+            if with_prov:
+                cmds.append(resp.mget(hashes, b"p", ns.encode()))
+            async with self._guard():
+                res = await resp.transact(self.client, cmds)
+            stale = not full and res[0] != cached[0]  # type: ignore[index]
+            if full:
+                cached = self._live[ns] = _live_map(res[0])
+            if not stale and (with_prov or not res[1]):
+                break
+            with_prov = with_prov or bool(res[1])  # provisional entries appeared: read them
+        self._prov_seen[ns] = bool(res[1])
+        pvalues = res[3] if res[1] and with_prov else None
+        assert cached is not None
+        return walk(res[2], pvalues, cached[1], now_ms, workers)
 
     async def add_provisional(self, ns: str, hashes: Sequence[bytes], worker_id: str,
                               start: int, now_ms: int, ttl_ms: int) -> None:
         if start >= len(hashes):
             return
-        args = [ns, worker_id, now_ms + ttl_ms, now_ms, ttl_ms, len(hashes[0]),
-                b"".join(hashes[start:])]
+        pks = keys.prov_keys(ns, hashes[start:])
+        args = [worker_id, now_ms + ttl_ms, now_ms, ttl_ms, len(pks) // (len(hashes) - start),
+                pks]
         async with self._guard():
             await self._provisional([prov_marker(ns)], args)
 

@@ -1,8 +1,8 @@
 """The Lua scripts of the redis backend that change workers and their entries (the layout
-is in ``keys.py``; the lookup and provisional scripts in ``lookup_scripts.py``).
+is in ``keys.py``; the provisional script in ``prov_script.py``; lookups run no script).
 
 Every script is the shared PRELUDE (key builders, entry and handle helpers) plus its body.
-Block hashes travel as raw bytes, concatenated (W bytes each). Seqs and times travel as
+Block keys travel as raw bytes, concatenated (KW bytes each). Seqs and times travel as
 decimal strings and are stored verbatim (Lua numbers are doubles: the service keeps seqs
 below 2**53). Incarnations are uint64, beyond a double's exact range: they are stored and
 compared as canonical decimal strings (Python's ``str(int)``), never converted to numbers;
@@ -11,17 +11,13 @@ records and control keys (Python reads those), and as 3 raw bytes inside block v
 """
 from __future__ import annotations
 
-from service.index.keys import CTL, ENTRY_BYTES, MAX_HANDLE, TAG_PREFIXES, lua_bytes
+from service.index.keys import CTL, ENTRY_BYTES, MAX_HANDLE
 
-# Shared by every script (the lookup scripts too).
-#   bkey(h)   the block key '{T}' .. h of raw hash h
-#   a block value is a string of sorted 4-byte entries: handle (3 bytes) .. tier bits (1)
+# Shared by every script (the provisional script too). Block keys come from the service,
+# concatenated (KW bytes each: keys.block_key), so the tag rule lives in keys.py alone.
+# A block value is a string of sorted 4-byte entries: handle (3 bytes) .. tier bits (1).
 BASE = f"""
-local CTL, P, EB = '{CTL}', {lua_bytes(TAG_PREFIXES)}, {ENTRY_BYTES}
-local function bkey(h)
-  local t = string.byte(h, 1) % 64 * 3
-  return string.sub(P, t + 1, t + 3) .. h
-end
+local CTL, EB = '{CTL}', {ENTRY_BYTES}
 local function hnum(s, i)
   local a, b, c = string.byte(s, i, i + 2)
   return (a * 256 + b) * 256 + c
@@ -98,14 +94,20 @@ local function flush()
   for a = 1, #sets, 1000 do redis.call('MSET', unpack(sets, a, math.min(#sets, a + 999))) end
   for a = 1, #dels, 1000 do redis.call('DEL', unpack(dels, a, math.min(#dels, a + 999))) end
 end
-local function keys_of(hs, w)
-  local ks = {}
-  for a = 1, #hs, w do ks[#ks + 1] = bkey(string.sub(hs, a, a + w - 1)) end
-  return ks
+local function keys_of(ks, kw)  -- the list of keys of a concatenation
+  local out = {}
+  for a = 1, #ks, kw do out[#out + 1] = string.sub(ks, a, a + kw - 1) end
+  return out
 end
 
 -- handles: drawn from the swept ones first; a retired one's entries are dead at once.
 -- Scripts draw the new handle before they change anything (running out is an error).
+-- Every change of a live map gives it a new version 'v' (server time and a count: unique
+-- even across a flushed or restarted server), which lets lookups cache the map.
+local function touch_live(ns)
+  local lk, t = CTL .. 'live:' .. ns, redis.call('TIME')
+  redis.call('HSET', lk, 'v', t[1] .. '.' .. t[2] .. '.' .. redis.call('HINCRBY', lk, 'c', 1))
+end
 local function new_handle(ns, wid)
   local h = redis.call('SPOP', CTL .. 'free')
   if not h then
@@ -117,12 +119,14 @@ local function new_handle(ns, wid)
     h = tostring(h)
   end
   redis.call('HSET', CTL .. 'live:' .. ns, h, wid)
+  touch_live(ns)
   return h
 end
 local function retire(ns, h)
   if h then
     redis.call('HDEL', CTL .. 'live:' .. ns, h)
     redis.call('SADD', CTL .. 'dead', h)
+    touch_live(ns)
   end
 end
 local function record_key(ns, wid) return CTL .. 'w:' .. ns .. '|' .. wid end
@@ -182,12 +186,12 @@ return {1, tonumber(f[1] or '0'), tonumber(f[2] or '0')}
 
 # KEYS[1] = worker record
 # ARGV[1] = ns, ARGV[2] = worker id, ARGV[3] = seq of the first event, ARGV[4] = seq of the
-# last event, ARGV[5] = W, the bytes of one block hash, ARGV[6] = the worker's incarnation,
+# last event, ARGV[5] = KW, the bytes of one block key, ARGV[6] = the worker's incarnation,
 # ARGV[7], ARGV[8] = the block cap: per pool block, floor (BlockCap; per pool 0 = no cap),
-# ARGV[9..] = the events, flattened (HASHES = the block hashes, raw, concatenated):
-#   'S' tierbits parent_or_empty HASHES   (BlockStored, chain order)
-#   'R' tierbits HASHES                   (BlockRemoved)
-#   'C'                                   (AllBlocksCleared: a fresh handle)
+# ARGV[9..] = the events, flattened (KEYS = the blocks' keys, concatenated):
+#   'S' tierbits parent_key_or_empty KEYS   (BlockStored, chain order)
+#   'R' tierbits KEYS                       (BlockRemoved)
+#   'C'                                     (AllBlocksCleared: a fresh handle)
 # Events with seq <= the record's seq were applied before (a retried batch): skipped.
 # The block cap is max(per_pool * (the record's 'total' + 'tiers'), floor): a batch for
 # which n (entries held) + stored - removed hashes exceeds it is refused before any work
@@ -225,9 +229,8 @@ while i <= #ARGV do
       local bits, parent = tonumber(ARGV[i + 1]), ARGV[i + 2]
       local ok = true
       if parent ~= '' then  -- an orphan (parent not held by this worker) is skipped
-        local pk = bkey(parent)
-        fetch({pk})
-        ok = cur[pk] and find(cur[pk], hb) ~= nil
+        fetch({parent})
+        ok = cur[parent] and find(cur[parent], hb) ~= nil
       end
       if ok then
         local ks = keys_of(ARGV[i + 3], w)
@@ -277,9 +280,9 @@ return {1, applied, tonumber(ARGV[4])}
 """
 
 # KEYS[1] = worker record
-# ARGV[1] = ns, ARGV[2] = worker id, ARGV[3] = snapshot seq, ARGV[4] = W (bytes of a
-# hash), ARGV[5] = block hashes (raw, concatenated, distinct; orphans already dropped by
-# the caller), ARGV[6] = their tier masks, one digit each, ARGV[7] = the worker's
+# ARGV[1] = ns, ARGV[2] = worker id, ARGV[3] = snapshot seq, ARGV[4] = KW (bytes of a
+# block key), ARGV[5] = the blocks' keys (concatenated, distinct; orphans already dropped
+# by the caller), ARGV[6] = their tier masks, one digit each, ARGV[7] = the worker's
 # incarnation, ARGV[8], ARGV[9] = the block cap (as APPLY)
 # The worker gets a fresh handle holding exactly the snapshot; the old one is retired.
 # Returns the number of blocks indexed, -1 for an unknown worker, -2 for a stale incarnation,

@@ -1,5 +1,5 @@
-"""Redis-specific properties: one round trip per lookup, scripts by SHA with NOSCRIPT
-recovery, the documented key layout (keys.py), the sweep (no garbage left behind, handles
+"""Redis-specific properties: one round trip per lookup (hand-packed commands equal to
+redis-py's), the documented key layout (keys.py), the sweep (no garbage left behind, handles
 reused only once clean), tags that spread over cluster slots, and IndexUnavailable (not a
 hang) when the server is down."""
 from __future__ import annotations
@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 import redis.asyncio
+from redis.asyncio.connection import Connection
 from redis.crc import key_slot
 
 from deploy.redis_server import RedisServer
-from service.index import keys
+from service.index import keys, resp
 from service.index.base import (
     TIER_CPU,
     BlockMatch,
@@ -27,20 +28,22 @@ from service.index.redis import RedisBackend
 from tests.service.test_backends import NS, T0, H, rec
 
 
-def count_calls(b: RedisBackend) -> list[tuple[Any, ...]]:
-    """Record every command the backend's client sends (one entry = one round trip)."""
-    calls: list[tuple[Any, ...]] = []
-    original = b.client.execute_command
+def count_writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the packed writes of every connection (one write, one round trip)."""
+    writes: list[int] = []
+    original = Connection.send_packed_command
 
-    async def counting(*args: Any, **kw: Any) -> Any:
-        calls.append(args)
-        return await original(*args, **kw)
+    async def counting(self: Connection, command: Any, check_health: bool = True) -> None:
+        writes.append(1)
+        await original(self, command, check_health)
 
-    b.client.execute_command = counting  # type: ignore[method-assign]
-    return calls
+    monkeypatch.setattr(Connection, "send_packed_command", counting)
+    return writes
 
 
-def test_lookup_is_one_round_trip_by_sha(redis_url: str) -> None:
+def test_lookup_is_one_round_trip(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lookup is one MULTI/EXEC write; one more only when the namespace's live map changed
+    since this replica cached it, or provisional entries appeared."""
     async def main() -> None:
         b = RedisBackend.from_url(redis_url)
         try:
@@ -49,22 +52,65 @@ def test_lookup_is_one_round_trip_by_sha(redis_url: str) -> None:
             chain = H(*range(600))  # 600 blocks: a ~10K-token prompt at block size 16
             await b.apply_events("a", [KvEvent(1, Stored(tuple(chain)))])
             await b.apply_events("b", [KvEvent(1, Stored(tuple(chain[:100])))])
-            await b.add_provisional(NS, chain, "c", 0, T0, 2000)
-            await b.load_scripts()
-            calls = count_calls(b)
-            got = await b.lookup(NS, chain, T0 + 1, ["a", "b", "c"])
-            assert got == {"a": BlockMatch(600, 600), "b": BlockMatch(100, 100),
-                           "c": BlockMatch(600, 600)}
-            assert len(calls) == 1 and calls[0][0] == "EVALSHA"
-            # a flushed script cache (server restart) costs a reload, never an error
-            await b.client.script_flush()
-            calls.clear()
+            writes = count_writes(monkeypatch)
+            want = {"a": BlockMatch(600, 600), "b": BlockMatch(100, 100)}
+            assert await b.lookup(NS, chain, T0 + 1, ["a", "b", "c"]) == want
+            assert len(writes) == 1
+            assert await b.lookup(NS, chain, T0 + 1, ["a", "b", "c"]) == want
+            assert len(writes) == 2
+            await b.add_provisional(NS, chain, "c", 0, T0, 2000)  # the marker appears
+            want["c"] = BlockMatch(600, 600)
+            writes.clear()
+            assert await b.lookup(NS, chain, T0 + 1, ["a", "b", "c"]) == want
+            assert len(writes) == 2
             assert await b.lookup(NS, chain, T0 + 1, ["b"]) == {"b": BlockMatch(100, 100)}
-            assert [c[0] for c in calls] == ["EVALSHA", "SCRIPT LOAD", "EVALSHA"]
+            assert len(writes) == 3
+            await b.apply_events("b", [KvEvent(2, Cleared())])  # b's handle: retired
+            writes.clear()
+            assert await b.lookup(NS, chain, T0 + 1, ["a", "b"]) == {"a": BlockMatch(600, 600)}
+            assert len(writes) == 2  # the cached live map was stale: read again
         finally:
             await b.close()
 
     asyncio.run(main())
+
+
+def test_scripts_run_by_sha_and_survive_a_flushed_script_cache(redis_url: str) -> None:
+    async def main() -> None:
+        b = RedisBackend.from_url(redis_url)
+        try:
+            await b.register(rec("a"))
+            await b.load_scripts()
+            calls: list[str] = []
+            original = b.client.execute_command
+
+            async def counting(*args: Any, **kw: Any) -> Any:
+                calls.append(args[0])
+                return await original(*args, **kw)
+
+            b.client.execute_command = counting  # type: ignore[method-assign]
+            await b.apply_events("a", [KvEvent(1, Stored(tuple(H(1, 2))))])
+            assert calls == ["EVALSHA"]
+            await b.client.script_flush()  # a restarted server: a reload, never an error
+            calls.clear()
+            await b.apply_events("a", [KvEvent(2, Stored(tuple(H(1, 2, 3)[2:]), H(1, 2)[1]))])
+            assert calls == ["EVALSHA", "SCRIPT LOAD", "EVALSHA"]
+            assert await b.lookup(NS, H(1, 2, 3), T0) == {"a": BlockMatch(3, 3)}
+        finally:
+            await b.close()
+
+    asyncio.run(main())
+
+
+def test_hand_packed_commands_are_what_redis_py_sends() -> None:
+    conn = redis.asyncio.Redis().connection_pool.make_connection()
+    hs = H(*range(70))
+    assert resp.mget(hs) == b"".join(conn.pack_command("MGET", *map(keys.block_key, hs)))
+    assert resp.mget(hs, b"p", NS.encode()) == b"".join(
+        conn.pack_command("MGET", *(keys.prov_key(NS, h) for h in hs)))
+    assert resp.command(b"HGET", b"k", b"v") == b"".join(conn.pack_command("HGET", "k", "v"))
+    assert keys.block_keys(hs) == b"".join(map(keys.block_key, hs))
+    assert keys.prov_keys(NS, hs) == b"".join(keys.prov_key(NS, h) for h in hs)
 
 
 def test_the_documented_layout(redis_url: str) -> None:
@@ -97,7 +143,9 @@ def test_the_documented_layout(redis_url: str) -> None:
             assert await raw.get(keys.block_key(chain[0])) == (keys.handle_bytes(ha) + b"\x01"
                                                               + keys.handle_bytes(hb) + b"\x02")
             assert keys.entries(await raw.get(keys.block_key(chain[5]))) == {ha: 1}
-            assert await b.client.hgetall(keys.live_key(NS)) == {str(ha): "a", str(hb): "b"}
+            live = await b.client.hgetall(keys.live_key(NS))
+            assert {f: v for f, v in live.items() if f not in "vc"} == {str(ha): "a",
+                                                                         str(hb): "b"}
             assert 0 < await b.client.pttl(prov.pop()) <= 2000
             # purging hides a's entries at once; the sweep then deletes them
             assert await b.purge_worker("a")
