@@ -56,6 +56,14 @@ async def _cmd_usec(client: Any) -> dict[str, tuple[int, int]]:
             for k, v in stats.items()}
 
 
+async def _cpu_s(client: Any) -> float:
+    """The server process's CPU time (``INFO cpu``: user + system), seconds. Unlike the
+    ``commandstats`` times it counts protocol parsing and replies too, and not the time the
+    process waited for a core (this machine is shared)."""
+    cpu = await client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
 def _server_us(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]],
                cmd: str) -> float:
     return after.get(cmd, (0, 0))[1] - before.get(cmd, (0, 0))[1]
@@ -73,16 +81,17 @@ async def _build(backend: RedisBackend, data: Dataset) -> dict[str, float]:
             if res.status is not ApplyStatus.OK:
                 raise RuntimeError(f"batch of {wid} not applied: {res}")
 
-    before = await _cmd_usec(backend.client)
+    before, cpu0 = await _cmd_usec(backend.client), await _cpu_s(backend.client)
     t0 = time.perf_counter()
     await asyncio.gather(*(publish(w) for w in range(len(data.worker_ids))))
     wall = time.perf_counter() - t0
-    after = await _cmd_usec(backend.client)
+    after, cpu1 = await _cmd_usec(backend.client), await _cpu_s(backend.client)
     server_s = _server_us(before, after, "evalsha") / 1e6
     return {"build_s": wall, "events": events, "batches": batches,
             "events_per_s": events / wall, "batches_per_s": batches / wall,
             "entries_per_s": data.entries / wall, "apply_server_s": server_s,
-            "apply_server_us_per_entry": server_s * 1e6 / data.entries}
+            "apply_server_us_per_entry": server_s * 1e6 / data.entries,
+            "apply_cpu_us_per_entry": (cpu1 - cpu0) * 1e6 / data.entries}
 
 
 async def _memory_split(client: Any, data: Dataset, total: int,
@@ -102,14 +111,15 @@ async def _memory_split(client: Any, data: Dataset, total: int,
             "bytes_per_block_key": statistics.mean(per_key)}
 
 
-# lookup kinds: (result name, how it reads, the commands whose server time it costs)
-_KINDS = (("lua", "evalsha"), ("pipelined", "get", "hgetall"),
+# lookup kinds: (result name, the commands whose server time it costs; EXEC's time
+# includes the commands it runs)
+_KINDS = (("kvmesh", "multi", "exec"), ("pipelined", "get", "hgetall"),
           ("per_tag", "mget", "hgetall"))
 
 
 async def _one(kind: str, backend: RedisBackend, raw: Any, ns: str, query: list[bytes],
                allowed: list[str]) -> dict[str, BlockMatch]:
-    if kind == "lua":
+    if kind == "kvmesh":
         return await backend.lookup(ns, query, 0, allowed)
     return await pipelined.lookup(raw, ns, query, allowed, per_tag=kind == "per_tag")
 
@@ -135,17 +145,28 @@ async def _lookups(backend: RedisBackend, raw: Any, ns: str, data: Dataset, quer
             times[kind].append(time.perf_counter() - t0)
             after = await _cmd_usec(backend.client)
             server[kind] += sum(_server_us(before, after, cmd) for cmd in cmds)
-        identical &= res["lua"] == res["pipelined"] == res["per_tag"]
-        correct &= {w: m.blocks for w, m in res["lua"].items()} == data.expected(c)
+        identical &= res["kvmesh"] == res["pipelined"] == res["per_tag"]
+        correct &= {w: m.blocks for w, m in res["kvmesh"].items()} == data.expected(c)
     n = len(picks)
     blocks = data.layout.chain_blocks + tail_blocks
+    cpu: dict[str, float] = {}
+    for kind, *_ in _KINDS:  # the process CPU of each kind alone, on the same queries
+        rng = random.Random(seed + 1)
+        queries_ = [data.chains[c] + [rng.randbytes(32) for _ in range(tail_blocks)]
+                    for c in picks]
+        t0 = await _cpu_s(backend.client)
+        for q in queries_:
+            await _one(kind, backend, raw, ns, q, allowed)
+        cpu[kind] = (await _cpu_s(backend.client) - t0) * 1e6 / n
     out: dict[str, Any] = {"queries": n, "query_blocks": blocks,
                            "identical": identical, "correct": correct,
-                           "lookup_server_us_per_block": server["lua"] / n / blocks}
+                           "lookup_server_us_per_block": server["kvmesh"] / n / blocks}
     for kind in times:
         out[f"{kind}_p50_ms"] = statistics.median(times[kind]) * 1e3
         out[f"{kind}_p99_ms"] = _pct(times[kind], 0.99) * 1e3
         out[f"{kind}_server_us"] = server[kind] / n
+        out[f"{kind}_cpu_us"] = cpu[kind]
+    out["lookup_cpu_us_per_block"] = cpu["kvmesh"] / blocks
     return out
 
 
