@@ -20,7 +20,7 @@ from collections.abc import Collection, Sequence
 import redis.asyncio as aioredis
 
 from service.index.base import BlockMatch
-from service.index.keys import block_key, entries, live_key, tag
+from service.index.keys import block_key, entries, live_key, live_map, tag
 
 
 def _tally(c: list[int], mask: int) -> None:
@@ -70,7 +70,7 @@ async def lookup(client: aioredis.Redis, ns: str, hashes: Sequence[bytes],
         for h in hashes:
             pipe.get(block_key(h))
     res = await pipe.execute()
-    live = {int(h): wid.decode() for h, wid in res[0].items()}
+    live = live_map(res[0])[1]
     if per_tag:
         values: list[bytes | None] = [None] * len(hashes)
         for idx, vals in zip(groups.values(), res[1:], strict=True):

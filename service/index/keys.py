@@ -124,3 +124,13 @@ def entries(value: bytes | None) -> dict[int, int]:
             for i in range(0, len(value), ENTRY_BYTES)}
 
 
+
+
+def live_map(reply: dict[bytes, bytes] | list[bytes]) -> tuple[bytes | None, dict[int, str]]:
+    """(version, handle -> worker id) of a live map's raw HGETALL reply (a map in RESP3, a
+    flat list of fields and values in RESP2)."""
+    fields = dict(reply) if isinstance(reply, dict) else dict(
+        zip(reply[::2], reply[1::2], strict=True))
+    version = fields.pop(b"v", None)
+    fields.pop(b"c", None)
+    return version, {int(h): wid.decode() for h, wid in fields.items()}

@@ -88,16 +88,6 @@ def _record(wid: str, ns: str, f: dict[str, str]) -> WorkerRecord:
                         credential=f.get("cred", ""))
 
 
-def _live_map(reply: dict[bytes, bytes] | list[bytes]) -> tuple[bytes | None, dict[int, str]]:
-    """(version, handle -> worker id) of a live map's HGETALL reply (a map in RESP3, a
-    flat list of fields and values in RESP2)."""
-    fields = dict(reply) if isinstance(reply, dict) else dict(
-        zip(reply[::2], reply[1::2], strict=True))
-    version = fields.pop(b"v", None)
-    fields.pop(b"c", None)
-    return version, {int(h): wid.decode() for h, wid in fields.items()}
-
-
 def _load_args(load: WorkerLoad) -> list[Any]:
     out: list[Any] = []
     for name, short, kind in _LOAD_FIELDS:
@@ -316,7 +306,7 @@ class RedisBackend(IndexBackend):
                 res = await resp.transact(self.client, cmds)
             stale = not full and res[0] != cached[0]  # type: ignore[index]
             if full:
-                cached = self._live[ns] = _live_map(res[0])
+                cached = self._live[ns] = keys.live_map(res[0])
             if not stale and (with_prov or not res[1]):
                 break
             with_prov = with_prov or bool(res[1])  # provisional entries appeared: read them
