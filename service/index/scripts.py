@@ -36,9 +36,10 @@ end
 
 # The writers' helpers: entries, the block-value cache, handles.
 PRELUDE = BASE + r"""
--- v with handle hb holding `bits` more: (new value or nil when unchanged, entry is new)
-local function hold(v, hb, bits)
-  if not v then return hb .. string.char(bits), true end
+-- v with handle hb holding `bits` more: (new value or nil when unchanged, entry is new);
+-- e = hb .. string.char(bits), the entry a new holder gets
+local function hold(v, hb, bits, e)
+  if not v then return e, true end
   local p = find(v, hb)
   if p then
     local m = string.byte(v, p + 3)
@@ -46,10 +47,11 @@ local function hold(v, hb, bits)
     if nm == m then return nil, false end
     return string.sub(v, 1, p + 2) .. string.char(nm) .. string.sub(v, p + 4), false
   end
-  -- sorted by handle: equal holder sets give equal strings (LOOKUP's fast path)
+  -- sorted by handle: equal holder sets give equal strings (the walk's fast path)
   local at, n = 1, hnum(hb, 1)
   while at <= #v and hnum(v, at) < n do at = at + EB end
-  return string.sub(v, 1, at - 1) .. hb .. string.char(bits) .. string.sub(v, at), true
+  if at > #v then return v .. e, true end
+  return string.sub(v, 1, at - 1) .. e .. string.sub(v, at), true
 end
 
 -- v with `bits` of handle hb cleared: (new value, false = no holder left; nil when
@@ -68,22 +70,26 @@ local function unhold(v, hb, bits)
 end
 
 -- block values read once per script and written once at its end
-local cur, dirty = {}, {}
+local cur, dirty, order = {}, {}, {}
 local function fetch(keys)  -- cur[k] for every k of keys (false: no such key)
-  local miss = {}
-  for _, k in ipairs(keys) do
-    if cur[k] == nil then miss[#miss + 1] = k end
-  end
-  for a = 1, #miss, 1000 do
-    local b = math.min(#miss, a + 999)
-    local vals = redis.call('MGET', unpack(miss, a, b))
-    for j = a, b do cur[miss[j]] = vals[j - a + 1] end
+  for a = 1, #keys, 1000 do
+    local b = math.min(#keys, a + 999)
+    local vals = redis.call('MGET', unpack(keys, a, b))
+    for j = a, b do
+      if cur[keys[j]] == nil then cur[keys[j]] = vals[j - a + 1] end
+    end
   end
 end
-local function put(k, v) cur[k] = v; dirty[k] = true end
+local function put(k, v)
+  cur[k] = v
+  if not dirty[k] then
+    dirty[k] = true
+    order[#order + 1] = k
+  end
+end
 local function flush()
   local sets, dels = {}, {}
-  for k in pairs(dirty) do
+  for _, k in ipairs(order) do
     if cur[k] then
       sets[#sets + 1] = k
       sets[#sets + 1] = cur[k]
@@ -221,22 +227,34 @@ if per_pool > 0 then
   end
   if m > cap then return {-4, cap, 0} end
 end
-local i, applied, seq = 9, 0, tonumber(ARGV[3])
+-- every key the fresh events touch, read with one MGET (in chunks) before any change
+local evkeys, all = {}, {}
+local i, seq = 9, tonumber(ARGV[3])
+while i <= #ARGV do
+  local op = ARGV[i]
+  if seq > last and op ~= 'C' then
+    local at = op == 'S' and i + 3 or i + 2
+    local ks = keys_of(ARGV[at], w)
+    evkeys[i] = ks
+    for _, k in ipairs(ks) do all[#all + 1] = k end
+    if op == 'S' and ARGV[i + 2] ~= '' then all[#all + 1] = ARGV[i + 2] end
+  end
+  i = i + (op == 'S' and 4 or op == 'R' and 3 or 1)
+  seq = seq + 1
+end
+fetch(all)
+local applied
+i, applied, seq = 9, 0, tonumber(ARGV[3])
 while i <= #ARGV do
   local op, fresh = ARGV[i], seq > last
   if op == 'S' then
     if fresh then
       local bits, parent = tonumber(ARGV[i + 1]), ARGV[i + 2]
-      local ok = true
-      if parent ~= '' then  -- an orphan (parent not held by this worker) is skipped
-        fetch({parent})
-        ok = cur[parent] and find(cur[parent], hb) ~= nil
-      end
-      if ok then
-        local ks = keys_of(ARGV[i + 3], w)
-        fetch(ks)
-        for _, k in ipairs(ks) do
-          local nv, new = hold(cur[k], hb, bits)
+      -- an orphan (its parent not held by this worker) is skipped
+      if parent == '' or (cur[parent] and find(cur[parent], hb)) then
+        local e = hb .. string.char(bits)
+        for _, k in ipairs(evkeys[i]) do
+          local nv, new = hold(cur[k], hb, bits, e)
           if nv then put(k, nv) end
           if new then n = n + 1 end
         end
@@ -246,9 +264,7 @@ while i <= #ARGV do
   elseif op == 'R' then
     if fresh then
       local bits = tonumber(ARGV[i + 1])
-      local ks = keys_of(ARGV[i + 2], w)
-      fetch(ks)
-      for _, k in ipairs(ks) do
+      for _, k in ipairs(evkeys[i]) do
         local nv, gone = unhold(cur[k], hb, bits)
         if nv ~= nil then put(k, nv) end
         if gone then n = n - 1 end
@@ -304,7 +320,8 @@ local hb = hbytes(tonumber(h))
 local ks = keys_of(ARGV[5], w)
 fetch(ks)
 for j, k in ipairs(ks) do
-  put(k, (hold(cur[k], hb, tonumber(string.sub(masks, j, j)))))
+  local m = tonumber(string.sub(masks, j, j))
+  put(k, (hold(cur[k], hb, m, hb .. string.char(m))))
 end
 flush()
 redis.call('HSET', rk, 'seq', ARGV[3], 'h', h, 'n', #masks)

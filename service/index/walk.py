@@ -8,13 +8,14 @@ no list at all when the namespace has none), and ``live``, the namespace's live 
 never count). Block 0's live holders and unexpired provisional holders start the candidate
 set (only those in ``allowed``, None: any); a later block keeps a candidate while it holds
 the block on some tier, or holds it provisionally (counted as GPU). A block whose values
-equal the previous block's (sorted entries: equal holder sets give equal bytes) only
-extends a run, credited when the values change: a fully indexed prefix costs one bytes
-comparison per block.
+equal the previous block's (sorted entries: equal holder sets give equal bytes) extends a
+run: runs are grouped in C (``itertools.groupby``) and the walk visits runs, not blocks.
 """
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from itertools import groupby
+from typing import Any
 
 from service.index.base import BlockMatch
 
@@ -42,11 +43,15 @@ def walk(values: Sequence[bytes | None], pvalues: Sequence[bytes | None] | None,
     """Per worker, the consecutive blocks from block 0 it holds (see the module rules)."""
     if not values:
         return {}
-    pv0 = pvalues[0] if pvalues else None
+    # runs of equal consecutive (holders, provisional holders), grouped in C: a fully
+    # indexed prefix is one run, whatever its length
+    seq: Iterable[Any] = values if pvalues is None else zip(values, pvalues, strict=True)
+    runs = [(key, len(list(group))) for key, group in groupby(seq)]
+    v0, pv0 = (runs[0][0], None) if pvalues is None else runs[0][0]
     handle_of = {wid: h for h, wid in live.items()}
     # candidate: worker id -> [handle or -1, counts (blocks, gpu, cpu, disk), last mask]
     cands: dict[str, list[int]] = {}
-    for h, m in _holders(values[0]).items():
+    for h, m in _holders(v0).items():
         wid = live.get(h)
         if wid is not None and (allowed is None or wid in allowed):
             cands[wid] = [h, 0, 0, 0, 0, m]
@@ -54,40 +59,29 @@ def walk(values: Sequence[bytes | None], pvalues: Sequence[bytes | None] | None,
         if wid not in cands and (allowed is None or wid in allowed):
             cands[wid] = [handle_of.get(wid, -1), 0, 0, 0, 0, 1]
     for c in cands.values():
-        _credit(c, 1)
+        _credit(c, runs[0][1])
     done: dict[str, BlockMatch] = {}
-    prev: tuple[bytes | None, bytes | None] | None = None
-    run = 0
-    for i in range(1, len(values)):
+    for key, n in runs[1:]:
         if not cands:
             break
-        cur = (values[i], pvalues[i] if pvalues else None)
-        if cur == prev:
-            run += 1
-            continue
-        for c in cands.values():  # the run before this block, at each candidate's last mask
-            _credit(c, run)
-        run = 0
-        prev = cur
-        held = _holders(cur[0])
-        prov = _provisional(cur[1], now_ms) if cur[1] else ()
+        v, pv = (key, None) if pvalues is None else key
+        held = _holders(v)
+        prov = _provisional(pv, now_ms) if pv else ()
         for wid in list(cands):
             c = cands[wid]
             m = held.get(c[0], 0) or (1 if wid in prov else 0)
             if m:
                 c[5] = m
-                _credit(c, 1)
+                _credit(c, n)
             else:
                 done[wid] = BlockMatch(*c[1:5])
                 del cands[wid]
     for wid, c in cands.items():
-        _credit(c, run)
         done[wid] = BlockMatch(*c[1:5])
     return done
 
 
 def _credit(c: list[int], times: int) -> None:
     """``times`` more blocks to candidate ``c`` at its last mask."""
-    if times:
-        c[1] += times
-        c[2 if c[5] & 1 else 3 if c[5] & 2 else 4] += times
+    c[1] += times
+    c[2 if c[5] & 1 else 3 if c[5] & 2 else 4] += times
