@@ -37,6 +37,8 @@ def _print(res: dict[str, Any]) -> None:
          f"{res['apply_cpu_us_per_entry']:.2f} µs", ""),
         ("Redis memory per entry", f"{res['bytes_per_entry']:.0f} B",
          f"<= {res['goal_bytes_per_entry']} B ({mem_ok})"),
+        ("Redis memory per entry, settled (build connections closed)",
+         f"{res['settled_bytes_per_entry']:.0f} B", ""),
         ("  of which block keys (their own allocations)",
          f"{res['block_keys_bytes_per_entry']:.0f} B", ""),
         ("  of which the rest (hash table slots, records)",
