@@ -33,6 +33,8 @@ def _print(res: dict[str, Any]) -> None:
          f"{res['apply_server_us_per_entry']:.2f} µs",
          f"<= 2.5 µs (400K / s / core): "
          f"{'met' if res['apply_server_us_per_entry'] <= 2.5 else 'MISSED'}"),
+        ("Redis time per entry removed (Lua, commandstats)",
+         f"{res['remove_server_us_per_entry']:.2f} µs", ""),
         ("Redis process CPU per entry applied (INFO cpu)",
          f"{res['apply_cpu_us_per_entry']:.2f} µs", ""),
         ("Redis memory per entry", f"{res['bytes_per_entry']:.0f} B",
@@ -65,7 +67,7 @@ def _print(res: dict[str, Any]) -> None:
                    f"{res[kind + '_server_us']:.0f}", f"{res[kind + '_cpu_us']:.0f}")
     console.print(lk)
     console.print(f"answers identical: {res['identical']}; equal to the dataset: "
-                  f"{res['correct']}")
+                  f"{res['correct']}; after the evictions: {res['correct_after_evictions']}")
 
 
 def register(bench: typer.Typer) -> None:

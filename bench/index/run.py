@@ -18,7 +18,9 @@ Phases, on a private ``start_redis()`` server with the production ``RedisBackend
    own time per lookup (``INFO commandstats`` usec deltas around each call alone; for Lua
    the whole script, so ``lookup_server_us_per_block`` is everything Redis spends per block
    of the prompt) are reported, and every answer is checked against the others
-   (``identical``) and the dataset (``correct``).
+   (``identical``) and the dataset (``correct``);
+5. evictions: every worker removes the tail half of what it holds (BlockRemoved, tail
+   first): Redis time per entry removed, and lookups checked against the dataset again.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ import redis.asyncio as aioredis
 
 from bench.index import pipelined
 from bench.index.data import Dataset, Layout, plan
-from service.index.base import ApplyStatus, BlockMatch, WorkerRecord, namespace
+from service.index.base import ApplyStatus, BlockMatch, Removed, WorkerRecord, namespace
 from service.index.keys import block_key
 from service.index.redis import RedisBackend
 
@@ -102,6 +104,30 @@ async def _build(backend: RedisBackend, data: Dataset) -> dict[str, float]:
             "entries_per_s": data.entries / wall, "apply_server_s": server_s,
             "apply_server_us_per_entry": server_s * 1e6 / data.entries,
             "apply_cpu_us_per_entry": (cpu1 - cpu0) * 1e6 / data.entries}
+
+
+async def _evict(backend: RedisBackend, ns: str, data: Dataset) -> dict[str, Any]:
+    """Every worker evicts the tail half of what it holds (BlockRemoved, all workers
+    concurrently); Redis time per entry removed, and lookups of 20 chains afterwards."""
+    plans = [data.evictions(w) for w in range(len(data.worker_ids))]
+    removed = sum(len(ev.op.hashes) for p in plans for b in p for ev in b
+                  if isinstance(ev.op, Removed))
+
+    async def publish(w: int) -> None:
+        for batch in plans[w]:
+            res = await backend.apply_events(data.worker_ids[w], batch)
+            if res.status is not ApplyStatus.OK:
+                raise RuntimeError(f"batch of {data.worker_ids[w]} not applied: {res}")
+
+    before = await _cmd_usec(backend.client)
+    await asyncio.gather(*(publish(w) for w in range(len(data.worker_ids))))
+    after = await _cmd_usec(backend.client)
+    correct = True
+    for c in range(min(20, len(data.chains))):
+        got = await backend.lookup(ns, data.chains[c], 0, data.worker_ids)
+        correct &= {w: m.blocks for w, m in got.items()} == data.expected_after_evictions(c)
+    return {"removed_entries": removed, "correct_after_evictions": correct,
+            "remove_server_us_per_entry": _server_us(before, after, "evalsha") / removed}
 
 
 async def _memory_split(client: Any, data: Dataset, total: int,
@@ -203,6 +229,7 @@ async def run_async(entries: int = 200_000, layout: Layout | None = None, querie
         settled = await _settled_memory(backend) - mem0
         split = await _memory_split(raw, data, mem1 - mem0, seed)
         looks = await _lookups(backend, raw, ns, data, queries, tail_blocks, seed)
+        evict = await _evict(backend, ns, data)
     finally:
         await raw.aclose()
         await backend.close()
@@ -217,7 +244,7 @@ async def run_async(entries: int = 200_000, layout: Layout | None = None, querie
         "settled_bytes_per_entry": settled / data.entries,
         "bytes_per_entry": (mem1 - mem0) / data.entries,
         "bytes_per_block": (mem1 - mem0) / data.distinct_blocks,
-        "goal_bytes_per_entry": 100, "bar_bytes_per_entry": 150, **split, **looks,
+        "goal_bytes_per_entry": 100, "bar_bytes_per_entry": 150, **split, **looks, **evict,
     }
 
 

@@ -44,7 +44,7 @@ def test_walk_counts_consecutive_blocks_per_worker_and_tier() -> None:
 
 def test_index_bench_lookups_agree_on_real_redis() -> None:
     res = run(entries=2000, layout=TINY, queries=20, tail_blocks=2)
-    assert res["identical"] and res["correct"]
+    assert res["identical"] and res["correct"] and res["correct_after_evictions"]
     assert res["entries"] >= 2000 and res["events"] > 0 and res["events_per_s"] > 0
     assert res["bytes_per_entry"] > 0 and res["block_keys_bytes_per_entry"] > 0
     assert res["query_blocks"] == 18
