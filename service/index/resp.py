@@ -8,8 +8,9 @@ whole RESP element, but for the hash itself, is precomputed per first byte of th
 Contract: :func:`command` and :func:`mget` return RESP arrays of bulk strings (byte-exact
 what any client would send); :func:`transact` sends ``MULTI``, the commands and ``EXEC`` on
 one connection of ``client``'s pool in one write and returns EXEC's reply with raw
-(undecoded) bytes: one atomic snapshot. A connection that fails or is cancelled midway is
-closed, never returned to the pool with unread replies.
+(undecoded) bytes: one atomic snapshot (only reads go through it, so a retry is safe). A
+connection that fails or is cancelled midway is closed, never returned to the pool with
+unread replies.
 """
 from __future__ import annotations
 
@@ -57,7 +58,16 @@ def mget(hashes: Sequence[bytes], head: bytes = b"", tail: bytes = b"") -> bytes
 
 
 async def transact(client: aioredis.Redis, commands: Sequence[bytes]) -> list[Any]:
-    """EXEC's reply to ``MULTI; commands; EXEC`` (see the module contract)."""
+    """EXEC's reply to ``MULTI; commands; EXEC`` (see the module contract). A connection
+    error or timeout is retried once on a fresh connection, as the client's own commands
+    are (a pooled connection may have outlived a restarted server)."""
+    try:
+        return await _transact(client, commands)
+    except (rexc.ConnectionError, rexc.TimeoutError, OSError):
+        return await _transact(client, commands)
+
+
+async def _transact(client: aioredis.Redis, commands: Sequence[bytes]) -> list[Any]:
     pool = client.connection_pool
     conn = await pool.get_connection()
     try:

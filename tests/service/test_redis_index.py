@@ -230,3 +230,22 @@ def test_down_server_raises_index_unavailable_fast(redis_server: RedisServer,
             await b.close()
 
     asyncio.run(main())
+
+
+def test_a_lookup_after_a_server_restart_retries_on_a_fresh_connection(
+        redis_server: RedisServer, redis_url: str) -> None:
+    """A pooled connection that outlived its server is retried once, as redis-py retries
+    its own commands: the first route after a Redis restart is not degraded."""
+    async def main() -> None:
+        b = RedisBackend.from_url(redis_url, timeout_s=0.5)
+        try:
+            await b.register(rec("a"))
+            await b.apply_events("a", [KvEvent(1, Stored(tuple(H(1, 2))))])
+            assert await b.lookup(NS, H(1, 2), T0) == {"a": BlockMatch(2, 2)}
+            redis_server.kill()
+            redis_server.start()  # empty again; the pool still holds the dead connection
+            assert await b.lookup(NS, H(1, 2), T0) == {}
+        finally:
+            await b.close()
+
+    asyncio.run(main())
