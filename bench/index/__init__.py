@@ -37,6 +37,8 @@ def _print(res: dict[str, Any]) -> None:
          f"{res['remove_server_us_per_entry']:.2f} µs", ""),
         ("Redis process CPU per entry applied (INFO cpu)",
          f"{res['apply_cpu_us_per_entry']:.2f} µs", ""),
+        ("Redis process CPU per entry removed (INFO cpu)",
+         f"{res['remove_cpu_us_per_entry']:.2f} µs", ""),
         ("Redis memory per entry", f"{res['bytes_per_entry']:.0f} B",
          f"<= {res['goal_bytes_per_entry']} B ({mem_ok})"),
         ("Redis memory per entry, settled (build connections closed)",

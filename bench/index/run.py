@@ -119,15 +119,16 @@ async def _evict(backend: RedisBackend, ns: str, data: Dataset) -> dict[str, Any
             if res.status is not ApplyStatus.OK:
                 raise RuntimeError(f"batch of {data.worker_ids[w]} not applied: {res}")
 
-    before = await _cmd_usec(backend.client)
+    before, cpu0 = await _cmd_usec(backend.client), await _cpu_s(backend.client)
     await asyncio.gather(*(publish(w) for w in range(len(data.worker_ids))))
-    after = await _cmd_usec(backend.client)
+    after, cpu1 = await _cmd_usec(backend.client), await _cpu_s(backend.client)
     correct = True
     for c in range(min(20, len(data.chains))):
         got = await backend.lookup(ns, data.chains[c], 0, data.worker_ids)
         correct &= {w: m.blocks for w, m in got.items()} == data.expected_after_evictions(c)
     return {"removed_entries": removed, "correct_after_evictions": correct,
-            "remove_server_us_per_entry": _server_us(before, after, "evalsha") / removed}
+            "remove_server_us_per_entry": _server_us(before, after, "evalsha") / removed,
+            "remove_cpu_us_per_entry": (cpu1 - cpu0) * 1e6 / removed}
 
 
 async def _memory_split(client: Any, data: Dataset, total: int,
