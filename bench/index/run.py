@@ -10,14 +10,16 @@ Phases, on a private ``start_redis()`` server with the production ``RedisBackend
    the build's connection buffers) and settled (:func:`_settled_memory`), per distinct
    block, split (``MEMORY USAGE``) into the block keys' own allocations and the rest;
 4. lookups, interleaved query by query (rotating who goes first) so all see the same
-   server state and load: the one-round-trip Lua ``LOOKUP`` (``RedisBackend.lookup``), and
+   server state and load: kvmesh's one-round-trip lookup (``RedisBackend.lookup``), and
    the two walks in Python of :mod:`bench.index.pipelined` (a ``GET`` per block, llm-d's
    way; an ``MGET`` per cluster tag, a Redis Cluster's way), on the same chains. A query is
    a whole held chain plus ``tail_blocks`` new blocks (a shared prefix and a new question),
    with all workers allowed (what the service passes). Client-side p50/p99 and the server's
-   own time per lookup (``INFO commandstats`` usec deltas around each call alone; for Lua
-   the whole script, so ``lookup_server_us_per_block`` is everything Redis spends per block
-   of the prompt) are reported, and every answer is checked against the others
+   own time per lookup (``INFO commandstats`` usec deltas around each call alone; for
+   kvmesh ``MULTI`` + ``EXEC``, which includes the commands EXEC runs, so
+   ``lookup_server_us_per_block`` is everything Redis spends per block of the prompt), then
+   each kind's server process CPU (``INFO cpu``) over the same queries run alone, are
+   reported, and every answer is checked against the others
    (``identical``) and the dataset (``correct``);
 5. evictions: every worker removes the tail half of what it holds (BlockRemoved, tail
    first): Redis time per entry removed, and lookups checked against the dataset again.

@@ -1,5 +1,6 @@
-"""The redis backend's key names and value encodings (the scripts in ``scripts.py`` build
-the same names in Lua; ``tests/service/test_redis_index.py`` checks that both agree).
+"""The redis backend's key names and value encodings, the one place that knows them: the
+scripts take block keys built here (``tests/service/test_redis_index.py`` checks the
+keyspace against this docstring).
 
 Two kinds of keys (``NS`` = ``namespace(model, block_size, algo)``, percent-encoded, so it
 holds no ``{``, ``}`` or ``|``; ``HASH`` is a block hash as raw bytes, 32 or 16 of them)::

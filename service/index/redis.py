@@ -3,27 +3,31 @@
 The key layout and value encodings are in ``keys.py``: one STRING per block, named by its
 raw hash behind a one-byte cluster tag, holding sorted 4-byte (worker handle, tier bits)
 entries; control keys (registry, records, live handles per namespace) share one slot.
-The scripts are in ``scripts.py`` (writes, sweep) and ``lookup_scripts.py``.
+The scripts that write are in ``scripts.py``, ``prov_script.py`` and ``sweep_script.py``.
 
-Why STRING keys read with MGET: O(1) per block and one command per chunk of blocks (a
-listpack HASH would scan linearly per field); a 35-byte key with a short value is one
-80-byte allocation. Why handles instead of worker ids: 3 bytes per entry, and a worker's
-entries can all be dropped at once (registration, Cleared, snapshot, purge) by retiring
-its handle, so no per-worker reverse index is needed (it cost 175 B per entry); the sweep
-(:meth:`RedisBackend.sweep`, called by the service's janitor) reclaims retired handles'
-entries later. The block cap and ``indexed_blocks`` read the record's entry count ``n``.
+Why STRING keys read with MGET: O(1) per block and one command for all the blocks of a
+prompt (a listpack HASH would scan linearly per field); a 35-byte key with a short value
+is one 80-byte allocation. Why handles instead of worker ids: 3 bytes per entry, and a
+worker's entries can all be dropped at once (registration, Cleared, snapshot, purge) by
+retiring its handle, so no per-worker reverse index is needed (it cost 175 B per entry);
+the sweep (:meth:`RedisBackend.sweep`, called by the service's janitor) reclaims retired
+handles' entries later. The block cap and ``indexed_blocks`` read the record's entry
+count ``n``.
 
-Round trips: Route = 1 (``LOOKUP``) + 1 only when it records provisional entries; events,
-snapshots, heartbeats, registration and purge = 1 script each. Scripts are loaded once
-(``SCRIPT LOAD``) and called by SHA; after a ``NOSCRIPT`` (a restarted or flushed server)
-they are loaded again and the call is retried once.
+Lookups run no script: one MULTI/EXEC snapshot of hand-packed reads (``resp.py``), then
+the walk in the service (``walk.py``). Round trips: Route = 1 (the lookup; +1 when the
+namespace's live map or provisional marker changed since this replica last looked) + 1
+when it records provisional entries; events, snapshots, heartbeats, registration and
+purge = 1 script each. Scripts are loaded once (``SCRIPT LOAD``) and called by SHA; after
+a ``NOSCRIPT`` (a restarted or flushed server) they are loaded again and the call is
+retried once.
 
 Redis Cluster: registration, heartbeat and purge touch the control slot only; a block
 key's slot depends on its hash alone (64 tags spread evenly over the slots), so a chain,
-even one shared prefix, spreads over every shard. ``LOOKUP``, ``PROVISIONAL``, ``APPLY``,
-``SYNC`` and ``SWEEP`` as written touch block keys of many slots (and the control slot),
-which a standalone server (or one shard, or Sentinel) executes atomically; on a
-multi-shard cluster they must be split per slot (see docs/architecture.md).
+even one shared prefix, spreads over every shard. The lookup's snapshot, ``PROVISIONAL``,
+``APPLY``, ``SYNC`` and ``SWEEP`` as written touch block keys of many slots (and the
+control slot), which a standalone server (or one shard, or Sentinel) executes atomically;
+on a multi-shard cluster they must be split per slot (see docs/architecture.md).
 Heartbeat timestamps come from the service replicas' clocks: keep them NTP-synced.
 """
 from __future__ import annotations
@@ -38,7 +42,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.retry import Retry
 
-from service.index import keys, prov_script, resp, scripts
+from service.index import keys, prov_script, resp, scripts, sweep_script
 from service.index.base import (
     ApplyResult,
     ApplyStatus,
@@ -110,7 +114,7 @@ class RedisBackend(IndexBackend):
         self._apply = script(scripts.APPLY)
         self._sync = script(scripts.SYNC)
         self._purge = script(scripts.PURGE)
-        self._sweep = script(scripts.SWEEP)
+        self._sweep = script(sweep_script.SWEEP)
         self._provisional = script(prov_script.PROVISIONAL)
         # ns -> (version, handle -> worker id): the live map as of its version 'v'
         self._live: dict[str, tuple[bytes | None, dict[int, str]]] = {}

@@ -1,7 +1,9 @@
 """The Lua scripts of the redis backend that change workers and their entries (the layout
-is in ``keys.py``; the provisional script in ``prov_script.py``; lookups run no script).
+is in ``keys.py``; the provisional script in ``prov_script.py``, the sweep in
+``sweep_script.py``; lookups run no script).
 
-Every script is the shared PRELUDE (key builders, entry and handle helpers) plus its body.
+Every script is the shared PRELUDE (entry and handle helpers, the block-value cache) plus
+its body.
 Block keys travel as raw bytes, concatenated (KW bytes each). Seqs and times travel as
 decimal strings and are stored verbatim (Lua numbers are doubles: the service keeps seqs
 below 2**53). Incarnations are uint64, beyond a double's exact range: they are stored and
@@ -341,55 +343,4 @@ retire(ARGV[1], f[1])
 redis.call('DEL', KEYS[2])
 if redis.call('HGET', KEYS[1], ARGV[2]) == ARGV[1] then redis.call('HDEL', KEYS[1], ARGV[2]) end
 return 1
-"""
-
-# KEYS[1] = sweep state 'kvm:{ctl}:sweep' (HASH: cursor), KEYS[2] = dead set, KEYS[3] = the
-# running cycle's set, KEYS[4] = free set
-# ARGV[1] = keys per SCAN step (COUNT)
-# One step of the sweep: a cycle starts (when none runs and some handle was retired) by
-# moving the dead set into the cycle set; each step SCANs the next block keys and drops the
-# cycle's handles' entries from them (a key left without an entry is deleted). When the
-# SCAN cursor comes back to 0, every block key that existed while the cycle ran was
-# visited, and none can have gained an entry of a handle retired before the cycle began:
-# the cycle's handles go to the free set. Handles retired during a cycle wait for the next.
-# Returns {state, keys visited, entries dropped}: state 0 idle (nothing retired), 1 cycle
-# in progress, 2 cycle complete.
-SWEEP = BASE + r"""
-local cursor = redis.call('HGET', KEYS[1], 'cursor')
-if not cursor then
-  if redis.call('SCARD', KEYS[2]) == 0 then return {0, 0, 0} end
-  redis.call('SUNIONSTORE', KEYS[3], KEYS[3], KEYS[2])
-  redis.call('DEL', KEYS[2])
-  cursor = '0'
-end
-local gone = {}
-for _, h in ipairs(redis.call('SMEMBERS', KEYS[3])) do gone[hbytes(tonumber(h))] = true end
-local res = redis.call('SCAN', cursor, 'MATCH', '{?}*', 'COUNT', ARGV[1])
-local blocks, dropped = {}, 0
-for _, key in ipairs(res[2]) do
-  if #key == 19 or #key == 35 then blocks[#blocks + 1] = key end  -- '{T}' .. 16 or 32 bytes
-end
-for a = 1, #blocks, 1000 do
-  local b = math.min(#blocks, a + 999)
-  local vals = redis.call('MGET', unpack(blocks, a, b))
-  for j = a, b do
-    local v = vals[j - a + 1]
-    if v then
-      local keep = {}
-      for p = 1, #v, EB do
-        if gone[string.sub(v, p, p + 2)] then dropped = dropped + 1
-        else keep[#keep + 1] = string.sub(v, p, p + EB - 1) end
-      end
-      if #keep == 0 then redis.call('DEL', blocks[j])
-      elseif #keep * EB < #v then redis.call('SET', blocks[j], table.concat(keep)) end
-    end
-  end
-end
-if res[1] == '0' then
-  redis.call('SUNIONSTORE', KEYS[4], KEYS[4], KEYS[3])
-  redis.call('DEL', KEYS[3], KEYS[1])
-  return {2, #res[2], dropped}
-end
-redis.call('HSET', KEYS[1], 'cursor', res[1])
-return {1, #res[2], dropped}
 """

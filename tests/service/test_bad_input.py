@@ -24,7 +24,7 @@ from kvmesh.hashing import block_hashes, none_hash
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from service.index import keys
-from service.index.scripts import SWEEP
+from service.index.sweep_script import SWEEP
 from tests.malformed import HASH_POOL, KNOWN_WORKERS, Limits, index_requests
 
 LIMITS = Limits()
