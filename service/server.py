@@ -126,6 +126,7 @@ class IndexServer:
                 self.servicer.table.remove(rec.worker_id)
                 log.info("purged worker %r (no heartbeat for %.1fs)", rec.worker_id,
                          self.config.purge_after_s)
+        await self.backend.sweep()  # reclaims dropped entries, a bounded step per tick
 
 
 async def create_server(address: str, config: ServiceConfig,

@@ -17,7 +17,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from service.index.base import KvEvent, Stored
+from service.index.base import KvEvent, Removed, Stored
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,28 @@ class Dataset:
                 events.append(KvEvent(len(events) + 1, op))
         return [events[i:i + lay.batch_events]
                 for i in range(0, len(events), lay.batch_events)]
+
+
+    def evictions(self, worker: int) -> list[list[KvEvent]]:
+        """Batches of BlockRemoved events by which worker ``worker`` evicts the tail half of
+        every prefix it holds (the last ``held - held // 2`` blocks, tail first), seqs
+        continuing after :meth:`batches`."""
+        lay = self.layout
+        seq = sum(len(b) for b in self.batches(worker))
+        events: list[KvEvent] = []
+        for c, hs in enumerate(self.holders_of):
+            if worker not in hs:
+                continue
+            held = lay.held(hs.index(worker))
+            tail = self.chains[c][held // 2:held][::-1]
+            for a in range(0, len(tail), lay.event_blocks):
+                seq += 1
+                events.append(KvEvent(seq, Removed(tuple(tail[a:a + lay.event_blocks]))))
+        return [events[i:i + lay.batch_events]
+                for i in range(0, len(events), lay.batch_events)]
+
+    def expected_after_evictions(self, chain: int) -> dict[str, int]:
+        return {w: n // 2 for w, n in self.expected(chain).items() if n // 2}
 
 
 def plan(entries: int, layout: Layout, seed: int = 0) -> Dataset:

@@ -1,26 +1,26 @@
-"""The per-block pipelined lookup (what llm-d's Redis index does), on kvmesh's Redis layout.
+"""Lookups that walk the chain in the service instead of in Lua, on kvmesh's Redis layout.
 
-One ``GET`` per block key of the chain, all sent in ONE pipeline (one round trip, but one
-command per block for the server to parse and answer, and every block's holders shipped back
-to the client), then the chain walk in Python. Compared with the Lua ``LOOKUP`` script, which
-walks the chain inside Redis and stops as soon as no candidate is left.
+Two ways to read the blocks, both ONE pipelined round trip with the namespace's live
+handles (``HGETALL``, to turn handles into worker ids):
 
-Contract: on an index without provisional entries (the benchmark's), ``lookup`` returns
-exactly what ``RedisBackend.lookup`` returns for the same ``(ns, hashes, workers)``: per
-worker, the consecutive blocks from block 0 it holds, split by tier. Provisional entries are
-not read (they are kvmesh's own addition, not part of the per-block design).
+- ``per_block``: one ``GET`` per block key (what llm-d's Redis index does): one command
+  per block for the server to parse and answer;
+- ``per_tag``: one ``MGET`` per cluster tag of the chain's blocks (at most 64): what a
+  lookup on a Redis Cluster sends, since the keys of one ``MGET`` must share a slot.
+
+Every block's holders are shipped back to the service, which walks the chain. Contract:
+on an index without provisional entries (the benchmark's), ``lookup`` returns exactly what
+``RedisBackend.lookup`` returns for the same ``(ns, hashes, workers)``. Provisional entries
+are not read. ``client`` must not decode responses (keys and values are raw bytes).
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Sequence
 
 import redis.asyncio as aioredis
 
 from service.index.base import BlockMatch
-from service.index.redis import chain_keys
-
-_HOLDER = re.compile(r";([^=;]+)=(\d)")
+from service.index.keys import block_key, entries, live_key, live_map, tag
 
 
 def _tally(c: list[int], mask: int) -> None:
@@ -28,35 +28,55 @@ def _tally(c: list[int], mask: int) -> None:
     c[1 if mask & 1 else 2 if mask & 2 else 3] += 1
 
 
-def walk(values: Sequence[str | None], workers: Collection[str] | None) -> dict[str, BlockMatch]:
-    """The chain walk over each block's holder string (``;worker=mask...`` or None)."""
-    active: dict[str, list[int]] = {}
+def walk(values: Sequence[bytes | None], live: dict[int, str],
+         workers: Collection[str] | None) -> dict[str, BlockMatch]:
+    """The chain walk over each block's value (sorted 4-byte entries, or None); ``live``
+    maps the namespace's live handles to worker ids."""
+    active: dict[int, list[int]] = {}
     done: dict[str, BlockMatch] = {}
     for i, v in enumerate(values):
-        here = {w: int(m) for w, m in _HOLDER.findall(v)} if v else {}
+        here = entries(v)
         if i == 0:
-            active = {w: [0, 0, 0, 0] for w in here if workers is None or w in workers}
-        for w in list(active):
-            m = here.get(w, 0)
+            active = {h: [0, 0, 0, 0] for h in here
+                      if h in live and (workers is None or live[h] in workers)}
+        for h in list(active):
+            m = here.get(h, 0)
             if m:
-                _tally(active[w], m)
+                _tally(active[h], m)
             else:
-                done[w] = BlockMatch(*active.pop(w))
+                done[live[h]] = BlockMatch(*active.pop(h))
         if not active:
             break
-    done.update({w: BlockMatch(*c) for w, c in active.items()})
+    done.update({live[h]: BlockMatch(*c) for h, c in active.items()})
     return done
 
 
 async def lookup(client: aioredis.Redis, ns: str, hashes: Sequence[bytes],
-                 workers: Collection[str] | None = None) -> dict[str, BlockMatch]:
-    """Pipelined ``GET`` of every block of the chain, then :func:`walk`."""
+                 workers: Collection[str] | None = None,
+                 per_tag: bool = False) -> dict[str, BlockMatch]:
+    """Pipelined reads of every block of the chain (see the module docstring), then
+    :func:`walk`."""
     if not hashes:
         return {}
-    kp = chain_keys(ns, hashes[0])
     pipe = client.pipeline(transaction=False)
-    for h in hashes:
-        pipe.get(f"{kp}b:{h.hex()}")
-    values = await pipe.execute()
+    pipe.hgetall(live_key(ns))
+    if per_tag:
+        groups: dict[int, list[int]] = {}
+        for i, h in enumerate(hashes):
+            groups.setdefault(tag(h), []).append(i)
+        for idx in groups.values():
+            pipe.mget([block_key(hashes[i]) for i in idx])
+    else:
+        for h in hashes:
+            pipe.get(block_key(h))
+    res = await pipe.execute()
+    live = live_map(res[0])[1]
+    if per_tag:
+        values: list[bytes | None] = [None] * len(hashes)
+        for idx, vals in zip(groups.values(), res[1:], strict=True):
+            for i, v in zip(idx, vals, strict=True):
+                values[i] = v
+    else:
+        values = res[1:]
     allowed = None if workers is None else set(workers)
-    return walk(values, allowed)
+    return walk(values, live, allowed)

@@ -6,15 +6,23 @@ Phases, on a private ``start_redis()`` server with the production ``RedisBackend
 2. build: every worker publishes its event batches (:mod:`bench.index.data`) through
    ``apply_events``, all workers concurrently (one asyncio task each, like real workers);
    the wall time gives events/s, batches/s and entries/s;
-3. memory: ``used_memory`` delta / entries (goal <= 150 B) and per distinct block, split
-   (``MEMORY USAGE``) into block keys and the per-worker reverse indexes;
-4. lookups, interleaved query by query so both see the same server state and load: the
-   one-round-trip Lua ``LOOKUP`` (``RedisBackend.lookup``) and the pipelined per-block
-   ``GET`` + Python walk (:mod:`bench.index.pipelined`), on the same chains. A query is a
-   whole held chain plus ``tail_blocks`` new blocks (a shared prefix and a new question),
+3. memory: ``used_memory`` delta / entries (goal <= 100 B) right after the build (with
+   the build's connection buffers) and settled (:func:`_settled_memory`), per distinct
+   block, split (``MEMORY USAGE``) into the block keys' own allocations and the rest;
+4. lookups, interleaved query by query (rotating who goes first) so all see the same
+   server state and load: kvmesh's one-round-trip lookup (``RedisBackend.lookup``), and
+   the two walks in Python of :mod:`bench.index.pipelined` (a ``GET`` per block, llm-d's
+   way; an ``MGET`` per cluster tag, a Redis Cluster's way), on the same chains. A query is
+   a whole held chain plus ``tail_blocks`` new blocks (a shared prefix and a new question),
    with all workers allowed (what the service passes). Client-side p50/p99 and the server's
-   own time per lookup (``INFO commandstats`` usec deltas) are reported, and every answer of
-   both is checked against the dataset (``identical`` / ``correct``).
+   own time per lookup (``INFO commandstats`` usec deltas around each call alone; for
+   kvmesh ``MULTI`` + ``EXEC``, which includes the commands EXEC runs, so
+   ``lookup_server_us_per_block`` is everything Redis spends per block of the prompt), then
+   each kind's server process CPU (``INFO cpu``) over the same queries run alone, are
+   reported, and every answer is checked against the others
+   (``identical``) and the dataset (``correct``);
+5. evictions: every worker removes the tail half of what it holds (BlockRemoved, tail
+   first): Redis time per entry removed, and lookups checked against the dataset again.
 """
 from __future__ import annotations
 
@@ -25,10 +33,13 @@ import statistics
 import time
 from typing import Any
 
+import redis.asyncio as aioredis
+
 from bench.index import pipelined
 from bench.index.data import Dataset, Layout, plan
-from service.index.base import ApplyStatus, BlockMatch, WorkerRecord, namespace
-from service.index.redis import RedisBackend, chain_keys, worker_key
+from service.index.base import ApplyStatus, BlockMatch, Removed, WorkerRecord, namespace
+from service.index.keys import block_key
+from service.index.redis import RedisBackend
 
 BLOCK_SIZE = 16
 ALGO = "sha256_cbor"
@@ -50,6 +61,23 @@ async def _cmd_usec(client: Any) -> dict[str, tuple[int, int]]:
             for k, v in stats.items()}
 
 
+async def _settled_memory(backend: RedisBackend) -> int:
+    """``used_memory`` once the build's connections are closed and the server's cron has
+    had a second to reclaim what they held (query buffers, script garbage): the index's
+    own memory. ``bytes_per_entry`` is read right after the build, as it always was."""
+    await backend.client.connection_pool.disconnect()
+    await asyncio.sleep(1.0)
+    return await _used_memory(backend.client)
+
+
+async def _cpu_s(client: Any) -> float:
+    """The server process's CPU time (``INFO cpu``: user + system), seconds. Unlike the
+    ``commandstats`` times it counts protocol parsing and replies too, and not the time the
+    process waited for a core (this machine is shared)."""
+    cpu = await client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
 def _server_us(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]],
                cmd: str) -> float:
     return after.get(cmd, (0, 0))[1] - before.get(cmd, (0, 0))[1]
@@ -67,74 +95,118 @@ async def _build(backend: RedisBackend, data: Dataset) -> dict[str, float]:
             if res.status is not ApplyStatus.OK:
                 raise RuntimeError(f"batch of {wid} not applied: {res}")
 
-    before = await _cmd_usec(backend.client)
+    before, cpu0 = await _cmd_usec(backend.client), await _cpu_s(backend.client)
     t0 = time.perf_counter()
     await asyncio.gather(*(publish(w) for w in range(len(data.worker_ids))))
     wall = time.perf_counter() - t0
-    after = await _cmd_usec(backend.client)
+    after, cpu1 = await _cmd_usec(backend.client), await _cpu_s(backend.client)
     server_s = _server_us(before, after, "evalsha") / 1e6
     return {"build_s": wall, "events": events, "batches": batches,
             "events_per_s": events / wall, "batches_per_s": batches / wall,
             "entries_per_s": data.entries / wall, "apply_server_s": server_s,
-            "apply_server_us_per_entry": server_s * 1e6 / data.entries}
+            "apply_server_us_per_entry": server_s * 1e6 / data.entries,
+            "apply_cpu_us_per_entry": (cpu1 - cpu0) * 1e6 / data.entries}
 
 
-async def _memory_split(client: Any, ns: str, data: Dataset, seed: int) -> dict[str, float]:
-    """Bytes per entry of the two big structures, from ``MEMORY USAGE``: the block keys
-    (sampled, scaled to every block) and the per-worker reverse indexes (exact)."""
+async def _evict(backend: RedisBackend, ns: str, data: Dataset) -> dict[str, Any]:
+    """Every worker evicts the tail half of what it holds (BlockRemoved, all workers
+    concurrently); Redis time per entry removed, and lookups of 20 chains afterwards."""
+    plans = [data.evictions(w) for w in range(len(data.worker_ids))]
+    removed = sum(len(ev.op.hashes) for p in plans for b in p for ev in b
+                  if isinstance(ev.op, Removed))
+
+    async def publish(w: int) -> None:
+        for batch in plans[w]:
+            res = await backend.apply_events(data.worker_ids[w], batch)
+            if res.status is not ApplyStatus.OK:
+                raise RuntimeError(f"batch of {data.worker_ids[w]} not applied: {res}")
+
+    before, cpu0 = await _cmd_usec(backend.client), await _cpu_s(backend.client)
+    await asyncio.gather(*(publish(w) for w in range(len(data.worker_ids))))
+    after, cpu1 = await _cmd_usec(backend.client), await _cpu_s(backend.client)
+    correct = True
+    for c in range(min(20, len(data.chains))):
+        got = await backend.lookup(ns, data.chains[c], 0, data.worker_ids)
+        correct &= {w: m.blocks for w, m in got.items()} == data.expected_after_evictions(c)
+    return {"removed_entries": removed, "correct_after_evictions": correct,
+            "remove_server_us_per_entry": _server_us(before, after, "evalsha") / removed,
+            "remove_cpu_us_per_entry": (cpu1 - cpu0) * 1e6 / removed}
+
+
+async def _memory_split(client: Any, data: Dataset, total: int,
+                        seed: int) -> dict[str, float]:
+    """Bytes per entry of the block keys, from ``MEMORY USAGE`` (each key's own allocation,
+    sampled, scaled to every block), and of everything else (the main hash table's slots,
+    the records and live handles): the rest of the ``used_memory`` delta ``total``."""
     rng = random.Random(seed + 2)
     sample = []
     for _ in range(min(500, data.distinct_blocks)):
         chain = data.chains[rng.randrange(len(data.chains))]
-        sample.append(f"{chain_keys(ns, chain[0])}b:{rng.choice(chain).hex()}")
+        sample.append(block_key(rng.choice(chain)))
     per_key = [int(await client.memory_usage(k) or 0) for k in sample]
-    reverse = 0
-    for wid in data.worker_ids:
-        reverse += int(await client.memory_usage(worker_key(ns, wid) + ":blocks",
-                                                 samples=0) or 0)
     blocks_total = statistics.mean(per_key) * data.distinct_blocks
     return {"block_keys_bytes_per_entry": blocks_total / data.entries,
-            "reverse_index_bytes_per_entry": reverse / data.entries,
+            "other_bytes_per_entry": (total - blocks_total) / data.entries,
             "bytes_per_block_key": statistics.mean(per_key)}
 
 
-async def _lookups(backend: RedisBackend, ns: str, data: Dataset, queries: int,
+# lookup kinds: (result name, the commands whose server time it costs; EXEC's time
+# includes the commands it runs)
+_KINDS = (("kvmesh", "multi", "exec"), ("pipelined", "get", "hgetall"),
+          ("per_tag", "mget", "hgetall"))
+
+
+async def _one(kind: str, backend: RedisBackend, raw: Any, ns: str, query: list[bytes],
+               allowed: list[str]) -> dict[str, BlockMatch]:
+    if kind == "kvmesh":
+        return await backend.lookup(ns, query, 0, allowed)
+    return await pipelined.lookup(raw, ns, query, allowed, per_tag=kind == "per_tag")
+
+
+async def _lookups(backend: RedisBackend, raw: Any, ns: str, data: Dataset, queries: int,
                    tail_blocks: int, seed: int) -> dict[str, Any]:
     rng = random.Random(seed + 1)
     picks = [rng.randrange(len(data.chains)) for _ in range(queries)]
     allowed = list(data.worker_ids)
-    lua_t: list[float] = []
-    pipe_t: list[float] = []
+    times: dict[str, list[float]] = {k[0]: [] for k in _KINDS}
+    server: dict[str, float] = {k[0]: 0.0 for k in _KINDS}
     identical = correct = True
-    for c in picks[:5]:  # warm up both paths (connections, script cache)
-        await backend.lookup(ns, data.chains[c], 0, allowed)
-        await pipelined.lookup(backend.client, ns, data.chains[c], allowed)
-    before = await _cmd_usec(backend.client)
+    for c in picks[:5]:  # warm up every path (connections, script cache)
+        for kind, *_ in _KINDS:
+            await _one(kind, backend, raw, ns, data.chains[c], allowed)
     for k, c in enumerate(picks):
         query = data.chains[c] + [rng.randbytes(32) for _ in range(tail_blocks)]
-        order = (0, 1) if k % 2 == 0 else (1, 0)  # alternate who goes first
-        res: list[dict[str, BlockMatch]] = [{}, {}]
-        for which in order:
+        res: dict[str, dict[str, BlockMatch]] = {}
+        for kind, *cmds in _KINDS[k % 3:] + _KINDS[:k % 3]:  # rotate who goes first
+            before = await _cmd_usec(backend.client)  # the server's time of this call alone
             t0 = time.perf_counter()
-            if which == 0:
-                res[0] = await backend.lookup(ns, query, 0, allowed)
-                lua_t.append(time.perf_counter() - t0)
-            else:
-                res[1] = await pipelined.lookup(backend.client, ns, query, allowed)
-                pipe_t.append(time.perf_counter() - t0)
-        identical &= res[0] == res[1]
-        correct &= {w: m.blocks for w, m in res[0].items()} == data.expected(c)
-    after = await _cmd_usec(backend.client)
+            res[kind] = await _one(kind, backend, raw, ns, query, allowed)
+            times[kind].append(time.perf_counter() - t0)
+            after = await _cmd_usec(backend.client)
+            server[kind] += sum(_server_us(before, after, cmd) for cmd in cmds)
+        identical &= res["kvmesh"] == res["pipelined"] == res["per_tag"]
+        correct &= {w: m.blocks for w, m in res["kvmesh"].items()} == data.expected(c)
     n = len(picks)
-    return {
-        "queries": n, "query_blocks": data.layout.chain_blocks + tail_blocks,
-        "lua_p50_ms": statistics.median(lua_t) * 1e3, "lua_p99_ms": _pct(lua_t, 0.99) * 1e3,
-        "pipelined_p50_ms": statistics.median(pipe_t) * 1e3,
-        "pipelined_p99_ms": _pct(pipe_t, 0.99) * 1e3,
-        "lua_server_us": _server_us(before, after, "evalsha") / n,
-        "pipelined_server_us": _server_us(before, after, "get") / n,
-        "identical": identical, "correct": correct,
-    }
+    blocks = data.layout.chain_blocks + tail_blocks
+    cpu: dict[str, float] = {}
+    for kind, *_ in _KINDS:  # the process CPU of each kind alone, on the same queries
+        rng = random.Random(seed + 1)
+        queries_ = [data.chains[c] + [rng.randbytes(32) for _ in range(tail_blocks)]
+                    for c in picks]
+        t0 = await _cpu_s(backend.client)
+        for q in queries_:
+            await _one(kind, backend, raw, ns, q, allowed)
+        cpu[kind] = (await _cpu_s(backend.client) - t0) * 1e6 / n
+    out: dict[str, Any] = {"queries": n, "query_blocks": blocks,
+                           "identical": identical, "correct": correct,
+                           "lookup_server_us_per_block": server["kvmesh"] / n / blocks}
+    for kind in times:
+        out[f"{kind}_p50_ms"] = statistics.median(times[kind]) * 1e3
+        out[f"{kind}_p99_ms"] = _pct(times[kind], 0.99) * 1e3
+        out[f"{kind}_server_us"] = server[kind] / n
+        out[f"{kind}_cpu_us"] = cpu[kind]
+    out["lookup_cpu_us_per_block"] = cpu["kvmesh"] / blocks
+    return out
 
 
 async def run_async(entries: int = 200_000, layout: Layout | None = None, queries: int = 300,
@@ -148,6 +220,7 @@ async def run_async(entries: int = 200_000, layout: Layout | None = None, querie
     ns = namespace(model, BLOCK_SIZE, ALGO)
     server = start_redis()
     backend = RedisBackend.from_url(server.url, timeout_s=120.0)
+    raw = aioredis.Redis.from_url(server.url, socket_timeout=120.0)  # binary replies
     try:
         await backend.load_scripts()
         for w, wid in enumerate(data.worker_ids):
@@ -156,9 +229,12 @@ async def run_async(entries: int = 200_000, layout: Layout | None = None, querie
         mem0 = await _used_memory(backend.client)
         build = await _build(backend, data)
         mem1 = await _used_memory(backend.client)
-        split = await _memory_split(backend.client, ns, data, seed)
-        looks = await _lookups(backend, ns, data, queries, tail_blocks, seed)
+        settled = await _settled_memory(backend) - mem0
+        split = await _memory_split(raw, data, mem1 - mem0, seed)
+        looks = await _lookups(backend, raw, ns, data, queries, tail_blocks, seed)
+        evict = await _evict(backend, ns, data)
     finally:
+        await raw.aclose()
         await backend.close()
         server.stop()
     return {
@@ -168,9 +244,10 @@ async def run_async(entries: int = 200_000, layout: Layout | None = None, querie
         "event_blocks": layout.event_blocks, "batch_events": layout.batch_events,
         "model": model, "namespace": ns, **build,
         "memory_bytes": mem1 - mem0,
+        "settled_bytes_per_entry": settled / data.entries,
         "bytes_per_entry": (mem1 - mem0) / data.entries,
         "bytes_per_block": (mem1 - mem0) / data.distinct_blocks,
-        "goal_bytes_per_entry": 150, **split, **looks,
+        "goal_bytes_per_entry": 100, "bar_bytes_per_entry": 150, **split, **looks, **evict,
     }
 
 

@@ -59,7 +59,8 @@ def breakdown(prompts: dict[int, list[int]], chains: dict[int, list[bytes]], red
             times.append(time.perf_counter() - t0)
         log = await backend.client.slowlog_get(4 * repeats)
         await backend.client.config_set("slowlog-log-slower-than", 10_000)
-        lua = [e["duration"] for e in log if bytes(e["command"]).upper().startswith(b"EVALSHA")]
+        lua = [e["duration"] for e in log  # the lookup's script, or its MULTI/EXEC snapshot
+               if bytes(e["command"]).upper().startswith((b"EVALSHA", b"EXEC"))]
         return statistics.median(times) * 1e6, statistics.median(lua) if lua else math.nan
 
     async def all_lookups() -> dict[int, tuple[float, float]]:

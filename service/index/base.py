@@ -6,8 +6,8 @@ test drives them with the same random streams and compares them with a brute-for
 State, per namespace ``ns`` (model + block size + hash algo, see :func:`namespace`):
 
 - block hash -> {worker_id: tier bitmask} (bit ``1 << (tier - 1)``: 1 GPU, 2 CPU, 4 disk);
-- per worker: the set of hashes it holds (reverse index, for purge and snapshots), each
-  with the first block hash of its chain (its *root*; the Redis layout needs it);
+- per worker: the set of hashes it holds (what purge, Cleared and snapshots drop; its
+  size is the worker's ``indexed_blocks``, which the block cap reads);
 - per worker: a record (address, model, last applied event seq, load, last heartbeat);
 - provisional entries: block hash -> {worker_id: expiry_ms}.
 
@@ -333,6 +333,13 @@ class IndexBackend(abc.ABC):
     @abc.abstractmethod
     async def get_worker(self, worker_id: str) -> WorkerRecord | None:
         """One worker's record (a copy), or None."""
+
+    async def sweep(self) -> int:
+        """Reclaim the memory of entries that were dropped logically (the redis backend
+        drops a worker's entries by retiring its handle and deletes them here, a bounded
+        step per call; the service's janitor calls it). Returns the entries deleted;
+        lookups never see dropped entries, swept or not."""
+        return 0
 
     async def ping(self) -> None:
         """Raise IndexUnavailable when the store cannot be reached."""

@@ -1,41 +1,33 @@
 """Redis / Valkey index backend (redis-py asyncio with hiredis), same semantics as memory.
 
-Key layout (``NS`` = ``namespace(model, block_size, algo)``, percent-encoded, so it never
-holds ``{``, ``}`` or ``|``; ``ROOT`` and ``HASH`` are lowercase hex block hashes; ``ROOT`` is
-the FIRST block hash of the chain a block belongs to)::
+The key layout and value encodings are in ``keys.py``: one STRING per block, named by its
+raw hash behind a one-byte cluster tag, holding sorted 4-byte (worker handle, tier bits)
+entries; control keys (registry, records, live handles per namespace) share one slot.
+The scripts that write are in ``scripts.py``, ``prov_script.py`` and ``sweep_script.py``.
 
-    kvm:workers             HASH  worker_id -> NS                              (registry)
-    kvm:{NS|w:ID}           HASH  the worker's record: address model bs algo seq rseq hb
-                                  reg inc cred running waiting queued free total decode
-                                  (inc: incarnation, a decimal string; absent = 0;
-                                  cred: credential fingerprint; absent = "")
-    kvm:{NS|w:ID}:blocks    HASH  HASH -> ROOT              (reverse index: purge, resync)
-    kvm:{NS|ROOT}:b:HASH    STRING ";worker=mask;worker=mask..."  (who holds the block;
-                                  mask = one digit of tier bits: 1 GPU, 2 CPU, 4 disk)
-    kvm:{NS|ROOT}:p:HASH    STRING ";worker|expiry_ms;..."  (provisional holders; key TTL)
-    kvm:{NS|ROOT}:pm        STRING "1"  (set with the TTL whenever the chain gets
-                                  provisional entries: lookups skip ':p:' keys without it)
+Why STRING keys read with MGET: O(1) per block and one command for all the blocks of a
+prompt (a listpack HASH would scan linearly per field); a 35-byte key with a short value
+is one 80-byte allocation. Why handles instead of worker ids: 3 bytes per entry, and a
+worker's entries can all be dropped at once (registration, Cleared, snapshot, purge) by
+retiring its handle, so no per-worker reverse index is needed (it cost 175 B per entry);
+the sweep (:meth:`RedisBackend.sweep`, called by the service's janitor) reclaims retired
+handles' entries later. The block cap and ``indexed_blocks`` read the record's entry
+count ``n``.
 
-Blocks are STRING keys read with MGET: O(1) per block and one command per chunk of blocks
-(a chain in one HASH would be a listpack up to hash-max-listpack-entries fields, where every
-field lookup is a linear scan).
+Lookups run no script: one MULTI/EXEC snapshot of hand-packed reads (``resp.py``), then
+the walk in the service (``walk.py``). Round trips: Route = 1 (the lookup; +1 when the
+namespace's live map or provisional marker changed since this replica last looked) + 1
+when it records provisional entries; events, snapshots, heartbeats, registration and
+purge = 1 script each. Scripts are loaded once (``SCRIPT LOAD``) and called by SHA; after
+a ``NOSCRIPT`` (a restarted or flushed server) they are loaded again and the call is
+retried once.
 
-Redis Cluster: everything between ``{`` and ``}`` is the hash tag, so every key of one chain
-(its holders and its provisional entries) lives in ONE slot: a lookup is one script on one
-node, while different prefixes, and different tenants (a salt changes block 0, hence ROOT),
-spread over the cluster. A worker's record and reverse index share the worker's own slot.
-New blocks find their ROOT through the worker's reverse index (the parent's root), which is
-why it stores HASH -> ROOT rather than a plain set.
-
-Round trips: Route = 1 (``LOOKUP``) + 1 only when it records provisional entries; events,
-snapshots, heartbeats, registration and purge = 1 script each. Scripts are loaded once
-(``SCRIPT LOAD``) and called by SHA; after a ``NOSCRIPT`` (a restarted or flushed server)
-they are loaded again and the call is retried once.
-
-Limits: the lookup and provisional scripts are single-slot and fit Redis Cluster. The
-event, snapshot, register and purge scripts touch the worker's keys AND chain keys of
-several slots, which a standalone server (or Valkey/Redis with one shard, or Sentinel)
-executes atomically; on a multi-shard cluster they would have to be split per slot.
+Redis Cluster: registration, heartbeat and purge touch the control slot only; a block
+key's slot depends on its hash alone (64 tags spread evenly over the slots), so a chain,
+even one shared prefix, spreads over every shard. The lookup's snapshot, ``PROVISIONAL``,
+``APPLY``, ``SYNC`` and ``SWEEP`` as written touch block keys of many slots (and the
+control slot), which a standalone server (or one shard, or Sentinel) executes atomically;
+on a multi-shard cluster they must be split per slot (see docs/architecture.md).
 Heartbeat timestamps come from the service replicas' clocks: keep them NTP-synced.
 """
 from __future__ import annotations
@@ -50,7 +42,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.retry import Retry
 
-from service.index import scripts
+from service.index import keys, prov_script, resp, scripts, sweep_script
 from service.index.base import (
     ApplyResult,
     ApplyStatus,
@@ -71,8 +63,10 @@ from service.index.base import (
     resolve_snapshot,
     tier_bit,
 )
+from service.index.keys import REGISTRY, block_key, block_keys, live_key, prov_marker, worker_key
+from service.index.walk import walk
 
-REGISTRY = "kvm:workers"
+__all__ = ["REGISTRY", "RedisBackend", "worker_key"]
 # (WorkerLoad field, record field, type): counts are ints, measured costs floats (stored
 # as repr(), which round-trips exactly).
 _LOAD_FIELDS = (("running", "running", int), ("waiting", "waiting", int),
@@ -85,32 +79,7 @@ _LOAD_FIELDS = (("running", "running", int), ("waiting", "waiting", int),
 # Anything the server or the socket answers instead of a result (refused, timeout, LOADING,
 # READONLY after a failover, OOM under maxmemory...) means "the index is unavailable".
 _DOWN = (rexc.RedisError, OSError)
-
-
-def worker_key(ns: str, worker_id: str) -> str:
-    return f"kvm:{{{ns}|w:{worker_id}}}"
-
-
-def chain_prefix(ns: str) -> str:
-    """Prefix of every chain key of ``ns``: ``chain_prefix(ns) + ROOT + '}:b:' + HASH``."""
-    return f"kvm:{{{ns}|"
-
-
-def chain_keys(ns: str, root: bytes) -> str:
-    """Prefix of every key of one chain: ``+ 'b:' + HASH`` or ``+ 'p:' + HASH``."""
-    return f"kvm:{{{ns}|{root.hex()}}}:"
-
-
-def _hexes(hashes: Sequence[bytes]) -> str:
-    return b"".join(hashes).hex()
-
-
-def _width(events: Sequence[KvEvent]) -> int:
-    """Digest size of a batch (the service validated that all its hashes share it)."""
-    for ev in events:
-        if isinstance(ev.op, (Stored, Removed)) and ev.op.hashes:
-            return len(ev.op.hashes[0])
-    return 32
+SWEEP_COUNT = 1000  # block keys per sweep step (about a millisecond of Redis time)
 
 
 def _record(wid: str, ns: str, f: dict[str, str]) -> WorkerRecord:
@@ -131,7 +100,7 @@ def _load_args(load: WorkerLoad) -> list[Any]:
 
 
 class RedisBackend(IndexBackend):
-    """The production backend; see the module docstring for the layout."""
+    """The production backend; see ``keys.py`` for the layout."""
 
     name = "redis"
 
@@ -145,8 +114,11 @@ class RedisBackend(IndexBackend):
         self._apply = script(scripts.APPLY)
         self._sync = script(scripts.SYNC)
         self._purge = script(scripts.PURGE)
-        self._lookup = script(scripts.LOOKUP)
-        self._provisional = script(scripts.PROVISIONAL)
+        self._sweep = script(sweep_script.SWEEP)
+        self._provisional = script(prov_script.PROVISIONAL)
+        # ns -> (version, handle -> worker id): the live map as of its version 'v'
+        self._live: dict[str, tuple[bytes | None, dict[int, str]]] = {}
+        self._prov_seen: dict[str, bool] = {}  # ns -> its marker existed at the last lookup
 
     @classmethod
     def from_url(cls, url: str, timeout_s: float = 0.5) -> RedisBackend:
@@ -169,7 +141,7 @@ class RedisBackend(IndexBackend):
         """SCRIPT LOAD every script (optional: calls load them on NOSCRIPT anyway)."""
         async with self._guard():
             for s in (self._register, self._heartbeat, self._apply, self._sync, self._purge,
-                      self._lookup, self._provisional):
+                      self._sweep, self._provisional):
                 await self.client.script_load(s.script)
 
     async def ping(self) -> None:
@@ -190,20 +162,19 @@ class RedisBackend(IndexBackend):
         return self._ns_of[worker_id]
 
     async def _worker_call(self, worker_id: str, script: AsyncScript, args: Sequence[Any],
-                           unknown: Any, extra_first: bool = False) -> Any:
-        """Run a per-worker script with KEYS = [record, reverse index] (``extra_first``: the
-        registry first), resolving the worker's ns through the cached registry; callables in
-        ``args`` are called with that ns. When the script answers ``unknown``, retry once
-        with the registry re-read (another replica may have re-registered the worker)."""
+                           unknown: Any, registry_first: bool = False) -> Any:
+        """Run a per-worker script with KEYS = [record] ([registry, record] with
+        ``registry_first``) and ARGV = [ns, worker id, *args], resolving the worker's ns
+        through the cached registry. When the script answers ``unknown``, retry once with
+        the registry re-read (another replica may have re-registered the worker)."""
         for fresh in (False, True):
             ns = await self._ns(worker_id, fresh)
             if ns is None:
                 return unknown
             wk = worker_key(ns, worker_id)
-            keys = [REGISTRY, wk, wk + ":blocks"] if extra_first else [wk, wk + ":blocks"]
-            argv = [a(ns) if callable(a) else a for a in args]
+            keys = [REGISTRY, wk] if registry_first else [wk]
             async with self._guard():
-                res = await script(keys, argv)
+                res = await script(keys, [ns, worker_id, *args])
             if res != unknown:
                 return res
         return unknown
@@ -220,7 +191,7 @@ class RedisBackend(IndexBackend):
         guard = [("" if live_after_ms is None else live_after_ms), record.address,
                  record.credential]
         async with self._guard():
-            had = await self._register([REGISTRY, wk, wk + ":blocks"],
+            had = await self._register([REGISTRY, wk],
                                        [record.worker_id, record.ns, *guard, *fields])
         if had == -1:
             raise WorkerIdInUse(record.worker_id)
@@ -229,8 +200,16 @@ class RedisBackend(IndexBackend):
 
     async def heartbeat(self, worker_id: str, load: WorkerLoad, reported_seq: int,
                         now_ms: int, incarnation: int = 0) -> HeartbeatResult:
-        args = [now_ms, reported_seq, str(incarnation), *_load_args(load)]
-        known, seq, prev = await self._worker_call(worker_id, self._heartbeat, args, [0, 0, 0])
+        for fresh in (False, True):
+            ns = await self._ns(worker_id, fresh)
+            if ns is None:
+                return HeartbeatResult(known=False)
+            async with self._guard():
+                known, seq, prev = await self._heartbeat(
+                    [worker_key(ns, worker_id)],
+                    [now_ms, reported_seq, str(incarnation), *_load_args(load)])
+            if known:
+                break
         if known == -1:
             raise StaleIncarnation(worker_id, incarnation)
         if not known:
@@ -247,17 +226,21 @@ class RedisBackend(IndexBackend):
                 raise StaleIncarnation(worker_id, incarnation)
             return ApplyResult(ApplyStatus.OK, 0, rec.last_seq)
         flat: list[Any] = []
+        width = 32
         for ev in events:
             op = ev.op
             if isinstance(op, Stored):
-                flat += ["S", tier_bit(op.tier), op.parent.hex(), _hexes(op.hashes)]
+                flat += ["S", tier_bit(op.tier), block_key(op.parent) if op.parent else b"",
+                         block_keys(op.hashes)]
             elif isinstance(op, Removed):
-                flat += ["R", tier_bit(op.tier), _hexes(op.hashes)]
+                flat += ["R", tier_bit(op.tier), block_keys(op.hashes)]
             elif isinstance(op, Cleared):
                 flat.append("C")
-        width = 2 * _width(events)
-        args = [chain_prefix, worker_id, events[0].seq, events[-1].seq, width,
-                str(incarnation), cap.per_pool, cap.floor, *flat]
+                continue
+            if op.hashes:  # the service validated that every hash of a batch has one size
+                width = len(op.hashes[0])
+        args = [events[0].seq, events[-1].seq, len(block_key(bytes(width))), str(incarnation),
+                cap.per_pool, cap.floor, *flat]
         status, applied, last = await self._worker_call(worker_id, self._apply, args,
                                                         [-2, 0, 0])
         if status == -3:
@@ -271,11 +254,10 @@ class RedisBackend(IndexBackend):
     async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[Stored],
                           incarnation: int = 0, cap: BlockCap = BlockCap()) -> int | None:
         resolved = resolve_snapshot(blocks)
-        width = 2 * len(next(iter(resolved))) if resolved else 64
-        args = [chain_prefix, worker_id, seq, width, _hexes(list(resolved)),
-                _hexes([r for r, _ in resolved.values()]),
-                "".join(str(m) for _, m in resolved.values()), str(incarnation),
-                cap.per_pool, cap.floor]
+        width = len(next(iter(resolved))) if resolved else 32
+        args = [seq, len(block_key(bytes(width))), block_keys(list(resolved)),
+                "".join(str(m) for _, m in resolved.values()), str(incarnation), cap.per_pool,
+                cap.floor]
         n = int(await self._worker_call(worker_id, self._sync, args, -1))
         if n == -2:
             raise StaleIncarnation(worker_id, incarnation)
@@ -285,37 +267,67 @@ class RedisBackend(IndexBackend):
 
     async def purge_worker(self, worker_id: str, heartbeat_before_ms: int | None = None) -> bool:
         deadline = "" if heartbeat_before_ms is None else heartbeat_before_ms
-        done = await self._worker_call(
-            worker_id, self._purge, [worker_id, chain_prefix, lambda ns: ns, deadline], 0,
-            extra_first=True)
+        done = await self._worker_call(worker_id, self._purge, [deadline], 0,
+                                       registry_first=True)
         if done:
             self._ns_of.pop(worker_id, None)
         return bool(done)
+
+    async def sweep(self, max_steps: int = 64) -> int:
+        """Drop retired handles' entries, at most ``max_steps`` SCAN steps of
+        ``SWEEP_COUNT`` block keys (one script each); returns the entries dropped. Costs one
+        command when nothing was retired."""
+        dropped = 0
+        for _ in range(max_steps):
+            async with self._guard():
+                state, _, n = await self._sweep(
+                    [keys.SWEEP, keys.DEAD, keys.CYCLE, keys.FREE], [SWEEP_COUNT])
+            dropped += int(n)
+            if state != 1:
+                break
+        return dropped
 
     # --- lookup -------------------------------------------------------------------------
 
     async def lookup(self, ns: str, hashes: Sequence[bytes], now_ms: int,
                      workers: Collection[str] | None = None) -> dict[str, BlockMatch]:
+        """One round trip: a MULTI/EXEC snapshot of the live map's version, the provisional
+        marker and every block key (``MGET``), plus the provisional keys when the marker
+        existed at the last lookup; the walk runs here (``walk.py``). A live map whose
+        version moved since it was cached, or a marker that appeared, costs one more."""
         if not hashes:
             return {}
-        root = hashes[0]
-        allow: list[Any] = [-1] if workers is None else [len(workers), *workers]
-        async with self._guard():
-            kp = chain_keys(ns, root)
-            flat = await self._lookup([f"{kp}b:{root.hex()}"],
-                                      [kp, now_ms, 2 * len(root), _hexes(hashes), *allow])
-        return {flat[i]: BlockMatch(int(flat[i + 1]), int(flat[i + 2]), int(flat[i + 3]),
-                                    int(flat[i + 4])) for i in range(0, len(flat), 5)}
+        lk, marker = live_key(ns).encode(), prov_marker(ns).encode()
+        cached = self._live.get(ns)
+        with_prov = self._prov_seen.get(ns, False)
+        for attempt in range(3):
+            full = cached is None or attempt > 0
+            cmds = [resp.command(b"HGETALL", lk) if full else resp.command(b"HGET", lk, b"v"),
+                    resp.command(b"EXISTS", marker), resp.mget(hashes)]
+            if with_prov:
+                cmds.append(resp.mget(hashes, b"p", ns.encode()))
+            async with self._guard():
+                res = await resp.transact(self.client, cmds)
+            stale = not full and res[0] != cached[0]  # type: ignore[index]
+            if full:
+                cached = self._live[ns] = keys.live_map(res[0])
+            if not stale and (with_prov or not res[1]):
+                break
+            with_prov = with_prov or bool(res[1])  # provisional entries appeared: read them
+        self._prov_seen[ns] = bool(res[1])
+        pvalues = res[3] if res[1] and with_prov else None
+        assert cached is not None
+        return walk(res[2], pvalues, cached[1], now_ms, workers)
 
     async def add_provisional(self, ns: str, hashes: Sequence[bytes], worker_id: str,
                               start: int, now_ms: int, ttl_ms: int) -> None:
         if start >= len(hashes):
             return
-        kp = chain_keys(ns, hashes[0])
-        args = [kp, worker_id, now_ms + ttl_ms, now_ms, ttl_ms, 2 * len(hashes[0]),
-                _hexes(hashes[start:])]
+        pks = keys.prov_keys(ns, hashes[start:])
+        args = [worker_id, now_ms + ttl_ms, now_ms, ttl_ms, len(pks) // (len(hashes) - start),
+                pks]
         async with self._guard():
-            await self._provisional([f"{kp}b:{hashes[0].hex()}"], args)
+            await self._provisional([prov_marker(ns)], args)
 
     # --- reads --------------------------------------------------------------------------
 
@@ -327,19 +339,15 @@ class RedisBackend(IndexBackend):
             pipe = self.client.pipeline(transaction=False)
             for wid, ns in reg.items():
                 pipe.hgetall(worker_key(ns, wid))
-                if with_blocks:
-                    pipe.hlen(worker_key(ns, wid) + ":blocks")
             res = await pipe.execute()
         self._ns_of.update(reg)
         out: list[WorkerRecord] = []
-        step = 2 if with_blocks else 1
-        for i, (wid, ns) in enumerate(reg.items()):
-            fields = res[i * step]
+        for (wid, ns), fields in zip(reg.items(), res, strict=True):
             if not fields:
                 continue  # purged between the two reads
             rec = _record(wid, ns, fields)
             if with_blocks:
-                rec.indexed_blocks = int(res[i * step + 1])
+                rec.indexed_blocks = int(fields.get("n", 0))
             out.append(rec)
         return out
 

@@ -11,6 +11,7 @@ from bench.index import pipelined
 from bench.index.data import Layout, plan
 from bench.index.run import run
 from service.index.base import BlockMatch
+from service.index.keys import handle_bytes
 
 TINY = Layout(workers=8, chain_blocks=16, holders=3, event_blocks=4, batch_events=4)
 
@@ -28,22 +29,29 @@ def test_plan_reaches_the_entry_count_with_shrinking_prefixes() -> None:
 
 
 def test_walk_counts_consecutive_blocks_per_worker_and_tier() -> None:
-    values = [";a=1;b=2;c=1", ";a=1;b=3", ";a=2", None, ";a=1"]
-    assert pipelined.walk(values, None) == {
+    def v(**holders: int) -> bytes:  # a block value: sorted (handle, tier bits) entries
+        live_of = {"a": 1, "b": 2, "c": 3, "z": 9}
+        return b"".join(handle_bytes(live_of[w]) + bytes([m])
+                        for w, m in sorted(holders.items(), key=lambda x: live_of[x[0]]))
+
+    live = {1: "a", 2: "b", 3: "c"}  # z's handle 9 is not live: never counted
+    values = [v(a=1, b=2, c=1, z=1), v(a=1, b=3, z=1), v(a=2), None, v(a=1)]
+    assert pipelined.walk(values, live, None) == {
         "a": BlockMatch(3, 2, 1, 0), "b": BlockMatch(2, 1, 1, 0), "c": BlockMatch(1, 1, 0, 0)}
-    assert pipelined.walk(values, {"b"}) == {"b": BlockMatch(2, 1, 1, 0)}
-    assert pipelined.walk([None, ";a=1"], None) == {}
+    assert pipelined.walk(values, live, {"b"}) == {"b": BlockMatch(2, 1, 1, 0)}
+    assert pipelined.walk([None, v(a=1)], live, None) == {}
 
 
-def test_index_bench_lua_and_pipelined_agree_on_real_redis() -> None:
+def test_index_bench_lookups_agree_on_real_redis() -> None:
     res = run(entries=2000, layout=TINY, queries=20, tail_blocks=2)
-    assert res["identical"] and res["correct"]
+    assert res["identical"] and res["correct"] and res["correct_after_evictions"]
     assert res["entries"] >= 2000 and res["events"] > 0 and res["events_per_s"] > 0
-    assert res["bytes_per_entry"] > 0 and res["reverse_index_bytes_per_entry"] > 0
+    assert res["bytes_per_entry"] > 0 and res["block_keys_bytes_per_entry"] > 0
     assert res["query_blocks"] == 18
-    for k in ("lua_p50_ms", "lua_p99_ms", "pipelined_p50_ms", "pipelined_p99_ms"):
-        assert res[k] > 0
-    assert res["lua_server_us"] > 0 and res["pipelined_server_us"] > 0
+    for kind in ("kvmesh", "pipelined", "per_tag"):
+        for k in ("p50_ms", "p99_ms", "server_us", "cpu_us"):
+            assert res[f"{kind}_{k}"] > 0, (kind, k)
+    assert res["lookup_server_us_per_block"] > 0 and res["apply_server_us_per_entry"] > 0
 
 
 def test_index_command_prints_json() -> None:

@@ -11,6 +11,7 @@ import asyncio
 import redis.asyncio as aioredis
 
 from deploy.waiting import eventually
+from service.index.keys import PROV_KEYS_MATCH
 from tests.reliability.in_process import linked_worker
 from worker import Engine
 
@@ -34,7 +35,7 @@ def test_lost_batch_is_detected_and_resynced(redis_url):
             await eventually(lambda: asyncio.sleep(0, link.counters["gaps"]),
                              lambda gaps: gaps >= 1)
             # The resync snapshot restores what the lost batch carried.
-            await eventually(lambda: db.keys("kvm:*:p:*"), lambda keys: not keys)  # provisional
+            await eventually(lambda: db.keys(PROV_KEYS_MATCH), lambda keys: not keys)  # provisional
             for prompt in (first, second, third):  # entries have expired: only real ones count
                 await eventually(lambda p=prompt: client.route(p, dry_run=True),
                                  lambda r: r.matched_tokens == 32)

@@ -23,6 +23,8 @@ from deploy.redis_server import RedisServer
 from kvmesh.hashing import block_hashes, none_hash
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
+from service.index import keys
+from service.index.sweep_script import SWEEP
 from tests.malformed import HASH_POOL, KNOWN_WORKERS, Limits, index_requests
 
 LIMITS = Limits()
@@ -33,7 +35,7 @@ OK = grpc.StatusCode.OK
 REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
             grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
             grpc.StatusCode.ALREADY_EXISTS}
-PROVISIONAL = re.compile(rb"\}:p(:|m$)")  # provisional entries: they expire on their own
+PROVISIONAL = re.compile(rb"^p\{|^kvm:\{ctl\}:pm:")  # provisional: they expire on their own
 STRATEGIES = index_requests(LIMITS)
 
 
@@ -46,6 +48,7 @@ class Fuzzed:
         self.channel = grpc.insecure_channel(proc.address)
         self.stub = pb_grpc.IndexServiceStub(self.channel)
         self.seqs = dict.fromkeys(KNOWN_WORKERS, 0)
+        self.sweep = redis_client.register_script(SWEEP)
 
     def call(self, method: str, payload: bytes) -> tuple[grpc.StatusCode, str]:
         rpc = self.channel.unary_unary(f"/kvmesh.v1.IndexService/{method}")
@@ -69,13 +72,16 @@ class Fuzzed:
                     block_hashes=chain))]))
 
     def keep_alive(self) -> None:
-        """Heartbeat the known workers (re-registering any the fuzzing replaced or purged),
-        so liveness and the janitor never change the index during a call."""
+        """Heartbeat the known workers (re-registering any the fuzzing replaced or purged)
+        and finish the sweep of retired entries, so liveness and the janitor never change
+        the index during a call."""
         for i, wid in enumerate(KNOWN_WORKERS):
             res = self.stub.Heartbeat(pb.HeartbeatRequest(worker_id=wid))
             if res.reregister:
                 self.seqs[wid] = 0
                 self.join(wid, 9000 + i)
+        while self.sweep([keys.SWEEP, keys.DEAD, keys.CYCLE, keys.FREE], [1000])[0] != 0:
+            pass
 
     def dump(self) -> dict[bytes, object]:
         """Every key of the index with its type and value."""

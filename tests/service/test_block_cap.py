@@ -20,6 +20,7 @@ import redis
 from deploy.process import ServerProcess
 from deploy.redis_server import RedisServer
 from kvmesh.v1 import index_pb2 as pb
+from service.index.keys import BLOCK_KEYS_MATCH
 from tests.service.protocol_worker import ProtocolWorker, stub
 
 CAP = 64
@@ -38,7 +39,7 @@ def service(redis_server: RedisServer, redis_url: str) -> Iterator[ServerProcess
 
 
 def _block_keys(client: redis.Redis) -> int:
-    return sum(1 for _ in client.scan_iter(match="kvm:*}:b:*", count=10_000))
+    return sum(1 for _ in client.scan_iter(match=BLOCK_KEYS_MATCH, count=10_000))
 
 
 def _stored(n: int) -> pb.BlockStored:

@@ -15,6 +15,7 @@ from kvmesh.auth import worker_access_token
 from service import worker_tokens
 from service.auth import fingerprint
 from service.config import ServiceConfig
+from service.index.keys import REGISTRY
 from tests.service.protocol_worker import ProtocolWorker, route, serve
 
 SECRET = "sound-credentials-test-secret"
@@ -64,10 +65,10 @@ def test_records_keep_a_fingerprint_never_the_token(redis_url: str) -> None:
 
     asyncio.run(main())
     db = redis.Redis.from_url(redis_url, decode_responses=True)
-    stored = " ".join(str(db.hgetall(k) if db.type(k) == "hash" else db.get(k))
-                      for k in db.keys("*"))
-    assert "kvm:workers" in db.keys("*") and token.split(":")[1] not in stored
-    records = [db.hgetall(k) for k in db.keys("kvm:*|w:a}")]
+    read = {"hash": db.hgetall, "set": db.smembers}
+    stored = " ".join(str(read.get(db.type(k), db.get)(k)) for k in db.keys("*"))
+    assert REGISTRY in db.keys("*") and token.split(":")[1] not in stored
+    records = [db.hgetall(k) for k in db.keys("kvm:*|a")]
     assert [rec["cred"] for rec in records] == [fingerprint(token)]
 
 

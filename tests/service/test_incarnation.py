@@ -80,6 +80,7 @@ def test_a_stale_batch_of_a_killed_worker_never_reaches_its_successor(
 
     from deploy.local import ClusterSpec, LocalCluster
     from deploy.waiting import wait_until
+    from service.index.keys import block_key, entries
     from service.index.redis import REGISTRY, worker_key
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the worker processes: one torch thread
@@ -88,14 +89,17 @@ def test_a_stale_batch_of_a_killed_worker_never_reaches_its_successor(
     with LocalCluster(spec) as cluster, cluster.client() as client:
         db = redis.Redis.from_url(cluster.redis_url, decode_responses=True)
         ns = db.hget(REGISTRY, "worker-0")
-        record, blocks = worker_key(ns, "worker-0"), worker_key(ns, "worker-0") + ":blocks"
+        record = worker_key(ns, "worker-0")
+
+        def indexed() -> int:  # the blocks the index holds for the worker
+            return int(db.hget(record, "n") or 0)
         old_proc = cluster.workers[0]
         x = [(7 * i) % 200 + 1 for i in range(40)]
         client.generate(x, max_tokens=4)
 
         def whole() -> bool:
             held = client.worker_stats(old_proc.address)["cache"]["cached_hashes"]
-            return held > 0 and db.hlen(blocks) == held
+            return held > 0 and indexed() == held
 
         wait_until(whole, timeout=15)
         old_inc = int(db.hget(record, "inc"))
@@ -107,7 +111,7 @@ def test_a_stale_batch_of_a_killed_worker_never_reaches_its_successor(
         old_reg = db.hget(record, "reg")
         wait_until(lambda: db.hget(record, "reg") not in (None, old_reg), timeout=30)
         wait_until(lambda: client.stats()["workers"][0]["alive"], timeout=10)
-        assert db.hlen(blocks) == 0 == client.worker_stats(new_proc.address)["cache"][
+        assert indexed() == 0 == client.worker_stats(new_proc.address)["cache"][
             "cached_hashes"]
         assert db.hget(record, "inc") != str(old_inc)
 
@@ -121,14 +125,18 @@ def test_a_stale_batch_of_a_killed_worker_never_reaches_its_successor(
                 pb_grpc.IndexServiceStub(ch).PublishEvents(stale, metadata=token, timeout=5)
         assert err.value.code() == FAILED_PRECONDITION, err.value
         assert "stale incarnation" in err.value.details()
-        assert db.hlen(blocks) == 0                     # exactly what the new process holds
+        assert indexed() == 0                     # exactly what the new process holds
         assert client.route(x, dry_run=True).candidates[0].matched_tokens == 0
 
         # and the new process goes on being indexed exactly
         y = [(11 * i) % 200 + 1 for i in range(40)]
         client.generate(y, max_tokens=4)
-        wait_until(lambda: db.hlen(blocks) == client.worker_stats(new_proc.address)[
+        wait_until(lambda: indexed() == client.worker_stats(new_proc.address)[
             "cache"]["cached_hashes"] > 0, timeout=15)
-        held = set(db.hkeys(blocks))
-        assert {h.hex() for h in block_hashes(y, 16)} <= held
-        assert not {h.hex() for h in block_hashes(x, 16)} & held
+        raw, handle = redis.Redis.from_url(cluster.redis_url), int(db.hget(record, "h"))
+
+        def holds(h: bytes) -> bool:
+            return handle in entries(raw.get(block_key(h)))
+
+        assert all(holds(h) for h in block_hashes(y, 16))
+        assert not any(holds(h) for h in block_hashes(x, 16))

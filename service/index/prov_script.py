@@ -1,0 +1,31 @@
+"""The redis backend's provisional-entry script (layout: ``keys.py``; the shared Lua
+helpers ``BASE``: ``scripts.py``)."""
+from __future__ import annotations
+
+from service.index.scripts import BASE
+
+# KEYS[1] = the namespace's provisional marker 'kvm:{ctl}:pm:<ns>' (lookups read
+#           provisional keys only while it exists)
+# ARGV[1] = worker id, ARGV[2] = its expiry ms, ARGV[3] = now ms, ARGV[4] = key TTL ms,
+# ARGV[5] = PW, the bytes of one provisional key, ARGV[6] = the provisional keys
+# 'p{T}<hash><ns>' of the blocks the worker provisionally holds (keys.prov_key,
+# concatenated)
+# Each key's STRING = ';worker|expiry_ms;...': the worker's entry is set/renewed, other
+# unexpired holders kept, expired ones dropped; the key gets the TTL, and so does the
+# marker.
+PROVISIONAL = BASE + r"""
+local wid, now, pw, ks = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[5]), ARGV[6]
+for a = 1, #ks, pw do
+  local pk = string.sub(ks, a, a + pw - 1)
+  local v = ';' .. wid .. '|' .. ARGV[2]
+  local old = redis.call('GET', pk)
+  if old then
+    for other, exp in string.gmatch(old, ';([^|;]+)|(%d+)') do
+      if other ~= wid and tonumber(exp) > now then v = v .. ';' .. other .. '|' .. exp end
+    end
+  end
+  redis.call('SET', pk, v, 'PX', ARGV[4])
+end
+redis.call('SET', KEYS[1], '1', 'PX', ARGV[4])
+return 0
+"""
