@@ -34,3 +34,16 @@ def test_a_fleet_of_http_engines_only_is_an_unavailable_error_naming_them() -> N
 def test_grpc_workers_are_tried(address: str) -> None:
     plan = Candidates(routed(address), worker_pb2.GenerateRequest(), stream=False)
     assert [a.cand.address for a in plan] == [address]
+
+
+def test_a_routed_answer_is_used_as_is_without_routing_again(cluster, make_client) -> None:
+    """The gateway routes once (to see whether an HTTP engine is best) and hands the answer
+    to ``generate``: no second Route, and only the kvmesh workers in it are called."""
+    from tests.client.fake_servers import FakeIndex, FakeWorker
+
+    index, worker = FakeIndex(), FakeWorker("w1")
+    client = make_client(cluster.index(index))
+    address = cluster.worker(worker)
+    result = client.generate([1, 2, 3], max_tokens=2,
+                             routed=routed("http://engine:8000", address))
+    assert index.routes == [] and result.worker_id == "w1" and len(worker.requests) == 1
