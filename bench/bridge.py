@@ -15,7 +15,8 @@ removal of an older one), for ``--seconds``:
   the bench polls ``Route`` (dry run, every 2 ms) until the index shows it: publish to
   routable, p50 / p99 / max. Also the bridge's own ``kvmesh_bridge_lag_seconds`` (batch time
   to index acknowledgement): the upper bound of the bucket holding its p99;
-- the stream's health over the run: gaps, replays, clears (losses nothing filled).
+- the stream's health over the run: gaps, replays, clears (losses nothing filled), and the
+  index side's: resyncs (snapshots sent) and overflows (pending events dropped for one).
 
 Goals (issue 15): 200,000 blocks/s ingested by one bridge process, publish-to-routable
 p99 under 50 ms at that rate.
@@ -139,8 +140,11 @@ class Stack:
             block_size=16, lora_id=None, medium="GPU", lora_name=None)])
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            routed = self.index.Route(pb.RouteRequest(
-                token_ids=[*tokens, 0], model="bench", dry_run=True), timeout=5)
+            try:
+                routed = self.index.Route(pb.RouteRequest(
+                    token_ids=[*tokens, 0], model="bench", dry_run=True), timeout=5)
+            except grpc.RpcError:  # no live engine (an overloaded bridge misses beats)
+                routed = pb.RouteResponse()
             if any(c.worker_id == "bench-probe" and c.matched_tokens == 32
                    for c in routed.candidates):
                 return time.time() - t
@@ -187,6 +191,10 @@ class Stack:
             "replays": int(delta.get("kvmesh_bridge_replays_total", 0)),
             "clears": int(delta.get("kvmesh_bridge_unfilled_total", 0)
                           + delta.get("kvmesh_bridge_restarts_total", 0)),
+            "resyncs": int(delta.get("kvmesh_bridge_resyncs_total", 0)),
+            "overflows": int(delta.get("kvmesh_bridge_overflows_total", 0)),
+            "silent_beats": int(delta.get("kvmesh_bridge_silent_beats_total", 0)),
+            "registrations": int(delta.get("kvmesh_bridge_registrations_total", 0)),
         }
 
     def close(self) -> None:
@@ -252,7 +260,8 @@ def register(bench: typer.Typer) -> None:
         table = Table(title=f"one bridge, {engines} engines, {blocks}-block batches, "
                             f"{backend} index")
         cols = ("offered/s", "ingested/s", "per bridge CPU-s", "bridge CPU share",
-                "lag p50 ms", "lag p99 ms", "bridge lag p99 <= ms", "gaps", "clears")
+                "lag p50 ms", "lag p99 ms", "bridge lag p99 <= ms", "gaps", "clears",
+                "silent beats", "re-registrations")
         for col in cols:
             table.add_column(col, justify="right")
         for r in rows:
@@ -260,7 +269,8 @@ def register(bench: typer.Typer) -> None:
                           f"{r['blocks_per_bridge_cpu_s'] or 0:,}",
                           f"{r['bridge_cpu_s'] / r['wall_s']:.2f}",
                           str(r["probe_lag_p50_ms"]), str(r["probe_lag_p99_ms"]),
-                          str(r["bridge_lag_p99_le_ms"]), str(r["gaps"]), str(r["clears"]))
+                          str(r["bridge_lag_p99_le_ms"]), str(r["gaps"]), str(r["clears"]),
+                          str(r["silent_beats"]), str(r["registrations"]))
         Console().print(table)
         best = max(rows, key=lambda r: r["ingest_blocks_per_s"])
         print(f"goal: {GOAL_BLOCKS_PER_S:,} blocks/s with p99 < {GOAL_P99_S * 1e3:.0f} ms; "
