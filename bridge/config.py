@@ -5,8 +5,9 @@ endpoints (``events``, ``replay``: rank 0's) and its ``/metrics``. With ``dp_ran
 rank r publishes on the events and replay ports + r (vLLM offsets both by the rank), its load
 is the ``engine="r"`` samples of the same ``/metrics`` page, and it registers as worker
 ``ID-dp{r}`` (rank 0 as ``ID-dp0``); with one rank the worker id is ``ID``. Every rank of an
-engine registers the engine's address (``host:port`` of the URL): vLLM serves them behind
-one API server.
+engine registers the engine's address, ``http://host:port`` (``https://`` for an https URL;
+``kvmesh.engine_address``): vLLM serves them behind one API server, and the scheme tells
+routers that the worker is an HTTP engine, not a kvmesh gRPC worker.
 
 A config file (``--config``, YAML or TOML by its suffix) holds ``engines``, a list of tables
 with the ``kvmesh bridge vllm`` flags as keys (``worker-id`` or ``worker_id``, ``address``,
@@ -25,6 +26,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from kvmesh.engine_address import http_address
 
 GLOBAL_KEYS = ("service", "service_token", "hash_algo", "hash_seed", "tls_ca", "tls_cert",
                "tls_key", "metrics_port", "metrics_host")
@@ -77,7 +80,7 @@ class RankSpec:
     worker_id: str
     events: str
     replay: str | None
-    address: str      # host:port, as the index stores it
+    address: str      # http://host:port, as the index stores it
     metrics_url: str
     service_token: str | None  # None: the process-wide one
 
@@ -107,11 +110,12 @@ def ranks(spec: EngineSpec) -> list[RankSpec]:
     """The workers of one engine, one per data-parallel rank."""
     parts = urlsplit(spec.address if "//" in spec.address else f"http://{spec.address}")
     metrics = spec.metrics_url or f"{parts.scheme}://{parts.netloc}/metrics"
+    address = http_address(host_port(spec.address), tls=parts.scheme == "https")
     tokens = spec.service_token
     return [RankSpec(spec, r, spec.worker_id if spec.dp_ranks == 1 else f"{spec.worker_id}-dp{r}",
                      offset_port(spec.events, r),
                      None if spec.replay is None else offset_port(spec.replay, r),
-                     host_port(spec.address), metrics,
+                     address, metrics,
                      tokens[r] if isinstance(tokens, tuple) else tokens)
             for r in range(spec.dp_ranks)]
 

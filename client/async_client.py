@@ -87,13 +87,16 @@ class AsyncKvmeshClient(BaseClient):
                        salt: str | None = None, temperature: float = 0.0,
                        seed: int | None = None, *, lora: LoraSpec = None,
                        mm: Iterable[MmSpec] = (), policy: str | None = None,
-                       ignore_eos: bool = False) -> GenerateResult:
+                       ignore_eos: bool = False,
+                       routed: RouteResult | None = None) -> GenerateResult:
         """Route, then generate on the chosen worker with failover to the next candidate;
-        returns only a finished generation (see ``KvmeshClient.generate``)."""
+        returns only a finished generation (see ``KvmeshClient.generate``). ``routed``: a
+        ``route`` answer for this very prompt (same salt, LoRA and mm) to use instead of
+        routing again."""
         # aclosing: the call is cancelled and the generator closed as soon as we return
         async with aclosing(self._generation(token_ids, max_tokens, salt, temperature, seed,
                                              lora, mm, policy, ignore_eos,
-                                             stream=False)) as run:
+                                             stream=False, routed=routed)) as run:
             result = await anext(run)
         assert isinstance(result, GenerateResult)
         return result
@@ -102,7 +105,7 @@ class AsyncKvmeshClient(BaseClient):
                         salt: str | None = None, temperature: float = 0.0,
                         seed: int | None = None, *, lora: LoraSpec = None,
                         mm: Iterable[MmSpec] = (), policy: str | None = None,
-                        ignore_eos: bool = False,
+                        ignore_eos: bool = False, routed: RouteResult | None = None,
                         ) -> AsyncIterator[TokenChunk | GenerateResult]:
         """Route, then stream the generation: ``TokenChunk``s as the worker produces them,
         then exactly one ``GenerateResult`` (all tokens and the worker's facts) last.
@@ -110,21 +113,23 @@ class AsyncKvmeshClient(BaseClient):
         Fails over to the next candidate (as the retry table says) only while nothing was
         yielded yet; once tokens went out, any failure raises ``KvmeshError`` (a dropped
         stream as UNAVAILABLE). Closing the iterator early
-        (``aclose``) cancels the worker's request.
+        (``aclose``) cancels the worker's request. ``routed``: as for :meth:`generate`.
         """
         return self._generation(token_ids, max_tokens, salt, temperature, seed, lora, mm,
-                                policy, ignore_eos, stream=True)
+                                policy, ignore_eos, stream=True, routed=routed)
 
     async def _generation(self, token_ids: Iterable[int], max_tokens: int, salt: str | None,
                           temperature: float, seed: int | None, lora: LoraSpec,
                           mm: Iterable[MmSpec], policy: str | None, ignore_eos: bool, *,
-                          stream: bool) -> AsyncGenerator[TokenChunk | GenerateResult, None]:
-        """Route once, then drive :class:`client.failover.Candidates` over ``grpc.aio``
-        calls: chunks (when ``stream``), then the one result (``KvmeshClient._generation``
-        is the blocking twin)."""
+                          stream: bool, routed: RouteResult | None = None,
+                          ) -> AsyncGenerator[TokenChunk | GenerateResult, None]:
+        """Route once (unless ``routed`` is given), then drive
+        :class:`client.failover.Candidates` over ``grpc.aio`` calls: chunks (when
+        ``stream``), then the one result (``KvmeshClient._generation`` is the blocking
+        twin)."""
         rreq = route_request(token_ids, salt, lora, mm, policy, packed=self.packed_tokens)
-        plan = self._plan(await self._route(rreq), rreq, max_tokens, temperature, seed, ignore_eos,
-                          stream)
+        plan = self._plan(routed or await self._route(rreq), rreq, max_tokens, temperature,
+                          seed, ignore_eos, stream)
         for attempt in plan:
             call = self._conn(attempt.cand.address).worker.Generate(
                 attempt.request, timeout=self.generate_timeout, metadata=self._worker_metadata)

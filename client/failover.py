@@ -17,6 +17,7 @@ import grpc
 from client.convert import StreamAssembler
 from client.errors import BrokenStream, KvmeshError
 from client.results import Candidate, GenerateResult, RouteResult, TokenChunk
+from kvmesh.engine_address import is_http
 from kvmesh.retry import Action, Source, decide
 from kvmesh.v1 import worker_pb2
 
@@ -119,7 +120,8 @@ class Candidates:
     Drive it as: ``for attempt in candidates``: call ``Generate(attempt.request)``, feed every
     message to ``attempt``; on success return ``attempt.result()``; on a ``grpc.RpcError`` or
     ``BrokenStream`` ask :meth:`failed`; after the loop raise :meth:`error`. Candidates
-    without an address are recorded and skipped.
+    without an address, and HTTP engines (``http://`` addresses: a vLLM server speaks no
+    ``WorkerService``; ``kvmesh gateway`` forwards to them), are recorded and skipped.
     """
 
     def __init__(self, routed: RouteResult, request: worker_pb2.GenerateRequest, *,
@@ -133,6 +135,10 @@ class Candidates:
         for number, cand in enumerate(self.routed.candidates, 1):
             if not cand.address:
                 self.failures.add(cand.worker_id, grpc.StatusCode.UNAVAILABLE, "no address")
+                continue
+            if is_http(cand.address):
+                self.failures.add(cand.address, grpc.StatusCode.UNAVAILABLE,
+                                  "an HTTP engine (no kvmesh WorkerService)")
                 continue
             self.request.index_matched_tokens = cand.matched_tokens
             by_tier = self.request.index_matched_tokens_by_tier

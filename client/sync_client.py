@@ -102,16 +102,18 @@ class KvmeshClient(BaseClient):
     def generate(self, token_ids: Iterable[int], max_tokens: int = 16, salt: str | None = None,
                  temperature: float = 0.0, seed: int | None = None, *, lora: LoraSpec = None,
                  mm: Iterable[MmSpec] = (), policy: str | None = None,
-                 ignore_eos: bool = False) -> GenerateResult:
+                 ignore_eos: bool = False, routed: RouteResult | None = None) -> GenerateResult:
         """Route the prompt, then generate on the chosen worker, restarting the request on
         the next candidate when the retry table says so (``kvmesh.retry``) or the stream ends
-        early.
+        early. ``routed``: a ``route`` answer for this very prompt (same salt, LoRA and mm)
+        to use instead of routing again.
 
         Returns only a finished generation; raises ``KvmeshError`` when every candidate failed
         (code of the last failure) or on an error the table surfaces.
         """
         with closing(self._generation(token_ids, max_tokens, salt, temperature, seed, lora,
-                                      mm, policy, ignore_eos, stream=False)) as run:
+                                      mm, policy, ignore_eos, stream=False,
+                                      routed=routed)) as run:
             result = next(run)
         assert isinstance(result, GenerateResult)
         return result
@@ -120,27 +122,30 @@ class KvmeshClient(BaseClient):
                         salt: str | None = None, temperature: float = 0.0,
                         seed: int | None = None, *, lora: LoraSpec = None,
                         mm: Iterable[MmSpec] = (), policy: str | None = None,
-                        ignore_eos: bool = False) -> Iterator[TokenChunk | GenerateResult]:
+                        ignore_eos: bool = False, routed: RouteResult | None = None,
+                        ) -> Iterator[TokenChunk | GenerateResult]:
         """Route, then stream the generation: ``TokenChunk``s as the worker produces them,
         then exactly one ``GenerateResult`` (all tokens and the worker's facts) last.
 
         Fails over to the next candidate (as the retry table says) only while nothing was
         yielded yet; once tokens went out, any failure raises ``KvmeshError`` (a dropped
         stream as UNAVAILABLE). Closing the iterator early (``close()``) cancels the
-        worker's request.
+        worker's request. ``routed``: as for :meth:`generate`.
         """
         return self._generation(token_ids, max_tokens, salt, temperature, seed, lora, mm,
-                                policy, ignore_eos, stream=True)
+                                policy, ignore_eos, stream=True, routed=routed)
 
     def _generation(self, token_ids: Iterable[int], max_tokens: int, salt: str | None,
                     temperature: float, seed: int | None, lora: LoraSpec,
                     mm: Iterable[MmSpec], policy: str | None, ignore_eos: bool, *,
-                    stream: bool) -> Iterator[TokenChunk | GenerateResult]:
-        """Route once, then drive :class:`client.failover.Candidates` over blocking calls:
-        chunks (when ``stream``), then the one result."""
+                    stream: bool, routed: RouteResult | None = None,
+                    ) -> Iterator[TokenChunk | GenerateResult]:
+        """Route once (unless ``routed`` is given), then drive
+        :class:`client.failover.Candidates` over blocking calls: chunks (when ``stream``),
+        then the one result."""
         rreq = route_request(token_ids, salt, lora, mm, policy, packed=self.packed_tokens)
-        plan = self._plan(self._route(rreq), rreq, max_tokens, temperature, seed, ignore_eos,
-                          stream)
+        plan = self._plan(routed or self._route(rreq), rreq, max_tokens, temperature, seed,
+                          ignore_eos, stream)
         for attempt in plan:
             call = self._conn(attempt.cand.address).worker.Generate(
                 attempt.request, timeout=self.generate_timeout, metadata=self._worker_metadata)

@@ -57,6 +57,25 @@ def register(app: typer.Typer) -> None:
         disk_dir: opt.DiskDir = None,
         eviction: opt.Eviction = _DEFAULTS.eviction,
         auto_pin: opt.AutoPin = _DEFAULTS.auto_pin,
+        vllm_events: Annotated[str | None, typer.Option(
+            help="publish KV events on vLLM's ZMQ protocol at this PUB endpoint "
+            "(tcp://*:5557), for kvmesh bridge vllm, llm-d or Dynamo")] = None,
+        vllm_replay: Annotated[str | None, typer.Option(
+            help="vLLM's replay ROUTER endpoint (tcp://*:5558): the last 10,000 batches")] = None,
+        vllm_hash_form: Annotated[str, typer.Option(
+            help="block hashes on the wire: 'int' (vLLM's default: the digest's low 8 "
+            "bytes) or 'bytes' (the digest)")] = _DEFAULTS.vllm_hash_form,
+        http_port: Annotated[int | None, typer.Option(
+            help="serve vLLM's OpenAI API (/v1/completions, /v1/chat/completions, "
+            "/metrics in vLLM's names) on this port (0: a free one)")] = None,
+        served_model_name: Annotated[str | None, typer.Option(
+            help="the model name of the HTTP API (default: --model)")] = None,
+        tokenizer: Annotated[str | None, typer.Option(
+            help="tokenizer directory of the HTTP API (default: the model's; 'tiny': bytes)",
+        )] = None,
+        lora_modules: Annotated[list[str] | None, typer.Option(
+            help="NAME=PATH: an adapter the HTTP API serves as model NAME (repeatable)",
+        )] = None,
     ) -> None:
         """Run one worker: KV pool + model + gRPC WorkerService (+ index registration)."""
         import asyncio
@@ -64,7 +83,7 @@ def register(app: typer.Typer) -> None:
 
         from kvmesh.hashing import resolve_seed
         from kvmesh.tls import tls_files
-        from worker.main import access_token_of, check_tiers, serve
+        from worker.main import access_token_of, check_tiers, check_vllm, serve
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         services = tuple(a.strip() for a in (service or "").split(",") if a.strip())
@@ -73,6 +92,8 @@ def register(app: typer.Typer) -> None:
             tls = tls_files(tls_cert, tls_key, tls_ca, tls_client_auth)
             hash_seed = resolve_seed(hash_algo, hash_seed)
             access_token = access_token_of(token, access_token)
+            loras = check_vllm(vllm_events, vllm_replay, vllm_hash_form, http_port, model,
+                               tokenizer, lora_modules or [])
         except ValueError as e:
             raise typer.BadParameter(str(e)) from e
         asyncio.run(serve(WorkerOptions(
@@ -85,4 +106,6 @@ def register(app: typer.Typer) -> None:
             max_inflight_per_conn=max_inflight_per_conn,
             max_message_bytes=max_message_bytes, cpu_blocks=cpu_blocks,
             disk_blocks=disk_blocks, disk_dir=disk_dir, eviction=eviction,
-            auto_pin=auto_pin)))
+            auto_pin=auto_pin, vllm_events=vllm_events, vllm_replay=vllm_replay,
+            vllm_hash_form=vllm_hash_form, http_port=http_port,
+            served_model_name=served_model_name, tokenizer=tokenizer, lora_modules=loras)))

@@ -5,7 +5,7 @@ import asyncio
 import logging
 import signal
 import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from kvmesh.tls import TlsFiles
 
@@ -46,6 +46,14 @@ class WorkerOptions:
     disk_dir: str | None = None       # its files (a restart on it re-announces them)
     eviction: str = "lru"             # device-pool eviction order (kvmesh.tiers.EVICTIONS)
     auto_pin: bool = False            # pin hot prefixes automatically
+    # vLLM's protocols (none by default): KV events on ZMQ, an OpenAI HTTP server
+    vllm_events: str | None = None    # PUB endpoint, e.g. tcp://*:5557
+    vllm_replay: str | None = None    # replay ROUTER endpoint, e.g. tcp://*:5558
+    vllm_hash_form: str = "int"       # block hashes as vLLM's int form, or "bytes"
+    http_port: int | None = None      # OpenAI-compatible HTTP server (0: a free port)
+    served_model_name: str | None = None  # the HTTP model name (default: model)
+    tokenizer: str | None = None      # the HTTP API's tokenizer dir (default: the model's)
+    lora_modules: dict[str, str] = field(default_factory=dict)  # HTTP model name -> path
 
 
 def access_token_of(token: str | None, access_token: str | None) -> str | None:
@@ -72,6 +80,33 @@ def check_tiers(cpu_blocks: int, disk_blocks: int, disk_dir: str | None) -> None
                          "host tier)")
 
 
+def check_vllm(events: str | None, replay: str | None, hash_form: str, http_port: int | None,
+               model: str, tokenizer: str | None, loras: list[str]) -> dict[str, str]:
+    """Raise ``ValueError`` for vLLM-protocol flags that cannot work (before the model
+    loads); returns the ``--lora-modules`` map."""
+    from pathlib import Path
+
+    from worker.vllm_publisher import HASH_FORMS
+
+    if replay and not events:
+        raise ValueError("--vllm-replay needs --vllm-events")
+    if hash_form not in HASH_FORMS:
+        raise ValueError(f"--vllm-hash-form must be one of {', '.join(HASH_FORMS)}")
+    out: dict[str, str] = {}
+    for item in loras:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path or out.get(name, path) != path:
+            raise ValueError(f"--lora-modules {item!r}: expected NAME=PATH, one path per name")
+        out[name] = path
+    if loras and http_port is None:
+        raise ValueError("--lora-modules names models of the HTTP API: give --http-port")
+    source = tokenizer or (None if model == "tiny" else model)
+    if http_port is not None and source not in (None, "tiny") and not (
+            Path(source) / "tokenizer.json").is_file():
+        raise ValueError(f"--http-port: no tokenizer.json in {source} (give --tokenizer)")
+    return out
+
+
 async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or SIGINT/SIGTERM). Prints one ``listening on`` line
     once the server accepts calls; launchers wait for it."""
@@ -94,7 +129,17 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
         scheduler=SchedulerConfig(max_batched_tokens=opts.max_batched_tokens),
         cpu_blocks=opts.cpu_blocks, disk_blocks=opts.disk_blocks, disk_dir=opts.disk_dir,
         eviction=opts.eviction, auto_pin=opts.auto_pin)
-    runner = AsyncEngine(engine).start()
+    runner = AsyncEngine(engine)
+    publisher = None
+    if opts.vllm_events:  # before the first step: its consumers get every event from seq 1
+        from worker.event_tap import EventTap
+        from worker.vllm_publisher import VllmPublisher
+
+        publisher = VllmPublisher(opts.vllm_events, opts.vllm_replay,
+                                  block_size=opts.block_size, hash_form=opts.vllm_hash_form)
+        publisher.start()
+        EventTap.install(runner).add(publisher.deliver)
+    runner.start()
     server, port, servicer = await create_server(
         f"{opts.host}:{opts.port}", runner, worker_id=opts.worker_id or "",
         model_name=opts.model, access_token=opts.access_token,
@@ -113,6 +158,13 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
         metrics_note = f", metrics on :{mport}"
     await server.start()
     address = f"{opts.host}:{port}"
+    http = None
+    if opts.http_port is not None:
+        http, http_port = await _start_http(opts, runner)
+        metrics_note += f", HTTP on :{http_port}"
+    if publisher is not None:
+        events, replay = publisher.bound
+        metrics_note += f", vLLM events on {events}" + (f" (replay {replay})" if replay else "")
     link = None
     tasks = []
     if opts.services:
@@ -137,6 +189,11 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     try:
         await stop.wait()
     finally:
+        if http is not None:
+            http[0].should_exit = True
+            await http[1]
+        if publisher is not None:
+            await publisher.close()
         if link is not None:
             await link.close()
         for t in tasks:
@@ -144,3 +201,16 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
         await server.stop(grace=1.0)
         runner.stop()
 
+
+
+async def _start_http(opts: WorkerOptions, runner) -> tuple[tuple, int]:
+    """Serve the OpenAI HTTP API (``worker.http_api``); ((server, task), bound port)."""
+    from kvmesh.vllm_tokenizer import TINY, VllmTokenizer
+    from worker.http_api import HttpApi, serve_http
+
+    source = opts.tokenizer or (None if opts.model == TINY else opts.model)
+    api = HttpApi(runner, model_name=opts.served_model_name or opts.model,
+                  tokenizer=VllmTokenizer.load(source), loras=opts.lora_modules,
+                  access_token=opts.access_token)
+    server, port, task = await serve_http(api, opts.host, opts.http_port or 0)
+    return (server, task), port

@@ -33,6 +33,7 @@ from kvmesh.retry import Action, Backoff, Source, decide
 from kvmesh.v1 import index_pb2, index_pb2_grpc
 from worker.async_engine import AsyncEngine
 from worker.engine import Engine
+from worker.event_tap import EventTap
 from worker.kv_cache import KVEvent
 from worker.link_messages import event_to_proto, snapshot_blocks
 from worker.outbox import MAX_BLOCKS, BatchLimits, Outbox
@@ -108,11 +109,16 @@ class ServiceLink:
     # --- engine thread --------------------------------------------------------------
 
     def collect(self, engine: Engine) -> None:
-        """Hand the pool's new events (and whether the pool dropped some unread) to the
-        event loop, and notice load changes (runs on the engine thread)."""
+        """Take the pool's new events (and whether the pool dropped some unread) and
+        :meth:`deliver` them (runs on the engine thread)."""
         events = engine.kv.take_events()
         dropped = engine.kv.events_dropped
         lost, self._dropped_seen = dropped != self._dropped_seen, dropped
+        self.deliver(engine, events, lost)
+
+    def deliver(self, engine: Engine, events: list[KVEvent], lost: bool) -> None:
+        """Hand events taken after a step to the event loop, and notice load changes
+        (runs on the engine thread; a ``worker.event_tap`` consumer)."""
         if (events or lost or self._load_key() != self._beat_key) and self._loop is not None:
             self._loop.call_soon_threadsafe(self._receive, events, lost)
 
@@ -164,7 +170,7 @@ class ServiceLink:
     async def run(self) -> None:
         """Keep the index in step with this worker until :meth:`close`."""
         self._loop = asyncio.get_running_loop()
-        self.runner.on_step = self.collect
+        EventTap.install(self.runner).add(self.deliver)  # other consumers may share the tap
         tasks = [asyncio.create_task(self._beats()), asyncio.create_task(self._events())]
         try:
             await asyncio.gather(*tasks)

@@ -16,26 +16,41 @@ Limits, all checked before anything is routed (so a refused request costs the cl
 nothing): the body size (``client.gateway.bodylimit``, before the body is read), prompts
 per batch (400), prompt + ``max_tokens`` against the model's context (400), and prompts
 generating at once per tenant (``client.gateway.slots``, 429 with ``Retry-After``).
+
+HTTP engines (vLLM servers, registered as ``http(s)://host:port``; ``kvmesh.engine_address``)
+and kvmesh workers may serve side by side. Every request is routed once, by its first
+prompt's tokens (computed as vLLM computes them with ``--tokenizer``: its chat template
+too, ``kvmesh.vllm_tokenizer``), salt and LoRA (a ``model`` naming an adapter of
+``--lora NAME=PATH``). When the best candidate is an HTTP engine, the original body is
+forwarded to the HTTP candidates in ranking order (``client.gateway.forward``: failover
+before the first byte; the engine's answer relayed unchanged, with ``x-kvmesh-worker``);
+the body is rewritten only to carry the ``cache_salt`` the gateway decided when it differs
+from the body's (tenant salts, or the private salt of a request without one). If every HTTP
+candidate fails, the request goes to the kvmesh candidates, if any. Fields only an engine can
+honour (``n``, ``logprobs``, ``echo``, ...) are refused (400) only when the request is served
+by kvmesh workers.
 """
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
 
 from client.async_client import AsyncKvmeshClient
 from client.errors import KvmeshError
 from client.gateway.bodylimit import BodyLimit
-from client.gateway.chat import ChatFormatError, message_text, render_chat
+from client.gateway.chat import chat_ids
 from client.gateway.errors import OpenAIError, from_kvmesh, install_handlers
 from client.gateway.formats import DONE, ResponseShape, sse
+from client.gateway.forward import Forwarder, Relayed, relay
 from client.gateway.generation import Job, Outcome, generate_text, start_stream
 from client.gateway.limits import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONCURRENT
 from client.gateway.metrics import CONTENT_TYPE, CountRequests, GatewayMetrics
@@ -45,14 +60,18 @@ from client.gateway.schemas import (
     OpenAIRequest,
     Unsupported,
 )
-from client.gateway.slots import Lease, TenantSlots
+from client.gateway.slots import Lease, LeasedStream, TenantSlots
 from client.gateway.tenants import Salting, Tenancy, salting
 from client.gateway.tokenizer import TINY_CONTEXT, ByteLevelTokenizer, Tokenizer
+from client.results import Candidate
+from kvmesh.engine_address import is_http
 from kvmesh.tls import TlsFiles
+from kvmesh.vllm_tokenizer import VllmTokenizer
 
 WORKER_HEADER = "x-kvmesh-worker"
 CACHED_HEADER = "x-kvmesh-cached-tokens"
 _STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+log = logging.getLogger("client.gateway")
 
 
 @dataclass
@@ -79,6 +98,8 @@ class GatewayConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_batch_prompts: int = DEFAULT_MAX_BATCH
     max_concurrent: int = DEFAULT_MAX_CONCURRENT  # prompts generating at once, per tenant
+    loras: dict[str, str] = field(default_factory=dict)  # model name -> LoRA adapter path
+    engine_api_key: str | None = None  # what the gateway presents to HTTP engines
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:
@@ -86,20 +107,6 @@ class GatewayConfig:
         if not 1 <= self.max_batch_prompts <= self.max_concurrent:
             raise ValueError("--max-batch-prompts must be between 1 and "
                              "--max-concurrent-per-tenant")
-
-
-class _LeasedStream(StreamingResponse):
-    """A stream that gives its tenant's slots back when it ends, however it ends."""
-
-    def __init__(self, *args: Any, lease: Lease, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.lease = lease
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.lease.release()
 
 
 class _Gateway:
@@ -111,6 +118,13 @@ class _Gateway:
         self.started = int(time.time())
         self.slots = TenantSlots(config.max_concurrent)
         self.metrics = GatewayMetrics()
+        self._forwarder: Forwarder | None = None
+
+    def forwarder(self) -> Forwarder:
+        if self._forwarder is None:  # created inside the serving loop, like the client
+            self._forwarder = Forwarder(self.config.generate_timeout,
+                                        self.config.engine_api_key)
+        return self._forwarder
 
     def client(self) -> AsyncKvmeshClient:
         if self._client is None:  # created inside the serving loop (grpc.aio channels bind to it)
@@ -132,29 +146,36 @@ class _Gateway:
         return tenant
 
     def check(self, body: OpenAIRequest, tenant: str | None) -> Salting:
-        """Check model and fields for the authenticated ``tenant``; returns its salting."""
-        if body.model != self.config.model_name:
+        """Check the model for the authenticated ``tenant``; returns its salting."""
+        if body.model != self.config.model_name and body.model not in self.config.loras:
             raise OpenAIError(404, f"The model `{body.model}` does not exist; this gateway "
                               f"serves `{self.config.model_name}`", param="model",
                               code="model_not_found")
-        try:
-            body.check_supported()
-        except Unsupported as exc:
-            raise OpenAIError(400, str(exc), param=exc.param, code="unsupported") from None
         return salting(self.config.tenancy, tenant, body.cache_salt, self.config.shared_cache)
 
-    def token_ids(self, prompt: str | list[int], param: str, max_tokens: int) -> list[int]:
+    def lora(self, model: str) -> tuple[str, str] | None:
+        """The (name, path) of the adapter ``model`` names; None for the base model."""
+        path = self.config.loras.get(model)
+        return None if path is None or model == self.config.model_name else (model, path)
+
+    def token_ids(self, prompt: str | list[int], param: str, max_tokens: int,
+                  add_special_tokens: bool = True) -> list[int]:
         """Prompt ids of text or of a token list (ids checked against the vocabulary, and
         with ``max_tokens`` against the model's context)."""
         tok = self.config.tokenizer
         if isinstance(prompt, str):
-            ids = tok.encode(prompt)
+            ids = (tok.encode(prompt, add_special_tokens) if isinstance(tok, VllmTokenizer)
+                   else tok.encode(prompt))
         else:
             ids = list(prompt)
             bad = next((t for t in ids if not 0 <= t < tok.vocab_size), None)
             if bad is not None:
                 raise OpenAIError(400, f"token id {bad} is outside the vocabulary "
                                   f"[0, {tok.vocab_size})", param=param)
+        return self.fits(ids, param, max_tokens)
+
+    def fits(self, ids: list[int], param: str, max_tokens: int) -> list[int]:
+        """``ids``, checked to be a prompt that fits the model's context."""
         if not ids:
             raise OpenAIError(400, "the prompt is empty", param=param)
         context = self.config.max_model_len
@@ -167,7 +188,51 @@ class _Gateway:
     def job(self, body: OpenAIRequest, ids: list[int], salted: Salting,
             max_tokens: int) -> Job:
         return Job(ids, salted.salt, max_tokens, body.sampling_temperature(), body.seed,
-                   body.stop_strings(), salted.report_cached)
+                   body.stop_strings(), salted.report_cached, self.lora(body.model))
+
+    async def routed(self, request: Request, raw: bytes, shape: ResponseShape,
+                     jobs: list[Job], body: OpenAIRequest, salted: Salting,
+                     lease: Lease) -> Response:
+        """Route by the first job; forward the body to HTTP engines when one is best, else
+        (or when every engine failed) generate on kvmesh workers. ``lease`` is released
+        once the answer is complete."""
+        try:
+            first = jobs[0]
+            routed = await self.client().route(first.token_ids, first.salt, lora=first.lora)
+            engines = [c for c in routed.candidates if is_http(c.address)]
+            workers = [c for c in routed.candidates if not is_http(c.address)]
+            if engines and is_http(routed.candidates[0].address):
+                relayed = await self.forward(request, raw, body, salted, engines)
+                if relayed is not None:
+                    return relay(relayed, lease, WORKER_HEADER, _STREAM_HEADERS)
+                if not workers:
+                    raise OpenAIError(503, "every engine that could serve this request "
+                                      "failed; retry later", code="engines_unavailable")
+            try:
+                body.check_supported()
+            except Unsupported as exc:
+                raise OpenAIError(400, str(exc), param=exc.param, code="unsupported") from None
+        except BaseException:
+            lease.release()
+            raise
+        jobs[0] = replace(first, routed=replace(routed, worker_id=workers[0].worker_id,
+                                                   address=workers[0].address,
+                                                   candidates=workers))
+        return await self.answer(shape, jobs, body, lease)
+
+    async def forward(self, request: Request, raw: bytes, body: OpenAIRequest,
+                      salted: Salting, engines: list[Candidate]) -> Relayed | None:
+        """The first HTTP engine's answer to the original body (see the module doc)."""
+        if salted.salt is not None and salted.salt != body.cache_salt:
+            raw = json.dumps({**json.loads(raw), "cache_salt": salted.salt}).encode()
+        relayed, failures = await self.forwarder().send(
+            engines, request.url.path, raw, stream=bool(body.stream),
+            incoming=dict(request.headers))
+        for line in failures:
+            log.warning("engine failed, next candidate: %s", line)
+        self.metrics.forwards.labels("failover").inc(len(failures))
+        self.metrics.forwards.labels("relayed" if relayed else "exhausted").inc()
+        return relayed
 
     async def answer(self, shape: ResponseShape, jobs: list[Job], body: OpenAIRequest,
                      lease: Lease) -> JSONResponse | StreamingResponse:
@@ -237,7 +302,7 @@ class _Gateway:
                 await started.events.aclose()
             yield DONE
 
-        return _LeasedStream(events(), media_type="text/event-stream", lease=lease,
+        return LeasedStream(events(), media_type="text/event-stream", lease=lease,
                              headers={WORKER_HEADER: started.worker_id, **_STREAM_HEADERS})
 
     def models(self) -> dict[str, Any]:
@@ -271,6 +336,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
         yield
         if gw._client is not None:
             await gw._client.close()
+        if gw._forwarder is not None:
+            await gw._forwarder.close()
 
     app = FastAPI(title="kvmesh gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gw
@@ -292,7 +359,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, tenant: Tenant,
-                          request: Request) -> JSONResponse | StreamingResponse:
+                          request: Request) -> Response:
         salted = gw.check(body, tenant)
         try:
             prompts = body.prompts()
@@ -302,24 +369,25 @@ def create_app(config: GatewayConfig) -> FastAPI:
             raise OpenAIError(400, f"a batch takes at most {config.max_batch_prompts} prompts, "
                               f"got {len(prompts)}", param="prompt", code="batch_too_large")
         many, new = len(prompts) > 1, body.max_new_tokens()
-        jobs = [gw.job(body, gw.token_ids(p, f"prompt[{i}]" if many else "prompt", new),
-                       salted, new) for i, p in enumerate(prompts)]
+        special = (body.model_extra or {}).get("add_special_tokens", True) is not False
+        jobs = [gw.job(body, gw.token_ids(p, f"prompt[{i}]" if many else "prompt", new,
+                                          special), salted, new)
+                for i, p in enumerate(prompts)]
         lease = gw.slots.take(_slot_owner(request, tenant), len(jobs))
-        return await gw.answer(ResponseShape(False, config.model_name), jobs, body, lease)
+        return await gw.routed(request, await request.body(),
+                               ResponseShape(False, config.model_name), jobs, body, salted,
+                               lease)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, tenant: Tenant,
-                               request: Request) -> JSONResponse | StreamingResponse:
+                               request: Request) -> Response:
         salted = gw.check(body, tenant)
-        try:
-            turns = [(m.role, message_text(m.content, f"messages[{i}]"))
-                     for i, m in enumerate(body.messages)]
-            prompt = render_chat(turns)
-        except ChatFormatError as exc:
-            raise OpenAIError(400, str(exc), param=exc.param) from None
+        raw = await request.body()
         new = body.max_new_tokens()
-        job = gw.job(body, gw.token_ids(prompt, "messages", new), salted, new)
+        ids = gw.fits(chat_ids(config.tokenizer, body, raw), "messages", new)
+        job = gw.job(body, ids, salted, new)
         lease = gw.slots.take(_slot_owner(request, tenant))
-        return await gw.answer(ResponseShape(True, config.model_name), [job], body, lease)
+        return await gw.routed(request, raw, ResponseShape(True, config.model_name), [job],
+                               body, salted, lease)
 
     return app

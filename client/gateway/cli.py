@@ -43,20 +43,35 @@ def model_context(source: str) -> int | None:
                                                                  2048)))
 
 
+def parse_loras(items: list[str] | None) -> dict[str, str]:
+    """``NAME=PATH`` flags as ``{name: path}``; ``ValueError`` for anything else."""
+    out: dict[str, str] = {}
+    for item in items or ():
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path or out.get(name, path) != path:
+            raise ValueError(f"--lora {item!r}: expected NAME=PATH, one path per name")
+        out[name] = path
+    return out
+
+
 def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
                  served_model_name: str | None = None, token: str | None = None,
                  tenant_keys: Path | None = None, salt_secret: str | None = None,
                  generate_timeout: float = 120.0, tls: TlsFiles | None = None, *,
                  shared_cache: bool = False, max_model_len: int | None = None,
-                 limits: dict[str, int] | None = None) -> GatewayConfig:
+                 limits: dict[str, int] | None = None, tokenizer_dir: Path | None = None,
+                 loras: dict[str, str] | None = None,
+                 engine_api_key: str | None = None) -> GatewayConfig:
     """The gateway's configuration from its flags.
 
     The model is ``model_dir`` if given, else ``model`` (``tiny`` or a directory); it is
     served under ``served_model_name``, else ``tiny`` or the directory's name; ``tls`` is
     the client side of TLS to the kvmesh service and workers (its files are read here).
     ``max_model_len`` defaults to the model's own context; ``limits`` holds the other
-    ``GatewayConfig`` limits by field name. Raises ``ValueError`` (or ``OSError``) with a
-    readable message for bad flags.
+    ``GatewayConfig`` limits by field name. ``tokenizer_dir`` (``--tokenizer``) tokenizes as
+    vLLM does, chat template included (``kvmesh.vllm_tokenizer``), and is the model's
+    directory for the name and context when no model is given. Raises ``ValueError`` (or
+    ``OSError``) with a readable message for bad flags.
     """
     from client.gateway.app import GatewayConfig
     from client.gateway.tenants import Tenancy
@@ -66,10 +81,17 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
     addresses = parse_addresses(service)
     if tls is not None:
         tls.channel_credentials()  # unreadable files: a flag error now, not on a request
+    if tokenizer_dir is not None and model_dir is None and model == TINY:
+        model_dir = tokenizer_dir  # the model is the tokenizer's
     source = str(model_dir) if model_dir is not None else model
-    tokenizer = load_tokenizer(source)
+    if tokenizer_dir is not None:
+        from kvmesh.vllm_tokenizer import VllmTokenizer
+
+        tokenizer = VllmTokenizer.load(tokenizer_dir)
+    else:
+        tokenizer = load_tokenizer(source)
     name = served_model_name or (TINY if source == TINY else Path(source).resolve().name)
-    if source != TINY and _has_chat_template(Path(source)):
+    if tokenizer_dir is None and source != TINY and _has_chat_template(Path(source)):
         typer.echo("note: the model's own chat_template is not rendered; chat requests use the "
                    "gateway's simple template (<|role|> lines)", err=True)
     tenancy = Tenancy.from_file(tenant_keys, salt_secret) if tenant_keys is not None else None
@@ -87,7 +109,9 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
                          "length from: give --max-model-len")
     return GatewayConfig(service=addresses, model_name=name, tokenizer=tokenizer, token=token,
                          tenancy=tenancy, generate_timeout=generate_timeout, tls=tls,
-                         shared_cache=shared_cache, max_model_len=context, **(limits or {}))
+                         shared_cache=shared_cache, max_model_len=context,
+                         loras=dict(loras or {}), engine_api_key=engine_api_key,
+                         **(limits or {}))
 
 
 def gateway_cmd(
@@ -128,6 +152,17 @@ def gateway_cmd(
         "client IP) may have generating at once (429 above).")] = DEFAULT_MAX_CONCURRENT,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "info",
     tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        "--tokenizer", help="Tokenize as vLLM does with this directory's tokenizer.json and "
+        "chat template (for vLLM engines; the model's directory when no model is "
+        "given).")] = None,
+    lora: Annotated[list[str] | None, typer.Option(
+        "--lora", help="NAME=PATH: requests for model NAME route and run under this LoRA "
+        "adapter (the bridge's --lora map; repeatable).")] = None,
+    engine_api_key: Annotated[str | None, typer.Option(
+        "--engine-api-key", envvar="KVMESH_ENGINE_API_KEY",
+        help="Bearer key the gateway presents to HTTP engines (vLLM's --api-key); callers' "
+        "keys never reach engines.")] = None,
 ) -> None:
     """Serve an OpenAI-compatible API (completions, chat, streaming) routed by kvmesh."""
     try:
@@ -139,7 +174,9 @@ def gateway_cmd(
                               shared_cache=insecure_shared_cache, max_model_len=max_model_len,
                               limits={"max_body_bytes": max_body_bytes,
                                       "max_batch_prompts": max_batch_prompts,
-                                      "max_concurrent": max_concurrent})
+                                      "max_concurrent": max_concurrent},
+                              tokenizer_dir=tokenizer, loras=parse_loras(lora),
+                              engine_api_key=engine_api_key)
     except (OSError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -15,7 +15,7 @@ from client.async_client import AsyncKvmeshClient, TokenChunk
 from client.gateway.formats import Usage
 from client.gateway.textstream import TextStream
 from client.gateway.tokenizer import Tokenizer
-from client.results import GenerateResult
+from client.results import GenerateResult, RouteResult
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ class Job:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     report_cached: bool = True
+    lora: tuple[str, str] | None = None  # (name, path) of the adapter the model names
+    routed: RouteResult | None = None    # already routed (these ids, salt and LoRA)
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,8 @@ def _outcome(job: Job, text: str, stream: TextStream, result: GenerateResult) ->
 async def generate_text(client: AsyncKvmeshClient, tokenizer: Tokenizer, job: Job) -> Outcome:
     """Generate ``job`` to the end and detokenize it. Raises ``KvmeshError``."""
     result = await client.generate(job.token_ids, max_tokens=job.max_tokens, salt=job.salt,
-                               temperature=job.temperature, seed=job.seed)
+                                   temperature=job.temperature, seed=job.seed, lora=job.lora,
+                                   routed=job.routed)
     stream = TextStream(tokenizer, job.stop)
     text = stream.push(result.token_ids)
     text += stream.finish()
@@ -83,7 +86,8 @@ async def start_stream(client: AsyncKvmeshClient, tokenizer: Tokenizer, job: Job
     """Route and start generating; returns once the first tokens (or the whole result)
     arrived. Raises ``KvmeshError`` when no worker could start the request."""
     chunks = client.generate_stream(job.token_ids, max_tokens=job.max_tokens, salt=job.salt,
-                                temperature=job.temperature, seed=job.seed)
+                                    temperature=job.temperature, seed=job.seed, lora=job.lora,
+                                    routed=job.routed)
     try:
         first = await anext(chunks)
     except BaseException:

@@ -6,7 +6,9 @@ the gateway's routes or ``other``, so a scanner cannot grow the label set);
 kvmesh client saw it; ``kvmesh_gateway_prompt_tokens_total`` and
 ``kvmesh_gateway_cached_tokens_total`` sum the prompt tokens and the cached ones *reported to
 callers*: a request whose cached count is hidden (``--insecure-shared-cache``) adds 0, so the
-unauthenticated endpoint is no better a timing oracle than the answers themselves.
+unauthenticated endpoint is no better a timing oracle than the answers themselves (requests
+an HTTP engine answered are not in these: their usage is the engine's, relayed unread);
+``kvmesh_gateway_engine_forwards_total{outcome}`` counts what forwarding to HTTP engines did.
 
 Each app has its own registry, so several gateways in one process (tests) do not collide.
 """
@@ -37,6 +39,11 @@ class GatewayMetrics:
         self.cached_tokens = Counter("kvmesh_gateway_cached_tokens_total", "Prompt tokens "
                                      "served from a worker's prefix cache (as reported to "
                                      "callers)", registry=self.registry)
+        self.forwards = Counter("kvmesh_gateway_engine_forwards_total", "Requests forwarded "
+                                "to HTTP engines, by outcome: relayed (an engine answered), "
+                                "exhausted (every engine failed), failover (one engine "
+                                "failed, the next was tried)", ("outcome",),
+                                registry=self.registry)
 
     def generation(self, ttft_s: float | None, prompt_tokens: int,
                    cached_tokens: int | None) -> None:

@@ -10,6 +10,10 @@ times the cap.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from client.gateway.errors import OpenAIError
 from client.gateway.limits import DEFAULT_MAX_CONCURRENT, RETRY_AFTER_S
@@ -56,3 +60,17 @@ class TenantSlots:
         self._used[tenant] -= count
         if self._used[tenant] <= 0:
             del self._used[tenant]
+
+
+class LeasedStream(StreamingResponse):
+    """A stream that gives its tenant's slots back when it ends, however it ends."""
+
+    def __init__(self, *args: Any, lease: Lease, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lease = lease
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.lease.release()

@@ -23,7 +23,12 @@ def test_one_rank_keeps_the_id_and_ports() -> None:
     (r,) = ranks(spec(replay="tcp://10.0.0.5:5558"))
     assert (r.worker_id, r.events, r.replay) == ("e", "tcp://10.0.0.5:5557",
                                                  "tcp://10.0.0.5:5558")
-    assert r.address == "10.0.0.5:8000" and r.metrics_url == "http://10.0.0.5:8000/metrics"
+    assert r.address == "http://10.0.0.5:8000" and r.metrics_url == "http://10.0.0.5:8000/metrics"
+
+
+def test_the_registered_address_says_http_engine() -> None:
+    assert [r.address for r in ranks(spec(address="https://g:8443"))] == ["https://g:8443"]
+    assert [r.address for r in ranks(spec(address="g:8000"))] == ["http://g:8000"]
 
 
 def test_data_parallel_ranks_offset_both_ports_as_vllm_does() -> None:
@@ -32,7 +37,8 @@ def test_data_parallel_ranks_offset_both_ports_as_vllm_does() -> None:
     assert [r.worker_id for r in rs] == ["e-dp0", "e-dp1", "e-dp2"]
     assert [r.events for r in rs] == [f"tcp://10.0.0.5:{5557 + i}" for i in range(3)]
     assert [r.replay for r in rs] == [f"tcp://10.0.0.5:{6000 + i}" for i in range(3)]
-    assert {r.address for r in rs} == {"10.0.0.5:8000"} and rs[2].metrics_url == "http://m:9/x"
+    assert {r.address for r in rs} == {"http://10.0.0.5:8000"}
+    assert rs[2].metrics_url == "http://m:9/x"
     assert [r.rank for r in rs] == [0, 1, 2] and [r.service_token for r in rs] == [
         "t0", "t1", "t2"]
 

@@ -1,0 +1,278 @@
+"""`kvmesh bench bridge`: blocks per second one bridge process ingests, and the lag from an
+engine's publish to a routable index at that rate.
+
+Processes: a service (``--backend memory``, or Redis: Valkey), the load
+(``bench.bridge_load``: ``--engines`` vLLM-like publishers with replay sockets and metrics
+pages), and ONE ``kvmesh bridge vllm`` process bridging them all. Per offered rate (stored
+blocks per second across engines, each batch a fresh chain of ``--blocks`` blocks and the
+removal of an older one), for ``--seconds``:
+
+- ingest: stored blocks the bridge applied (its ``blocks_stored_total``) over the wall time
+  from the first publish until it caught up with the last batch; ``cpu``: the bridge
+  process's CPU seconds over that time (utime + stime), and blocks per bridge CPU-second
+  (what one dedicated core would ingest: the host is shared by every process here);
+- lag: a probe engine publishes a fresh two-block chain every ``1/probes`` s during the run;
+  the bench polls ``Route`` (dry run, every 2 ms) until the index shows it: publish to
+  routable, p50 / p99 / max. Also the bridge's own ``kvmesh_bridge_lag_seconds`` (batch time
+  to index acknowledgement): the upper bound of the bucket holding its p99;
+- the stream's health over the run: gaps, replays, clears (losses nothing filled), and the
+  index side's: resyncs (snapshots sent) and overflows (pending events dropped for one).
+
+Goals (issue 15): 200,000 blocks/s ingested by one bridge process, publish-to-routable
+p99 under 50 ms at that rate.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import typer
+import zmq
+from prometheus_client.parser import text_string_to_metric_families
+
+from client.sync_client import KvmeshClient
+from deploy.ports import free_port
+from deploy.process import ServerProcess
+from deploy.redis_server import RedisServer
+from deploy.waiting import wait_until
+from kvmesh import vllm_events as ve
+from kvmesh.v1 import index_pb2 as pb
+from kvmesh.v1 import index_pb2_grpc as pb_grpc
+
+GOAL_BLOCKS_PER_S, GOAL_P99_S = 200_000, 0.050
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of ``pid`` in seconds (``/proc``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Stack:
+    """Service, load and bridge processes (``close`` stops them all)."""
+
+    def __init__(self, engines: int, blocks: int, backend: str, uniform: bool) -> None:
+        self.tmp = tempfile.TemporaryDirectory(prefix="kvmesh-bench-bridge-")
+        self.redis = (RedisServer(free_port()).start()
+                      if backend == "redis" else None)
+        env = {"KVMESH_REDIS_URL": self.redis.url} if self.redis else {}
+        self.service = ServerProcess("bench-service", "service", [
+            "--port", "0", "--log-level", "warning", "--backend", backend], env=env).start()
+        self.load = subprocess.Popen(
+            [sys.executable, "-m", "bench.bridge_load", "--engines", str(engines), "--blocks",
+             str(blocks), *(["--uniform"] if uniform else [])],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        info = json.loads(self.load.stdout.readline())
+        self.probe = zmq.Context.instance().socket(zmq.PUB)
+        self.probe.bind("tcp://127.0.0.1:*")
+        self.probe_seq = 0
+        specs = [{"worker-id": f"bench-e{i}", "address": info["metrics"], "model": "bench",
+                  "metrics-url": f"{info['metrics']}/e{i}/metrics", **e}
+                 for i, e in enumerate(info["engines"])]
+        specs.append({"worker-id": "bench-probe", "address": info["metrics"], "model": "bench",
+                      "metrics-url": f"{info['metrics']}/probe/metrics",
+                      "events": self.probe.getsockopt_string(zmq.LAST_ENDPOINT)})
+        config = Path(self.tmp.name) / "fleet.json.yaml"
+        config.write_text(json.dumps({"engines": specs}))
+        self.metrics_port = free_port()
+        self.bridge = subprocess.Popen(
+            [str(Path(sys.executable).parent / "kvmesh"), "bridge", "vllm", "--config",
+             str(config), "--service", self.service.address, "--metrics-port",
+             str(self.metrics_port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.client = KvmeshClient(self.service.address)
+        self.channel = grpc.insecure_channel(self.service.address)
+        self.index = pb_grpc.IndexServiceStub(self.channel)  # Route with a model name
+        self.workers = [s["worker-id"] for s in specs]
+        wait_until(self._all_live, 60, what="every engine registered and streaming")
+
+    def command(self, line: str) -> dict:
+        self.load.stdin.write(line + "\n")
+        self.load.stdin.flush()
+        return json.loads(self.load.stdout.readline())
+
+    def scrape(self) -> dict[str, float]:
+        """The bridge's counters summed over workers, and its lag histogram's buckets."""
+        page = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                      timeout=5).read().decode()
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(page):
+            for s in family.samples:
+                key = s.name + (f"|{s.labels['le']}" if "le" in s.labels else "")
+                out[key] = out.get(key, 0.0) + s.value
+        return out
+
+    def _all_live(self) -> bool:
+        self.command("warm")
+        self._probe_batch([])  # the probe engine is this process's: warm it too
+        alive = {w["worker_id"] for w in self.client.stats()["workers"] if w["alive"]}
+        return set(self.workers) <= alive and self.scrape().get(
+            "kvmesh_bridge_messages_total", 0) >= len(self.workers)
+
+    def _probe_batch(self, events: list) -> float:
+        """Publish one batch on the probe engine; returns its time stamp."""
+        t = time.time()
+        payload = ve.encode_batch(ve.KVEventBatch(ts=t, events=events, data_parallel_rank=0))
+        self.probe.send_multipart(ve.pack_message(b"", self.probe_seq, payload))
+        self.probe_seq += 1
+        return t
+
+    def probe_lag(self, n: int) -> float | None:
+        """Publish probe ``n`` and wait until it is routable; seconds, None past 10 s."""
+        tokens = [(n * 7919 + i * 104729) % 128_000 for i in range(32)]
+        t = self._probe_batch([ve.BlockStored(
+            block_hashes=[2 * n + 1, 2 * n + 2], parent_block_hash=None, token_ids=tokens,
+            block_size=16, lora_id=None, medium="GPU", lora_name=None)])
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                routed = self.index.Route(pb.RouteRequest(
+                    token_ids=[*tokens, 0], model="bench", dry_run=True), timeout=5)
+            except grpc.RpcError:  # no live engine (an overloaded bridge misses beats)
+                routed = pb.RouteResponse()
+            if any(c.worker_id == "bench-probe" and c.matched_tokens == 32
+                   for c in routed.candidates):
+                return time.time() - t
+            time.sleep(0.002)
+        return None
+
+    def measure(self, rate: float, seconds: float, probes: float) -> dict:
+        before, t0 = self.scrape(), time.time()
+        cpu0, svc0 = cpu_s(self.bridge.pid), cpu_s(self.service.pid)
+        lags: list[float | None] = []
+        done = threading.Event()
+
+        def prober() -> None:
+            n = 0
+            while not done.wait(1 / probes):
+                n += 1
+                lags.append(self.probe_lag(n + int(t0)))
+
+        thread = threading.Thread(target=prober, daemon=True)
+        thread.start()
+        run = self.command(f"run {rate} {seconds}")
+        want = before.get("kvmesh_bridge_blocks_stored_total", 0) + run["stored_blocks"]
+        caught = wait_until(lambda: self.scrape()["kvmesh_bridge_blocks_stored_total"] >= want
+                            and time.time(), 300, what="the bridge to catch up")
+        done.set()
+        thread.join()
+        wall, cpu, after = caught - t0, cpu_s(self.bridge.pid) - cpu0, self.scrape()
+        svc = cpu_s(self.service.pid) - svc0
+        delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        seen = [x for x in lags if x is not None]
+        return {
+            "offered_blocks_per_s": rate, "stored_blocks": run["stored_blocks"],
+            "publish_s": round(run["seconds"], 3), "publisher_late_s": round(run["late_s"], 3),
+            "wall_s": round(wall, 3), "ingest_blocks_per_s": round(run["stored_blocks"] / wall),
+            "bridge_cpu_s": round(cpu, 3),
+            "blocks_per_bridge_cpu_s": round(run["stored_blocks"] / cpu) if cpu else None,
+            "service_cpu_s": round(svc, 3),
+            "probe_lag_p50_ms": round(percentile(seen, 0.5) * 1e3, 1),
+            "probe_lag_p99_ms": round(percentile(seen, 0.99) * 1e3, 1),
+            "probe_lag_max_ms": round(max(seen, default=float("nan")) * 1e3, 1),
+            "probes": len(lags), "probes_lost": len(lags) - len(seen),
+            "bridge_lag_p99_le_ms": _hist_p99_ms(delta),
+            "gaps": int(delta.get("kvmesh_bridge_gaps_total", 0)),
+            "replays": int(delta.get("kvmesh_bridge_replays_total", 0)),
+            "clears": int(delta.get("kvmesh_bridge_unfilled_total", 0)
+                          + delta.get("kvmesh_bridge_restarts_total", 0)),
+            "resyncs": int(delta.get("kvmesh_bridge_resyncs_total", 0)),
+            "overflows": int(delta.get("kvmesh_bridge_overflows_total", 0)),
+            "silent_beats": int(delta.get("kvmesh_bridge_silent_beats_total", 0)),
+            "registrations": int(delta.get("kvmesh_bridge_registrations_total", 0)),
+        }
+
+    def close(self) -> None:
+        for proc in (self.bridge, self.load):
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.client.close()
+        self.channel.close()
+        self.probe.close(linger=0)
+        self.service.stop()
+        if self.redis is not None:
+            self.redis.stop()
+        self.tmp.cleanup()
+
+
+def _hist_p99_ms(delta: dict[str, float]) -> float | None:
+    """The upper bound (ms) of the lag bucket holding the run's 99th percentile."""
+    buckets = sorted((float(k.split("|")[1]), v) for k, v in delta.items()
+                     if k.startswith("kvmesh_bridge_lag_seconds_bucket|"))
+    total = buckets[-1][1] if buckets else 0
+    for le, count in buckets:
+        if total and count >= 0.99 * total:
+            return le * 1e3
+    return None
+
+
+def run(rates: list[float], seconds: float = 10.0, engines: int = 8, blocks: int = 16,
+        backend: str = "memory", uniform: bool = False, probes: float = 5.0) -> list[dict]:
+    stack = Stack(engines, blocks, backend, uniform)
+    try:
+        return [{"backend": backend, "engines": engines, **stack.measure(r, seconds, probes)}
+                for r in rates]
+    finally:
+        stack.close()
+
+
+def register(bench: typer.Typer) -> None:
+    @bench.command("bridge")
+    def bridge(rates: str = typer.Option("50000,100000,200000",
+                                         help="offered stored blocks/s, comma-separated"),
+               seconds: float = typer.Option(10.0, help="publishing time per rate"),
+               engines: int = typer.Option(8, min=1, help="engines one bridge bridges"),
+               blocks: int = typer.Option(16, min=1, help="blocks per stored batch"),
+               backend: str = typer.Option("memory", help="the service's index: memory or "
+                                           "redis (Valkey)"),
+               uniform: bool = typer.Option(False, help="uniform token ids (default: Zipf, "
+                                            "like text)"),
+               probes: float = typer.Option(5.0, help="lag probes per second"),
+               as_json: bool = typer.Option(False, "--json")) -> None:
+        """One bridge process: blocks/s ingested across engines, publish-to-routable lag."""
+        rows = run([float(r) for r in rates.split(",")], seconds, engines, blocks, backend,
+                   uniform, probes)
+        if as_json:
+            for row in rows:
+                print(json.dumps(row))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"one bridge, {engines} engines, {blocks}-block batches, "
+                            f"{backend} index")
+        cols = ("offered/s", "ingested/s", "per bridge CPU-s", "bridge CPU share",
+                "lag p50 ms", "lag p99 ms", "bridge lag p99 <= ms", "gaps", "clears",
+                "silent beats", "re-registrations")
+        for col in cols:
+            table.add_column(col, justify="right")
+        for r in rows:
+            table.add_row(f"{r['offered_blocks_per_s']:,.0f}", f"{r['ingest_blocks_per_s']:,}",
+                          f"{r['blocks_per_bridge_cpu_s'] or 0:,}",
+                          f"{r['bridge_cpu_s'] / r['wall_s']:.2f}",
+                          str(r["probe_lag_p50_ms"]), str(r["probe_lag_p99_ms"]),
+                          str(r["bridge_lag_p99_le_ms"]), str(r["gaps"]), str(r["clears"]),
+                          str(r["silent_beats"]), str(r["registrations"]))
+        Console().print(table)
+        best = max(rows, key=lambda r: r["ingest_blocks_per_s"])
+        print(f"goal: {GOAL_BLOCKS_PER_S:,} blocks/s with p99 < {GOAL_P99_S * 1e3:.0f} ms; "
+              f"best ingest {best['ingest_blocks_per_s']:,}/s (p99 "
+              f"{best['probe_lag_p99_ms']} ms)")

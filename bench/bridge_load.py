@@ -1,0 +1,163 @@
+"""The load of ``kvmesh bench bridge``: vLLM-like engines publishing KV events at a set rate.
+
+Runs as its own process (``python -m bench.bridge_load``) so that its CPU is not counted as
+the bridge's. It binds, per engine, a PUB socket and a replay ROUTER (a buffer of 10,000
+batches, as vLLM), serves every engine's ``/metrics`` page (``/e{i}/metrics``, an idle vLLM
+engine) from one HTTP port, then prints one JSON line with the endpoints and obeys commands
+on stdin, one per line, answering each with one JSON line:
+
+- ``warm``: one empty batch per engine (the bench repeats it until the bridge has seen a live
+  batch of every engine: a ZMQ subscription takes effect late);
+- ``run RATE SECONDS``: publish ``RATE`` stored blocks per second in total, round-robin over
+  the engines, for ``SECONDS``. Each batch is one ``BlockStored`` of ``--blocks`` new blocks
+  (a fresh chain of unique hashes; token ids Zipf-distributed over a 128k vocabulary, like
+  text, or uniform with ``--uniform``) and, once ``--window`` batches are out, the
+  ``BlockRemoved`` of the engine's batch that many batches earlier, so the index stays
+  bounded. Batches carry their publish time (``ts``): the bridge's lag is measured from it.
+  The answer says what was published and how late the publisher itself fell;
+- ``quit``.
+
+Every page path answers the same idle page, so the bench's own probe engine has one too.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import typer
+import zmq
+
+from kvmesh import vllm_events as ve
+
+VOCAB = 128_256
+PAGE = ('vllm:num_requests_running{{engine="0",model_name="bench"}} 0\n'
+        'vllm:num_requests_waiting{{engine="0",model_name="bench"}} 0\n'
+        'vllm:kv_cache_usage_perc{{engine="0",model_name="bench"}} 0\n'
+        'vllm:cache_config_info{{block_size="{bs}",engine="0",model_name="bench",'
+        'num_gpu_blocks="1000000"}} 1\n')
+
+
+class Publisher:
+    """One engine: PUB + replay ROUTER served from a thread, seq from 0."""
+
+    def __init__(self, ctx: zmq.Context) -> None:
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.SNDHWM, 100_000)
+        self.pub.bind("tcp://127.0.0.1:*")
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.SNDHWM, 30_000)
+        self.router.bind("tcp://127.0.0.1:*")
+        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=ve.REPLAY_BUFFER)
+        self.lock = threading.Lock()
+        self.seq = 0
+        threading.Thread(target=self._replay, daemon=True).start()
+
+    def endpoints(self) -> tuple[str, str]:
+        return (self.pub.getsockopt_string(zmq.LAST_ENDPOINT),
+                self.router.getsockopt_string(zmq.LAST_ENDPOINT))
+
+    def publish(self, events: list) -> None:
+        payload = ve.encode_batch(ve.KVEventBatch(ts=time.time(), events=events,
+                                                  data_parallel_rank=0))
+        with self.lock:
+            seq, self.seq = self.seq, self.seq + 1
+            self.buffer.append((seq, payload))
+            self.pub.send_multipart(ve.pack_message(b"", seq, payload))
+
+    def _replay(self) -> None:
+        while True:
+            ident, _, start = self.router.recv_multipart()
+            with self.lock:
+                batches = [b for b in self.buffer if b[0] >= int.from_bytes(start, "big")]
+            for seq, payload in batches:
+                self.router.send_multipart([ident, *ve.replay_reply(b"", seq, payload)])
+            self.router.send_multipart([ident, *ve.replay_end()])
+
+
+def _serve_pages(block_size: int) -> int:
+    page = PAGE.format(bs=block_size).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("content-type", "text/plain")
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server.server_address[1]
+
+
+def main(engines: int = 8, blocks: int = 16, block_size: int = 16, window: int = 64,
+         uniform: bool = False, seed: int = 0) -> None:
+    ctx = zmq.Context.instance()
+    pubs = [Publisher(ctx) for _ in range(engines)]
+    port = _serve_pages(block_size)
+    rng = np.random.default_rng(seed)
+    hashes = itertools.count(10**9)  # the bench's probe engine uses small hashes
+    sent: list[deque[list[int]]] = [deque() for _ in pubs]
+
+    def tokens(n: int) -> list[int]:
+        if uniform:
+            return rng.integers(0, VOCAB, n).tolist()
+        return ((rng.zipf(1.2, n) - 1) % VOCAB).tolist()
+
+    def batch(i: int) -> list:
+        ids = [next(hashes) for _ in range(blocks)]
+        events: list = [ve.BlockStored(block_hashes=ids, parent_block_hash=None,
+                                       token_ids=tokens(blocks * block_size),
+                                       block_size=block_size, lora_id=None, medium="GPU",
+                                       lora_name=None)]
+        sent[i].append(ids)
+        if len(sent[i]) > window:
+            events.append(ve.BlockRemoved(block_hashes=sent[i].popleft(), medium="GPU"))
+        return events
+
+    info = {"metrics": f"http://127.0.0.1:{port}",
+            "engines": [dict(zip(("events", "replay"), p.endpoints(), strict=True))
+                        for p in pubs]}
+    print(json.dumps(info), flush=True)
+    for line in sys.stdin:
+        cmd, *args = line.split()
+        if cmd == "warm":
+            for p in pubs:
+                p.publish([])
+            out: dict = {}
+        elif cmd == "run":
+            rate, seconds = float(args[0]), float(args[1])
+            out = _run(pubs, batch, rate / blocks, seconds)
+            out["stored_blocks"] = out["batches"] * blocks
+        else:
+            return
+        print(json.dumps(out), flush=True)
+
+
+def _run(pubs: list[Publisher], batch, batches_per_s: float, seconds: float) -> dict:
+    """Publish on schedule; ``late_s``: how far behind its schedule the publisher fell."""
+    start = time.monotonic()
+    total = int(batches_per_s * seconds)
+    late = 0.0
+    for n in range(total):
+        due = start + n / batches_per_s
+        now = time.monotonic()
+        if now < due:
+            time.sleep(due - now)
+        else:
+            late = max(late, now - due)
+        i = n % len(pubs)
+        pubs[i].publish(batch(i))
+    return {"batches": total, "seconds": time.monotonic() - start, "late_s": late}
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,123 @@
+"""Forward a request's original body to HTTP engines (vLLM servers), best candidate first.
+
+The gateway routes a request by its prompt tokens; when the chosen worker is an HTTP engine
+(its registered address is ``http(s)://host:port``, ``kvmesh.engine_address``), the request
+body goes to ``{address}{path}`` byte for byte (the only change the gateway may make is the
+``cache_salt`` its tenancy decides, see ``client.gateway.app``), and the engine's answer
+comes back unchanged: status, body, stream, and its own
+``usage.prompt_tokens_details.cached_tokens``.
+
+Failover: an engine that cannot be reached (connect error, connection dropped, timeout)
+or answers 5xx is skipped for the next HTTP candidate, as long as nothing reached the
+caller: a whole body is read before it is relayed (so a body cut short fails over too), a
+stream is relayed from its first byte once the status is not 5xx. A 4xx is the caller's
+answer (the engine refused the request itself). Every failure is logged with the engine's
+address; the caller's error says only that every engine failed.
+
+The caller's ``Authorization`` header (its gateway API key) never reaches an engine; the
+engine key (``--engine-api-key``) does, when set.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import httpx2
+from fastapi.responses import Response
+
+from client.gateway.slots import Lease, LeasedStream
+from client.results import Candidate
+
+log = logging.getLogger("client.gateway")
+
+_PASSED_HEADERS = ("content-type", "cache-control", "x-request-id")
+_FORWARDED_HEADERS = ("x-request-id", "traceparent", "tracestate")
+
+
+@dataclass
+class Relayed:
+    """An engine's answer ready to relay: ``body`` (whole) or ``chunks`` (a stream)."""
+
+    candidate: Candidate
+    status: int
+    headers: dict[str, str]
+    body: bytes | None = None
+    chunks: AsyncIterator[bytes] | None = None
+
+
+class Forwarder:
+    """One HTTP client (connection pool) for every engine; ``close`` when done."""
+
+    def __init__(self, timeout: float, api_key: str | None = None,
+                 connect_timeout: float = 5.0) -> None:
+        self.api_key = api_key
+        self._client = httpx2.AsyncClient(
+            timeout=httpx2.Timeout(timeout, connect=connect_timeout), trust_env=False,
+            limits=httpx2.Limits(max_connections=None, max_keepalive_connections=64))
+
+    def _headers(self, incoming: dict[str, str]) -> dict[str, str]:
+        out = {"content-type": "application/json", "accept-encoding": "identity"}
+        out.update({k: v for k, v in incoming.items() if k in _FORWARDED_HEADERS})
+        if self.api_key:
+            out["authorization"] = f"Bearer {self.api_key}"
+        return out
+
+    async def send(self, candidates: Sequence[Candidate], path: str, body: bytes, *,
+                   stream: bool, incoming: dict[str, str] | None = None
+                   ) -> tuple[Relayed | None, list[str]]:
+        """The first engine's answer that is not a failure, and the failures before it (one
+        line each, with the engine's address: for the log). ``None`` when all failed."""
+        failures: list[str] = []
+        headers = self._headers({k.lower(): v for k, v in (incoming or {}).items()})
+        for cand in candidates:
+            url = cand.address.rstrip("/") + path
+            try:
+                resp = await self._client.send(
+                    self._client.build_request("POST", url, content=body, headers=headers),
+                    stream=True)
+            except httpx2.HTTPError as exc:
+                failures.append(f"{cand.address}: {type(exc).__name__}: {exc}")
+                continue
+            if resp.status_code >= 500:
+                await resp.aclose()
+                failures.append(f"{cand.address}: HTTP {resp.status_code}")
+                continue
+            passed = {k: v for k, v in resp.headers.items() if k.lower() in _PASSED_HEADERS}
+            if stream:
+                return Relayed(cand, resp.status_code, passed, chunks=_relay(resp)), failures
+            try:
+                content = await resp.aread()
+            except httpx2.HTTPError as exc:  # cut short: nothing reached the caller yet
+                failures.append(f"{cand.address}: {type(exc).__name__} reading the body")
+                continue
+            finally:
+                await resp.aclose()
+            return Relayed(cand, resp.status_code, passed, body=content), failures
+        return None, failures
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+async def _relay(resp: httpx2.Response) -> AsyncIterator[bytes]:
+    """The engine's stream as it arrives; a drop after the first byte ends the stream (the
+    caller sees it end without ``[DONE]``, as from the engine itself)."""
+    try:
+        async for chunk in resp.aiter_raw():
+            yield chunk
+    except httpx2.HTTPError as exc:
+        log.warning("engine stream from %s broke: %s", resp.url, exc)
+    finally:
+        await resp.aclose()
+
+
+def relay(relayed: Relayed, lease: Lease, worker_header: str,
+          stream_headers: dict[str, str]) -> Response:
+    """An engine's answer as the caller's (``lease`` released when it is complete)."""
+    headers = {**relayed.headers, worker_header: relayed.candidate.worker_id}
+    if relayed.chunks is None:
+        lease.release()
+        return Response(relayed.body, status_code=relayed.status, headers=headers)
+    return LeasedStream(relayed.chunks, status_code=relayed.status, lease=lease,
+                        headers={**stream_headers, **headers})
