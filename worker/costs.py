@@ -7,13 +7,15 @@ it). So the worker reports, with its load, three figures in microseconds:
 - ``prefill_us_per_token``: wall time of the steps that prefilled at least a block of
   tokens, divided by the tokens they computed (decode-only steps say nothing about it);
 - ``onboard_us_per_block_cpu`` / ``_disk``: wall time of the copies that brought blocks back
-  from that tier, per block.
+  from that tier, per block (the calibration reads its disk block cold, past the page
+  cache; live reads may hit the page cache and pull the average down).
 
 Each is an exponentially weighted moving average of live measurements, seeded by a short
 calibration at start (:func:`calibrate`) when a lower tier is enabled. 0.0 means unknown.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -36,15 +38,18 @@ class CostMeter:
         self.onboard_us_per_block = {"cpu": 0.0, "disk": 0.0}
 
     @staticmethod
-    def _mix(old: float, sample: float) -> float:
-        return sample if old == 0.0 else (1 - ALPHA) * old + ALPHA * sample
+    def _mix(old: float, sample: float, weight: float = 1.0) -> float:
+        alpha = ALPHA * weight
+        return sample if old == 0.0 else (1 - alpha) * old + alpha * sample
 
     def step(self, num_tokens: int, num_prefill_tokens: int, seconds: float) -> None:
         """A step computed ``num_tokens`` tokens, ``num_prefill_tokens`` of them in
-        prefills, in ``seconds``; counted only when a block's worth was prefill."""
+        prefills, in ``seconds``; counted only when a block's worth was prefill, and
+        weighted by its size (a small step's fixed costs say little per token)."""
         if num_prefill_tokens >= self.block_size and num_tokens > 0:
-            self.prefill_us_per_token = self._mix(self.prefill_us_per_token,
-                                                  seconds * 1e6 / num_tokens)
+            self.prefill_us_per_token = self._mix(
+                self.prefill_us_per_token, seconds * 1e6 / num_tokens,
+                min(1.0, num_tokens / CALIBRATION_TOKENS))
 
     def onboard(self, tier: str, blocks: int, seconds: float) -> None:
         """``blocks`` blocks came back from ``tier`` in ``seconds``."""
@@ -59,15 +64,30 @@ class CostMeter:
                 "onboard_us_per_block_disk": self.onboard_us_per_block["disk"]}
 
 
-def _best_of(reps: int, fn) -> float:
-    """The fastest of ``reps`` timed runs after one untimed warm-up (seconds)."""
+def _best_of(reps: int, fn, before=None) -> float:
+    """The fastest of ``reps`` timed runs after one untimed warm-up (seconds); ``before``
+    runs, untimed, ahead of each."""
     fn()
     best = float("inf")
     for _ in range(reps):
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def _drop_page_cache(path: os.PathLike) -> None:
+    """Make the next read of ``path`` come from the device, not the page cache, where the
+    system allows it: the disk tier's cost is that of a cold block (pessimistic)."""
+    if hasattr(os, "posix_fadvise"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def _copy_in(executor: CopyExecutor, tier: str, src: int | bytes) -> None:
@@ -108,9 +128,11 @@ def calibrate(meter: CostMeter, model: torch.nn.Module, cache: torch.Tensor,
             zeros = torch.zeros(executor.block_shape, dtype=cache.dtype)
             executor.store.write(DiskEntry(key, None, (), None),
                                  zeros.reshape(-1).view(torch.uint8).numpy())
+            path = executor.store.path(key)
             try:
                 meter.onboard_us_per_block["disk"] = _best_of(
-                    CALIBRATION_REPS, lambda: _copy_in(executor, "disk", key)) * 1e6
+                    CALIBRATION_REPS, lambda: _copy_in(executor, "disk", key),
+                    before=lambda: _drop_page_cache(path)) * 1e6
             finally:
                 executor.store.delete(key)
     finally:

@@ -19,13 +19,19 @@ Ordering contracts (what keeps a step from ever reading a block whose copy is no
   device blocks, which no request reads until the manager's ``finish_onboard``) run on the
   background thread; :meth:`poll` returns the finished ones. A copy that raises (a damaged
   file, an injected fault) ends that onboard with ``ok=False``: the request recomputes.
-- Disk operations (write, read, delete) go through one FIFO thread, so a read of a hash
-  always sees the write ordered before it, and a delete never races a write.
+- Two background threads, each FIFO: onboards on one, disk writes and deletes on the other
+  (an onboard never waits behind the spills its own allocation caused). A read of a disk
+  block waits for the pending write of that hash, so it always sees the write ordered
+  before it; a delete runs after the writes ordered before it. (The manager never drops a
+  disk block while a copy reads it.)
 
-CUDA: pinned host memory and a side stream with events (the engine thread never blocks on
-a copy). This path is written for, but not exercised by, the tests: CI has no GPU.
+CUDA: pinned host memory and a side stream with events; the engine thread waits for a copy
+only when a spill reads a slot whose offload is still running. Disk reads go through a
+pinned staging buffer; the onboard thread synchronises the side stream at the end of each
+run of same-tier copies (that is also what the timings measure). This path is written for,
+but not exercised by, the tests: CI and this development machine have no GPU.
 
-Not thread-safe: call everything but :meth:`copy_in` (the background thread's) from the
+Not thread-safe: call everything but :meth:`copy_in` (the onboard thread's) from the
 engine thread.
 """
 from __future__ import annotations
@@ -72,20 +78,19 @@ class CopyExecutor:
         self.cuda = cache.device.type == "cuda"
         self.block_shape = (cache.shape[0], cache.shape[1], *cache.shape[3:])
         self.block_nbytes = cache[:, :, 0].numel() * cache.element_size()
-        self.host = (torch.empty((cpu_blocks, *self.block_shape), dtype=cache.dtype,
-                                 pin_memory=self.cuda) if cpu_blocks else None)
+        self.host = _host_slots(cpu_blocks, self.block_shape, cache.dtype, self.cuda)
         self.store = store
         self.stream = torch.cuda.Stream(cache.device) if self.cuda else None
         self._slot_hash: dict[int, bytes] = {}     # what each host slot holds
         self._bad: set[int] = set()  # host slots whose offload failed half-way
         self._slot_ready: dict[int, torch.cuda.Event] = {}  # CUDA: offload still copying
         self._staging: list[torch.Tensor] = []  # CUDA: pinned reads of in-flight copies
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._queued = 0          # jobs not finished yet (under _cv)
+        self._cv = threading.Condition()  # guards the lanes' counts, _done and _writing
+        self._reads = _Lane("kvmesh-kv-onboard", self._cv)
+        self._writes = _Lane("kvmesh-kv-spill", self._cv)
+        self._writing: dict[bytes, int] = {}  # hash -> its writes not finished yet
         self._done: deque[OnboardDone] = deque()
-        self._cv = threading.Condition()
         self._onboarding: set[str] = set()  # request ids submitted, not yet polled
-        self._thread: threading.Thread | None = None
 
     # --- orders ---------------------------------------------------------------------
 
@@ -164,13 +169,24 @@ class CopyExecutor:
                         "written", slot, entry.block_hash.hex()[:16])
             return
         with self._cv:  # a disk slower than the evictions: wait rather than pile copies up
-            self._cv.wait_for(lambda: self._queued < MAX_QUEUED)
+            self._cv.wait_for(lambda: self._writes.queued < MAX_QUEUED)
+            self._writing[entry.block_hash] = self._writing.get(entry.block_hash, 0) + 1
         data = self.host[slot].clone()
-        self._submit(lambda: self.store.write(entry, _bytes(data)))
+        self._writes.submit(lambda: self._write(entry, data))
+
+    def _write(self, entry: DiskEntry, data: torch.Tensor) -> None:
+        try:
+            self.store.write(entry, _bytes(data))
+        finally:
+            with self._cv:
+                n = self._writing.pop(entry.block_hash) - 1
+                if n:
+                    self._writing[entry.block_hash] = n
+                self._cv.notify_all()
 
     def delete(self, block_hash: bytes) -> None:
         """Delete a disk block's file (after every write and read ordered before)."""
-        self._submit(lambda: self.store.delete(block_hash))
+        self._writes.submit(lambda: self.store.delete(block_hash))
 
     def onboard(self, request_id: str, copies: Sequence[tuple[str, int | bytes, int]]) -> None:
         """Start copying ``(tier, slot or block hash, device block id)`` each, in order;
@@ -180,7 +196,7 @@ class CopyExecutor:
         copies = list(copies)
         if self.cuda:
             self.stream.wait_stream(torch.cuda.current_stream(self.cache.device))
-        self._submit(lambda: self._finished(self._onboard(request_id, copies)))
+        self._reads.submit(lambda: self._finished(self._onboard(request_id, copies)))
 
     # --- completion -----------------------------------------------------------------
 
@@ -206,35 +222,20 @@ class CopyExecutor:
     def flush(self, timeout: float | None = None) -> bool:
         """Block until every submitted job (writes included) has run; False on timeout."""
         with self._cv:
-            return self._cv.wait_for(lambda: self._queued == 0, timeout)
+            return self._cv.wait_for(
+                lambda: self._reads.queued == 0 and self._writes.queued == 0, timeout)
+
+    @property
+    def running(self) -> bool:
+        """Whether a background thread is alive (False once closed)."""
+        return self._reads.alive or self._writes.alive
 
     def close(self, timeout: float = 30.0) -> None:
-        """Finish the queued jobs (pending file writes) and stop the thread."""
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join(timeout)
-            self._thread = None
+        """Finish the queued jobs (pending file writes) and stop the threads."""
+        self._reads.close(timeout)
+        self._writes.close(timeout)
 
-    # --- the background thread ------------------------------------------------------
-
-    def _submit(self, job: Callable[[], None]) -> None:
-        with self._cv:
-            self._queued += 1
-        self._jobs.put(job)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="kvmesh-kv-copy",
-                                            daemon=True)
-            self._thread.start()
-
-    def _loop(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            try:
-                job()
-            except Exception:  # a failed write loses one file, never the thread
-                log.exception("KV copy job failed")
-            with self._cv:
-                self._queued -= 1
-                self._cv.notify_all()
+    # --- the background threads -----------------------------------------------------
 
     def _finished(self, done: OnboardDone) -> None:
         with self._cv:
@@ -289,6 +290,8 @@ class CopyExecutor:
             with self._on_side_stream():
                 dst.copy_(self.host[src], non_blocking=self.cuda)
         elif tier == "disk":
+            with self._cv:  # its file may still be on its way to disk
+                self._cv.wait_for(lambda: src not in self._writing)
             if self.cuda:
                 staging = torch.empty(self.block_shape, dtype=self.cache.dtype, pin_memory=True)
                 self.store.read(src, _bytes(staging))
@@ -304,6 +307,61 @@ class CopyExecutor:
 
     def _on_side_stream(self) -> contextlib.AbstractContextManager:
         return torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext()
+
+
+class _Lane:
+    """One background thread running jobs in submission order; started on first use.
+    ``queued`` (under ``cv``) counts jobs not finished yet; ``cv`` is notified after each."""
+
+    def __init__(self, name: str, cv: threading.Condition) -> None:
+        self.name = name
+        self.cv = cv
+        self.queued = 0
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self.cv:
+            self.queued += 1
+        self._jobs.put(job)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+            self._thread.start()
+
+    def close(self, timeout: float) -> None:
+        """Run what is queued, then stop the thread."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _loop(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                job()
+            except Exception:  # a failed write loses one file, never the thread
+                log.exception("KV copy job failed")
+            with self.cv:
+                self.queued -= 1
+                self.cv.notify_all()
+
+
+def _host_slots(n: int, shape: tuple[int, ...], dtype: torch.dtype,
+                pinned: bool) -> torch.Tensor | None:
+    """``n`` host slots; pinned for a CUDA device (asynchronous copies) when the system lets
+    us pin that much, else pageable (copies then block the side stream, still correct)."""
+    if not n:
+        return None
+    if pinned:
+        try:
+            return torch.empty((n, *shape), dtype=dtype, pin_memory=True)
+        except RuntimeError as e:
+            log.warning("cannot pin %d host KV blocks (%s): using pageable memory", n, e)
+    return torch.empty((n, *shape), dtype=dtype)
 
 
 def _bytes(t: torch.Tensor) -> memoryview:

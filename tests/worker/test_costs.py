@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.costs import ALPHA, CostMeter
+from worker.costs import ALPHA, CALIBRATION_TOKENS, CostMeter
 
 
 def test_prefill_counts_only_steps_that_prefill_a_block():
@@ -13,8 +13,12 @@ def test_prefill_counts_only_steps_that_prefill_a_block():
     assert m.load()["prefill_us_per_token"] == 0.0
     m.step(num_tokens=40, num_prefill_tokens=32, seconds=0.004)
     assert m.load()["prefill_us_per_token"] == pytest.approx(100.0)
-    m.step(num_tokens=20, num_prefill_tokens=16, seconds=0.004)  # 200 us/token
+    m.step(num_tokens=512, num_prefill_tokens=512, seconds=0.1024)  # 200 us/token
     assert m.prefill_us_per_token == pytest.approx((1 - ALPHA) * 100 + ALPHA * 200)
+    before = m.prefill_us_per_token
+    m.step(num_tokens=16, num_prefill_tokens=16, seconds=0.016)  # small: weighs 1/16
+    alpha = ALPHA * 16 / CALIBRATION_TOKENS
+    assert m.prefill_us_per_token == pytest.approx((1 - alpha) * before + alpha * 1000)
 
 
 def test_onboard_per_tier():

@@ -76,10 +76,24 @@ def test_delete_is_ordered_after_the_write(ex):
     ex.offload([(3, 1, h(3))])
     ex.spill(1, entry(3))
     ex.delete(h(3))
-    ex.onboard("r", [("disk", h(3), 7)])
-    [done] = finish(ex)
-    assert not done.ok and done.failed == {("disk", h(3))}
+    assert ex.flush(WAIT)
     assert not ex.store.path(h(3)).exists()
+
+
+def test_a_read_waits_for_the_pending_write_of_its_block(ex, cache, monkeypatch):
+    gate = threading.Event()
+    write = ex.store.write
+    monkeypatch.setattr(ex.store, "write", lambda *a: (gate.wait(WAIT), write(*a)))
+    ex.offload([(3, 1, h(3)), (1, 0, h(1))])
+    ex.spill(1, entry(3))
+    ex.onboard("r", [("cpu", 0, 5)])  # not behind the slow write: another thread
+    [done] = finish(ex)
+    assert done.ok
+    ex.onboard("s", [("disk", h(3), 7)])
+    assert not ex.wait(0.1)  # waits for the write of its file
+    gate.set()
+    [done] = finish(ex)
+    assert done.ok and torch.equal(cache[:, :, 7], cache[:, :, 3])
 
 
 def test_a_damaged_file_fails_the_onboard_and_leaves_the_block_alone(ex, cache):
@@ -170,17 +184,17 @@ def test_spills_wait_for_a_slow_disk_instead_of_piling_up(ex, monkeypatch):
     import worker.kv_transfer as kv_transfer
 
     monkeypatch.setattr(kv_transfer, "MAX_QUEUED", 2)
-    ex.offload([(1, 0, h(1)), (2, 1, h(2)), (3, 2, h(3))])
     gate = threading.Event()
-    real = ex.copy_in
-    ex.copy_in = lambda *a: (gate.wait(WAIT), real(*a))
-    ex.onboard("r", [("cpu", 0, 5)])  # the thread is busy: 1 job
-    ex.spill(1, entry(2))              # 2 jobs: at the limit
+    write = ex.store.write
+    monkeypatch.setattr(ex.store, "write", lambda *a: (gate.wait(WAIT), write(*a)))
+    ex.offload([(1, 0, h(1)), (2, 1, h(2)), (3, 2, h(3))])
+    ex.spill(0, entry(1))  # the writer is stuck in it
+    ex.spill(1, entry(2))  # 2 jobs: at the limit
     third = threading.Thread(target=ex.spill, args=(2, entry(3)))
     third.start()
     third.join(0.2)
-    assert third.is_alive()  # waits for the thread rather than queue a third copy
+    assert third.is_alive()  # waits for the writer rather than queue a third copy
     gate.set()
     third.join(WAIT)
     assert not third.is_alive() and ex.flush(WAIT)
-    assert sorted(e.block_hash for e in ex.store.scan()) == [h(2), h(3)]
+    assert sorted(e.block_hash for e in ex.store.scan()) == [h(1), h(2), h(3)]

@@ -25,7 +25,7 @@ def test_stats_report_the_measured_costs(tmp_path):
     load = asyncio.run(with_worker(body, AsyncEngine(engine).start())).load
     assert load.prefill_us_per_token > 0
     assert load.onboard_us_per_block_cpu > 0 and load.onboard_us_per_block_disk > 0
-    assert engine.copies._thread is None or not engine.copies._thread.is_alive()  # closed
+    assert not engine.copies.running  # the runner's stop closed the engine
 
 
 def test_a_worker_without_tiers_reports_no_onboard_cost():
@@ -76,3 +76,32 @@ def test_a_worker_process_takes_the_tier_flags(tmp_path):
         assert len(list(tmp_path.iterdir())) == 1  # the model fingerprint's directory
     finally:
         proc.stop()
+
+
+@pytest.mark.integration  # a service, Redis and a worker process
+def test_a_restarted_worker_reannounces_its_disk_blocks_to_the_index(tmp_path):
+    import random
+
+    from deploy.local import LocalCluster
+    from deploy.waiting import wait_until
+
+    rng = random.Random(0)
+    ps = [[rng.randrange(256) for _ in range(64)] for _ in range(6)]
+    cluster = LocalCluster(ClusterSpec(workers=1, num_blocks=16, cpu_blocks=4,
+                                       disk_blocks=64, disk_dir=str(tmp_path))).start()
+    try:
+        with cluster.client() as client:
+            first = [client.generate(p, max_tokens=4) for p in ps]  # the pool holds ~1
+        worker = cluster.workers[0]
+        worker.stop()
+        worker.start(120)
+        cluster.wait_ready(60)
+        with cluster.client() as client:
+            # before any request: the restarted worker's first sync announced the disk
+            wait_until(lambda: client.stats()["workers"][0]["indexed_blocks"] > 0, 30,
+                       what="disk blocks indexed")
+            again = client.generate(ps[0], max_tokens=4)  # the oldest: all of it on disk
+        assert again.matched_tokens == again.num_cached_tokens == 48
+        assert again.token_ids == first[0].token_ids
+    finally:
+        cluster.stop()
