@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from worker.kv_cache import KVRequest
+from worker.kv_cache import TIER_NAMES, KVRequest
 
 
 class SeqStatus(enum.Enum):
@@ -39,7 +39,8 @@ class Seq:
     num_prompt_tokens: int
     status: SeqStatus = SeqStatus.WAITING
     num_cached_tokens: int = -1  # -1 until first admitted
-    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)  # fixed with it
+    cached_tokens_by_tier: dict[str, int] = field(  # fixed with it: gpu, cpu, disk
+        default_factory=lambda: dict.fromkeys(TIER_NAMES, 0))
     expected_cached: int = 0     # the cache hit it would get at enqueue time (load report)
     finish_reason: str | None = None
     arrival: float = field(default_factory=time.perf_counter)

@@ -22,6 +22,9 @@ unhashed blocks):
 - A cached block's KV is written, or is being written by the step in progress. A step that
   fails hands the blocks it cached to :meth:`uncache_blocks`, so a hash whose only holders
   were never written is neither a hit here nor (after its ``BlockRemoved``) in the index.
+- Lower tiers hook evictions (``on_evict``: the hashes whose last block just went, called
+  before their ``BlockRemoved``) and emit their events in this pool's one seq stream
+  (:meth:`emit_stored`, :meth:`emit_removed`). Without them, nothing here changes.
 """
 from __future__ import annotations
 

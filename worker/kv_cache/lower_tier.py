@@ -121,14 +121,17 @@ class LowerTier:
         """A copy starts reading ``entry``: it cannot be evicted until :meth:`release`."""
         entry.readers += 1
 
-    def release(self, entry: TierEntry) -> None:
-        """A copy reading ``entry`` is done."""
+    def release(self, entry: TierEntry) -> bool:
+        """A copy reading ``entry`` is done. Returns whether that freed the slot of an entry
+        that had left the tier (its last reader is gone)."""
         if entry.readers <= 0:
             raise ValueError(f"{self.name} entry released more often than read")
         entry.readers -= 1
         if entry.dropped and entry.readers == 0:
             self._num_dropped_read -= 1
             self._free_slots.append(entry.slot)
+            return True
+        return False
 
     def clear(self) -> list[TierEntry]:
         """Forget every entry (none may be read); return them."""

@@ -99,6 +99,8 @@ class KVCacheManager:
             raise ValueError("cpu_blocks and disk_blocks must be >= 0")
         if disk_blocks and not cpu_blocks:
             raise ValueError("a disk tier needs a CPU tier (blocks spill to disk from it)")
+        if cpu_blocks and tier != "gpu":
+            raise ValueError("lower tiers sit below the device pool (tier='gpu')")
         self.block_size = block_size
         self.hash_algo = hash_algo
         self.hash_seed = hash_seed
@@ -188,8 +190,8 @@ class KVCacheManager:
         """Order the copy to the device of the CPU/disk blocks continuing a waiting request's
         chain after its device ``hits`` (from :meth:`get_computed_blocks`), holding the
         hits and fresh blocks for it (``Onboarder.start``). ``False``, changing nothing,
-        when nothing below matches, no block is free, the request had its onboard already
-        (or one failed: it recomputes) or holds blocks."""
+        when nothing below matches, no block is free, the request already holds an onboard
+        (or its onboard failed: it recomputes) or has a block table."""
         onboards = self._onboards
         if (onboards is None or req.request_id in self._blocks
                 or not onboards.can_start(req.request_id)):

@@ -15,7 +15,8 @@ device pool's evictions (``BlockPool.on_evict``) and records the copy orders
   ``BlockStored(disk)`` then ``BlockRemoved(cpu)`` for a spill; ``BlockRemoved(<tier>)`` for
   a drop.
 - Orders (see :mod:`.transfers`): a ``Spill`` of a slot precedes the ``Offload`` that reuses
-  it; a disk hash dropped gets a ``Drop`` (delete its file).
+  it; a disk hash dropped gets a ``Drop`` (delete its file), deferred while an in-flight
+  copy still reads that file, and skipped if the hash is back on disk by then.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class Offloader:
         self.tiers = [self.cpu] if self.disk is None else [self.cpu, self.disk]
         self.device_offloads = 0  # hashes moved from the device pool down to the CPU tier
         self._transfers: list[Transfer] = []
+        self._files_read: dict[bytes, int] = {}  # dropped disk entries still read, per hash
         pool.on_evict = self.offload
 
     def take_transfers(self) -> list[Transfer]:
@@ -142,8 +144,25 @@ class Offloader:
     def _remove(self, tier: LowerTier, entry: TierEntry) -> None:
         tier.remove(entry)
         self.pool.emit_removed([entry.block_hash], tier.name)
-        if tier is self.disk:
-            self.order(Drop(entry.block_hash))
+        if tier is not self.disk:
+            return
+        h = entry.block_hash
+        if entry.dropped:  # a copy still reads its file: delete it after the last one
+            self._files_read[h] = self._files_read.get(h, 0) + 1
+        elif h not in self._files_read:
+            self.order(Drop(h))
+
+    def release(self, tier: LowerTier, entry: TierEntry) -> None:
+        """A copy reading ``entry`` is done; the file of a dropped disk entry is deleted
+        once nothing reads it (unless the hash is back on disk: then it is that entry's)."""
+        if not tier.release(entry) or tier is not self.disk:
+            return
+        h = entry.block_hash
+        self._files_read[h] -= 1
+        if not self._files_read[h]:
+            del self._files_read[h]
+            if h not in tier:
+                self.order(Drop(h))
 
     def drop(self, tier: LowerTier, entry: TierEntry) -> None:
         """Drop ``entry`` from ``tier`` (a failed copy read it): ``BlockRemoved(<tier>)``.

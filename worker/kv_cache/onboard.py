@@ -123,7 +123,7 @@ class Onboarder:
             raise ValueError(f"no onboard of request {request_id!r} is in flight")
         hold.in_flight = False
         for tier, entry in hold.reads:
-            tier.release(entry)
+            self.offloader.release(tier, entry)
         # A failed step may have uncached a hit (cached by a batch-mate in that step): its
         # KV was never written, so the copies cannot hang from it.
         ok = ok and all(b.block_hash == hold.block_hashes[i]

@@ -12,7 +12,8 @@ after scheduling and before the forward). Orders must run in the order given:
 - :class:`Onboard`: lower tier -> device blocks, for one request, asynchronous; the engine
   reports the end with ``KVCacheManager.finish_onboard``. The sources cannot be evicted and
   the destinations are not handed out until then.
-- :class:`Drop`: the disk tier forgot ``block_hash``: delete its file (a missing file is fine).
+- :class:`Drop`: the disk tier forgot ``block_hash`` and no ordered copy reads its file any
+  more: delete the file (a missing file is fine).
 """
 from __future__ import annotations
 

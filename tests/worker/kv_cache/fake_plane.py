@@ -42,17 +42,30 @@ class FakePlane:
         self.onboards: dict[str, list[tuple]] = {}  # request id -> what the copies read
         self.orders: list = []
 
-    def write(self, req: KVRequest) -> None:
-        """The forward of ``req``: its full, computed blocks hold their prefix's KV."""
-        bs, m = self.m.block_size, self.m
-        ids = m.get_block_ids(req)
+    def prefix_keys(self, req: KVRequest, num_blocks: int) -> list[tuple]:
+        """The content key of each of the first ``num_blocks`` blocks of ``req``."""
+        bs = self.m.block_size
         chain: list = []
-        for i in range(min(req.num_computed_tokens // bs, len(ids))):
+        out = []
+        for i in range(num_blocks):
             start = i * bs
             chain.append((tuple(req.token_ids[start:start + bs]),
                           extra_keys(start, start + bs, salt=req.salt, lora=req.lora,
                                      mm=req.mm)))
-            self.device[ids[i]] = tuple(chain)
+            out.append(tuple(chain))
+        return out
+
+    def write(self, req: KVRequest) -> None:
+        """The forward of ``req``: its full, computed blocks hold their prefix's KV."""
+        ids = self.m.get_block_ids(req)
+        n = min(req.num_computed_tokens // self.m.block_size, len(ids))
+        for block_id, key in zip(ids, self.prefix_keys(req, n), strict=False):
+            self.device[block_id] = key
+
+    def check_hits(self, req: KVRequest, hits) -> None:
+        """The KV of each cache hit is the request's own prefix (what attention will read)."""
+        want = self.prefix_keys(req, len(hits))
+        assert [self.device.get(b.block_id) for b in hits] == want
 
     def run(self) -> list:
         """Execute the manager's pending orders; the onboards' sources are read now."""

@@ -24,6 +24,8 @@ def test_defaults_have_no_tiers():
         KVCacheManager(4, BS, disk_blocks=2)
     with pytest.raises(ValueError):
         KVCacheManager(4, BS, cpu_blocks=-1)
+    with pytest.raises(ValueError, match="device pool"):
+        KVCacheManager(4, BS, tier="cpu", cpu_blocks=2)
 
 
 def test_an_evicted_chain_is_stored_on_cpu_before_it_is_removed_from_gpu():
