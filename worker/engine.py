@@ -323,11 +323,14 @@ class Engine:
         """Pin a prefix's cached device blocks for ``ttl_s`` seconds (refreshed by use): the
         prefix is ``token_ids`` (+ salt/LoRA/mm) or its chain ``block_hashes``. Returns the
         blocks pinned now (from block 0, as far as this worker holds the chain, within the
-        pin cap). ``warm`` (``token_ids`` only): if not all of it is held, prefill it as a
-        request of its own and pin it once computed. Call between steps (engine thread)."""
+        pin cap). ``warm`` (``token_ids`` only): if not all of it is held (and the cap has
+        room), prefill it as a request of its own, pinned at the first step after it is
+        computed. Call between steps (engine thread). Raises ``RequestError`` on bad input."""
+        if not ttl_s > 0:
+            raise RequestError(f"ttl_s must be > 0, got {ttl_s}")
         chain = self._pin_chain(token_ids, salt, lora, mm, block_hashes)
         pinned = self.kv.pin(chain, ttl_s)
-        if warm and pinned < len(chain):
+        if warm and pinned < len(chain) and self.kv.num_pinned_blocks < self.kv.pins.cap:
             if token_ids is None:
                 raise RequestError("warm needs token_ids, not block hashes")
             seq = self.add_request(token_ids, SamplingParams(max_tokens=1), salt=salt,

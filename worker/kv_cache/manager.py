@@ -281,7 +281,7 @@ class KVCacheManager:
                              - held - len(hits))
         taken_from_free = sum(1 for b in hits if b.ref_cnt == 0)
         if num_new_blocks + taken_from_free > self.pool.num_free_blocks:
-            if not self.pins.yield_to({*(table or ()), *hits}, num_new_blocks):
+            if not self.pins.yield_to(table or (), hits, num_new_blocks):
                 return None
             taken_from_free = sum(1 for b in hits if b.ref_cnt == 0)
             if num_new_blocks + taken_from_free > self.pool.num_free_blocks:
@@ -400,8 +400,9 @@ class KVCacheManager:
         """Drop all cached hashes, on every tier, and all pins (emits ``AllBlocksCleared``;
         disk files get ``Drop`` orders); ``False``, changing nothing, while any request or hold
         has blocks."""
-        if len(self.pins) and self.pins.held_only_by_pins():
-            self.pins.release_all()
+        if not self.pins.held_only_by_pins():
+            return False
+        self.pins.release_all()
         if not self.pool.reset_prefix_cache():
             return False
         if self.offloader is not None:

@@ -196,16 +196,15 @@ class PinTable:
         """An admission hit ``hits`` (a chain from block 0): refresh the pins on them, and
         (automatic pinning, ``first`` admissions only) count the hits; the hot prefix of the
         chain is pinned at the next tick."""
-        chain = [b.block_hash for b in hits]
+        chain = [b.block_hash for b in hits if b.block_hash is not None]  # hits are cached
         for block_hash in chain:
-            pin = self._pins.get(block_hash)  # type: ignore[arg-type]
+            pin = self._pins.get(block_hash)
             if pin is not None:
                 pin.expires_at = max(pin.expires_at, now + pin.ttl_s)
         if not (self.auto and first and chain):
             return
         hot = 0
         for i, block_hash in enumerate(chain):
-            assert block_hash is not None
             times = self._hits.get(block_hash)
             if times is None:
                 times = self._hits[block_hash] = deque(maxlen=self.hot_hits)
@@ -214,7 +213,7 @@ class PinTable:
                     and now - times[0] <= self.window_s):
                 hot += 1
         if any(h not in self._pins for h in chain[:hot]):
-            self._hot.append(chain[:hot])  # type: ignore[arg-type]
+            self._hot.append(chain[:hot])
         if len(self._hits) > 2 * self.pool.num_blocks:
             self._prune(now)
 
@@ -225,12 +224,15 @@ class PinTable:
 
     # --- room -------------------------------------------------------------------------
 
-    def yield_to(self, mine: set[KVCacheBlock], num_new_blocks: int) -> bool:
-        """A request holding (or hitting) ``mine`` needs ``num_new_blocks`` more and the pool
-        is short: if it could not fit even with every other request gone, because of pins,
-        release pins (:meth:`make_room`). ``True`` if any pin outside ``mine`` was released."""
+    def yield_to(self, held: Sequence[KVCacheBlock], hits: Sequence[KVCacheBlock],
+                 num_new_blocks: int) -> bool:
+        """A request holding ``held`` (and admitted with ``hits``) needs ``num_new_blocks``
+        more and the pool is short: if it could not fit even with every other request gone,
+        because of pins, release pins (:meth:`make_room`). ``True`` if any pin outside the
+        request's blocks was released."""
         if not self._pins:
             return False
+        mine = {*held, *hits}
         outside = sum(p.block not in mine for p in self._pins.values())
         excess = len(mine) + num_new_blocks + outside - self.pool.num_blocks
         return excess > 0 and self.make_room(mine, excess) > 0
