@@ -93,7 +93,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                 self.precision.add(min(request.index_matched_tokens, seq.num_prompt_tokens),
                                    seq.num_cached_tokens)
                 self.tier_precision.add(request.index_matched_tokens_by_tier,
-                                        seq.cached_tokens_by_tier)
+                                        seq.cached_tokens_by_tier, seq.num_prompt_tokens)
                 if self.metrics is not None and seq.ttft_s is not None:
                     self.metrics.ttft.observe(seq.ttft_s)
                 yield worker_pb2.GenerateResponse(

@@ -7,6 +7,8 @@ when the worker served a token from that tier or a faster one (gpu < cpu < disk)
 promised on the CPU tier and found on the device (onboarded meanwhile) kept the promise; a
 block promised on the device and found only on the CPU tier, or found nowhere, missed it.
 
+A promise is capped at the prompt's length (a router cannot promise more tokens than the
+prompt has; a larger wire value, up to 2^64 - 1, would overflow the uint64 counters).
 Counts, not positions, are compared: promises are matched to served tokens fastest tier
 first, each promise taking what is left on its own tier or faster ones. When both chains
 are ordered by tier (a device head, a lower tail, as the manager keeps them) this is exact;
@@ -44,8 +46,11 @@ class TierPrecision:
         self.promised = dict.fromkeys(TIER_ORDER, 0)
         self.missed = dict.fromkeys(TIER_ORDER, 0)
 
-    def add(self, promised: Mapping[str, int], served: Mapping[str, int]) -> None:
-        """One finished request: the index's promise and what the worker served."""
-        for tier, n in missed_by_tier(promised, served).items():
-            self.promised[tier] += max(int(promised[tier]), 0)
+    def add(self, promised: Mapping[str, int], served: Mapping[str, int],
+            prompt_tokens: int) -> None:
+        """One finished request: the index's promise, what the worker served, and the
+        prompt's length (each tier's promise is capped at it)."""
+        capped = {t: min(max(int(n), 0), prompt_tokens) for t, n in promised.items()}
+        for tier, n in missed_by_tier(capped, served).items():
+            self.promised[tier] += capped[tier]
             self.missed[tier] += n

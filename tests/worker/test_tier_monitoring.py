@@ -102,11 +102,30 @@ def test_stats_and_metrics_follow_offload_onboard_and_the_index_promises() -> No
 def test_a_worker_without_lower_tiers_reports_the_device_tier_only() -> None:
     async def body(stub, _channel):
         await _scenario(stub)
+        async for _m in stub.Generate(_req(A, index_matched_tokens_by_tier={"gpu": 48})):
+            pass  # A a third time in a row: on the device, as promised
         return await stub.Stats(worker_pb2.WorkerStatsRequest())
 
     runner = AsyncEngine(Engine.from_pretrained("tiny", num_blocks=4)).start()
     stats = asyncio.run(with_worker(body, runner))
     (gpu,) = stats.tiers
     assert gpu.tier == "gpu" and gpu.offloads == 0 and gpu.evictions == 6
-    assert gpu.hit_tokens == 48 and gpu.onboard_blocks == 0  # only A's last run hits
-    assert (gpu.index_promised_tokens, gpu.index_missed_tokens) == (48, 48)
+    assert gpu.hit_tokens == 96 and gpu.onboard_blocks == 0  # A's last two runs hit
+    assert (gpu.index_promised_tokens, gpu.index_missed_tokens) == (96, 48)
+
+
+def test_huge_promises_keep_stats_answering() -> None:
+    """Promises of 2^64 - 1 tokens per tier (a hostile or buggy router) are capped at the
+    prompt, so the uint64 counters of Stats never overflow."""
+    async def body(stub, _channel):
+        for _ in range(2):
+            async for _m in stub.Generate(_req(A, index_matched_tokens_by_tier={
+                    "gpu": 2**64 - 1, "cpu": 2**64 - 1, "disk": 2**64 - 1})):
+                pass
+        return await stub.Stats(worker_pb2.WorkerStatsRequest())
+
+    runner = AsyncEngine(Engine.from_pretrained("tiny", num_blocks=8, cpu_blocks=8)).start()
+    stats = asyncio.run(with_worker(body, runner))
+    gpu, cpu = stats.tiers
+    assert gpu.index_promised_tokens == cpu.index_promised_tokens == 2 * 50
+    assert gpu.index_missed_tokens == 50 + 2  # the 2nd run served 48 from the device
