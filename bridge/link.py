@@ -35,7 +35,8 @@ import grpc.aio
 
 from bridge.engine_load import EngineLoad, LoadSource
 from bridge.engine_state import EngineState
-from bridge.pending import MAX_BLOCKS, Pending, hashes_of
+from bridge.pending import MAX_BLOCKS, Pending
+from kvmesh.backlog import BatchLimits
 from kvmesh.channel import CHANNEL_OPTIONS, Dialer
 from kvmesh.retry import Action, Backoff, ReplicaRing, Source, decide
 from kvmesh.v1 import index_pb2, index_pb2_grpc
@@ -99,7 +100,7 @@ class EngineLink:
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.heartbeat_s = heartbeat_s
         self.timeout = rpc_timeout_s
-        self.limits = self.configured = (batch_max, batch_max_hashes)
+        self.limits = BatchLimits(batch_max, batch_max_hashes)  # raises for limits < 1
         self.pending = Pending(max_pending)
         self.last_seq = 0  # the last index event seq the service holds (or a snapshot covered)
         self.registered = False
@@ -228,7 +229,7 @@ class EngineLink:
                                          metadata=self.metadata)
         if resp.heartbeat_interval_ms:
             self.heartbeat_s = resp.heartbeat_interval_ms / 1000
-        self.limits = self.configured
+        self.limits.reset()
         self.registered = True
         self.need_sync = True  # a snapshot after every registration
         self.counters["registrations"] += 1
@@ -280,7 +281,7 @@ class EngineLink:
 
     async def _publish(self, stub: Stub) -> None:
         while self.pending and not self.need_sync and self.registered:
-            batch = self.pending.batch(*self.limits)
+            batch = self.pending.batch(self.limits.events, self.limits.hashes)
             req = index_pb2.PublishEventsRequest(worker_id=self.worker_id, events=batch,
                                                  incarnation=self.incarnation)
             try:
@@ -303,9 +304,8 @@ class EngineLink:
         """Halve the batch limits when that can help (a service configured below them),
         else give the events up for a snapshot."""
         self.counters["refused"] += 1
-        if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and len(batch) > 1:
-            self.limits = (max(1, len(batch) // 2),
-                           max(1, sum(hashes_of(e) for e in batch) // 2))
+        if (err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                and self.limits.halve(batch, self.pending.hashes)):
             return
         log.warning("service refused event %d of %r (%s %r): resyncing with a snapshot",
                     batch[0].seq, self.worker_id, err.code().name, err.details())

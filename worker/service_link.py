@@ -29,6 +29,7 @@ from typing import TypeVar
 
 import grpc
 
+from kvmesh.backlog import BatchLimits
 from kvmesh.retry import Action, Backoff, Source, decide
 from kvmesh.v1 import index_pb2, index_pb2_grpc
 from worker.async_engine import AsyncEngine
@@ -36,7 +37,7 @@ from worker.engine import Engine
 from worker.event_tap import EventTap
 from worker.kv_cache import KVEvent
 from worker.link_messages import event_to_proto, snapshot_blocks
-from worker.outbox import MAX_BLOCKS, BatchLimits, Outbox
+from worker.outbox import MAX_BLOCKS, Outbox
 from worker.service_conn import ServiceConn
 
 log = logging.getLogger("kvmesh.worker.link")
@@ -300,7 +301,8 @@ class ServiceLink:
         (it refuses batches over its ``--max-batch-events`` / ``--max-batch-hashes``),
         else give its events up for a snapshot."""
         self.counters["refused"] += 1
-        if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and self.limits.halve(batch):
+        if (err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                and self.limits.halve(batch, self.outbox.hashes)):
             log.info("service refused %d events (%r); batches now at most %d events",
                      len(batch), err.details(), self.limits.events)
             return

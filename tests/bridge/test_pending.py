@@ -1,7 +1,8 @@
 """The link's pending index events: bounded, leaving by seq, batched under both limits."""
 from __future__ import annotations
 
-from bridge.pending import Pending
+from bridge.pending import Pending, hashes_of
+from kvmesh.backlog import BatchLimits
 from kvmesh.v1 import index_pb2 as pb
 
 
@@ -24,3 +25,13 @@ def test_overflow_drops_everything_and_says_so() -> None:
     assert p.add([ev(1, 4)], after=0) and not p.add([ev(2, 5)])
     assert len(p) == 0 and p.blocks == 0
     assert p.add([ev(3, 1), ev(4, 1)], after=3) and [e.seq for e in p.batch(9, 9)] == [4]
+
+
+def test_a_refused_batch_halves_the_limits_until_registration_resets_them() -> None:
+    limits = BatchLimits(512, 8192)
+    assert limits.halve([ev(1, 3), ev(2, 5), ev(3, 0)], hashes_of)
+    assert (limits.events, limits.hashes) == (1, 4)
+    assert not limits.halve([ev(4, 9)], hashes_of)  # one event: nothing smaller to try
+    assert (limits.events, limits.hashes) == (1, 4)
+    limits.reset()
+    assert (limits.events, limits.hashes) == (512, 8192)
