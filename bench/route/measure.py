@@ -36,8 +36,11 @@ def _latencies(clients: dict[str, Any], prompts: dict[int, list[int]], routes: i
                     t0 = time.perf_counter()
                     res = client.route(toks, dry_run=dry_run)
                     out[name][n].append(time.perf_counter() - t0)
-                if dry_run and res.matched_tokens != (n - 1) // BLOCK_SIZE * BLOCK_SIZE:
-                    raise AssertionError(f"{n}-token route matched {res.matched_tokens}")
+                # the best match, not the chosen worker's: live routes add estimated load to
+                # the full holder, so a dry run may rightly rank a partial holder first
+                best = max(c.matched_tokens for c in res.candidates)
+                if dry_run and best != (n - 1) // BLOCK_SIZE * BLOCK_SIZE:
+                    raise AssertionError(f"{n}-token route matched {best}")
     return out
 
 

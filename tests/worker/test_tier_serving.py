@@ -98,8 +98,13 @@ def test_a_restarted_worker_reannounces_its_disk_blocks_to_the_index(tmp_path):
         cluster.wait_ready(60)
         with cluster.client() as client:
             # before any request: the restarted worker's first sync announced the disk
-            wait_until(lambda: client.stats()["workers"][0]["indexed_blocks"] > 0, 30,
-                       what="disk blocks indexed")
+            # the restarted process listens on a new port: wait for its own registration
+            # (the dead one's record may still be listed until it is purged)
+            def announced() -> bool:
+                return any(w["address"] == worker.address and w["alive"]
+                           and w["indexed_blocks"] > 0 for w in client.stats()["workers"])
+
+            wait_until(announced, 30, what="disk blocks indexed")
             again = client.generate(ps[0], max_tokens=4)  # the oldest: all of it on disk
         assert again.matched_tokens == again.num_cached_tokens == 48
         assert again.token_ids == first[0].token_ids
