@@ -12,6 +12,7 @@ import zmq
 
 from bridge.engine_load import parse_load
 from bridge.engine_state import EngineState
+from deploy.waiting import wait_until
 from kvmesh import vllm_events as ve
 from kvmesh.hashing import block_hashes, resolve_seed
 from tests.http_engines import BS, HttpWorker
@@ -87,10 +88,15 @@ def test_text_streams_and_chat_use_the_tokenizer_as_vllm_does(worker, tmp_path: 
 
 
 def test_the_metrics_page_reads_as_a_vllm_engines(worker):
-    page = urllib.request.urlopen(f"{worker.url}/metrics", timeout=10).read().decode()
-    load = parse_load(page, 0, block_size=BS)
-    assert load is not None and load.total_blocks == 64 and load.block_size == BS
-    assert load.model == "tiny-chat" and load.running == 0 and load.free_blocks == 64
+    def idle_load():
+        # the worker is shared by this module's tests: one may still be finishing a request
+        page = urllib.request.urlopen(f"{worker.url}/metrics", timeout=10).read().decode()
+        load = parse_load(page, 0, block_size=BS)
+        return load if load is not None and load.running == 0 else None
+
+    load = wait_until(idle_load, 30, what="an idle engine on the metrics page")
+    assert load.total_blocks == 64 and load.block_size == BS
+    assert load.model == "tiny-chat" and load.free_blocks == 64
     models = json.loads(urllib.request.urlopen(f"{worker.url}/v1/models", timeout=10).read())
     assert [m["id"] for m in models["data"]] == ["tiny-chat", LORA[0]]
 
