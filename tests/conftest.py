@@ -32,6 +32,12 @@ for _var in ("PYTHONHASHSEED", "KVMESH_HASH_SEED"):
     os.environ.pop(_var, None)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "cluster_layout: runs on a real Redis Cluster and needs every index script "
+        "to touch one slot (issue 16's layout); fails with the first layout, by design")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``integration`` every test that needs a real server by its fixtures or place."""
     for item in items:
