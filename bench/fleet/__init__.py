@@ -45,6 +45,8 @@ def print_report(res: dict[str, Any]) -> None:
     print("Redis usec per route, per shard: "
           + " ".join(_f(x, 1) for x in res["usec_per_route"])
           + f"  (total {_f(sum(res['usec_per_route']), 1)})")
+    print(f"service CPU usec per entry {_f(res['service_usec_per_entry'], 2)}, per route "
+          f"{_f(res['service_usec_per_route'], 1)} (all replicas)")
     print(f"keys per shard: {res['keys']}; hit rate {res['hit_rate']:.1%}; "
           f"resyncs {res['resyncs']}, outbox overflows {res['overflows']}")
 

@@ -18,6 +18,7 @@ phases the workers stop and the links drain, so each phase's operations are its 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -126,12 +127,23 @@ async def _drain(fleet: list[FleetWorker], timeout: float = 30.0) -> None:
     await eventually(applied, within=timeout, interval=0.02)
 
 
+def _cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:  # fields after the command's closing paren
+            fields = f.read().rpartition(")")[2].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
+
+
 async def _phase(name: str, cfg: FleetConfig, fleet: list[FleetWorker], urls: list[str],
-                 client: Any, producing: asyncio.Event) -> dict[str, Any]:
+                 client: Any, producing: asyncio.Event, services: list[int]) -> dict[str, Any]:
     """Run one phase (see the module docstring); its measurements."""
     applied = sum(w.applied for w in fleet)
     lag_from = [len(w.lags) for w in fleet]
-    t0, before = time.monotonic(), sample(urls)
+    t0, before, cpu0 = time.monotonic(), sample(urls), _cpu_s(services)
     if name in ("events", "mixed"):
         producing.set()
     router = Router(client, fleet, cfg.routes_per_s, cfg.seed) \
@@ -144,9 +156,10 @@ async def _phase(name: str, cfg: FleetConfig, fleet: list[FleetWorker], urls: li
     await _drain(fleet)
     wall = time.monotonic() - t0
     spent = [a - b for a, b in zip(sample(urls), before, strict=True)]
+    service_cpu = _cpu_s(services) - cpu0
     lag = [x for w, n0 in zip(fleet, lag_from, strict=True) for x in w.lags[n0:]]
     out: dict[str, Any] = {
-        "phase": name, "wall_s": wall, "shards": spent,
+        "phase": name, "wall_s": wall, "shards": spent, "service_cpu_s": service_cpu,
         "entries": sum(w.applied for w in fleet) - applied,
         "event_lag_p50_ms": _pct(lag, 50), "event_lag_p99_ms": _pct(lag, 99),
         "event_lag_max_ms": max(lag, default=float("nan")) * 1e3}
@@ -164,6 +177,12 @@ def _per_op(phase: dict[str, Any], idle: dict[str, Any], ops: int) -> list[float
         extra = s.usec - i.usec * phase["wall_s"] / idle["wall_s"]
         out.append(max(extra, 0.0) / ops if ops else float("nan"))
     return out
+
+
+def _service_per_op(phase: dict[str, Any], idle: dict[str, Any], ops: int) -> float:
+    """Service CPU microseconds (all replicas) per operation, idle spending subtracted."""
+    extra = phase["service_cpu_s"] - idle["service_cpu_s"] * phase["wall_s"] / idle["wall_s"]
+    return max(extra, 0.0) * 1e6 / ops if ops else float("nan")
 
 
 async def _fleet(cfg: FleetConfig, cluster: LocalCluster, urls: list[str],
@@ -205,7 +224,8 @@ async def _fleet(cfg: FleetConfig, cluster: LocalCluster, urls: list[str],
         await eventually(warm, within=cfg.warmup_s + 10 * fill / cfg.tokens_per_s + 10)
         producing.clear()
         await _drain(fleet)
-        phases = {name: await _phase(name, cfg, fleet, urls, client, producing)
+        pids = [s.pid for s in cluster.services if s.pid is not None]
+        phases = {name: await _phase(name, cfg, fleet, urls, client, producing, pids)
                   for name in PHASES}
     finally:
         stop.set()
@@ -226,6 +246,8 @@ async def _fleet(cfg: FleetConfig, cluster: LocalCluster, urls: list[str],
                        for p in phases.values()],
             "usec_per_entry": _per_op(ev, idle, ev["entries"]),
             "usec_per_route": _per_op(ro, idle, ro.get("routes", 0)),
+            "service_usec_per_entry": _service_per_op(ev, idle, ev["entries"]),
+            "service_usec_per_route": _service_per_op(ro, idle, ro.get("routes", 0)),
             "entries_per_s": ev["entries"] / ev["wall_s"],
             "keys": [s.keys for s in sample(urls)],
             "hit_rate": hits / max(hits + prefilled, 1),
