@@ -39,12 +39,11 @@ def print_report(res: dict[str, Any]) -> None:
               f"{_f(p.get('route_p50_ms', float('nan')), 2):>8}"
               f"{_f(p.get('route_p99_ms', float('nan')), 2):>8}{p.get('degraded', 0):>6}"
               f"{p.get('errors', 0):>5}  {usec}")
-    print("Redis usec per entry, per shard: "
-          + " ".join(_f(x, 2) for x in res["usec_per_entry"])
-          + f"  (total {_f(sum(res['usec_per_entry']), 2)})")
-    print("Redis usec per route, per shard: "
-          + " ".join(_f(x, 1) for x in res["usec_per_route"])
-          + f"  (total {_f(sum(res['usec_per_route']), 1)})")
+    for what, digits in (("entry", 2), ("route", 1)):
+        for key, label in (("usec", "commandstats"), ("cpu_usec", "process CPU")):
+            xs = res[f"{key}_per_{what}"]
+            print(f"Redis usec per {what} ({label}), per shard: "
+                  + " ".join(_f(x, digits) for x in xs) + f"  (total {_f(sum(xs), digits)})")
     print(f"service CPU usec per entry {_f(res['service_usec_per_entry'], 2)}, per route "
           f"{_f(res['service_usec_per_route'], 1)} (all replicas)")
     print(f"keys per shard: {res['keys']}; hit rate {res['hit_rate']:.1%}; "

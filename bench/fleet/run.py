@@ -12,8 +12,11 @@ every worker has prefilled its pool's worth of tokens, so evictions run as in st
 4. ``mixed``: both at once: event lag and route latency under load.
 
 Redis CPU per entry (per route) of a shard = (its commandstats microseconds in the phase -
-its idle rate x the phase's length) / entries applied (routes answered) in the phase. Between
-phases the workers stop and the links drain, so each phase's operations are its own.
+its idle rate x the phase's length) / entries applied (routes answered) in the phase; the
+same with the shard process's CPU time (``INFO cpu``: networking and parsing included).
+Commandstats time is elapsed time inside commands: on a host with fewer cores than busy
+processes it includes time the server was descheduled, so compare it with the CPU figure.
+Between phases the workers stop and the links drain, so each phase's operations are its own.
 """
 from __future__ import annotations
 
@@ -170,12 +173,14 @@ async def _phase(name: str, cfg: FleetConfig, fleet: list[FleetWorker], urls: li
     return out
 
 
-def _per_op(phase: dict[str, Any], idle: dict[str, Any], ops: int) -> list[float]:
-    """Per shard: commandstats microseconds per operation, idle spending subtracted."""
+def _per_op(phase: dict[str, Any], idle: dict[str, Any], ops: int,
+            field: str = "usec", scale: float = 1.0) -> list[float]:
+    """Per shard: microseconds of ``field`` (``usec``: commandstats; ``cpu_s``: the
+    process's CPU, ``scale`` 1e6) per operation, idle spending subtracted."""
     out = []
     for s, i in zip(phase["shards"], idle["shards"], strict=True):
-        extra = s.usec - i.usec * phase["wall_s"] / idle["wall_s"]
-        out.append(max(extra, 0.0) / ops if ops else float("nan"))
+        extra = getattr(s, field) - getattr(i, field) * phase["wall_s"] / idle["wall_s"]
+        out.append(max(extra, 0.0) * scale / ops if ops else float("nan"))
     return out
 
 
@@ -246,6 +251,8 @@ async def _fleet(cfg: FleetConfig, cluster: LocalCluster, urls: list[str],
                        for p in phases.values()],
             "usec_per_entry": _per_op(ev, idle, ev["entries"]),
             "usec_per_route": _per_op(ro, idle, ro.get("routes", 0)),
+            "cpu_usec_per_entry": _per_op(ev, idle, ev["entries"], "cpu_s", 1e6),
+            "cpu_usec_per_route": _per_op(ro, idle, ro.get("routes", 0), "cpu_s", 1e6),
             "service_usec_per_entry": _service_per_op(ev, idle, ev["entries"]),
             "service_usec_per_route": _service_per_op(ro, idle, ro.get("routes", 0)),
             "entries_per_s": ev["entries"] / ev["wall_s"],
