@@ -44,6 +44,10 @@ def print_report(res: dict[str, Any]) -> None:
             xs = res[f"{key}_per_{what}"]
             print(f"Redis usec per {what} ({label}), per shard: "
                   + " ".join(_f(x, digits) for x in xs) + f"  (total {_f(sum(xs), digits)})")
+    routed = next(p for p in res["phases"] if p["phase"] == "routes")
+    print(f"routes: {routed['route_tokens']:,.0f} prompt tokens on average; entries per "
+          f"worker per second (events phase): "
+          f"{res['entries_per_s'] / c['workers']:,.0f}")
     print(f"service CPU usec per entry {_f(res['service_usec_per_entry'], 2)}, per route "
           f"{_f(res['service_usec_per_route'], 1)} (all replicas)")
     print(f"keys per shard: {res['keys']}; hit rate {res['hit_rate']:.1%}; "

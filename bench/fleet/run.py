@@ -91,6 +91,7 @@ class Router:
         self.client, self.fleet, self.rate = client, fleet, rate
         self.rng = random.Random(seed)
         self.latencies: list[float] = []
+        self.tokens = 0  # prompt tokens routed
         self.degraded = 0
         self.errors: list[str] = []
 
@@ -102,6 +103,7 @@ class Router:
             self.errors.append(f"{type(e).__name__}: {e}")
             return
         self.latencies.append(time.monotonic() - t0)
+        self.tokens += len(tokens)
         self.degraded += bool(res.degraded)
 
     async def run(self, until: float) -> None:
@@ -167,7 +169,9 @@ async def _phase(name: str, cfg: FleetConfig, fleet: list[FleetWorker], urls: li
         "event_lag_p50_ms": _pct(lag, 50), "event_lag_p99_ms": _pct(lag, 99),
         "event_lag_max_ms": max(lag, default=float("nan")) * 1e3}
     if router is not None:
-        out.update(routes=len(router.latencies), route_p50_ms=_pct(router.latencies, 50),
+        out.update(routes=len(router.latencies),
+                   route_tokens=router.tokens / max(len(router.latencies), 1),
+                   route_p50_ms=_pct(router.latencies, 50),
                    route_p99_ms=_pct(router.latencies, 99), degraded=router.degraded,
                    errors=len(router.errors), first_error=router.errors[:1])
     return out
