@@ -119,7 +119,9 @@ def _chains(n: int, shared: int, own: int) -> list[list[bytes]]:
 @pytest.mark.cluster_layout
 def test_one_shared_system_prompt_spreads_over_every_shard(
         redis_cluster: RedisClusterServer, redis_cluster_url: str) -> None:
-    chains = _chains(24, shared=8, own=12)
+    # as on the conversation trace: one 512-token system prompt (32 blocks of 16) first in
+    # every chain (shorter chains than its ~750 blocks, to stay fast)
+    chains = _chains(24, shared=32, own=64)
     workers = ("w0", "w1", "w2")
     ns = namespace("spread", 16, "sha256_cbor")
 
@@ -129,7 +131,7 @@ def test_one_shared_system_prompt_spreads_over_every_shard(
             for w in workers:
                 await b.register(WorkerRecord(w, ns, f"{w}:1", "spread", 16, "sha256_cbor",
                                               heartbeat_ms=T0))
-            for k, w in enumerate(workers):  # each worker holds 8 chains, all share the prompt
+            for k, w in enumerate(workers):  # each holds 8 chains, all sharing the prompt
                 mine = chains[k::3]
                 events = [KvEvent(1 + i, Stored(tuple(c), b"")) for i, c in enumerate(mine)]
                 await b.apply_events(w, events)
@@ -137,8 +139,8 @@ def test_one_shared_system_prompt_spreads_over_every_shard(
             for _ in range(3):
                 for k, c in enumerate(chains):
                     got = await b.lookup(ns, c, T0)
-                    assert got[workers[k % 3]] == BlockMatch(20, 20)
-                    assert all(m.blocks == 8 for w, m in got.items() if w != workers[k % 3])
+                    assert got[workers[k % 3]] == BlockMatch(96, 96)
+                    assert all(m.blocks == 32 for w, m in got.items() if w != workers[k % 3])
             _, after = _node_counts(redis_cluster)
         finally:
             await b.close()
