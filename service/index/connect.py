@@ -16,9 +16,14 @@ Contract:
   while one primary is down, commands for the other shards' slots still succeed, and the
   ones for the lost slots fail with a ``RedisError`` / ``OSError`` (the index then answers
   degraded), so a lost shard never takes the whole index down.
+- Scripts too: redis-py answers a ``NOSCRIPT`` with ``SCRIPT LOAD`` on every primary, which
+  fails as a whole while one is down, even for a script bound for a live shard. Here it
+  succeeds when any primary loaded the script (a script's SHA is the same everywhere; the
+  down one loads it on its own ``NOSCRIPT`` once back).
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -29,6 +34,23 @@ __all__ = ["CLUSTER_SCHEMES", "cluster_url", "is_cluster_url", "plain_url", "red
 
 # cluster scheme -> the scheme redis-py's cluster client takes
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+class _Cluster(RedisCluster):
+    """redis-py's cluster client, whose ``script_load`` survives a lost primary."""
+
+    async def script_load(self, script: str) -> str:  # type: ignore[override]
+        """``SCRIPT LOAD`` on every primary; its SHA once any of them has it (raises the
+        first error when none does)."""
+        if self._initialize:
+            await self.initialize()
+        done = await asyncio.gather(
+            *(self.execute_command("SCRIPT LOAD", script, target_nodes=node)
+              for node in self.get_primaries()), return_exceptions=True)
+        for res in done:
+            if not isinstance(res, BaseException):
+                return res
+        raise done[0]
 
 
 def is_cluster_url(url: str) -> bool:
@@ -61,4 +83,4 @@ def redis_client(url: str, **options: Any) -> aioredis.Redis | RedisCluster:
     plain = plain_url(url)
     if urlsplit(plain).path not in ("", "/", "/0"):
         raise ValueError("a Redis Cluster has database 0 only: drop the /DB path of the URL")
-    return RedisCluster.from_url(plain, require_full_coverage=False, **options)
+    return _Cluster.from_url(plain, require_full_coverage=False, **options)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import time
 from collections.abc import Callable
 
 import pytest
@@ -30,7 +31,16 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from deploy.redis_cluster import RedisClusterServer
-from service.index.base import BlockMatch, IndexBackend, KvEvent, Stored, WorkerRecord, namespace
+from deploy.waiting import eventually
+from service.index.base import (
+    BlockMatch,
+    IndexBackend,
+    IndexUnavailable,
+    KvEvent,
+    Stored,
+    WorkerRecord,
+    namespace,
+)
 from service.index.redis import RedisBackend
 from tests.service import test_backends as semantics
 from tests.service.test_backend_property import check, ops
@@ -55,7 +65,7 @@ for _name, _test in inspect.getmembers(semantics, inspect.isfunction):
 
 def test_single_slot_operations_run_on_the_cluster(redis_cluster_url: str) -> None:
     """Works with the first layout already: each of these touches one slot."""
-    chains = [H(7, i, 1, 2) for i in range(12)]  # 12 first blocks: slots on every shard
+    chains = [H(100 + i, 1, 2, 3) for i in range(12)]  # 12 first blocks: every shard
 
     async def main() -> None:
         b = RedisBackend.from_url(redis_cluster_url)
@@ -71,6 +81,46 @@ def test_single_slot_operations_run_on_the_cluster(redis_cluster_url: str) -> No
                 assert await b.lookup(NS, c, T0 + 1, ["w1"]) == {}
                 assert await b.lookup(NS, c, T0 + 3000) == {"w2": BlockMatch(4, 4)}
                 assert await b.lookup(NS, c, T0 + 4000) == {}
+        finally:
+            await b.close()
+
+    asyncio.run(main())
+
+
+def test_a_lost_primary_fails_only_its_slots_and_fast(redis_cluster: RedisClusterServer,
+                                                     redis_cluster_url: str) -> None:
+    """Works with the first layout already (single-slot lookups): while one primary is down,
+    a lookup that needs its slots raises IndexUnavailable (the service answers degraded)
+    within the socket timeout, the others still answer; once it is back (empty), what it
+    held is gone and the rest is intact."""
+    chains = [H(200 + i, 1, 2) for i in range(24)]  # 24 first blocks: every shard
+    full = {"w": BlockMatch(3, 3)}
+
+    async def main() -> None:
+        b = RedisBackend.from_url(redis_cluster_url)
+        try:
+            for c in chains:
+                await b.add_provisional(NS, c, "w", 0, T0, 60_000)
+            redis_cluster.kill_node(1)
+            served, failed = [], []
+            for c in chains:
+                t0 = time.monotonic()
+                try:
+                    got = await b.lookup(NS, c, T0 + 1)
+                except IndexUnavailable:
+                    failed.append(c)
+                else:
+                    assert got == full
+                    served.append(c)
+                assert time.monotonic() - t0 < 2.0
+            assert served and failed  # one shard's loss costs its slots, not the index
+            redis_cluster.restart_node(1)
+            for c in served:
+                assert await b.lookup(NS, c, T0 + 1) == full
+            for c in failed:  # answered again, without what the lost shard held
+                got = await eventually(lambda c=c: b.lookup(NS, c, T0 + 1), lambda _: True,
+                                       within=10)
+                assert got != full
         finally:
             await b.close()
 

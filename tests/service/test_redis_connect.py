@@ -63,7 +63,8 @@ def test_open_backend_and_the_config_take_the_cluster_flag() -> None:
                                 ("redis://h:1/0", True, RedisCluster),
                                 ("redis+cluster://h:1/0", False, RedisCluster)):
             b = open_backend("redis", url, cluster=flag)
-            assert type(b.client) is kind, (url, flag)
+            assert isinstance(b.client, kind) and isinstance(b.client, RedisCluster) == (
+                kind is RedisCluster), (url, flag)
             await b.close()
 
     asyncio.run(main())
