@@ -3,7 +3,8 @@
 What runs on a cluster with the first layout (every key of a chain tagged with its first
 block, the registry in one key ``kvm:workers``): the single-slot scripts, lookup and
 provisional entries, plus reads of an empty registry
-(``test_single_slot_operations_run_on_the_cluster``).
+(``test_single_slot_operations_run_on_the_cluster``), and losing one primary costs only its
+slots (``test_a_lost_primary_fails_only_its_slots_and_fast``).
 
 Tests marked ``cluster_layout`` are the contract for the single-slot layout: with the first
 layout they FAIL, at the first ``register`` (its script takes the registry and the worker's
