@@ -95,7 +95,8 @@ class FleetWorker:
         self.applied = 0                  # of those, applied by the service
         self.prefilled = 0                # tokens computed (not cache hits)
         self.hit_tokens = 0
-        self.prompts: deque[list[int]] = deque(maxlen=8)  # recent prompts (routes reuse them)
+        # the last prompts prefilled: still in the pool, so a route of one finds it indexed
+        self.prompts: deque[list[int]] = deque(maxlen=2)
         self._set_load()
 
     # --- lag accounting -----------------------------------------------------------------
