@@ -63,6 +63,7 @@ from service.index.base import (
     resolve_snapshot,
     tier_bit,
 )
+from service.index.connect import redis_client
 from service.index.keys import REGISTRY, block_key, block_keys, live_key, prov_marker, worker_key
 from service.index.walk import walk
 
@@ -124,7 +125,7 @@ class RedisBackend(IndexBackend):
     def from_url(cls, url: str, timeout_s: float = 0.5) -> RedisBackend:
         """A backend on ``url`` (password and ``rediss://`` TLS options as redis-py takes
         them); connects lazily (the server may be down at start)."""
-        client = aioredis.Redis.from_url(
+        client = redis_client(  # a cluster for redis+cluster:// (service.index.connect)
             url, decode_responses=True, socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 1),
             health_check_interval=0)
