@@ -38,6 +38,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
+from redis.asyncio.cluster import RedisCluster
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.retry import Retry
@@ -79,7 +80,7 @@ _LOAD_FIELDS = (("running", "running", int), ("waiting", "waiting", int),
                 ("tier_blocks", "tiers", int))
 # Anything the server or the socket answers instead of a result (refused, timeout, LOADING,
 # READONLY after a failover, OOM under maxmemory...) means "the index is unavailable".
-_DOWN = (rexc.RedisError, OSError)
+_DOWN = (rexc.RedisError, rexc.RedisClusterException, OSError)  # the last: a slot no node serves
 SWEEP_COUNT = 1000  # block keys per sweep step (about a millisecond of Redis time)
 
 
@@ -129,6 +130,10 @@ class RedisBackend(IndexBackend):
             url, decode_responses=True, socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 1),
             health_check_interval=0)
+        if isinstance(client, RedisCluster):  # the per-slot split (service/index/cluster.py)
+            from service.index.cluster import ClusterBackend
+
+            return ClusterBackend(client)
         return cls(client)
 
     @contextlib.asynccontextmanager
@@ -183,6 +188,14 @@ class RedisBackend(IndexBackend):
     # --- writes -------------------------------------------------------------------------
 
     async def register(self, record: WorkerRecord, live_after_ms: int | None = None) -> bool:
+        had = await self._register_call(record, live_after_ms)
+        if had == -1:
+            raise WorkerIdInUse(record.worker_id)
+        self._ns_of[record.worker_id] = record.ns
+        return bool(had)
+
+    async def _register_call(self, record: WorkerRecord, live_after_ms: int | None) -> int:
+        """The registration script's answer (REGISTER's contract)."""
         wk = worker_key(record.ns, record.worker_id)
         fields: list[Any] = ["address", record.address, "model", record.model,
                              "bs", record.block_size, "algo", record.algo, "seq", 0, "rseq", 0,
@@ -192,12 +205,8 @@ class RedisBackend(IndexBackend):
         guard = [("" if live_after_ms is None else live_after_ms), record.address,
                  record.credential]
         async with self._guard():
-            had = await self._register([REGISTRY, wk],
-                                       [record.worker_id, record.ns, *guard, *fields])
-        if had == -1:
-            raise WorkerIdInUse(record.worker_id)
-        self._ns_of[record.worker_id] = record.ns
-        return bool(had)
+            return int(await self._register([REGISTRY, wk],
+                                            [record.worker_id, record.ns, *guard, *fields]))
 
     async def heartbeat(self, worker_id: str, load: WorkerLoad, reported_seq: int,
                         now_ms: int, incarnation: int = 0) -> HeartbeatResult:
