@@ -29,12 +29,14 @@ written. Scripts are ``cluster_scripts.py``.
 """
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import secrets
 from collections.abc import Collection, Sequence
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
+import numpy as np
 import redis.exceptions as rexc
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
@@ -86,7 +88,11 @@ def raw_script(script: str) -> RawScript:
 
 TAG_WRITE, TAG_CLEAN, PROV_KEYS = (RawScript(s) for s in (cs.TAG_WRITE, cs.TAG_CLEAN,
                                                          cs.PROVISIONAL_KEYS))
-RAW_SCRIPTS = (TAG_WRITE, TAG_CLEAN, PROV_KEYS)
+# the control-slot steps of a batch or snapshot go out raw too: beside the batch's reads,
+# and without redis-py's cluster command path (it cost more than the step itself)
+APPLY_BEGIN, APPLY_END, SYNC_BEGIN, SYNC_END = (RawScript(s) for s in (
+    cs.APPLY_BEGIN, cs.APPLY_END, cs.SYNC_BEGIN, cs.SYNC_END))
+RAW_SCRIPTS = (TAG_WRITE, TAG_CLEAN, PROV_KEYS, APPLY_BEGIN, APPLY_END, SYNC_BEGIN, SYNC_END)
 
 
 def _b(x: Any) -> bytes:
@@ -109,6 +115,28 @@ def _check(replies: list[Any]) -> list[Any]:
     return replies
 
 
+def _by_tag(hashes: Sequence[bytes]) -> tuple[list[int], np.ndarray, list[Sequence[bytes]]]:
+    """The tags of ``hashes`` (ascending), the positions of the hashes grouped by tag (in
+    chain order within a tag), and each tag's hashes. Vectorised: a Python loop over an
+    8K-token prompt's 512 blocks would cost more than the round trip."""
+    width = len(hashes[0])
+    first = np.frombuffer(b"".join(hashes), np.uint8)[::width] % keys.N_TAGS
+    order = np.argsort(first, kind="stable")
+    ranked = first[order]
+    starts = np.flatnonzero(np.diff(ranked)) + 1
+    groups = np.split(order, starts)
+    subs = [(hashes[int(g[0])],) if len(g) == 1 else itemgetter(*g.tolist())(hashes)
+            for g in groups]
+    return ranked[np.r_[0, starts]].tolist(), order, subs
+
+
+def _scatter(order: np.ndarray, replies: Sequence[list[bytes | None]]) -> list[bytes | None]:
+    """The per-tag ``MGET`` replies back in chain order (``order`` from ``_by_tag``)."""
+    out = np.empty(len(order), dtype=object)
+    out[order] = list(chain.from_iterable(replies))
+    return out.tolist()
+
+
 class ClusterBackend(RedisBackend):
     """``RedisBackend`` with every operation single-slot (see the module contract)."""
 
@@ -117,10 +145,6 @@ class ClusterBackend(RedisBackend):
         script = client.register_script
         self._register = script(cs.REGISTER)
         self._heartbeat = script(cs.HEARTBEAT)
-        self._apply_begin = script(cs.APPLY_BEGIN)
-        self._apply_end = script(cs.APPLY_END)
-        self._sync_begin = script(cs.SYNC_BEGIN)
-        self._sync_end = script(cs.SYNC_END)
         self._lost = script(cs.LOST)
         self._sweep_begin = script(cs.SWEEP_BEGIN)
         self._sweep_step = script(cs.SWEEP_STEP)
@@ -129,8 +153,7 @@ class ClusterBackend(RedisBackend):
     async def load_scripts(self) -> None:
         await super().load_scripts()
         async with self._guard():
-            for s in (self._apply_begin, self._apply_end, self._sync_begin, self._sync_end,
-                      self._lost, self._sweep_begin, self._sweep_step):
+            for s in (self._lost, self._sweep_begin, self._sweep_step):
                 await self.client.script_load(s.script)
             for r in RAW_SCRIPTS:
                 await self.client.script_load(r.script)
@@ -152,16 +175,18 @@ class ClusterBackend(RedisBackend):
                 res[i] = r
         return _check(res)
 
-    async def _read(self, ks: Sequence[bytes]) -> dict[bytes, bytes | None]:
-        """key -> value of block keys ``ks`` (one MGET per tag)."""
+    async def ctl(self, script: RawScript, key: str, args: Sequence[Any],
+                  reads: Sequence[bytes] = ()) -> tuple[Any, dict[bytes, bytes | None]]:
+        """``script``'s reply on the control slot (KEYS = [key]) and, in the same parallel
+        round trip, key -> value of the block keys ``reads`` (one MGET per tag)."""
         by: dict[int, list[bytes]] = {}
-        for k in ks:
+        for k in reads:
             by.setdefault(k[1], []).append(k)
-        tags = list(by)
-        res = await self.wave([(SLOT_OF_BYTE[t], resp.command(b"MGET", *by[t])) for t in tags],
-                              retry=True)
-        return {k: v for t, vals in zip(tags, res, strict=True)
-                for k, v in zip(by[t], vals, strict=True)}
+        res = await self.wave(
+            [(CTL_SLOT, script.call(key.encode(), [_b(a) for a in args]))]
+            + [(SLOT_OF_BYTE[t], resp.command(b"MGET", *ks)) for t, ks in by.items()])
+        return res[0], {k: v for ks, vals in zip(by.values(), res[1:], strict=True)
+                        for k, v in zip(ks, vals, strict=True)}
 
     # --- registration and heartbeats: control slot only -------------------------------
 
@@ -216,8 +241,7 @@ class ClusterBackend(RedisBackend):
             args = [ns, worker_id, events[0].seq, events[-1].seq, str(incarnation),
                     cap.per_pool, cap.floor, net, token, " ".join(cleared)]
             async with self._guard():
-                begin, pvals = await asyncio.gather(self._apply_begin([rk], args),
-                                                    self._read(plist))
+                begin, pvals = await self.ctl(APPLY_BEGIN, rk, args, plist)
             if int(begin[0]) != -2:
                 break
         if int(begin[0]) != 1:
@@ -231,9 +255,9 @@ class ClusterBackend(RedisBackend):
         async with self._guard():
             res = await self.wave([(SLOT_OF_BYTE[t], TAG_WRITE.call(a[3][:width], head + a))
                                    for t, a in per_tag.items()])
-            end = await self._apply_end([rk], [ns, worker_id, token, str(incarnation),
-                                               events[-1].seq, sum(int(r) for r in res),
-                                               cap.per_pool, cap.floor, *busy])
+            end, _ = await self.ctl(APPLY_END, rk, [
+                ns, worker_id, token, str(incarnation), events[-1].seq,
+                sum(int(r) for r in res), cap.per_pool, cap.floor, *busy])
         if int(end[0]) == 1:
             return ApplyResult(ApplyStatus.OK, applied, int(end[2]))
         return self._answer(worker_id, incarnation, int(end[0]), end)
@@ -296,9 +320,9 @@ class ClusterBackend(RedisBackend):
                 return None
             rk = worker_key(ns, worker_id)
             async with self._guard():
-                begin = await self._sync_begin([rk], [ns, worker_id, str(incarnation),
-                                                      cap.per_pool, cap.floor, count, token,
-                                                      seq])
+                begin, _ = await self.ctl(SYNC_BEGIN, rk, [
+                    ns, worker_id, str(incarnation), cap.per_pool, cap.floor, count, token,
+                    seq])
             if int(begin[0]) != -1:
                 break
         n = int(begin[0])
@@ -321,8 +345,9 @@ class ClusterBackend(RedisBackend):
         async with self._guard():
             await self.wave([(SLOT_OF_BYTE[t], TAG_WRITE.call(a[3][:width], head + a))
                              for t, a in per_tag.items()])
-            n = int(await self._sync_end([rk], [token, str(incarnation), count, gen,
-                                                f"{h}:{token}"]))
+            end, _ = await self.ctl(SYNC_END, rk, [token, str(incarnation), count, gen,
+                                                   f"{h}:{token}"])
+            n = int(end)
         if n == -1:
             return None
         if n == -2:
@@ -347,11 +372,7 @@ class ClusterBackend(RedisBackend):
         if not hashes:
             return {}
         lk, marker = live_key(ns).encode(), prov_marker(ns).encode()
-        pos: dict[int, list[int]] = {}
-        for i, h in enumerate(hashes):
-            pos.setdefault(h[0] % keys.N_TAGS, []).append(i)
-        tags = list(pos)
-        subs = [[hashes[i] for i in pos[t]] for t in tags]
+        tags, order, subs = _by_tag(hashes)
         reads = [(TAG_SLOTS[t], resp.mget(sub)) for t, sub in zip(tags, subs, strict=True)]
         preads: list[tuple[int, bytes]] = []
         cached = self._live.get(ns)
@@ -374,16 +395,9 @@ class ClusterBackend(RedisBackend):
                 break
             with_prov = with_prov or bool(res[1])
         self._prov_seen[ns] = bool(res[1])
-        values: list[bytes | None] = [None] * len(hashes)
-        for t, vals in zip(tags, res[2:2 + len(tags)], strict=True):
-            for i, v in zip(pos[t], vals, strict=True):
-                values[i] = v
-        pvalues: list[bytes | None] | None = None
-        if res[1] and with_prov:
-            pvalues = [None] * len(hashes)
-            for t, vals in zip(tags, res[2 + len(tags):], strict=True):
-                for i, v in zip(pos[t], vals, strict=True):
-                    pvalues[i] = v
+        n = len(tags)
+        values = _scatter(order, res[2:2 + n])
+        pvalues = _scatter(order, res[2 + n:]) if res[1] and with_prov else None
         assert cached is not None
         return walk(values, pvalues, cached[1], now_ms, workers)
 

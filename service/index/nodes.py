@@ -24,11 +24,13 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import redis.exceptions as rexc
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import Connection
 
 __all__ = ["on_nodes", "on_slots", "primary"]
 
@@ -41,17 +43,28 @@ async def primary(client: RedisCluster, slot: int) -> ClusterNode:
     return client.nodes_manager.get_node_from_slot(slot)
 
 
+async def _exchange(conn: Connection, cmds: list[bytes]) -> list[Any]:
+    await conn.send_packed_command(cmds, check_health=False)
+    out: list[Any] = []
+    # one deadline for all the replies: redis-py's own per-reply timeout costs more than
+    # reading a reply (a lookup reads one reply per tag of the prompt)
+    async with asyncio.timeout(conn.socket_timeout):
+        for _ in cmds:
+            try:
+                out.append(await conn.read_response(disable_decoding=True, timeout=math.inf))
+            except rexc.ResponseError as e:
+                out.append(e)
+    return out
+
+
 async def _node(node: ClusterNode, cmds: list[bytes], retry: bool) -> list[Any]:
     for attempt in (0, 1):
         conn = node.acquire_connection()
         try:
-            await conn.send_packed_command(cmds, check_health=False)
-            out: list[Any] = []
-            for _ in cmds:
-                try:
-                    out.append(await conn.read_response(disable_decoding=True))
-                except rexc.ResponseError as e:
-                    out.append(e)
+            try:
+                out = await _exchange(conn, cmds)
+            except TimeoutError:  # asyncio's: the deadline above
+                raise rexc.TimeoutError(f"Timeout reading from {node.name}") from None
         except BaseException as e:
             await conn.disconnect()
             node.release(conn)

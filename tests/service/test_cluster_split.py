@@ -169,7 +169,8 @@ def test_the_sweep_waits_for_a_batch_still_writing_a_retired_handle(
         assert w is not None
         rk = keys.worker_key(NS, "w")
         # a batch begins (its handle busy) and stalls before its writes ...
-        begin = await b._apply_begin([rk], [NS, "w", 2, 2, "0", 0, 0, 6, "tok", ""])
+        begin, _ = await b.ctl(cluster_mod.APPLY_BEGIN, rk, [NS, "w", 2, 2, "0", 0, 0, 6, "tok",
+                                                           ""])
         assert int(begin[0]) == 1
         h = int(begin[2])
         await b.register(rec("w"))  # ... its handle is retired meanwhile ...
@@ -180,7 +181,8 @@ def test_the_sweep_waits_for_a_batch_still_writing_a_retired_handle(
             keys.block_key(x), [b"35", hb, b"1", b"S", b"1", b"1", keys.block_key(x)]))
             for x in chain[2:]])
         # ... its writes land late, then it ends: only now may the handle be freed
-        end = await b._apply_end([rk], [NS, "w", "tok", "0", 2, 6, 0, 0, f"{h}:tok"])
+        end, _ = await b.ctl(cluster_mod.APPLY_END, rk, [NS, "w", "tok", "0", 2, 6, 0, 0,
+                                                         f"{h}:tok"])
         assert int(end[0]) == -1  # superseded: the record is a new registration's
         assert await b.sweep() == 8
         assert str(h) in await c.smembers(keys.FREE)
