@@ -25,9 +25,10 @@ retried once.
 Redis Cluster: registration, heartbeat and purge touch the control slot only; a block
 key's slot depends on its hash alone (64 tags spread evenly over the slots), so a chain,
 even one shared prefix, spreads over every shard. The lookup's snapshot, ``PROVISIONAL``,
-``APPLY``, ``SYNC`` and ``SWEEP`` as written touch block keys of many slots (and the
+``APPLY``, ``SYNC`` and ``SWEEP`` as written here touch block keys of many slots (and the
 control slot), which a standalone server (or one shard, or Sentinel) executes atomically;
-on a multi-shard cluster they must be split per slot (see docs/architecture.md).
+for a ``redis+cluster://`` URL, ``from_url`` returns ``ClusterBackend`` (``cluster.py``),
+which splits each of them per slot.
 Heartbeat timestamps come from the service replicas' clocks: keep them NTP-synced.
 """
 from __future__ import annotations

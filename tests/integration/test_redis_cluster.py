@@ -1,11 +1,9 @@
 """A whole kvmesh cluster (service replicas, worker processes) over a real 3-primary Redis
 Cluster started by ``kvmesh up --redis-shards 3`` / ``LocalCluster(redis_shards=3)``.
 
-Every test here but the flag checks is ``cluster_layout``: with the first index layout they
-FAIL, because no worker can register (the register script takes the registry key and the
-worker's keys, two slots: redis-py refuses ``EVALSHA - all keys must map to the same key
-slot``), so the cluster never gets ready. They are the contract for the single-slot layout:
-the usual scenarios hold on a cluster, and losing one primary while routing yields degraded
+Every test here but the flag checks is ``cluster_layout`` (every index script single-slot:
+with the first index layout no worker could register, so the cluster never got ready): the
+usual scenarios hold on a cluster, and losing one primary while routing yields degraded
 answers, never errors, and the index is whole again (by resync) once the shard is back.
 """
 from __future__ import annotations

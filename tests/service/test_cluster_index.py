@@ -1,22 +1,21 @@
 """The index on a real 3-primary Redis Cluster (issue 16, section 2).
 
-What runs on a cluster with the first layout (every key of a chain tagged with its first
-block, the registry in one key ``kvm:workers``): the single-slot scripts, lookup and
-provisional entries, plus reads of an empty registry
-(``test_single_slot_operations_run_on_the_cluster``), and losing one primary costs only its
-slots (``test_a_lost_primary_fails_only_its_slots_and_fast``).
+Lookups and provisional entries across shards (``test_single_slot_operations_run_on_the_
+cluster``), and losing one primary costs only its slots (``test_a_lost_primary_fails_only_
+its_slots_and_fast``).
 
-Tests marked ``cluster_layout`` are the contract for the single-slot layout: with the first
-layout they FAIL, at the first ``register`` (its script takes the registry and the worker's
-keys, two slots: redis-py refuses with ``RedisClusterException: EVALSHA - all keys must map
-to the same key slot``); the event, snapshot and purge scripts also write chain keys of
-other slots than the worker's. They must pass once every script touches one slot:
+Tests marked ``cluster_layout`` need every index script single-slot (``ClusterBackend``,
+``service/index/cluster.py``); with the first layout they failed at the first ``register``
+(redis-py: ``EVALSHA - all keys must map to the same key slot``):
 
 - every semantics test of ``test_backends`` and the redis/memory/model property test, on
   the cluster;
 - the spread: on a workload where every chain shares one system prompt (as every request
   of the Mooncake conversation trace does), no shard holds more than 1.5x the mean number
   of keys nor spends more than 1.5x the mean Redis time on lookups.
+
+The split itself, attacked (a wave cut midway, shards back empty, the sweep racing a late
+writer): ``test_cluster_split.py``.
 """
 from __future__ import annotations
 
@@ -65,7 +64,7 @@ for _name, _test in inspect.getmembers(semantics, inspect.isfunction):
 
 
 def test_single_slot_operations_run_on_the_cluster(redis_cluster_url: str) -> None:
-    """Works with the first layout already: each of these touches one slot."""
+    """Provisional entries and lookups over every shard, before any registration."""
     chains = [H(100 + i, 1, 2, 3) for i in range(12)]  # 12 first blocks: every shard
 
     async def main() -> None:
@@ -90,10 +89,9 @@ def test_single_slot_operations_run_on_the_cluster(redis_cluster_url: str) -> No
 
 def test_a_lost_primary_fails_only_its_slots_and_fast(redis_cluster: RedisClusterServer,
                                                      redis_cluster_url: str) -> None:
-    """Works with the first layout already (single-slot lookups): while one primary is down,
-    a lookup that needs its slots raises IndexUnavailable (the service answers degraded)
-    within the socket timeout, the others still answer; once it is back (empty), what it
-    held is gone and the rest is intact."""
+    """While one primary is down, a lookup that needs its slots raises IndexUnavailable
+    (the service answers degraded) within the socket timeout, the others still answer;
+    once it is back (empty), what it held is gone and the rest is intact."""
     chains = [H(200 + i, 1, 2) for i in range(24)]  # 24 first blocks: every shard
     full = {"w": BlockMatch(3, 3)}
 

@@ -197,3 +197,31 @@ def test_the_sweep_waits_for_a_batch_still_writing_a_retired_handle(
 async def _node_urls(b: ClusterBackend) -> list[str]:
     kw = b.client.get_primaries()[0].connection_kwargs
     return [f"redis://:{kw['password']}@{n.host}:{n.port}/0" for n in b.client.get_primaries()]
+
+
+def test_the_cluster_keyspace(redis_cluster: RedisClusterServer,
+                              redis_cluster_url: str) -> None:
+    """keys.py's keys, plus the generation and one sentinel per tag: nothing else, and
+    nothing of a batch's bookkeeping (pend, busy marks) left once it is done."""
+    chain = _spread_chain(redis_cluster)
+
+    async def body(b: ClusterBackend) -> None:
+        await b.register(rec("a"))
+        await b.apply_events("a", [KvEvent(1, Stored(tuple(chain)))])
+        await b.sync_worker("a", 1, [Stored(tuple(chain[:3]))])
+        await b.add_provisional(NS, chain + [H(99)[0]], "a", len(chain), T0, 2000)
+        await b.sweep()  # the retired handle's entries go
+        got: set[bytes] = set()
+        for url in redis_cluster.node_urls:
+            with redis.Redis.from_url(url) as r:
+                got |= set(r.keys("*"))
+        control = {k.encode() for k in (keys.REGISTRY, keys.HANDLES, keys.FREE,
+                                        keys.live_key(NS), keys.prov_marker(NS),
+                                        keys.worker_key(NS, "a"), keys.CTL + "gen")}
+        sentinels = {b"{" + bytes([t]) + b"}!" for t in keys.TAGS}
+        blocks = {keys.block_key(h) for h in chain[:3]}
+        assert got == blocks | {keys.prov_key(NS, H(99)[0])} | control | sentinels
+        rec_a = await b.client.hgetall(keys.worker_key(NS, "a"))
+        assert "pend" not in rec_a and rec_a["n"] == "3" and rec_a["seq"] == "1"
+
+    run(redis_cluster_url, body)
