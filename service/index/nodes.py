@@ -19,7 +19,8 @@ Contract:
   connection may have outlived a restarted node; writes are never retried (a script that
   ran but whose reply was lost would run twice).
 - A connection that fails or is cancelled midway is closed, never pooled with unread
-  replies.
+  replies; a network error also closes the node's idle connections (they would fail the
+  same way once each, after a restart).
 """
 from __future__ import annotations
 
@@ -68,6 +69,10 @@ async def _node(node: ClusterNode, cmds: list[bytes], retry: bool) -> list[Any]:
         except BaseException as e:
             await conn.disconnect()
             node.release(conn)
+            if isinstance(e, _NET):  # the node may have restarted: its idle connections too
+                drop = getattr(node, "disconnect_free_connections", None)  # redis-py >= 6
+                if drop is not None:
+                    await drop()
             if attempt or not retry or not isinstance(e, _NET):
                 raise
             continue
