@@ -12,6 +12,7 @@ import threading
 
 import pytest
 import redis
+from redis.crc import key_slot
 from typer.testing import CliRunner
 
 from client.cli import app
@@ -76,15 +77,19 @@ def _keys(url: str) -> int:
 
 
 @pytest.mark.cluster_layout
+@pytest.mark.parametrize("lost", ["busiest", "control"])
 def test_a_lost_primary_degrades_routes_never_fails_them_and_resync_refills_it(
-        sharded: LocalCluster, client) -> None:
+        sharded: LocalCluster, client, lost: str) -> None:
     shards = sharded.redis_cluster
     assert shards is not None and sharded.redis_url.startswith("redis+cluster://")
     holder = client.generate(question(20), max_tokens=2).worker_id
     wait_until(lambda: holder_match(client, question(21), holder) >= 192, 10,
                what="the shared prefix indexed")
-    # the shard holding most of the index: its loss must hurt
-    victim = max(range(SHARDS), key=lambda i: _keys(shards.node_urls[i]))
+    if lost == "busiest":  # the shard holding most of the index: its loss must hurt
+        victim = max(range(SHARDS), key=lambda i: _keys(shards.node_urls[i]))
+    else:  # the control slot's (registry, records, handles): workers register again
+        victim = next(i for i, (a, z) in enumerate(shards.ranges)
+                      if a <= key_slot(b"ctl") <= z)
     answers: list = []
     errors: list[BaseException] = []
     stop = threading.Event()
