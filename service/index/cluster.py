@@ -29,7 +29,6 @@ written. Scripts are ``cluster_scripts.py``.
 """
 from __future__ import annotations
 
-import hashlib
 import secrets
 from collections.abc import Collection, Sequence
 from itertools import chain
@@ -61,38 +60,24 @@ from service.index.base import (
     tier_bit,
 )
 from service.index.keys import block_key, live_key, prov_marker, worker_key
+from service.index.raw_scripts import (
+    APPLY_BEGIN,
+    APPLY_END,
+    PROV_KEYS,
+    RAW_SCRIPTS,
+    SYNC_BEGIN,
+    SYNC_END,
+    TAG_WRITE,
+    RawScript,
+)
 from service.index.redis import RedisBackend
 from service.index.walk import walk
 
-__all__ = ["CTL_SLOT", "ClusterBackend", "TAG_SLOTS", "raw_script"]
+__all__ = ["CTL_SLOT", "SLOT_OF_BYTE", "TAG_SLOTS", "ClusterBackend"]
 
 CTL_SLOT = key_slot(keys.REGISTRY.encode())
 TAG_SLOTS = [key_slot(bytes([t])) for t in keys.TAGS]  # by tag index
 SLOT_OF_BYTE = {t: key_slot(bytes([t])) for t in keys.TAGS}  # by the tag byte of a key
-
-
-class RawScript:
-    """A script called by SHA inside hand-packed batches (``nodes.py``)."""
-
-    def __init__(self, script: str) -> None:
-        self.script = script
-        self.sha = hashlib.sha1(script.encode()).hexdigest().encode()
-
-    def call(self, key: bytes, args: Sequence[bytes]) -> bytes:
-        return resp.command(b"EVALSHA", self.sha, b"1", key, *args)
-
-
-def raw_script(script: str) -> RawScript:
-    return RawScript(script)
-
-
-TAG_WRITE, TAG_CLEAN, PROV_KEYS = (RawScript(s) for s in (cs.TAG_WRITE, cs.TAG_CLEAN,
-                                                         cs.PROVISIONAL_KEYS))
-# the control-slot steps of a batch or snapshot go out raw too: beside the batch's reads,
-# and without redis-py's cluster command path (it cost more than the step itself)
-APPLY_BEGIN, APPLY_END, SYNC_BEGIN, SYNC_END = (RawScript(s) for s in (
-    cs.APPLY_BEGIN, cs.APPLY_END, cs.SYNC_BEGIN, cs.SYNC_END))
-RAW_SCRIPTS = (TAG_WRITE, TAG_CLEAN, PROV_KEYS, APPLY_BEGIN, APPLY_END, SYNC_BEGIN, SYNC_END)
 
 
 def _b(x: Any) -> bytes:

@@ -124,7 +124,8 @@ class Upkeep:
         return dropped
 
     async def sweep(self, max_steps: int) -> int:
-        from service.index.cluster import SLOT_OF_BYTE, TAG_CLEAN
+        from service.index.cluster import SLOT_OF_BYTE
+        from service.index.raw_scripts import TAG_CLEAN
 
         await self.b.client.initialize()
         primaries = {n.name: n for n in self.b.client.get_primaries()}
