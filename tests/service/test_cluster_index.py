@@ -184,16 +184,20 @@ def test_one_shared_system_prompt_spreads_over_every_shard(
                 mine = chains[k::3]
                 events = [KvEvent(1 + i, Stored(tuple(c), b"")) for i, c in enumerate(mine)]
                 await b.apply_events(w, events)
-            keys, before = _node_counts(redis_cluster)
-            for _ in range(3):
+            keys, _ = _node_counts(redis_cluster)
+            # per shard, the cheapest of 5 rounds: a shard's Redis descheduled in the middle
+            # of a command (a loaded host) only ever adds time
+            spent = [float("inf")] * SHARDS
+            for _ in range(5):
+                _, before = _node_counts(redis_cluster)
                 for k, c in enumerate(chains):
                     got = await b.lookup(ns, c, T0)
                     assert got[workers[k % 3]] == BlockMatch(96, 96)
                     assert all(m.blocks == 32 for w, m in got.items() if w != workers[k % 3])
-            _, after = _node_counts(redis_cluster)
+                _, after = _node_counts(redis_cluster)
+                spent = [min(s, a - z) for s, a, z in zip(spent, after, before, strict=True)]
         finally:
             await b.close()
-        spent = [a - z for a, z in zip(after, before, strict=True)]
         assert max(keys) <= SPREAD_BAR * sum(keys) / SHARDS, f"keys per shard {keys}"
         assert max(spent) <= SPREAD_BAR * sum(spent) / SHARDS, f"lookup usec per shard {spent}"
 
