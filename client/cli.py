@@ -33,6 +33,7 @@ BENCH_VERBS = {
     "route": "bench.route", "replay": "bench.replay", "index": "bench.index",
     "e2e": "bench.e2e", "soak": "bench.soak", "tiers": "bench.tiers",
     "bridge": "bench.bridge",
+    "fleet": "bench.fleet",  # simulated workers + routes over one Redis or a cluster
     "serve": "bench.ray_serve",  # Ray Serve routers side by side
 }
 

@@ -17,6 +17,8 @@ def register(app: typer.Typer) -> None:
         workers: int = typer.Option(2, help="number of worker processes"),
         port: int = typer.Option(50051, help="service port (0: a free one)"),
         redis_url: opt.RedisUrl = None,
+        redis_shards: int = typer.Option(1, help="embedded Valkey: above 1, a Redis Cluster "
+                                         "of this many primaries (slots split evenly)"),
         model: str = typer.Option("tiny", help="'tiny' or a Hugging Face model directory"),
         block_size: int = typer.Option(16),
         num_blocks: int = typer.Option(None, help="KV blocks per worker (default: memory)"),
@@ -59,6 +61,12 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(e)) from e
         if backend == "ray" and tls is not None:
             raise typer.BadParameter("TLS needs --backend local")
+        if redis_shards < 1:
+            raise typer.BadParameter("--redis-shards must be at least 1")
+        if redis_shards > 1 and (redis_url or backend == "ray"):
+            raise typer.BadParameter("--redis-shards starts an embedded cluster with --backend "
+                                     "local; for your own cluster give --redis-url "
+                                     "redis+cluster://HOST:PORT")
         if worker_secret and len(worker_secret.encode()) < MIN_SECRET_BYTES:
             raise typer.BadParameter(f"--worker-secret needs at least {MIN_SECRET_BYTES} bytes")
         if tls is not None and (tls.cert is None or tls.ca is None):
@@ -82,11 +90,13 @@ def register(app: typer.Typer) -> None:
             workers=workers, port=port, redis_url=redis_url, model=model,
             block_size=block_size, num_blocks=num_blocks, token=token,
             service_replicas=service_replicas, echo=verbose,
-            worker_secret=worker_secret or None, tls=tls, **tiers))
+            worker_secret=worker_secret or None, tls=tls, redis_shards=redis_shards,
+            **tiers))
         try:
             cluster.start()
+            shards = f", {redis_shards} shards" if redis_shards > 1 else ""
             print(f"redis    {redact_url(cluster.redis_url or '')}"
-                  + ("" if redis_url else " (embedded)"))
+                  + ("" if redis_url else f" (embedded{shards})"))
             for s in cluster.services:
                 print(f"service  {s.address}")
             for w in cluster.workers:

@@ -1,6 +1,7 @@
 """A whole kvmesh cluster on this machine: Redis/Valkey, service replica(s), N workers.
 
-Everything is a real process: an embedded Valkey (or ``--redis-url``), ``python -m
+Everything is a real process: an embedded Valkey (a cluster of ``redis_shards`` primaries
+when that is above 1, ``deploy.redis_cluster``; or ``--redis-url``), ``python -m
 service`` and ``python -m worker`` children on free loopback ports. ``LocalCluster`` is what
 ``kvmesh up``, ``kvmesh demo``, the end-to-end benchmarks and the integration tests use.
 ``stop()`` ends every child within ``timeout`` seconds (SIGTERM, then SIGKILL).
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deploy.process import ServerProcess, wait_all
+from deploy.redis_cluster import RedisClusterServer, start_redis_cluster
 from deploy.redis_server import RedisServer, start_redis
 from deploy.waiting import wait_until
 from kvmesh.auth import worker_access_token
@@ -48,6 +50,7 @@ class ClusterSpec:
     port: int = 0                 # first service replica's port (0: free)
     service_replicas: int = 1
     redis_url: str | None = None  # None: start an embedded Valkey
+    redis_shards: int = 1         # embedded Valkey: > 1 starts a cluster of that many primaries
     model: str = "tiny"
     block_size: int = 16
     num_blocks: int | None = None
@@ -77,7 +80,11 @@ class LocalCluster:
             # worker calls then never accept the router token (service.auth)
             spec = dataclasses.replace(spec, worker_secret=secrets.token_urlsafe(32))
         self.spec = spec
+        if spec.redis_shards < 1 or (spec.redis_shards > 1 and spec.redis_url):
+            raise ValueError("redis_shards: at least 1, and above 1 only for an embedded "
+                             "cluster (give a redis+cluster:// redis_url for your own)")
         self.redis: RedisServer | None = None
+        self.redis_cluster: RedisClusterServer | None = None
         self.redis_url: str | None = self.spec.redis_url
         self.services: list[ServerProcess] = []
         self.workers: list[ServerProcess] = []
@@ -97,7 +104,11 @@ class LocalCluster:
     def start(self, timeout: float = 120.0) -> LocalCluster:
         """Start everything; returns once every worker is registered and alive."""
         try:
-            if self.redis_url is None:
+            if self.redis_url is None and self.spec.redis_shards > 1:
+                self.redis_cluster = start_redis_cluster(self.spec.redis_shards,
+                                                         host=self.spec.host)
+                self.redis_url = self.redis_cluster.url  # redis+cluster://
+            elif self.redis_url is None:
                 self.redis = start_redis(host=self.spec.host)
                 self.redis_url = self.redis.url
             for i in range(self.spec.service_replicas):
@@ -209,6 +220,8 @@ class LocalCluster:
         wait_all(self.services, max(1.0, (deadline - time.monotonic()) * 0.7))
         if self.redis is not None:
             self.redis.stop(max(0.5, deadline - time.monotonic()))
+        if self.redis_cluster is not None:
+            self.redis_cluster.stop(max(0.5, deadline - time.monotonic()))
 
     def __enter__(self) -> LocalCluster:
         return self.start()

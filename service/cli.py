@@ -24,6 +24,8 @@ _SHARED = {"redis_url": opt.RedisUrl, "policy": opt.Policy, "token": opt.Token,
            "tls_cert_file": opt.TlsCert, "tls_key_file": opt.TlsKey, "tls_ca_file": opt.TlsCa,
            "tls_client_auth": opt.TlsClientAuth}
 _HELP = {
+    "redis_cluster": "The --redis-url names a node of a Redis Cluster (as a "
+                     "redis+cluster:// URL does); default: one Redis server.",
     "metrics_port": "Serve Prometheus metrics here.",
     "max_message_bytes": "Largest request, bytes (also gRPC's receive limit).",
     "max_inflight_per_conn": "Calls in flight per client connection (0: unlimited).",

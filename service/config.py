@@ -69,6 +69,8 @@ class ServiceConfig:
     # Secrets stay out of repr(), so a logged or printed config never shows them.
     redis_url: str | None = field(default=None, repr=False)  # may hold a password
     redis_timeout_s: float = 0.5          # socket timeout of every Redis call
+    redis_cluster: bool = False           # redis_url names a node of a Redis Cluster (as a
+                                          # redis+cluster:// URL does)
     policy: str = "kvmesh"                # default when a RouteRequest names none
     weights: CostWeights = field(default_factory=CostWeights)
     hash_seed: str = DEFAULT_SEED         # root hash = none_hash(algo, hash_seed); the CLI
@@ -121,6 +123,8 @@ class ServiceConfig:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "redis" and not self.redis_url:
             raise ValueError("backend 'redis' needs redis_url")
+        if self.redis_cluster and self.backend != "redis":
+            raise ValueError("redis_cluster needs backend 'redis'")
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if not 0 < self.heartbeat_interval_s < self.liveness_timeout_s <= self.purge_after_s:

@@ -142,7 +142,8 @@ async def create_server(address: str, config: ServiceConfig,
     (``service.auth``), TLS, and request limits (``kvmesh.limits``).
     """
     if backend is None:
-        backend = open_backend(config.backend, config.redis_url, config.redis_timeout_s)
+        backend = open_backend(config.backend, config.redis_url, config.redis_timeout_s,
+                               cluster=config.redis_cluster)
     servicer = IndexServicer(config, backend, clock)
     # outermost first: per-connection and size limits + decoding, then the bearer token
     interceptors: list[grpc.aio.ServerInterceptor] = [RequestLimits(

@@ -1,4 +1,5 @@
-"""Session fixtures for every test package: one real Valkey/Redis, emptied per test.
+"""Session fixtures for every test package: one real Valkey/Redis, emptied per test, and one
+real 3-primary Valkey cluster (``redis_cluster`` / ``redis_cluster_url``), emptied per test.
 
 The server requires a password, as every Valkey kvmesh starts does: tests reach it through
 ``redis_url`` / ``redis_server.url`` (``redis://:PASSWORD@127.0.0.1:PORT/0``).
@@ -16,9 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from deploy.redis_cluster import RedisClusterServer, start_redis_cluster
 from deploy.redis_server import RedisServer, start_redis
 
-INTEGRATION_FIXTURES = frozenset({"redis_server", "redis_url", "ray_cluster"})
+INTEGRATION_FIXTURES = frozenset({"redis_server", "redis_url", "ray_cluster", "redis_cluster",
+                                  "redis_cluster_url"})
+CLUSTER_SHARDS = 3
 _INTEGRATION_DIR = Path(__file__).parent / "integration"
 
 # Worker and service processes take their root hash seed from PYTHONHASHSEED when it is set
@@ -26,6 +30,12 @@ _INTEGRATION_DIR = Path(__file__).parent / "integration"
 # they start must not inherit a seed from the shell that runs pytest.
 for _var in ("PYTHONHASHSEED", "KVMESH_HASH_SEED"):
     os.environ.pop(_var, None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "cluster_layout: runs on a real Redis Cluster and needs every index script "
+        "to touch one slot (issue 16's layout); fails with the first layout, by design")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -58,6 +68,26 @@ def redis_url(redis_server: RedisServer) -> str:
         redis_server.start()
     _flushall(redis_server)
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServer]:
+    """A real Redis Cluster of 3 primaries (embedded Valkey) shared by the whole session."""
+    cluster = start_redis_cluster(CLUSTER_SHARDS)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: RedisClusterServer) -> str:
+    """``redis+cluster://`` URL of the session cluster: every node running (restarted if a
+    test killed one), the cluster ``ok``, every node empty."""
+    for i, node in enumerate(redis_cluster.nodes):
+        if not node.alive:
+            redis_cluster.restart_node(i)
+    redis_cluster.wait_ok()
+    redis_cluster.flushall()
+    return redis_cluster.url
 
 
 @pytest.fixture(scope="session")

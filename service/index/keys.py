@@ -18,7 +18,15 @@ holds no ``{``, ``}`` or ``|``; ``HASH`` is a block hash as raw bytes, 32 or 16 
     kvm:{ctl}:free           SET     handles swept clean, drawn again before new ones
     kvm:{ctl}:dead           SET     retired handles whose entries the sweep still drops
     kvm:{ctl}:cycle          SET     the handles the running sweep cycle drops
-    kvm:{ctl}:sweep          HASH    the running sweep cycle's SCAN cursor
+    kvm:{ctl}:sweep          HASH    the running sweep cycle's SCAN cursor (on a Redis
+                                     Cluster: 'id' and one cursor per primary)
+
+On a multi-shard Redis Cluster only (``cluster.py``, ``cluster_upkeep.py``)::
+
+    {T}!                     STRING  the tag's sentinel: gone = its shard came back empty
+    kvm:{ctl}:gen            STRING  the block shards' generation (moves when one is lost)
+    kvm:{ctl}:busy           ZSET    'handle:token' -> ms: handles a batch may still write
+    kvm:{ctl}:recover        STRING  the lock of the control slot's recovery (TTL)
 
 ``T`` is one tag byte chosen by the hash's first byte (:func:`tag`): 64 tags, picked so
 their Redis Cluster slots spread evenly over 16,384 (with S shards owning equal slot

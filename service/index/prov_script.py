@@ -13,7 +13,7 @@ from service.index.scripts import BASE
 # Each key's STRING = ';worker|expiry_ms;...': the worker's entry is set/renewed, other
 # unexpired holders kept, expired ones dropped; the key gets the TTL, and so does the
 # marker.
-PROVISIONAL = BASE + r"""
+_PROV_KEYS = r"""
 local wid, now, pw, ks = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[5]), ARGV[6]
 for a = 1, #ks, pw do
   local pk = string.sub(ks, a, a + pw - 1)
@@ -26,6 +26,9 @@ for a = 1, #ks, pw do
   end
   redis.call('SET', pk, v, 'PX', ARGV[4])
 end
-redis.call('SET', KEYS[1], '1', 'PX', ARGV[4])
-return 0
 """
+PROVISIONAL = BASE + _PROV_KEYS + "redis.call('SET', KEYS[1], '1', 'PX', ARGV[4])\nreturn 0\n"
+# The same for one Redis Cluster slot: KEYS[1] is one of the provisional keys (it routes the
+# call), every key of ARGV[6] has its slot; the marker is set apart (RedisBackend's cluster
+# split: service/index/cluster.py).
+PROVISIONAL_KEYS = BASE + _PROV_KEYS + "return 0\n"

@@ -25,9 +25,10 @@ retried once.
 Redis Cluster: registration, heartbeat and purge touch the control slot only; a block
 key's slot depends on its hash alone (64 tags spread evenly over the slots), so a chain,
 even one shared prefix, spreads over every shard. The lookup's snapshot, ``PROVISIONAL``,
-``APPLY``, ``SYNC`` and ``SWEEP`` as written touch block keys of many slots (and the
+``APPLY``, ``SYNC`` and ``SWEEP`` as written here touch block keys of many slots (and the
 control slot), which a standalone server (or one shard, or Sentinel) executes atomically;
-on a multi-shard cluster they must be split per slot (see docs/architecture.md).
+for a ``redis+cluster://`` URL, ``from_url`` returns ``ClusterBackend`` (``cluster.py``),
+which splits each of them per slot.
 Heartbeat timestamps come from the service replicas' clocks: keep them NTP-synced.
 """
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
+from redis.asyncio.cluster import RedisCluster
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.retry import Retry
@@ -63,6 +65,7 @@ from service.index.base import (
     resolve_snapshot,
     tier_bit,
 )
+from service.index.connect import redis_client
 from service.index.keys import REGISTRY, block_key, block_keys, live_key, prov_marker, worker_key
 from service.index.walk import walk
 
@@ -78,7 +81,7 @@ _LOAD_FIELDS = (("running", "running", int), ("waiting", "waiting", int),
                 ("tier_blocks", "tiers", int))
 # Anything the server or the socket answers instead of a result (refused, timeout, LOADING,
 # READONLY after a failover, OOM under maxmemory...) means "the index is unavailable".
-_DOWN = (rexc.RedisError, OSError)
+_DOWN = (rexc.RedisError, rexc.RedisClusterException, OSError)  # the last: a slot no node serves
 SWEEP_COUNT = 1000  # block keys per sweep step (about a millisecond of Redis time)
 
 
@@ -124,10 +127,14 @@ class RedisBackend(IndexBackend):
     def from_url(cls, url: str, timeout_s: float = 0.5) -> RedisBackend:
         """A backend on ``url`` (password and ``rediss://`` TLS options as redis-py takes
         them); connects lazily (the server may be down at start)."""
-        client = aioredis.Redis.from_url(
+        client = redis_client(  # a cluster for redis+cluster:// (service.index.connect)
             url, decode_responses=True, socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 1),
             health_check_interval=0)
+        if isinstance(client, RedisCluster):  # the per-slot split (service/index/cluster.py)
+            from service.index.cluster import ClusterBackend
+
+            return ClusterBackend(client)
         return cls(client)
 
     @contextlib.asynccontextmanager
@@ -182,6 +189,14 @@ class RedisBackend(IndexBackend):
     # --- writes -------------------------------------------------------------------------
 
     async def register(self, record: WorkerRecord, live_after_ms: int | None = None) -> bool:
+        had = await self._register_call(record, live_after_ms)
+        if had == -1:
+            raise WorkerIdInUse(record.worker_id)
+        self._ns_of[record.worker_id] = record.ns
+        return bool(had)
+
+    async def _register_call(self, record: WorkerRecord, live_after_ms: int | None) -> int:
+        """The registration script's answer (REGISTER's contract)."""
         wk = worker_key(record.ns, record.worker_id)
         fields: list[Any] = ["address", record.address, "model", record.model,
                              "bs", record.block_size, "algo", record.algo, "seq", 0, "rseq", 0,
@@ -191,12 +206,8 @@ class RedisBackend(IndexBackend):
         guard = [("" if live_after_ms is None else live_after_ms), record.address,
                  record.credential]
         async with self._guard():
-            had = await self._register([REGISTRY, wk],
-                                       [record.worker_id, record.ns, *guard, *fields])
-        if had == -1:
-            raise WorkerIdInUse(record.worker_id)
-        self._ns_of[record.worker_id] = record.ns
-        return bool(had)
+            return int(await self._register([REGISTRY, wk],
+                                            [record.worker_id, record.ns, *guard, *fields]))
 
     async def heartbeat(self, worker_id: str, load: WorkerLoad, reported_seq: int,
                         now_ms: int, incarnation: int = 0) -> HeartbeatResult:

@@ -148,7 +148,7 @@ local function record_key(ns, wid) return CTL .. 'w:' .. ns .. '|' .. wid end
 # address or credential (a live worker holds the id); 1 when state of an earlier
 # registration of this worker id was dropped, else 0. The new record gets a fresh handle
 # (field 'h') and 'n' = 0 entries; an earlier registration's handle is retired.
-REGISTER = PRELUDE + r"""
+REGISTER_STEPS = r"""
 local wid, ns = ARGV[1], ARGV[2]
 local old = redis.call('HGET', KEYS[1], wid)
 local f = {}
@@ -175,8 +175,8 @@ redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[1], wid, ns)
 for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
 redis.call('HSET', KEYS[2], 'h', h, 'n', 0)
-return had
 """
+REGISTER = PRELUDE + REGISTER_STEPS + "return had\n"
 
 # KEYS[1] = worker record
 # ARGV[1] = now ms, ARGV[2] = the worker's reported last seq, ARGV[3] = its incarnation,

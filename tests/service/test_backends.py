@@ -114,6 +114,40 @@ def test_orphan_stored_event_is_skipped(backend_factory: Callable[[], IndexBacke
     run(backend_factory, body)
 
 
+def test_the_orphan_check_sees_the_batchs_own_changes(
+        backend_factory: Callable[[], IndexBackend]) -> None:
+    """A parent stored, removed (on every tier it had, or not) or cleared earlier in the
+    same batch decides whether a later stored event is an orphan."""
+    async def body(b: IndexBackend) -> None:
+        await b.register(rec("a"))
+        c, d, e = H(1, 2, 3, 4), H(1, 2, 5), H(9, 6)
+        await b.apply_events("a", [
+            KvEvent(1, Stored(tuple(c[:2]))),
+            KvEvent(2, Stored((c[2],), parent=c[1])),                 # parent from event 1
+            KvEvent(3, Stored((c[2],), parent=c[1], tier=TIER_CPU)),  # c[2]: GPU and CPU
+            KvEvent(4, Removed((c[2],), tier=TIER_GPU)),              # CPU copy left
+            KvEvent(5, Stored((c[3],), parent=c[2])),                 # so not an orphan
+            KvEvent(6, Removed((c[1],))),                             # every tier
+            KvEvent(7, Stored((d[2],), parent=d[1])),                 # an orphan now
+        ])
+        m = (await b.lookup(NS, c, T0))["a"]
+        assert (m.blocks, m.gpu) == (1, 1)
+        assert await b.lookup(NS, [c[0], c[1], d[2]], T0) == {"a": BlockMatch(1, 1)}
+        assert (await b.workers(with_blocks=True))[0].indexed_blocks == 3  # c0, c2, c3
+        await b.apply_events("a", [
+            KvEvent(8, Cleared()),
+            KvEvent(9, Stored((c[1],), parent=c[0])),  # c[0] held before the Cleared only
+            KvEvent(10, Stored((e[0],))),
+            KvEvent(11, Stored((e[1],), parent=e[0])),
+        ])
+        assert await b.lookup(NS, e, T0) == {"a": BlockMatch(2, 2)}
+        assert await b.lookup(NS, c[1:], T0) == {}  # c[1] was an orphan
+        assert await b.lookup(NS, c, T0) == {}
+        assert (await b.workers(with_blocks=True))[0].indexed_blocks == 2
+
+    run(backend_factory, body)
+
+
 def test_batches_are_atomic_with_seq_checks(backend_factory: Callable[[], IndexBackend]) -> None:
     async def body(b: IndexBackend) -> None:
         await b.register(rec("a"))

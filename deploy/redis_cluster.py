@@ -1,0 +1,204 @@
+"""A real Valkey/Redis Cluster of N primaries as child processes (``kvmesh up --redis-shards``).
+
+Contract:
+
+- ``start_redis_cluster(shards=3)`` returns a running :class:`RedisClusterServer`: ``shards``
+  :class:`~deploy.redis_server.RedisServer` nodes in cluster mode (no replicas), the 16384
+  slots split into ``shards`` contiguous ranges (as ``valkey-cli --cluster create`` splits
+  them), every node knowing every other, and every node answering ``CLUSTER INFO`` with
+  ``cluster_state:ok`` and all slots assigned before it returns.
+- Every node requires the same password (one secret for the cluster: a client follows
+  ``MOVED`` to any node with it); it reaches the nodes the way ``RedisServer`` passes it, in a
+  private config file, never on a command line. ``url`` is ``redis+cluster://:PW@host:port/0``
+  (what ``kvmesh service --redis-url`` takes for a cluster), ``node_urls`` the plain URLs.
+- Nothing is persisted but each node's cluster config (``nodes-PORT.conf``, in the
+  launcher's private 0700 directory): a node killed and started again keeps its id, its
+  slots and its peers, and comes back EMPTY, as a real node restarted without persistence.
+  Tests rely on that to simulate "one shard lost its data".
+- ``cluster-require-full-coverage no``: while a primary is down the others keep serving
+  their slots (there is no replica to fail over to); only keys of the lost slots fail.
+- ``stop()`` stops every node (idempotent); nodes still running at exit are killed
+  (``deploy.redis_server``'s exit hook).
+"""
+from __future__ import annotations
+
+import contextlib
+import secrets
+import tempfile
+from collections.abc import Iterator
+
+from deploy.ports import free_port
+from deploy.redis_server import RedisServer
+from deploy.waiting import wait_until
+from kvmesh.redact import redact_url
+
+__all__ = ["SLOTS", "RedisClusterServer", "slot_ranges", "start_redis_cluster"]
+
+SLOTS = 16384
+# How long a silent node takes to be flagged failing. Short, so a test that kills a shard
+# sees the cluster settle quickly; long enough that a loaded 2-core host does not flap.
+NODE_TIMEOUT_MS = 2000
+
+
+def slot_ranges(shards: int) -> list[tuple[int, int]]:
+    """Inclusive ``(first, last)`` slot ranges, contiguous, sizes differing by at most 1."""
+    if not 1 <= shards <= SLOTS:
+        raise ValueError(f"shards must be in [1, {SLOTS}], got {shards}")
+    edges = [SLOTS * i // shards for i in range(shards + 1)]
+    return [(edges[i], edges[i + 1] - 1) for i in range(shards)]
+
+
+def _info(node: RedisServer) -> dict[str, str]:
+    """``CLUSTER INFO`` of one node as a dict (empty when it does not answer)."""
+    import redis
+
+    try:
+        with redis.Redis.from_url(node.url, socket_timeout=1, socket_connect_timeout=1,
+                                  decode_responses=True) as c:
+            info = c.execute_command("CLUSTER INFO")  # redis-py parses it into a dict
+    except (redis.RedisError, OSError):
+        return {}
+    return {str(k): str(v) for k, v in info.items()}
+
+
+class RedisClusterServer:
+    """``shards`` Redis/Valkey primaries forming one cluster on ``host`` (restartable)."""
+
+    def __init__(self, shards: int = 3, *, host: str = "127.0.0.1",
+                 executable: str | None = None, password: str | None = None,
+                 node_timeout_ms: int = NODE_TIMEOUT_MS) -> None:
+        self.ranges = slot_ranges(shards)
+        self.host = host
+        self.password = password or secrets.token_urlsafe(24)
+        self.executable = executable
+        self.node_timeout_ms = node_timeout_ms
+        self.nodes: list[RedisServer] = []
+        self._bus: dict[int, int] = {}  # node port -> its cluster bus port
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    # --- addresses ------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """``redis+cluster://:PASSWORD@host:port/0`` of the first node: a secret (see the
+        module contract); the cluster client discovers the other nodes from it."""
+        node = self.nodes[0]
+        return f"redis+cluster://:{self.password}@{node.host}:{node.port}/0"
+
+    @property
+    def node_urls(self) -> list[str]:
+        """Plain ``redis://`` URLs of every node, in slot order (node i serves range i)."""
+        return [n.url for n in self.nodes]
+
+    @property
+    def alive(self) -> bool:
+        """True while every node runs."""
+        return bool(self.nodes) and all(n.alive for n in self.nodes)
+
+    # --- life cycle -----------------------------------------------------------------
+
+    def _node(self, workdir: str) -> RedisServer:
+        port = free_port(self.host)
+        bus = self._bus[port] = free_port(self.host)
+        args = ("--cluster-enabled", "yes", "--cluster-port", str(bus),
+                "--cluster-config-file", f"{workdir}/nodes-{port}.conf",
+                "--cluster-node-timeout", str(self.node_timeout_ms),
+                "--cluster-require-full-coverage", "no")
+        return RedisServer(port, host=self.host, executable=self.executable,
+                           extra_args=args, password=self.password)
+
+    def start(self, timeout: float = 30.0) -> RedisClusterServer:
+        """Start every node, assign the slots, join them; returns once the cluster is ok."""
+        if self.nodes:
+            raise RuntimeError("already started")
+        import redis
+
+        self._dir = tempfile.TemporaryDirectory(prefix="kvmesh-cluster-")  # mode 0700
+        try:
+            self.nodes = [self._node(self._dir.name) for _ in self.ranges]
+            for node in self.nodes:
+                node.start(timeout)
+            first = self.nodes[0]
+            for epoch, (node, (lo, hi)) in enumerate(zip(self.nodes, self.ranges, strict=True), 1):
+                with redis.Redis.from_url(node.url, socket_timeout=5) as c:
+                    # distinct epochs up front: no collision to resolve after the join
+                    c.execute_command("CLUSTER SET-CONFIG-EPOCH", epoch)
+                    c.execute_command("CLUSTER ADDSLOTSRANGE", lo, hi)
+                    if node is not first:  # the first node meets everyone; gossip does the rest
+                        c.execute_command("CLUSTER MEET", first.host, first.port,
+                                          self._bus[first.port])
+            self.wait_ok(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def ok(self) -> bool:
+        """Every node runs, knows every node, sees all slots assigned, and says ``ok``."""
+        want = {"cluster_state": "ok", "cluster_slots_assigned": str(SLOTS),
+                "cluster_known_nodes": str(len(self.nodes))}
+        return self.alive and all(
+            all(_info(n).get(k) == v for k, v in want.items()) for n in self.nodes)
+
+    def wait_ok(self, timeout: float = 30.0) -> None:
+        """Block until :meth:`ok`; ``TimeoutError`` (with each node's state) if not in time."""
+        try:
+            wait_until(self.ok, timeout, interval=0.05, what="the cluster ok")
+        except TimeoutError as e:
+            states = [_info(n).get("cluster_state", "down") for n in self.nodes]
+            raise TimeoutError(f"{e}; node states {states}") from None
+
+    def kill_node(self, i: int) -> None:
+        """SIGKILL node ``i`` (a crash): its slots fail, the other shards keep serving."""
+        self.nodes[i].kill()
+
+    def restart_node(self, i: int, timeout: float = 30.0) -> None:
+        """Start node ``i`` again (same port, id and slots; its data gone) and wait until
+        the cluster is ok again."""
+        self.nodes[i].start(timeout)
+        self.wait_ok(timeout)
+
+    def flushall(self) -> None:
+        """Empty every node (a test's fresh start)."""
+        import redis
+
+        for url in self.node_urls:
+            with redis.Redis.from_url(url, socket_timeout=5) as c:
+                c.flushall()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop every node (graceful, SIGKILL after ``timeout``); idempotent."""
+        for node in self.nodes:
+            node.stop(timeout)
+        self.nodes = []
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def __enter__(self) -> RedisClusterServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __iter__(self) -> Iterator[RedisServer]:
+        return iter(self.nodes)
+
+    def __repr__(self) -> str:
+        where = redact_url(self.url) if self.nodes else "stopped"
+        return f"RedisClusterServer({len(self.ranges)} shards, {where})"
+
+
+def start_redis_cluster(shards: int = 3, *, host: str = "127.0.0.1",
+                        executable: str | None = None, password: str | None = None,
+                        timeout: float = 30.0) -> RedisClusterServer:
+    """Start a ``shards``-primary cluster on free ports of ``host`` and wait until it is ok.
+
+    Raises ``FileNotFoundError`` when no server binary exists and ``RuntimeError`` /
+    ``TimeoutError`` when a node or the cluster does not come up.
+    """
+    cluster = RedisClusterServer(shards, host=host, executable=executable, password=password)
+    with contextlib.suppress(RuntimeError):  # a port taken between pick and bind: once more
+        return cluster.start(timeout)
+    return RedisClusterServer(shards, host=host, executable=executable,
+                              password=password).start(timeout)

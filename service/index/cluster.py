@@ -1,0 +1,404 @@
+"""The redis backend on a multi-shard Redis Cluster: every script touches one slot, and
+what touches many is split per slot (``RedisBackend.from_url`` picks this class for a
+``redis+cluster://`` URL; a single server keeps ``RedisBackend``'s single scripts).
+
+Same keys as ``keys.py`` says, same answers as the single-server backend and the memory
+backend (``tests/service/test_cluster_index.py`` runs their tests on 3 shards). Control keys
+share the slot ``{ctl}``: registration, heartbeat and purge are single scripts there. Block
+keys spread over 64 tags (their slots evenly over the shards), so one shared system prompt
+spreads over every shard. Round trips are parallel over the shards (``nodes.py``: one
+write per node):
+
+- lookup: 1, the live map's version and the provisional marker (control slot) and one
+  ``MGET`` per tag of the prompt (provisional keys too when the marker is up); the walk in
+  the service as for one server (``walk.py``). Each shard's reads are each an instant of
+  that shard; a lookup racing an event batch may see part of it, which can only cut a
+  worker's match short (the walk stops at the first missing block), never show a block
+  the worker did not hold at some instant of the round trip.
+- events (``APPLY``): 3, the begin step (checks, handles, ``pend``) with the parents of the
+  batch's stored blocks read beside it, the wave of per-tag writes (``TAG_WRITE``, each in
+  event order; the orphan check was done here on the parents' values, since only this
+  batch writes this worker's entries while ``pend`` is set), the end step (seq, ``n``).
+- snapshot (``SYNC``): 3, the same shape; provisional entries: 1 (the marker beside the
+  per-tag scripts); sweep, shard checks and recovery: ``cluster_upkeep.py``.
+
+A step that fails midway (a shard down) raises ``IndexUnavailable`` and leaves ``pend``
+set: the worker's next batch is answered GAP (and its heartbeat, after
+``PEND_STALE_MS``, asks for a snapshot), and the snapshot repairs whatever part was
+written. Scripts are ``cluster_scripts.py``.
+"""
+from __future__ import annotations
+
+import secrets
+from collections.abc import Collection, Sequence
+from itertools import chain
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+import redis.exceptions as rexc
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
+
+from service.index import cluster_scripts as cs
+from service.index import cluster_upkeep, keys, nodes, resp
+from service.index.base import (
+    ApplyResult,
+    ApplyStatus,
+    BlockCap,
+    BlockMatch,
+    Cleared,
+    IndexUnavailable,
+    KvEvent,
+    OverCap,
+    Removed,
+    StaleIncarnation,
+    Stored,
+    WorkerIdInUse,
+    WorkerRecord,
+    resolve_snapshot,
+    tier_bit,
+)
+from service.index.keys import block_key, live_key, prov_marker, worker_key
+from service.index.raw_scripts import (
+    APPLY_BEGIN,
+    APPLY_END,
+    PROV_KEYS,
+    RAW_SCRIPTS,
+    SYNC_BEGIN,
+    SYNC_END,
+    TAG_WRITE,
+    RawScript,
+)
+from service.index.redis import RedisBackend
+from service.index.walk import walk
+
+__all__ = ["CTL_SLOT", "SLOT_OF_BYTE", "TAG_SLOTS", "ClusterBackend"]
+
+CTL_SLOT = key_slot(keys.REGISTRY.encode())
+TAG_SLOTS = [key_slot(bytes([t])) for t in keys.TAGS]  # by tag index
+SLOT_OF_BYTE = {t: key_slot(bytes([t])) for t in keys.TAGS}  # by the tag byte of a key
+
+
+def _b(x: Any) -> bytes:
+    return x if isinstance(x, bytes) else str(x).encode()
+
+
+def _bits(value: bytes | None, hb: bytes) -> int:
+    """The tier bits of handle ``hb``'s entry in a block value (0: none)."""
+    if value:
+        for i in range(0, len(value), keys.ENTRY_BYTES):
+            if value[i:i + 3] == hb:
+                return value[i + 3]
+    return 0
+
+
+def _check(replies: list[Any]) -> list[Any]:
+    for r in replies:
+        if isinstance(r, Exception):
+            raise r
+    return replies
+
+
+def _by_tag(hashes: Sequence[bytes]) -> tuple[list[int], np.ndarray, list[Sequence[bytes]]]:
+    """The tags of ``hashes`` (ascending), the positions of the hashes grouped by tag (in
+    chain order within a tag), and each tag's hashes. Vectorised: a Python loop over an
+    8K-token prompt's 512 blocks would cost more than the round trip."""
+    width = len(hashes[0])
+    first = np.frombuffer(b"".join(hashes), np.uint8)[::width] % keys.N_TAGS
+    order = np.argsort(first, kind="stable")
+    ranked = first[order]
+    starts = np.flatnonzero(np.diff(ranked)) + 1
+    groups = np.split(order, starts)
+    subs = [(hashes[int(g[0])],) if len(g) == 1 else itemgetter(*g.tolist())(hashes)
+            for g in groups]
+    return ranked[np.r_[0, starts]].tolist(), order, subs
+
+
+def _scatter(order: np.ndarray, replies: Sequence[list[bytes | None]]) -> list[bytes | None]:
+    """The per-tag ``MGET`` replies back in chain order (``order`` from ``_by_tag``)."""
+    out = np.empty(len(order), dtype=object)
+    out[order] = list(chain.from_iterable(replies))
+    return out.tolist()
+
+
+class ClusterBackend(RedisBackend):
+    """``RedisBackend`` with every operation single-slot (see the module contract)."""
+
+    def __init__(self, client: RedisCluster) -> None:
+        super().__init__(client)  # type: ignore[arg-type]
+        script = client.register_script
+        self._register = script(cs.REGISTER)
+        self._heartbeat = script(cs.HEARTBEAT)
+        self._lost = script(cs.LOST)
+        self._sweep_begin = script(cs.SWEEP_BEGIN)
+        self._sweep_step = script(cs.SWEEP_STEP)
+        self.upkeep = cluster_upkeep.Upkeep(self)
+
+    async def load_scripts(self) -> None:
+        await super().load_scripts()
+        async with self._guard():
+            for s in (self._lost, self._sweep_begin, self._sweep_step):
+                await self.client.script_load(s.script)
+            for r in RAW_SCRIPTS:
+                await self.client.script_load(r.script)
+
+    async def wave(self, batch: list[tuple[int, bytes]], retry: bool = False) -> list[Any]:
+        """Replies of ``batch`` (``(slot, command)``, in parallel over the shards), a raw
+        script missing on a node loaded there and its calls sent again (they did not run);
+        an error reply raises."""
+        if not batch:
+            return []
+        res = await nodes.on_slots(self.client, batch, retry)
+        missing = [i for i, r in enumerate(res) if isinstance(r, rexc.NoScriptError)]
+        if missing:
+            where = {await nodes.primary(self.client, batch[i][0]) for i in missing}
+            _check(await nodes.on_nodes([(n, resp.command(b"SCRIPT", b"LOAD", r.script.encode()))
+                                         for n in where for r in RAW_SCRIPTS]))
+            again = await nodes.on_slots(self.client, [batch[i] for i in missing], retry)
+            for i, r in zip(missing, again, strict=True):
+                res[i] = r
+        return _check(res)
+
+    async def ctl(self, script: RawScript, key: str, args: Sequence[Any],
+                  reads: Sequence[bytes] = ()) -> tuple[Any, dict[bytes, bytes | None]]:
+        """``script``'s reply on the control slot (KEYS = [key]) and, in the same parallel
+        round trip, key -> value of the block keys ``reads`` (one MGET per tag)."""
+        by: dict[int, list[bytes]] = {}
+        for k in reads:
+            by.setdefault(k[1], []).append(k)
+        res = await self.wave(
+            [(CTL_SLOT, script.call(key.encode(), [_b(a) for a in args]))]
+            + [(SLOT_OF_BYTE[t], resp.command(b"MGET", *ks)) for t, ks in by.items()])
+        return res[0], {k: v for ks, vals in zip(by.values(), res[1:], strict=True)
+                        for k, v in zip(ks, vals, strict=True)}
+
+    # --- registration and heartbeats: control slot only -------------------------------
+
+    async def register(self, record: WorkerRecord, live_after_ms: int | None = None) -> bool:
+        had = await self._register_call(record, live_after_ms)
+        if had == -2:  # the control slot has no generation: recover, then register
+            async with self._guard():
+                await self.upkeep.recover()
+            had = await self._register_call(record, live_after_ms)
+            if had == -2:
+                raise IndexUnavailable("the index is being recovered (control slot lost)")
+        if had == -1:
+            raise WorkerIdInUse(record.worker_id)
+        self._ns_of[record.worker_id] = record.ns
+        return bool(had)
+
+    # --- events ---------------------------------------------------------------------------
+
+    async def apply_events(self, worker_id: str, events: Sequence[KvEvent],
+                           incarnation: int = 0, cap: BlockCap = BlockCap()) -> ApplyResult:
+        if not events:
+            return await super().apply_events(worker_id, events, incarnation, cap)
+        # per event: seq, kind, tier bits, parent key (None: a chain start), block keys
+        plan: list[tuple[int, bytes, int, bytes | None, list[bytes]]] = []
+        net, cleared, parents, width = 0, [], set(), len(block_key(bytes(32)))
+        for ev in events:
+            op = ev.op
+            if isinstance(op, Stored):
+                ks = [block_key(h) for h in op.hashes]
+                pk = block_key(op.parent) if op.parent else None
+                if pk is not None:
+                    parents.add(pk)
+                plan.append((ev.seq, b"S", tier_bit(op.tier), pk, ks))
+                net += len(ks)
+            elif isinstance(op, Removed):
+                ks = [block_key(h) for h in op.hashes]
+                plan.append((ev.seq, b"R", tier_bit(op.tier), None, ks))
+                net -= len(ks)
+            elif isinstance(op, Cleared):
+                plan.append((ev.seq, b"C", 0, None, []))
+                cleared.append(str(ev.seq))
+                continue
+            if ks:
+                width = len(ks[0])
+        token = secrets.token_hex(8)
+        plist = list(parents)
+        for fresh in (False, True):
+            ns = await self._ns(worker_id, fresh)
+            if ns is None:
+                return ApplyResult(ApplyStatus.UNKNOWN_WORKER, 0, 0)
+            rk = worker_key(ns, worker_id)
+            args = [ns, worker_id, events[0].seq, events[-1].seq, str(incarnation),
+                    cap.per_pool, cap.floor, net, token, " ".join(cleared)]
+            async with self._guard():
+                begin, pvals = await self.ctl(APPLY_BEGIN, rk, args, plist)
+            if int(begin[0]) != -2:
+                break
+        if int(begin[0]) != 1:
+            return self._answer(worker_id, incarnation, int(begin[0]), begin)
+        last = int(begin[1])
+        hs = [int(h) for h in begin[2:]]
+        hbs = [keys.handle_bytes(h) for h in hs]
+        per_tag, applied = self._plan_writes(plan, last, hbs, pvals)
+        head = [_b(width), b"".join(hbs), _b(len(hs))]
+        busy = [f"{h}:{token}" for h in hs]
+        async with self._guard():
+            res = await self.wave([(SLOT_OF_BYTE[t], TAG_WRITE.call(a[3][:width], head + a))
+                                   for t, a in per_tag.items()])
+            end, _ = await self.ctl(APPLY_END, rk, [
+                ns, worker_id, token, str(incarnation), events[-1].seq,
+                sum(int(r) for r in res), cap.per_pool, cap.floor, *busy])
+        if int(end[0]) == 1:
+            return ApplyResult(ApplyStatus.OK, applied, int(end[2]))
+        return self._answer(worker_id, incarnation, int(end[0]), end)
+
+    @staticmethod
+    def _answer(worker_id: str, incarnation: int, status: int, res: list[Any]) -> ApplyResult:
+        """The result (or exception) of an APPLY step's answer other than success."""
+        if status == -3:
+            raise StaleIncarnation(worker_id, incarnation)
+        if status == -4:
+            raise OverCap(worker_id, int(res[1]), dropped=bool(int(res[2])))
+        kind = {0: ApplyStatus.DUPLICATE, -1: ApplyStatus.GAP}.get(
+            status, ApplyStatus.UNKNOWN_WORKER)
+        return ApplyResult(kind, 0, int(res[2]))
+
+    @staticmethod
+    def _plan_writes(plan: list[tuple[int, bytes, int, bytes | None, list[bytes]]], last: int,
+                     hbs: list[bytes], pvals: dict[bytes, bytes | None],
+                     ) -> tuple[dict[int, list[bytes]], int]:
+        """Each tag's part of the fresh events (``TAG_WRITE``'s ARGV[4..]), orphans left
+        out, and how many events are fresh. The orphan check follows APPLY: a stored event
+        whose parent this worker's current handle does not hold at that point of the batch
+        is skipped; the parents' bits are tracked from the values read before the batch."""
+        tracked = {pk: _bits(v, hbs[0]) for pk, v in pvals.items()}
+        per_tag: dict[int, list[bytes]] = {}
+        seg, applied = 1, 0
+        for seq, kind, bits, pk, ks in plan:
+            if seq <= last:
+                continue
+            applied += 1
+            if kind == b"C":
+                seg += 1
+                tracked = dict.fromkeys(tracked, 0)
+                continue
+            if kind == b"S":
+                if pk is not None and not tracked[pk]:
+                    continue
+                for k in ks:
+                    if k in tracked:
+                        tracked[k] |= bits
+            else:
+                for k in ks:
+                    if k in tracked:
+                        tracked[k] &= ~bits
+            by: dict[int, list[bytes]] = {}
+            for k in ks:
+                by.setdefault(k[1], []).append(k)
+            head = (kind, _b(seg), _b(bits))
+            for t, tks in by.items():
+                per_tag.setdefault(t, []).extend((*head, b"".join(tks)))
+        return per_tag, applied
+
+    async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[Stored],
+                          incarnation: int = 0, cap: BlockCap = BlockCap()) -> int | None:
+        resolved = resolve_snapshot(blocks)
+        count, token = len(resolved), secrets.token_hex(8)
+        for fresh in (False, True):
+            ns = await self._ns(worker_id, fresh)
+            if ns is None:
+                return None
+            rk = worker_key(ns, worker_id)
+            async with self._guard():
+                begin, _ = await self.ctl(SYNC_BEGIN, rk, [
+                    ns, worker_id, str(incarnation), cap.per_pool, cap.floor, count, token,
+                    seq])
+            if int(begin[0]) != -1:
+                break
+        n = int(begin[0])
+        if n == -1:
+            return None
+        if n == -2:
+            raise StaleIncarnation(worker_id, incarnation)
+        if n <= -3:
+            raise OverCap(worker_id, -3 - n)
+        h, gen = int(begin[1]), begin[2]
+        by: dict[tuple[int, int], list[bytes]] = {}
+        for hsh, (_, mask) in resolved.items():
+            k = block_key(hsh)
+            by.setdefault((k[1], mask), []).append(k)
+        per_tag: dict[int, list[bytes]] = {}
+        for (t, mask), ks in by.items():
+            per_tag.setdefault(t, []).extend((b"S", b"1", _b(mask), b"".join(ks)))
+        width = len(block_key(next(iter(resolved)))) if resolved else 35
+        head = [_b(width), keys.handle_bytes(h), b"1"]
+        async with self._guard():
+            await self.wave([(SLOT_OF_BYTE[t], TAG_WRITE.call(a[3][:width], head + a))
+                             for t, a in per_tag.items()])
+            end, _ = await self.ctl(SYNC_END, rk, [token, str(incarnation), count, gen,
+                                                   f"{h}:{token}"])
+            n = int(end)
+        if n == -1:
+            return None
+        if n == -2:
+            raise StaleIncarnation(worker_id, incarnation)
+        if n == -4:
+            raise IndexUnavailable(f"the snapshot of {worker_id!r} was superseded by another")
+        return n
+
+    async def sweep(self, max_steps: int = 64) -> int:
+        """Check the shards (a lost one: every worker resyncs; a lost control slot:
+        recovery), then up to ``max_steps`` sweep steps (``cluster_upkeep.py``)."""
+        async with self._guard():
+            await self.upkeep.check_shards()
+            return await self.upkeep.sweep(max_steps)
+
+    # --- lookup ---------------------------------------------------------------------------
+
+    async def lookup(self, ns: str, hashes: Sequence[bytes], now_ms: int,
+                     workers: Collection[str] | None = None) -> dict[str, BlockMatch]:
+        """One parallel round trip (see the module contract); as ``RedisBackend.lookup``,
+        one more when the live map's version moved or the provisional marker appeared."""
+        if not hashes:
+            return {}
+        lk, marker = live_key(ns).encode(), prov_marker(ns).encode()
+        tags, order, subs = _by_tag(hashes)
+        reads = [(TAG_SLOTS[t], resp.mget(sub)) for t, sub in zip(tags, subs, strict=True)]
+        preads: list[tuple[int, bytes]] = []
+        cached = self._live.get(ns)
+        with_prov = self._prov_seen.get(ns, False)
+        for attempt in range(3):
+            full = cached is None or attempt > 0
+            batch = [(CTL_SLOT, resp.command(b"HGETALL", lk) if full
+                      else resp.command(b"HGET", lk, b"v")),
+                     (CTL_SLOT, resp.command(b"EXISTS", marker)), *reads]
+            if with_prov:
+                preads = preads or [(TAG_SLOTS[t], resp.mget(sub, b"p", ns.encode()))
+                                    for t, sub in zip(tags, subs, strict=True)]
+                batch += preads
+            async with self._guard():
+                res = await self.wave(batch, retry=True)
+            stale = not full and res[0] != cached[0]  # type: ignore[index]
+            if full:
+                cached = self._live[ns] = keys.live_map(res[0])
+            if not stale and (with_prov or not res[1]):
+                break
+            with_prov = with_prov or bool(res[1])
+        self._prov_seen[ns] = bool(res[1])
+        n = len(tags)
+        values = _scatter(order, res[2:2 + n])
+        pvalues = _scatter(order, res[2 + n:]) if res[1] and with_prov else None
+        assert cached is not None
+        return walk(values, pvalues, cached[1], now_ms, workers)
+
+    async def add_provisional(self, ns: str, hashes: Sequence[bytes], worker_id: str,
+                              start: int, now_ms: int, ttl_ms: int) -> None:
+        if start >= len(hashes):
+            return
+        by: dict[int, list[bytes]] = {}
+        for h in hashes[start:]:
+            pk = keys.prov_key(ns, h)
+            by.setdefault(pk[2], []).append(pk)
+        pw = len(next(iter(by.values()))[0])
+        head = [worker_id.encode(), _b(now_ms + ttl_ms), _b(now_ms), _b(ttl_ms), _b(pw)]
+        batch = [(SLOT_OF_BYTE[t], PROV_KEYS.call(pks[0], [*head, b"".join(pks)]))
+                 for t, pks in by.items()]
+        batch.append((CTL_SLOT, resp.command(b"SET", prov_marker(ns).encode(), b"1", b"PX",
+                                             _b(ttl_ms))))
+        async with self._guard():
+            await self.wave(batch)
