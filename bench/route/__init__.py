@@ -19,17 +19,18 @@ interleaved by rounds so all see the same machine load:
 
 - p50 / p99 of ``route(dry_run=True)`` per size (nothing changes between calls), then one
   pass without ``dry_run`` on the shipped replica (provisional entries and load accounting);
-- the ratio of each size's p50 to the 16-token p50 (goal: 8K <= 2.5x);
+- the ratio of each size's p50 to the 16-token p50 (goal: 8K <= 1.5x);
 - routes/s with ``threads`` threads sharing the client, per size, with the CPU time the
   service process, Redis and the client process spent per route meanwhile (``/proc``);
 - where the time goes, per size: the service's own handler time (its Prometheus histogram:
   sum / count over the dry-run pass), and each step of a route timed alone in this process:
   request build + serialize (client), parse + validate (service), block hashing (service;
-  cold and through its memo), ranking + the answer, the Lua lookup (in Redis and round
-  trip), response parsing;
+  cold and through its memo), ranking + the answer, the lookup (its Redis time, from SLOWLOG,
+  and its round trip), response parsing;
 - with ``--baseline PATH``, a third replica runs the service of another source tree (say a
-  checkout of main) over the same Redis, routed with the old ``token_ids`` field: before
-  and after side by side in one run (while both trees read the same Redis layout).
+  checkout of main before issue 16) over its own Redis and its own protocol fleet (its
+  index layout may differ), routed with the old ``token_ids`` field: before and after
+  side by side in one run.
 """
 from __future__ import annotations
 
@@ -77,13 +78,13 @@ def _print_table(res: dict[str, Any]) -> None:
     b = Table(title="Where the time goes (µs, each step timed alone in one process)")
     for col in ("prompt tokens", "client build+serialize", "service parse+validate",
                 "hashing cold", "hashing memo hit", "rank + answer", "service own",
-                "Lua in Redis", "lookup round trip", "response", "p50 live ms"):
+                "Redis µs (lookup)", "lookup round trip", "response", "p50 live ms"):
         b.add_column(col, justify="right")
     for r in res["sizes"]:
         b.add_row(f"{r['tokens']:,}", f"{r['client_build_us']:.0f}",
                   f"{r['parse_validate_us']:.0f}", f"{r['hash_cold_us']:.0f}",
                   f"{r['hash_memo_us']:.0f}", f"{r['rank_us']:.0f}",
-                  f"{own_cpu_us(r):.0f}", f"{r['lua_server_us']:.0f}",
+                  f"{own_cpu_us(r):.0f}", f"{r['lookup_server_us']:.0f}",
                   f"{r['lookup_us']:.0f}", f"{r['response_us']:.0f}",
                   f"{r['p50_ms_live']:.2f}")
     console.print(b)

@@ -113,6 +113,11 @@ def _stats(lat: list[float], base: list[float]) -> dict[str, float]:
             "ratio_p50": statistics.median(lat) / statistics.median(base)}
 
 
+def _group(variant: str) -> str:
+    """Which Redis (and protocol fleet) a variant's replica uses: the baseline its own."""
+    return "_base" if variant == "_base" else ""
+
+
 def run(workers: int = 8, routes: int = 400, rounds: int = 4, threads: int = 4,
         duration_s: float = 2.0, sizes: tuple[int, ...] = SIZES, seed: int = 0,
         baseline: str | None = None) -> dict:
@@ -144,18 +149,24 @@ def run(workers: int = 8, routes: int = 400, rounds: int = 4, threads: int = 4,
         variants["_base"] = ("1", {"PYTHONPATH": os.path.abspath(baseline),
                                    "PYTHONSAFEPATH": "1"}, False)
     ports = {v: free_port() for v in variants}
-    redis = start_redis()
+    # The baseline's index layout may differ from this tree's: it gets its own Redis and its
+    # own protocol fleet, indexed with the same prompts.
+    redises = {g: start_redis() for g in {_group(v) for v in variants}}
+    redis = redises[""]
     services = {v: ServerProcess(f"service{v}", "bench.route.serve", [str(ports[v]), memo],
-                                 env={"KVMESH_REDIS_URL": redis.url, **env})
+                                 env={"KVMESH_REDIS_URL": redises[_group(v)].url, **env})
                 for v, (memo, env, _) in variants.items()}
-    fleet: ProtocolFleet | None = None
+    fleets: dict[str, ProtocolFleet] = {}
     clients: dict[str, Any] = {}
     try:
         for svc in services.values():
             svc.start(60)
-        fleet = ProtocolFleet(str(services[""].address), workers).start()
         prompts = make_prompts(sizes, seed)
-        chains = index_prompts(fleet, prompts)
+        for g in redises:
+            fleets[g] = ProtocolFleet(str(services[g].address), workers).start()
+            indexed = index_prompts(fleets[g], prompts)
+            if g == "":
+                fleet, chains = fleets[g], indexed
         clients = {v: KvmeshClient(str(svc.address), packed_tokens=variants[v][2])
                    for v, svc in services.items()}
         deadline = time.monotonic() + 10
@@ -184,24 +195,26 @@ def run(workers: int = 8, routes: int = 400, rounds: int = 4, threads: int = 4,
         # slices of about half a second, replicas in turn (the order alternating), so that
         # a busy moment of the machine hits every replica alike
         slices = max(2, round(duration_s / 0.5))
-        redis_info = redis_py.Redis.from_url(redis.url)
+        infos = {g: redis_py.Redis.from_url(r.url) for g, r in redises.items()}
         for k in range(slices):
             for n in sizes:
                 for v in list(clients) if k % 2 == 0 else list(clients)[::-1]:
                     runs[v][n].append(_throughput(
                         clients[v], prompts[n], threads, duration_s / slices,
-                        {"service": services[v].pid}, redis_info))
-        redis_info.close()
+                        {"service": services[v].pid}, infos[_group(v)]))
+        for info in infos.values():
+            info.close()
         rps = {v: {n: _rates(runs[v][n]) for n in sizes} for v in variants}
         parts = breakdown(prompts, chains, redis.url, fleet.ids, repeats=50)
     finally:
         for client in clients.values():
             client.close()
-        if fleet is not None:
-            fleet.stop()
+        for f in fleets.values():
+            f.stop()
         for svc in services.values():
             svc.stop(5)
-        redis.stop()
+        for r in redises.values():
+            r.stop()
     rows = []
     for n in sizes:
         row: dict[str, Any] = {"tokens": n, "blocks": n // BLOCK_SIZE}
