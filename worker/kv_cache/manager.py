@@ -66,7 +66,7 @@ from .stats import Admissions, CacheStats, TierCounters
 from .tiered import TIER_NAMES, Tiers
 from .transfers import Transfer
 
-__all__ = ["TIER_NAMES", "KVCacheManager"]
+__all__ = ["TIER_NAMES", "KVCacheManager"]  # TIER_NAMES: defined here before tiered.py
 
 
 class KVCacheManager:
