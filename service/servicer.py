@@ -8,8 +8,9 @@ registered last -> FAILED_PRECONDITION ("stale incarnation", see ``service.index
 RegisterWorker for an id a live worker holds from another address or credential ->
 ALREADY_EXISTS (the state of the id, not the caller's rights, refuses it: a worker restarted
 on a new port gets it too, and its link retries until the old record expires),
-backend unreachable on a worker call -> UNAVAILABLE (retry). Route and Stats never fail
-because of the backend: they answer from the worker table with ``degraded=true``.
+backend unreachable on a worker call -> UNAVAILABLE (retry). The worker calls' bodies live
+in ``service.feed``. Route and Stats never fail because of the backend: they answer from the
+worker table with ``degraded=true``.
 PinPrefix needs the index to find the holders (UNAVAILABLE without it); UnpinPrefix does
 not; a worker that fails either is an error string in the answer (``service.pins``). A
 rejected request changes nothing. Every handler goes through :func:`_rpc`, so no handler
@@ -34,17 +35,15 @@ from typing import Any, TypeVar
 import grpc
 
 from kvmesh.auth import bearer
-from kvmesh.hashing import none_hash
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from service import validate
 from service.auth import fingerprint
 from service.clock import Clock, wall_ms
 from service.config import ServiceConfig
+from service.feed import WorkerFeed
 from service.hash_memo import BlockHashMemo
 from service.index.base import (
-    DIGEST_BYTES,
-    ApplyStatus,
     BlockCap,
     BlockMatch,
     IndexBackend,
@@ -53,7 +52,6 @@ from service.index.base import (
     StaleIncarnation,
     WorkerIdInUse,
     WorkerRecord,
-    namespace,
 )
 from service.liveness import WorkerTable
 from service.metrics import ServiceMetrics
@@ -116,6 +114,8 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         self._forced_refresh_ms = 0  # last refresh a Route forced (see _forced_refresh)
         self.pins = PinService(config, self.table, self._lookup, self._hashes,
                                self.policies["kvmesh"], self.rng, self.clock)
+        self.feed = WorkerFeed(config, backend, self.table, self.block_cap, self.metrics,
+                               self.clock)
 
     # --- backend health -----------------------------------------------------------------
 
@@ -137,109 +137,27 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         self.mark_up()
         self.metrics.live_workers.set(len(self.table.live(now)))
 
-    async def _record(self, worker_id: str) -> WorkerRecord:
-        rec = self.table.get(worker_id) or await self.backend.get_worker(worker_id)
-        if rec is None:
-            raise RequestError(grpc.StatusCode.NOT_FOUND, f"unknown worker {worker_id!r}: "
-                               "register it (RegisterWorker) first")
-        return rec
-
-    # --- worker RPCs --------------------------------------------------------------------
+    # --- worker RPCs (service.feed) -------------------------------------------------------
 
     @_rpc
     async def RegisterWorker(self, req: pb.RegisterWorkerRequest,
                              context: grpc.aio.ServicerContext) -> pb.RegisterWorkerResponse:
-        """Register (or re-register) a worker; the record remembers the fingerprint of the
-        credential presented, so a live worker id cannot be taken over by another one."""
+        """Register (or re-register) a worker under the fingerprint of the credential it
+        presents (``WorkerFeed.register``)."""
         credential = fingerprint(bearer(context.invocation_metadata()))
-        validate.register(req)
-        expected = none_hash(req.hash_algo, self.cfg.hash_seed)
-        if req.root_hash != expected:
-            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, (
-                f"root hash mismatch for model {req.model!r} ({req.hash_algo}): the worker's "
-                f"none_hash is {req.root_hash.hex()[:16]}..., this service expects "
-                f"{expected.hex()[:16]}... (seed {self.cfg.hash_seed!r}). Mismatched hashing "
-                "would give 0% cache hits: run workers and service with the same hash seed "
-                "(--hash-seed / PYTHONHASHSEED) and hash algo."))
-        ns = namespace(req.model, req.block_size, req.hash_algo)
-        now = self.clock()
-        rec = WorkerRecord(req.worker_id, ns, req.address, req.model, req.block_size,
-                           req.hash_algo, validate.load(req.load), heartbeat_ms=now,
-                           registered_ms=now, incarnation=req.incarnation,
-                           credential=credential)
-        had = await self.backend.register(
-            rec, live_after_ms=now - int(self.cfg.liveness_timeout_s * 1000))
-        self.table.upsert(rec)
-        self.metrics.resyncs.labels("register").inc()
-        log.info("registered worker %r at %r (ns %r%s)", req.worker_id, req.address, ns,
-                 ", replacing earlier state" if had else "")
-        return pb.RegisterWorkerResponse(
-            namespace=ns, resync=True,
-            heartbeat_interval_ms=int(self.cfg.heartbeat_interval_s * 1000),
-            liveness_timeout_ms=int(self.cfg.liveness_timeout_s * 1000))
+        return await self.feed.register(req, credential)
 
     @_rpc
     async def Heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
-        validate.worker_id(req.worker_id)
-        load = validate.load(req.load)
-        now = self.clock()
-        prev = self.table.get(req.worker_id)
-        # A worker back from the dead (a pause, a partition) rejoins with a snapshot: while it
-        # was out its entries may have been purged, or its events lost.
-        returning = prev is not None and not self.table.alive(prev, now)
-        try:
-            res = await self.backend.heartbeat(req.worker_id, load, req.last_seq, now,
-                                               req.incarnation)
-        except IndexUnavailable:
-            # the local table still takes it: degraded routing must see the worker alive
-            if prev is not None and prev.incarnation == req.incarnation:
-                self.table.heartbeat(req.worker_id, load, now)
-            raise
-        self.table.heartbeat(req.worker_id, load, now)
-        if not res.known:
-            self.table.remove(req.worker_id)
-            self.metrics.resyncs.labels("unknown_worker").inc()
-            return pb.HeartbeatResponse(resync=True, reregister=True)
-        # The index is behind what the worker had published a whole heartbeat ago, or ahead
-        # of what it says it published: it lost track, ask for a snapshot.
-        resync = res.last_seq < res.prev_reported_seq or res.last_seq > req.last_seq
-        if resync:
-            self.metrics.resyncs.labels("heartbeat_seq").inc()
-        elif returning:
-            resync = True
-            self.metrics.resyncs.labels("returned").inc()
-        return pb.HeartbeatResponse(resync=resync)
+        return await self.feed.heartbeat(req)
 
     @_rpc
     async def PublishEvents(self, req: pb.PublishEventsRequest) -> pb.PublishEventsResponse:
-        validate.worker_id(req.worker_id)
-        rec = await self._record(req.worker_id)
-        events = validate.events(list(req.events), DIGEST_BYTES[rec.algo], self.cfg)
-        res = await self.backend.apply_events(req.worker_id, events, req.incarnation,
-                                              self.block_cap)
-        if res.status is ApplyStatus.UNKNOWN_WORKER:
-            self.table.remove(req.worker_id)
-            raise RequestError(grpc.StatusCode.NOT_FOUND, f"unknown worker {req.worker_id!r} "
-                               "(purged or the index was emptied): register again")
-        if res.status is ApplyStatus.GAP:
-            self.metrics.resyncs.labels("gap").inc()
-            return pb.PublishEventsResponse(applied=0, resync=True, last_seq=res.last_seq)
-        self.metrics.events.inc(res.applied)
-        return pb.PublishEventsResponse(applied=res.applied, last_seq=res.last_seq)
+        return await self.feed.publish(req)
 
     @_rpc
     async def SyncWorker(self, req: pb.SyncWorkerRequest) -> pb.SyncWorkerResponse:
-        validate.worker_id(req.worker_id)
-        rec = await self._record(req.worker_id)
-        blocks = validate.snapshot(req, DIGEST_BYTES[rec.algo], self.cfg)
-        n = await self.backend.sync_worker(req.worker_id, req.seq, blocks, req.incarnation,
-                                           self.block_cap)
-        if n is None:
-            self.table.remove(req.worker_id)
-            raise RequestError(grpc.StatusCode.NOT_FOUND, f"unknown worker {req.worker_id!r}: "
-                               "register again")
-        log.info("worker %r synced: %d blocks at seq %d", req.worker_id, n, req.seq)
-        return pb.SyncWorkerResponse(indexed_blocks=n)
+        return await self.feed.sync(req)
 
     # --- router RPCs --------------------------------------------------------------------
 

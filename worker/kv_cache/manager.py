@@ -33,17 +33,9 @@ blocks (its own, or a batch-mate's that it hit in the same step). Blocks cached 
 steps (the first chunks of a chunked prefill, a preempted request's blocks) were written
 and stay cached.
 
-Lower tiers (``cpu_blocks`` > 0, optionally ``disk_blocks`` > 0; off by default, and then
-everything above is exactly as without them): blocks the pool evicts move down the tiers
-(:mod:`.offload`), and a waiting request whose chain continues below its device hits is
-onboarded first (:mod:`.onboard`):
-
-1'. Before admitting a waiting request: skip it while ``onboarding(req)``; else, with
-   ``hits`` from ``get_computed_blocks``, ``start_onboard(req, hits)``: ``True`` means a copy
-   was ordered, skip the request for now. Admission stays steps 1-3: the copied blocks
-   are device hits by then, and ``allocate_slots`` releases the hold on them.
-2'. Once per step after scheduling, the engine executes ``take_transfers()`` (offloads before
-   the forward) and reports each finished copy with ``finish_onboard``.
+Lower tiers (``cpu_blocks`` > 0; off by default, and then everything above is exactly as
+without them) add two steps to the sequence, 1' and 2' (:mod:`.tiered`); the manager holds
+them in a :class:`~.tiered.Tiers` and its tier methods delegate to it.
 
 Eviction order (``eviction``): "lru" is vLLM's free queue; "layered" hands out blocks holding
 decode-generated tokens (past ``req.num_prompt_tokens``) before prefill-computed ones. A block
@@ -51,8 +43,8 @@ is marked when cached, and becomes a prefill block when a later admission hits i
 prompt (it is shared now, as a multi-turn history is).
 
 Pins (:mod:`.pins`): :meth:`KVCacheManager.pin` keeps a cached chain's device blocks resident
-for a TTL refreshed by use; ``auto_pin=True`` pins blocks hit by many requests. Pins are
-applied and expired between steps (:meth:`KVCacheManager.step` runs their tick first).
+for a TTL refreshed by use; ``auto_pin=True`` pins hot blocks. :meth:`KVCacheManager.step`
+applies and expires them first, so they change only between steps.
 
 Not thread-safe: call everything, ``take_events`` included, from the engine's loop.
 """
@@ -67,14 +59,14 @@ from kvmesh.hashing import ALGOS, DEFAULT_ALGO, extend_block_hashes, extra_keys
 from .block import Extra, KVCacheBlock
 from .block_pool import BlockPool
 from .events import CacheSnapshot, KVEvent
-from .offload import DiskEntry, Offloader
-from .onboard import Onboarder, Read
+from .offload import DiskEntry
 from .pins import PinTable
 from .request import KVRequest
 from .stats import Admissions, CacheStats, TierCounters
+from .tiered import TIER_NAMES, Tiers
 from .transfers import Transfer
 
-TIER_NAMES = ("gpu", "cpu", "disk")
+__all__ = ["TIER_NAMES", "KVCacheManager"]  # TIER_NAMES: defined here before tiered.py
 
 
 class KVCacheManager:
@@ -95,12 +87,7 @@ class KVCacheManager:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if hash_algo not in ALGOS:
             raise ValueError(f"unknown hash algo {hash_algo!r}; valid: {', '.join(ALGOS)}")
-        if cpu_blocks < 0 or disk_blocks < 0:
-            raise ValueError("cpu_blocks and disk_blocks must be >= 0")
-        if disk_blocks and not cpu_blocks:
-            raise ValueError("a disk tier needs a CPU tier (blocks spill to disk from it)")
-        if cpu_blocks and tier != "gpu":
-            raise ValueError("lower tiers sit below the device pool (tier='gpu')")
+        Tiers.check(tier, cpu_blocks, disk_blocks)
         self.block_size = block_size
         self.hash_algo = hash_algo
         self.hash_seed = hash_seed
@@ -114,11 +101,11 @@ class KVCacheManager:
         self._first = Admissions()      # first admissions: the hit rate's counters
         self._preempted = Admissions()  # re-admissions after preemption, kept apart
         self._unwritten: list[KVCacheBlock] | None = None  # cached by the open step
-        self.offloader = Offloader(self.pool, cpu_blocks, disk_blocks) if cpu_blocks else None
-        self._onboards = (None if self.offloader is None
-                          else Onboarder(self.pool, self.offloader, block_size))
-        self._by_tier: dict[str, dict[str, int]] = {}  # request id -> fixed at 1st admission
-        self._hit_tokens = dict.fromkeys(TIER_NAMES, 0)  # first admissions, per tier
+        self._tiers = Tiers(self.pool, block_size, cpu_blocks, disk_blocks,
+                            enable_caching=enable_caching, update_hashes=self._update_hashes,
+                            extra=self._extra)
+        self.offloader = self._tiers.offloader  # None without lower tiers
+        self._onboards = self._tiers.onboards
 
     # --- sizing -----------------------------------------------------------------------
 
@@ -184,72 +171,38 @@ class KVCacheManager:
             parent = block
         return hits, len(hits) * bs
 
-    # --- lower tiers (cpu_blocks > 0; see onboard.py and offload.py) ------------------
+    # --- lower tiers (cpu_blocks > 0; see tiered.py) ---------------------------------
 
     def start_onboard(self, req: KVRequest, hits: Sequence[KVCacheBlock]) -> bool:
-        """Order the copy to the device of the CPU/disk blocks continuing a waiting request's
-        chain after its device ``hits`` (from :meth:`get_computed_blocks`), holding the
-        hits and fresh blocks for it (``Onboarder.start``). ``False``, changing nothing,
-        when nothing below matches, no block is free, the request already holds an onboard
-        (or its onboard failed: it recomputes) or has a block table."""
-        onboards = self._onboards
-        if (onboards is None or req.request_id in self._blocks
-                or not onboards.can_start(req.request_id)):
-            return False
-        reads = self._lower_matches(req, hits)
-        if not reads:
-            return False
-        extras = ([self._extra(req, i) for i in range(len(hits), len(hits) + len(reads))]
-                  if req.has_extra_keys else None)
-        return onboards.start(req.request_id, hits, reads, req.block_hashes, req.token_ids,
-                              extras)
+        """:meth:`Tiers.start_onboard` (``hits`` from :meth:`get_computed_blocks`);
+        ``False``, changing nothing, for a request that has a block table."""
+        return req.request_id not in self._blocks and self._tiers.start_onboard(req, hits)
 
     def onboarding(self, req: KVRequest) -> bool:
         """Whether this request's copy is in flight (it must not be admitted yet)."""
-        return self._onboards is not None and self._onboards.in_flight(req.request_id)
+        return self._tiers.onboarding(req.request_id)
 
     def finish_onboard(self, request_id: str, ok: bool,
                        failed: Iterable[tuple[str, bytes]] = ()) -> None:
-        """The copy of ``request_id`` ended; ``failed``: the ``(tier, block_hash)`` sources
-        that could not be read (``Onboarder.finish``). ``ValueError`` if none in flight."""
-        if self._onboards is None:
-            raise ValueError("no lower tiers (cpu_blocks=0)")
-        self._onboards.finish(request_id, ok, failed)
+        """:meth:`Tiers.finish_onboard`: the copy of ``request_id`` ended."""
+        self._tiers.finish_onboard(request_id, ok, failed)
 
     def release_holds(self, keep: KVRequest | None = None) -> int:
         """Release finished onboards' holds but ``keep``'s (the scheduler's blocked head)."""
-        if self._onboards is None:
-            return 0
-        return self._onboards.release_idle(None if keep is None else keep.request_id)
+        return self._tiers.release_holds(None if keep is None else keep.request_id)
 
     def match_by_tier(self, req: KVRequest) -> dict[str, int]:
         """Tokens of the longest verified prefix held now, per tier; changes nothing."""
         hits, n = self.get_computed_blocks(req)
-        out = dict.fromkeys(TIER_NAMES, 0)
-        out["gpu"] = n
-        for tier, _ in self._lower_matches(req, hits):
-            out[tier.name] += self.block_size
-        return out
-
-    def _lower_matches(self, req: KVRequest, hits: Sequence[KVCacheBlock]) -> list[Read]:
-        if self._onboards is None or not self.enable_caching:
-            return []
-        self._update_hashes(req)
-        stop = min((req.num_tokens - 1) // self.block_size, len(req.block_hashes))
-        return self._onboards.match(req.block_hashes, req.token_ids, hits, stop,
-                                    lambda i: self._extra(req, i))
+        return self._tiers.match_by_tier(req, hits, n)
 
     def take_transfers(self) -> list[Transfer]:
         """Copy orders since the last call, oldest first (see :mod:`.transfers`)."""
-        return [] if self.offloader is None else self.offloader.take_transfers()
+        return self._tiers.take_transfers()
 
     def restore_disk(self, entries: Iterable[DiskEntry]) -> list[bytes]:
-        """Rebuild the disk tier at start from its files (``Offloader.restore_disk``);
-        returns the hashes kept."""
-        if self.offloader is None:
-            raise ValueError("no disk tier (disk_blocks=0)")
-        return self.offloader.restore_disk(entries, self.block_size, self.hash_algo,
-                                           self.hash_seed)
+        """:meth:`Tiers.restore_disk`: the disk tier rebuilt at start; the hashes kept."""
+        return self._tiers.restore_disk(entries, self.hash_algo, self.hash_seed)
 
     def allocate_slots(self, req: KVRequest, num_new_tokens: int,
                        new_computed_blocks: Sequence[KVCacheBlock] = (),
@@ -269,8 +222,8 @@ class KVCacheManager:
             raise ValueError(f"num_new_tokens must be >= 1, got {num_new_tokens}")
         hits = list(new_computed_blocks)
         table = self._blocks.get(req.request_id)
-        if table is None and self._onboards is not None:
-            self._onboards.check_admission(req.request_id)
+        if table is None:
+            self._tiers.check_admission(req.request_id)
         if hits:
             self._check_hits(req, table, hits, num_new_computed_tokens)
         elif num_new_computed_tokens:
@@ -298,8 +251,8 @@ class KVCacheManager:
         new_blocks = self.pool.get_new_blocks(num_new_blocks) if num_new_blocks else []
         table.extend(new_blocks)
         if admission:
-            lower = {} if self._onboards is None else self._onboards.admit(req.request_id, hits)
-            self._record(req, num_new_computed_tokens, lower)
+            self._tiers.admit(req, hits, num_new_computed_tokens)
+            self._record(req, num_new_computed_tokens)
         if self.enable_caching:
             self._cache_blocks(req, table, min(num_computed + num_new_tokens, req.num_tokens))
         return new_blocks
@@ -358,25 +311,16 @@ class KVCacheManager:
         finally:
             self._unwritten = None
 
-    def _record(self, req: KVRequest, num_hits: int, lower: dict[str, int]) -> None:
+    def _record(self, req: KVRequest, num_hits: int) -> None:
         counts = self._preempted if req.num_preemptions else self._first
         counts.add(req.num_tokens, num_hits)
-        if not req.num_preemptions:
-            by_tier = dict.fromkeys(TIER_NAMES, 0)
-            by_tier.update(lower)
-            by_tier["gpu"] = num_hits - sum(lower.values())
-            self._by_tier[req.request_id] = by_tier
-            for name, n in by_tier.items():
-                self._hit_tokens[name] += n
 
     def free(self, req: KVRequest) -> None:
         """Release the request's blocks, last block first, so the tail of its chain is
         evicted before its (more shareable) head, and its hold (at ``finish_onboard`` if a
         copy is in flight). Freeing an unknown request is a no-op."""
         self._release_table(req)
-        self._by_tier.pop(req.request_id, None)
-        if self._onboards is not None:
-            self._onboards.free(req.request_id)
+        self._tiers.free(req.request_id)
 
     def _release_table(self, req: KVRequest) -> None:
         table = self._blocks.pop(req.request_id, None)
@@ -405,8 +349,7 @@ class KVCacheManager:
         self.pins.release_all()
         if not self.pool.reset_prefix_cache():
             return False
-        if self.offloader is not None:
-            self.offloader.clear()
+        self._tiers.clear()
         return True
 
     # --- pins -------------------------------------------------------------------------
@@ -477,33 +420,17 @@ class KVCacheManager:
         """Every hash held, on every tier (``tiers[i]`` says where; a hash on two tiers is
         listed twice), and the last event seq it reflects (for a full resync with the
         metadata service)."""
-        snap = self.pool.snapshot()
-        if self.offloader is None:
-            return snap
-        for tier in self.offloader.tiers:
-            for entry in tier:
-                snap.block_hashes.append(entry.block_hash)
-                snap.parents.append(entry.parent_hash)
-                snap.tiers.append(tier.name)
-        return snap
+        return self._tiers.add_to_snapshot(self.pool.snapshot())
 
     def cached_tokens_by_tier(self, req: KVRequest) -> dict[str, int]:
         """Tokens of ``req`` served from each tier (``gpu``, ``cpu``, ``disk``), fixed at its
         first admission (onboarded blocks count for the tier they came from); zeros for a
         request not admitted yet or freed."""
-        return dict(self._by_tier.get(req.request_id) or dict.fromkeys(TIER_NAMES, 0))
+        return self._tiers.cached_tokens(req.request_id)
 
     def tier_stats(self) -> dict[str, TierCounters]:
         """Counters of each enabled tier (see :class:`TierCounters`)."""
-        pool, lower = self.pool, self.offloader
-        moved = 0 if lower is None else lower.device_offloads
-        out = {"gpu": TierCounters(pool.num_blocks, pool.num_cached_blocks,
-                                   self._hit_tokens["gpu"], pool.evictions - moved, moved, 0)}
-        for tier in () if lower is None else lower.tiers:
-            out[tier.name] = TierCounters(tier.num_slots, len(tier),
-                                          self._hit_tokens[tier.name], tier.evictions,
-                                          tier.offloads, tier.onboard_blocks)
-        return out
+        return self._tiers.stats()
 
     @property
     def stats(self) -> CacheStats:
