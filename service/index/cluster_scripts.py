@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from service.index.prov_script import PROVISIONAL_KEYS
 from service.index.scripts import BASE, PRELUDE, REGISTER_STEPS
+from service.index.sweep_script import DROP_ENTRIES
 
 __all__ = ["APPLY_BEGIN", "APPLY_END", "BUSY_MS", "HEARTBEAT", "LOST", "PEND_STALE_MS",
            "PROVISIONAL_KEYS", "REGISTER", "SWEEP_BEGIN", "SWEEP_STEP", "SYNC_BEGIN",
@@ -295,25 +296,8 @@ return 2
 # KEYS[1] = a key of the tag's slot; ARGV[1] = the cycle's handles (3 bytes each),
 # ARGV[2..] = block keys of the slot (found by SCAN)
 # Drops the handles' entries (a key left without one is deleted); returns how many.
-TAG_CLEAN = BASE + r"""
+TAG_CLEAN = BASE + DROP_ENTRIES + r"""
 local gone = {}
 for p = 1, #ARGV[1], 3 do gone[string.sub(ARGV[1], p, p + 2)] = true end
-local dropped = 0
-for a = 2, #ARGV, 1000 do
-  local b = math.min(#ARGV, a + 999)
-  local vals = redis.call('MGET', unpack(ARGV, a, b))
-  for j = a, b do
-    local v = vals[j - a + 1]
-    if v then
-      local keep = {}
-      for p = 1, #v, EB do
-        if gone[string.sub(v, p, p + 2)] then dropped = dropped + 1
-        else keep[#keep + 1] = string.sub(v, p, p + EB - 1) end
-      end
-      if #keep == 0 then redis.call('DEL', ARGV[j])
-      elseif #keep * EB < #v then redis.call('SET', ARGV[j], table.concat(keep)) end
-    end
-  end
-end
-return dropped
+return drop_entries(ARGV, 2, #ARGV, gone)
 """
