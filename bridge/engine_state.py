@@ -41,6 +41,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from bridge.copies import Copies
 from bridge.extra_keys import Unroutable, block_extra, event_lora
 from bridge.index_events import IndexEvents, snapshot_runs
 from kvmesh import vllm_events as ve
@@ -71,25 +72,6 @@ class StateStats:
     unroutable: Counter[str] = field(default_factory=Counter)  # by reason, per new block
 
 
-class _Block:
-    """One engine hash: its chain hash (``None``: unroutable) and copies per tier."""
-    __slots__ = ("chain", "copies")
-
-    def __init__(self, chain: bytes | None) -> None:
-        self.chain = chain
-        self.copies = [0, 0, 0]
-
-
-class _Held:
-    """One chain hash in the index: its parent (b"" at block 0) and, per tier, how many
-    engine hashes hold it (more than one only if distinct engine hashes rebuild to it)."""
-    __slots__ = ("parent", "engines")
-
-    def __init__(self, parent: bytes) -> None:
-        self.parent = parent
-        self.engines = [0, 0, 0]
-
-
 class EngineState:
     """The index's view of one engine (one data-parallel rank); see the module contract."""
 
@@ -105,11 +87,8 @@ class EngineState:
         self.group = group
         self.stats = StateStats()
         self.out_seq = 0
-        self._blocks: dict[ve.ExternalBlockHash, _Block] = {}
-        # engine hash -> chain hash of blocks no longer held, oldest first (dict order)
         self.memo_blocks = memo_blocks
-        self._memo: dict[ve.ExternalBlockHash, bytes] = {}
-        self._held: dict[bytes, _Held] = {}
+        self._copies = Copies(memo_blocks)
         self._expected: int | None = None
         # the engine's timestamp of the last batch ingested (its wall clock); None after clear()
         self.last_ts: float | None = None
@@ -194,31 +173,36 @@ class EngineState:
         lora = None
         if ev.block_size != bs or len(ev.token_ids) != n * bs:
             reason = "block_size"
-        else:
+        elif ev.lora_name is not None or ev.lora_id is not None:
             try:
                 lora = event_lora(ev.lora_name, ev.lora_id, self.loras)
             except Unroutable as e:
                 reason = e.reason
+        cp = self._copies
+        blocks, memo = cp.chain, cp.memo
         if ev.parent_block_hash is None:
             parent: bytes | None = b""
         else:
-            pb = self._blocks.get(ev.parent_block_hash)
-            parent = pb.chain if pb is not None else None
-            if pb is None and reason is None:
+            parent = blocks.get(ev.parent_block_hash)
+            if ev.parent_block_hash not in blocks and reason is None:
                 reason = "orphan"
         self.stats.stored_blocks += n
-        blocks, memo = self._blocks, self._memo
+        if (n and blocks.keys().isdisjoint(hashes) and memo.keys().isdisjoint(hashes)
+                and len(set(hashes)) == n):
+            # the common case: a run of new blocks, rebuilt and held in bulk
+            chains, _ = self._rebuild(ev, 0, n, parent, lora, reason)
+            cp.hold_new(hashes, chains, parent, t, runs)
+            return
         i = 0
         while i < n:
             h = hashes[i]
-            blk = blocks.get(h)
-            if blk is None and parent is not None and reason is None:
+            if h not in blocks and parent is not None and reason is None:
                 chain = memo.pop(h, None)
                 if chain is not None:
-                    blk = blocks[h] = _Block(chain)
+                    blocks[h] = chain
                     self.stats.memo_hits += 1
-            if blk is not None:
-                parent = self._hold(blk, parent, t, runs)
+            if h in blocks:
+                parent = cp.hold(h, parent, t, runs)
                 i += 1
                 continue
             # a run of new engine hashes: rebuilt with one chain_hashes call (each token
@@ -228,10 +212,8 @@ class EngineState:
                 j += 1
             chains, reason = self._rebuild(ev, i, j, parent, lora, reason)
             for k in range(i, j):
-                blk = blocks.get(hashes[k])  # a hash repeated inside the run: one block
-                if blk is None:
-                    blk = blocks[hashes[k]] = _Block(chains[k - i])
-                parent = self._hold(blk, parent, t, runs)
+                blocks.setdefault(hashes[k], chains[k - i])  # a hash repeated in the run
+                parent = cp.hold(hashes[k], parent, t, runs)
             i = j
 
     def _rebuild(self, ev: ve.BlockStored, i: int, j: int, parent: bytes | None,
@@ -263,59 +245,17 @@ class EngineState:
             out.extend([None] * (j - i - len(out)))
         return out, reason
 
-    def _hold(self, blk: _Block, parent: bytes | None, t: int, runs: IndexEvents
-              ) -> bytes | None:
-        """One more copy of ``blk`` on tier ``t`` (its chain parent ``parent``); the index
-        hears ``stored`` when the chain hash gains its first copy there. Returns the block's
-        chain hash: the parent of the next block."""
-        copies = blk.copies
-        copies[t] += 1
-        chain = blk.chain
-        if copies[t] == 1 and chain is not None:
-            held = self._held.get(chain)
-            if held is None:
-                held = self._held[chain] = _Held(parent or b"")
-            held.engines[t] += 1
-            if held.engines[t] == 1:
-                runs.stored(chain, held.parent, t)
-        return chain
-
     def _removed(self, ev: ve.BlockRemoved, runs: IndexEvents) -> None:
         t = self._tier(ev)
         if t is None:
             return
-        blocks, held_map, memo, cap = self._blocks, self._held, self._memo, self.memo_blocks
-        unknown = 0
-        for h in ev.block_hashes:
-            blk = blocks.get(h)
-            if blk is None or blk.copies[t] == 0:
-                unknown += 1
-                continue
-            copies, chain = blk.copies, blk.chain
-            copies[t] -= 1
-            if copies[t]:
-                continue
-            if chain is not None:
-                held = held_map[chain]
-                held.engines[t] -= 1
-                if not held.engines[t]:
-                    runs.removed(chain, t)
-                    if not any(held.engines):
-                        del held_map[chain]
-            if not any(copies):
-                del blocks[h]
-                if chain is not None and cap:
-                    memo[h] = chain
-                    if len(memo) > cap:
-                        del memo[next(iter(memo))]
+        unknown = self._copies.release(ev.block_hashes, t, runs)
         self.stats.unknown_removes += unknown
         self.stats.removed_blocks += len(ev.block_hashes) - unknown
 
     def _forget(self, runs: IndexEvents) -> None:
         self.stats.clears += 1
-        self._blocks.clear()
-        self._held.clear()
-        self._memo.clear()
+        self._copies.clear()
         runs.cleared()
 
     def _next_out(self) -> int:
@@ -327,15 +267,16 @@ class EngineState:
     @property
     def indexed_blocks(self) -> int:
         """Chain hashes the index holds for this engine (any tier)."""
-        return len(self._held)
+        return len(self._copies.parent)
 
     def held(self, chain: bytes) -> set[str]:
         """The tiers on which the index holds ``chain`` for this engine."""
-        h = self._held.get(chain)
-        return {t for t, i in TIER_INDEX.items() if h is not None and h.engines[i]}
+        on = self._copies.held_on(chain)
+        return {t for t, i in TIER_INDEX.items() if on[i]}
 
     def snapshot(self) -> tuple[int, list[index_pb2.BlockStored]]:
         """(``out_seq``, the index's whole view) for ``SyncWorker``: per tier, runs of chained
         blocks, each run one ``BlockStored`` whose ``parent_hash`` is its first block's."""
+        cp = self._copies
         return self.out_seq, snapshot_runs(
-            (chain, h.parent, h.engines) for chain, h in self._held.items())
+            (chain, parent, cp.held_on(chain)) for chain, parent in cp.parent.items())

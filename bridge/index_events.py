@@ -42,6 +42,31 @@ class IndexEvents:
             self.kind, self.tier = "removed", tier
         self.hashes.append(chain)
 
+    def stored_run(self, chains: Sequence[bytes], parent: bytes, tier: int) -> None:
+        """``stored`` of each of ``chains`` in order, each the parent of the next: the same
+        events, a slice at a time."""
+        i, n = 0, len(chains)
+        while i < n:
+            if not (self.kind == "stored" and self.tier == tier and self.hashes[-1] == parent
+                    and len(self.hashes) < MAX_RUN):
+                self.flush()
+                self.kind, self.tier, self.parent = "stored", tier, parent
+            part = chains[i:i + MAX_RUN - len(self.hashes)]
+            self.hashes.extend(part)
+            i += len(part)
+            parent = part[-1]
+
+    def removed_run(self, chains: Sequence[bytes], tier: int) -> None:
+        """``removed`` of each of ``chains`` in order: the same events, a slice at a time."""
+        i, n = 0, len(chains)
+        while i < n:
+            if not (self.kind == "removed" and self.tier == tier and len(self.hashes) < MAX_RUN):
+                self.flush()
+                self.kind, self.tier = "removed", tier
+            part = chains[i:i + MAX_RUN - len(self.hashes)]
+            self.hashes.extend(part)
+            i += len(part)
+
     def cleared(self) -> None:
         self.flush()
         self.events.append(index_pb2.KvEvent(seq=self.next_seq(),
