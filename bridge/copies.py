@@ -26,8 +26,9 @@ events and their order of the per-block forms; they only apply when their precon
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
+from itertools import repeat
 
 from bridge.index_events import IndexEvents
 
@@ -35,8 +36,12 @@ TIERS = (0, 1, 2)
 
 
 class Copies:
-    def __init__(self, memo_blocks: int) -> None:
+    """One engine's copies (see the module docstring). ``bulk=False``: every change block by
+    block, the reference the bulk forms are tested against."""
+
+    def __init__(self, memo_blocks: int, bulk: bool = True) -> None:
         self.memo_blocks = memo_blocks
+        self.bulk = bulk
         self.chain: dict[Hashable, bytes | None] = {}
         self.copies: tuple[set, set, set] = (set(), set(), set())
         self.extra: tuple[dict, dict, dict] = ({}, {}, {})
@@ -121,7 +126,7 @@ class Copies:
         ct, xt = self.copies[t], self.extra[t]
         if ct.isdisjoint(hashes):  # none held there (stored before a clear): change nothing
             return len(hashes)
-        if self._release_fast(hashes, t, runs):
+        if self.bulk and self._release_fast(hashes, t, runs):
             return 0
         unknown = 0
         for h in hashes:
@@ -164,29 +169,31 @@ class Copies:
     def _release_fast(self, hashes: Sequence[Hashable], t: int, runs: IndexEvents) -> bool:
         """The whole removal in bulk when it is the common case: distinct hashes, each the
         only copy on tier ``t`` of a hash held on no other tier, whose chain hashes (distinct)
-        no other engine hash or tier holds. ``False`` (nothing done) otherwise."""
+        no other engine hash or tier holds. ``False`` (nothing changed) otherwise."""
         hs = set(hashes)
-        ct, xt = self.copies[t], self.extra[t]
-        if len(hs) != len(hashes) or not hs <= ct or (xt and not xt.keys().isdisjoint(hs)):
+        ct = self.copies[t]
+        if len(hs) != len(hashes) or not hs <= ct:
             return False
-        others = [self.copies[u] for u in TIERS if u != t]
-        if any(o and not o.isdisjoint(hs) for o in others):
+        xt, mt, on_t = self.extra[t], self.more[t], self.on[t]
+        if xt and not xt.keys().isdisjoint(hs):
             return False
-        chains = list(map(self.chain.__getitem__, hashes))
-        routable = [c for c in chains if c is not None] if None in chains else chains
+        for o in self.copies:
+            if o and o is not ct and not o.isdisjoint(hs):
+                return False
+        chain = self.chain
+        chains = list(map(chain.pop, hashes))
+        routable = chains if None not in chains else [c for c in chains if c is not None]
         cs = set(routable)
-        mt = self.more[t]
-        if len(cs) != len(routable) or (mt and not mt.keys().isdisjoint(cs)):
-            return False
-        if any(o and not o.isdisjoint(cs) for o in (self.on[u] for u in TIERS if u != t)):
+        ok = len(cs) == len(routable) and not (mt and not mt.keys().isdisjoint(cs))
+        for o in self.on:
+            if ok and o and o is not on_t and not o.isdisjoint(cs):
+                ok = False
+        if not ok:
+            chain.update(zip(hashes, chains, strict=True))  # as it was: go block by block
             return False
         ct.difference_update(hs)
-        pop_chain, pop_parent = self.chain.pop, self.parent.pop
-        for h in hashes:
-            pop_chain(h)
-        self.on[t].difference_update(cs)
-        for c in routable:
-            pop_parent(c)
+        on_t.difference_update(cs)
+        deque(map(self.parent.pop, routable), 0)
         runs.removed_run(routable, t)
         if routable is chains:
             self._remember(hashes, chains)
@@ -202,6 +209,5 @@ class Copies:
         if not cap:
             return
         memo.update(zip(hashes, chains, strict=True))
-        drop = memo.popitem
-        for _ in range(len(memo) - cap):
-            drop(last=False)
+        if len(memo) > cap:
+            deque(map(memo.popitem, repeat(False, len(memo) - cap)), 0)  # the oldest

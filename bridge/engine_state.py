@@ -73,11 +73,14 @@ class StateStats:
 
 
 class EngineState:
-    """The index's view of one engine (one data-parallel rank); see the module contract."""
+    """The index's view of one engine (one data-parallel rank); see the module contract.
+
+    ``bulk=False`` applies every event block by block: the same results, slower (the
+    reference the bulk paths are tested against)."""
 
     def __init__(self, *, block_size: int, algo: str = DEFAULT_ALGO, seed: str | None = None,
                  loras: Mapping[str, str] | None = None, group: int = 0,
-                 memo_blocks: int = 65_536) -> None:
+                 memo_blocks: int = 65_536, bulk: bool = True) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
@@ -88,7 +91,7 @@ class EngineState:
         self.stats = StateStats()
         self.out_seq = 0
         self.memo_blocks = memo_blocks
-        self._copies = Copies(memo_blocks)
+        self._copies = Copies(memo_blocks, bulk)
         self._expected: int | None = None
         # the engine's timestamp of the last batch ingested (its wall clock); None after clear()
         self.last_ts: float | None = None
@@ -187,7 +190,7 @@ class EngineState:
             if ev.parent_block_hash not in blocks and reason is None:
                 reason = "orphan"
         self.stats.stored_blocks += n
-        if (n and blocks.keys().isdisjoint(hashes) and memo.keys().isdisjoint(hashes)
+        if (cp.bulk and n and blocks.keys().isdisjoint(hashes) and memo.keys().isdisjoint(hashes)
                 and len(set(hashes)) == n):
             # the common case: a run of new blocks, rebuilt and held in bulk
             chains, _ = self._rebuild(ev, 0, n, parent, lora, reason)
@@ -235,10 +238,11 @@ class EngineState:
                     except Unroutable as e:
                         reason = e.reason
                         break
-            bs = self.block_size
+            bs, tokens = self.block_size, ev.token_ids
             m = j - i if extras is None else len(extras)
-            out.extend(chain_hashes(parent or self.root, ev.token_ids[i * bs:(i + m) * bs], bs,
-                                    extras, self.algo))
+            if i or (i + m) * bs != len(tokens):  # the whole event needs no copy
+                tokens = tokens[i * bs:(i + m) * bs]
+            out = chain_hashes(parent or self.root, tokens, bs, extras, self.algo)
             self.stats.rehashed += m
         if len(out) < j - i:
             self.stats.unroutable[reason or "parent_unroutable"] += j - i - len(out)

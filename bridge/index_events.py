@@ -76,12 +76,13 @@ class IndexEvents:
         if not self.hashes:
             return
         seq, tier = self.next_seq(), PB_TIERS[self.tier]
+        # a dict builds the sub-message in place (a message argument would be copied)
         if self.kind == "stored":
-            ev = index_pb2.KvEvent(seq=seq, stored=index_pb2.BlockStored(
-                block_hashes=self.hashes, parent_hash=self.parent, tier=tier))
+            ev = index_pb2.KvEvent(seq=seq, stored={
+                "block_hashes": self.hashes, "parent_hash": self.parent, "tier": tier})
         else:
-            ev = index_pb2.KvEvent(seq=seq, removed=index_pb2.BlockRemoved(
-                block_hashes=self.hashes, tier=tier))
+            ev = index_pb2.KvEvent(seq=seq, removed={"block_hashes": self.hashes,
+                                                     "tier": tier})
         self.events.append(ev)
         self.kind, self.hashes = "", []
 

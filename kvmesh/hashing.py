@@ -319,7 +319,8 @@ def chain_hashes(parent: bytes, token_ids: Sequence[int], block_size: int,
             cuts = starts[::block_size].tolist()  # the stream's offset of each block
             bodies = [stream[cuts[i]:cuts[i + 1]] for i in range(n)]
         else:
-            enc = _cbor_tokens(token_ids[:n * block_size])
+            enc = _cbor_tokens(token_ids if len(token_ids) == n * block_size
+                               else token_ids[:n * block_size])
             bodies = [join(enc[k:k + block_size]) for k in range(0, n * block_size, block_size)]
         tails = [_CBOR_NULL] * n if extras is None else [_cbor_extra(x) for x in extras[:n]]
         for body, tail in zip(bodies, tails, strict=True):
