@@ -41,7 +41,7 @@ def engines(draw):
     chains, loras = [], []
     for c in range(draw(st.integers(1, 3))):
         kind = draw(st.sampled_from(KINDS))
-        n = draw(st.integers(1, 6))
+        n = draw(st.integers(1, 12))
         as_bytes = draw(st.booleans())
         blocks = []
         if c and draw(st.booleans()):  # a prefix shared with the first chain
@@ -75,45 +75,63 @@ def engines(draw):
 
 
 def ops(n_chains: int, dups: bool):
+    """Batches of ops; a start of -1 is the common case: a store continues the chain where
+    its last store ended, a removal takes back the chain's last stored run."""
     c = st.integers(0, n_chains - 1)
-    store = st.tuples(st.just("store"), c, st.integers(0, 5), st.integers(1, 6),
-                      st.sampled_from(MEDIUMS), st.booleans() if dups else st.just(False))
-    remove = st.tuples(st.just("remove"), c, st.integers(0, 5), st.integers(1, 6),
-                       st.sampled_from(MEDIUMS), st.booleans(), st.booleans())
+    start = st.one_of(st.just(-1), st.just(-1), st.integers(0, 11))
+    medium = st.one_of(st.just("GPU"), st.sampled_from(MEDIUMS))
+    store = st.tuples(st.just("store"), c, start, st.integers(1, 4), medium,
+                      st.booleans() if dups else st.just(False))
+    remove = st.tuples(st.just("remove"), c, start, st.integers(1, 4), medium, st.booleans(),
+                       st.booleans())
     other = st.sampled_from([("clear",), ("group",), ("medium",)])
     return st.lists(st.lists(st.one_of(store, store, remove, remove, other), min_size=1,
-                             max_size=3), max_size=25)
+                             max_size=3), min_size=3, max_size=30)
 
 
-def event(op, chains, loras):
-    kind = op[0]
-    if kind in ("clear", "group", "medium"):
-        if kind == "clear":
-            return ve.AllBlocksCleared()
-        return ve.BlockRemoved(block_hashes=[1], medium="GPU" if kind == "group" else "NVME",
-                               group_idx=1 if kind == "group" else None)
-    _, c, i, n, medium, flag = op[:6]
-    blocks = chains[c]
-    i = min(i, len(blocks) - 1)
-    run = blocks[i:i + n]
-    hashes = [h for h, _, _ in run]
-    if kind == "remove":
-        if flag:
-            hashes.append(99)  # never stored
-        if op[6]:
-            hashes.reverse()
-        return ve.BlockRemoved(block_hashes=hashes, medium=medium)
-    tokens = [t for _, tok, _ in run for t in tok]
-    keys = [k for _, _, k in run]
-    if flag:  # a hash repeated inside the event (no engine does that; the state must cope)
-        hashes.append(hashes[0])
-        tokens += run[0][1]
-        keys.append(run[0][2])
-    lora_name, lora_id = loras[c]
-    return ve.BlockStored(block_hashes=hashes, parent_block_hash=blocks[i - 1][0] if i else None,
-                          token_ids=tokens, block_size=BS, lora_id=lora_id, medium=medium,
-                          lora_name=lora_name,
-                          extra_keys=keys if any(k is not None for k in keys) else None)
+class Engine:
+    """Turns ops into vLLM events over ``chains``, remembering each chain's last stored run."""
+
+    def __init__(self, chains, loras) -> None:
+        self.chains, self.loras = chains, loras
+        self.last: dict[int, tuple[int, int, str | None]] = {}  # chain -> (start, n, medium)
+
+    def event(self, op):
+        kind = op[0]
+        if kind in ("clear", "group", "medium"):
+            if kind == "clear":
+                return ve.AllBlocksCleared()
+            return ve.BlockRemoved(block_hashes=[1], medium="GPU" if kind == "group" else
+                                   "NVME", group_idx=1 if kind == "group" else None)
+        _, c, i, n, medium, flag = op[:6]
+        blocks = self.chains[c]
+        if kind == "remove" and i < 0 and c in self.last:
+            i, n, medium = self.last.pop(c)
+        elif i < 0:
+            i, n0, _ = self.last.get(c, (0, 0, None))
+            i = (i + n0) % len(blocks)
+        i = min(i, len(blocks) - 1)
+        run = blocks[i:i + n]
+        hashes = [h for h, _, _ in run]
+        if kind == "remove":
+            if flag:
+                hashes.append(99)  # never stored
+            if op[6]:
+                hashes.reverse()
+            return ve.BlockRemoved(block_hashes=hashes, medium=medium)
+        self.last[c] = (i, len(run), medium)
+        tokens = [t for _, tok, _ in run for t in tok]
+        keys = [k for _, _, k in run]
+        if flag:  # a hash repeated inside the event (no engine does that; the state copes)
+            hashes.append(hashes[0])
+            tokens += run[0][1]
+            keys.append(run[0][2])
+        lora_name, lora_id = self.loras[c]
+        return ve.BlockStored(block_hashes=hashes,
+                              parent_block_hash=blocks[i - 1][0] if i else None,
+                              token_ids=tokens, block_size=BS, lora_id=lora_id, medium=medium,
+                              lora_name=lora_name,
+                              extra_keys=keys if any(k is not None for k in keys) else None)
 
 
 def same(a: EngineState, b: EngineState) -> None:
@@ -132,9 +150,9 @@ def test_bulk_paths_equal_the_block_by_block_path(monkeypatch, max_run, data, me
     chains, loras = data.draw(engines())
     bulk = EngineState(block_size=BS, loras=LORAS, memo_blocks=memo)
     ref = EngineState(block_size=BS, loras=LORAS, memo_blocks=memo, bulk=False)
-    view = IndexView()
+    view, engine = IndexView(), Engine(chains, loras)
     for seq, batch_ops in enumerate(data.draw(ops(len(chains), dups=True))):
-        events = [event(op, chains, loras) for op in batch_ops]
+        events = [engine.event(op) for op in batch_ops]
         payload = ve.encode_batch(ve.KVEventBatch(ts=1.0, events=events))
         out = bulk.ingest(seq, payload)
         assert out == ref.ingest(seq, payload)
@@ -180,16 +198,18 @@ def test_the_index_view_follows_the_copies(data, memo) -> None:
     view = IndexView()
     copies: Counter = Counter()
     chain: dict = {}
+    engine = Engine(chains, loras)
     for seq, batch_ops in enumerate(data.draw(ops(len(chains), dups=False))):
-        events = [event(op, chains, loras) for op in batch_ops]
+        events = [engine.event(op) for op in batch_ops]
         for op, ev in zip(batch_ops, events, strict=True):
             if op[0] == "clear":
                 copies.clear()
                 chain.clear()
             elif op[0] == "store":
-                c, i = op[1], min(op[2], len(chains[op[1]]) - 1)
+                c = op[1]
+                i = [h for h, _, _ in chains[c]].index(ev.block_hashes[0])
                 t = TIER[ev.medium]
-                parent = b"" if i == 0 else chain.get(chains[c][i - 1][0])
+                parent = b"" if i == 0 else chain.get(ev.parent_block_hash)
                 # the event's chain cannot be rebuilt (an unmapped adapter, an orphan, then
                 # a key kvmesh cannot place): nothing new after that is routable
                 lost = loras[c] not in ((None, None), ("ad", None)) or parent is None
