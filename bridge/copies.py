@@ -184,7 +184,8 @@ class Copies:
         chains = list(map(chain.pop, hashes))
         routable = chains if None not in chains else [c for c in chains if c is not None]
         cs = set(routable)
-        ok = len(cs) == len(routable) and not (mt and not mt.keys().isdisjoint(cs))
+        # two of the hashes with one chain hash would have put it in ``more[t]``
+        ok = not (mt and not mt.keys().isdisjoint(cs))
         for o in self.on:
             if ok and o and o is not on_t and not o.isdisjoint(cs):
                 ok = False

@@ -83,7 +83,7 @@ def ops(n_chains: int, dups: bool):
     store = st.tuples(st.just("store"), c, start, st.integers(1, 4), medium,
                       st.booleans() if dups else st.just(False))
     remove = st.tuples(st.just("remove"), c, start, st.integers(1, 4), medium, st.booleans(),
-                       st.booleans())
+                       st.booleans(), st.booleans())
     other = st.sampled_from([("clear",), ("group",), ("medium",)])
     return st.lists(st.lists(st.one_of(store, store, remove, remove, other), min_size=1,
                              max_size=3), min_size=3, max_size=30)
@@ -116,6 +116,8 @@ class Engine:
         if kind == "remove":
             if flag:
                 hashes.append(99)  # never stored
+            if op[7]:  # with the alias's blocks: two engine hashes of one chain hash
+                hashes += [h for h, _, _ in self.chains[-1][i:i + n]]
             if op[6]:
                 hashes.reverse()
             return ve.BlockRemoved(block_hashes=hashes, medium=medium)
