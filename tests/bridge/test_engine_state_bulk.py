@@ -235,3 +235,21 @@ def test_the_index_view_follows_the_copies(data, memo) -> None:
         want = {(chain[h], t) for (h, t), n in copies.items() if n and chain[h] is not None}
         assert set(view.held) == want
         assert state.indexed_blocks == len({ch for ch, _ in want})
+
+
+@pytest.mark.parametrize("bulk", [True, False])
+def test_one_removal_of_two_engine_hashes_of_one_chain(bulk: bool) -> None:
+    tokens = list(range(2 * BS))
+    x = [hash_block(none_hash(), tokens[:BS], None, "sha256_cbor")]
+    x.append(hash_block(x[0], tokens[BS:], None, "sha256_cbor"))
+    state = EngineState(block_size=BS, bulk=bulk)
+    stored = [ve.BlockStored(block_hashes=hs, parent_block_hash=None, token_ids=tokens,
+                             block_size=BS, lora_id=None, medium=None, lora_name=None)
+              for hs in ([1, 2], [11, 12])]
+    view = IndexView().apply(state.apply(ve.KVEventBatch(ts=1.0, events=stored)))
+    assert set(view.held) == {(x[0], index_pb2.TIER_GPU), (x[1], index_pb2.TIER_GPU)}
+    out = state.apply(ve.KVEventBatch(ts=1.0, events=[
+        ve.BlockRemoved(block_hashes=[1, 11, 2], medium=None)]))
+    assert [list(e.removed.block_hashes) for e in out] == [[x[0]]]
+    assert set(view.apply(out).held) == {(x[1], index_pb2.TIER_GPU)}
+    assert state.indexed_blocks == 1 and state.stats.removed_blocks == 3
