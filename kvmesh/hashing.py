@@ -224,6 +224,10 @@ def _cbor_extra(extra: Extra) -> bytes:
 
 # --- the chain ----------------------------------------------------------------------------
 
+_DIGEST_LEN = {"sha256_cbor": 32, "xxhash_cbor": 16}
+# a block's CBOR up to its parent's bytes: array(3), then a byte string of the digest's size
+_DIGEST_HEAD = {a: _CBOR_ARRAY3 + _head(2, n) for a, n in _DIGEST_LEN.items()}
+
 def hash_block(parent: bytes, tokens: Sequence[int], extra_keys: Extra, algo: str) -> bytes:
     """One block's hash: ``H((parent, tuple(tokens), extra_keys))``."""
     _check_algo(algo)
@@ -309,9 +313,10 @@ def chain_hashes(parent: bytes, token_ids: Sequence[int], block_size: int,
         bulk = False
     if algo.endswith("_cbor"):
         digest = hashlib.sha256 if algo == "sha256_cbor" else xxhash.xxh3_128
-        head = _CBOR_ARRAY3 + _head(2, len(parent))
         # every later parent is one of our digests
-        next_head = _CBOR_ARRAY3 + _head(2, 32 if algo == "sha256_cbor" else 16)
+        next_head = _DIGEST_HEAD[algo]
+        head = next_head if len(parent) == _DIGEST_LEN[algo] else (
+            _CBOR_ARRAY3 + _head(2, len(parent)))
         tok_head = _head(4, block_size)
         join = b"".join
         if bulk:
