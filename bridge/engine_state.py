@@ -92,6 +92,9 @@ class EngineState:
         self.out_seq = 0
         self.memo_blocks = memo_blocks
         self._copies = Copies(memo_blocks, bulk)
+        # chain hash -> parent of every chain the index holds (the copies' map, cleared in
+        # place, so this stays the same dict)
+        self._held = self._copies.parent
         self._expected: int | None = None
         # the engine's timestamp of the last batch ingested (its wall clock); None after clear()
         self.last_ts: float | None = None
