@@ -12,8 +12,8 @@ Invariants:
   extra keys (``bridge.extra_keys``: LoRA map, salt, multimodal) and the parent's chain hash.
   A block that cannot be rebuilt exactly (and every block chained below it) maps to nothing
   and is never indexed: the index may under-claim, never over-claim.
-- Copies are counted per (engine hash, tier): vLLM stores and removes every PHYSICAL block, so
-  a hash held twice is removed twice. The index hears ``stored`` when a (chain hash, tier) goes
+- Copies are counted per (engine hash, tier) (``bridge.copies``): vLLM stores and removes
+  every PHYSICAL block, so a hash held twice is removed twice. The index hears ``stored`` when a (chain hash, tier) goes
   from no copy to one and ``removed`` when it goes back to none, never otherwise.
 - A removal of a hash the state does not hold on that tier changes nothing (it was stored
   before the state started, or before a clear) and is counted in ``stats.unknown_removes``.
