@@ -13,8 +13,9 @@ Invariants:
   A block that cannot be rebuilt exactly (and every block chained below it) maps to nothing
   and is never indexed: the index may under-claim, never over-claim.
 - Copies are counted per (engine hash, tier) (``bridge.copies``): vLLM stores and removes
-  every PHYSICAL block, so a hash held twice is removed twice. The index hears ``stored`` when a (chain hash, tier) goes
-  from no copy to one and ``removed`` when it goes back to none, never otherwise.
+  every PHYSICAL block, so a hash held twice is removed twice. The index hears ``stored``
+  when a (chain hash, tier) goes from no copy to one and ``removed`` when it goes back to
+  none, never otherwise.
 - A removal of a hash the state does not hold on that tier changes nothing (it was stored
   before the state started, or before a clear) and is counted in ``stats.unknown_removes``.
 - ``AllBlocksCleared`` (in a batch) and ``clear()`` forget every block and emit one
