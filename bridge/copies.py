@@ -32,8 +32,6 @@ from itertools import repeat
 
 from bridge.index_events import IndexEvents
 
-TIERS = (0, 1, 2)
-
 
 class Copies:
     """One engine's copies (see the module docstring). ``bulk=False``: every change block by
@@ -48,7 +46,8 @@ class Copies:
         self.parent: dict[bytes, bytes] = {}
         self.on: tuple[set, set, set] = (set(), set(), set())
         self.more: tuple[dict, dict, dict] = ({}, {}, {})
-        # an OrderedDict: dropping the oldest of a plain dict scans the deleted slots before it
+        # an OrderedDict: finding a plain dict's oldest entry scans every slot deleted before
+        # it, which made a full memo (65,536 blocks) cost more than the rest of the bridge
         self.memo: OrderedDict[Hashable, bytes] = OrderedDict()
 
     def clear(self) -> None:
