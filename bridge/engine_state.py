@@ -12,9 +12,10 @@ Invariants:
   extra keys (``bridge.extra_keys``: LoRA map, salt, multimodal) and the parent's chain hash.
   A block that cannot be rebuilt exactly (and every block chained below it) maps to nothing
   and is never indexed: the index may under-claim, never over-claim.
-- Copies are counted per (engine hash, tier): vLLM stores and removes every PHYSICAL block, so
-  a hash held twice is removed twice. The index hears ``stored`` when a (chain hash, tier) goes
-  from no copy to one and ``removed`` when it goes back to none, never otherwise.
+- Copies are counted per (engine hash, tier) (``bridge.copies``): vLLM stores and removes
+  every PHYSICAL block, so a hash held twice is removed twice. The index hears ``stored``
+  when a (chain hash, tier) goes from no copy to one and ``removed`` when it goes back to
+  none, never otherwise.
 - A removal of a hash the state does not hold on that tier changes nothing (it was stored
   before the state started, or before a clear) and is counted in ``stats.unknown_removes``.
 - ``AllBlocksCleared`` (in a batch) and ``clear()`` forget every block and emit one
@@ -41,6 +42,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from bridge.copies import Copies
 from bridge.extra_keys import Unroutable, block_extra, event_lora
 from bridge.index_events import IndexEvents, snapshot_runs
 from kvmesh import vllm_events as ve
@@ -71,31 +73,15 @@ class StateStats:
     unroutable: Counter[str] = field(default_factory=Counter)  # by reason, per new block
 
 
-class _Block:
-    """One engine hash: its chain hash (``None``: unroutable) and copies per tier."""
-    __slots__ = ("chain", "copies")
-
-    def __init__(self, chain: bytes | None) -> None:
-        self.chain = chain
-        self.copies = [0, 0, 0]
-
-
-class _Held:
-    """One chain hash in the index: its parent (b"" at block 0) and, per tier, how many
-    engine hashes hold it (more than one only if distinct engine hashes rebuild to it)."""
-    __slots__ = ("parent", "engines")
-
-    def __init__(self, parent: bytes) -> None:
-        self.parent = parent
-        self.engines = [0, 0, 0]
-
-
 class EngineState:
-    """The index's view of one engine (one data-parallel rank); see the module contract."""
+    """The index's view of one engine (one data-parallel rank); see the module contract.
+
+    ``bulk=False`` applies every event block by block: the same results, slower (the
+    reference the bulk paths are tested against)."""
 
     def __init__(self, *, block_size: int, algo: str = DEFAULT_ALGO, seed: str | None = None,
                  loras: Mapping[str, str] | None = None, group: int = 0,
-                 memo_blocks: int = 65_536) -> None:
+                 memo_blocks: int = 65_536, bulk: bool = True) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
@@ -105,11 +91,11 @@ class EngineState:
         self.group = group
         self.stats = StateStats()
         self.out_seq = 0
-        self._blocks: dict[ve.ExternalBlockHash, _Block] = {}
-        # engine hash -> chain hash of blocks no longer held, oldest first (dict order)
         self.memo_blocks = memo_blocks
-        self._memo: dict[ve.ExternalBlockHash, bytes] = {}
-        self._held: dict[bytes, _Held] = {}
+        self._copies = Copies(memo_blocks, bulk)
+        # chain hash -> parent of every chain the index holds (the copies' map, cleared in
+        # place, so this stays the same dict)
+        self._held = self._copies.parent
         self._expected: int | None = None
         # the engine's timestamp of the last batch ingested (its wall clock); None after clear()
         self.last_ts: float | None = None
@@ -194,31 +180,36 @@ class EngineState:
         lora = None
         if ev.block_size != bs or len(ev.token_ids) != n * bs:
             reason = "block_size"
-        else:
+        elif ev.lora_name is not None or ev.lora_id is not None:
             try:
                 lora = event_lora(ev.lora_name, ev.lora_id, self.loras)
             except Unroutable as e:
                 reason = e.reason
+        cp = self._copies
+        blocks, memo = cp.chain, cp.memo
         if ev.parent_block_hash is None:
             parent: bytes | None = b""
         else:
-            pb = self._blocks.get(ev.parent_block_hash)
-            parent = pb.chain if pb is not None else None
-            if pb is None and reason is None:
+            parent = blocks.get(ev.parent_block_hash)
+            if ev.parent_block_hash not in blocks and reason is None:
                 reason = "orphan"
         self.stats.stored_blocks += n
-        blocks, memo = self._blocks, self._memo
+        if (cp.bulk and n and blocks.keys().isdisjoint(hashes) and memo.keys().isdisjoint(hashes)
+                and len(set(hashes)) == n):
+            # the common case: a run of new blocks, rebuilt and held in bulk
+            chains, _ = self._rebuild(ev, 0, n, parent, lora, reason)
+            cp.hold_new(hashes, chains, parent, t, runs)
+            return
         i = 0
         while i < n:
             h = hashes[i]
-            blk = blocks.get(h)
-            if blk is None and parent is not None and reason is None:
+            if h not in blocks and parent is not None and reason is None:
                 chain = memo.pop(h, None)
                 if chain is not None:
-                    blk = blocks[h] = _Block(chain)
+                    blocks[h] = chain
                     self.stats.memo_hits += 1
-            if blk is not None:
-                parent = self._hold(blk, parent, t, runs)
+            if h in blocks:
+                parent = cp.hold(h, parent, t, runs)
                 i += 1
                 continue
             # a run of new engine hashes: rebuilt with one chain_hashes call (each token
@@ -228,10 +219,8 @@ class EngineState:
                 j += 1
             chains, reason = self._rebuild(ev, i, j, parent, lora, reason)
             for k in range(i, j):
-                blk = blocks.get(hashes[k])  # a hash repeated inside the run: one block
-                if blk is None:
-                    blk = blocks[hashes[k]] = _Block(chains[k - i])
-                parent = self._hold(blk, parent, t, runs)
+                blocks.setdefault(hashes[k], chains[k - i])  # a hash repeated in the run
+                parent = cp.hold(hashes[k], parent, t, runs)
             i = j
 
     def _rebuild(self, ev: ve.BlockStored, i: int, j: int, parent: bytes | None,
@@ -253,69 +242,28 @@ class EngineState:
                     except Unroutable as e:
                         reason = e.reason
                         break
-            bs = self.block_size
+            bs, tokens = self.block_size, ev.token_ids
             m = j - i if extras is None else len(extras)
-            out.extend(chain_hashes(parent or self.root, ev.token_ids[i * bs:(i + m) * bs], bs,
-                                    extras, self.algo))
+            if i or (i + m) * bs != len(tokens):  # the whole event needs no copy
+                tokens = tokens[i * bs:(i + m) * bs]
+            out = chain_hashes(parent or self.root, tokens, bs, extras, self.algo)
             self.stats.rehashed += m
         if len(out) < j - i:
             self.stats.unroutable[reason or "parent_unroutable"] += j - i - len(out)
             out.extend([None] * (j - i - len(out)))
         return out, reason
 
-    def _hold(self, blk: _Block, parent: bytes | None, t: int, runs: IndexEvents
-              ) -> bytes | None:
-        """One more copy of ``blk`` on tier ``t`` (its chain parent ``parent``); the index
-        hears ``stored`` when the chain hash gains its first copy there. Returns the block's
-        chain hash: the parent of the next block."""
-        copies = blk.copies
-        copies[t] += 1
-        chain = blk.chain
-        if copies[t] == 1 and chain is not None:
-            held = self._held.get(chain)
-            if held is None:
-                held = self._held[chain] = _Held(parent or b"")
-            held.engines[t] += 1
-            if held.engines[t] == 1:
-                runs.stored(chain, held.parent, t)
-        return chain
-
     def _removed(self, ev: ve.BlockRemoved, runs: IndexEvents) -> None:
         t = self._tier(ev)
         if t is None:
             return
-        blocks, held_map, memo, cap = self._blocks, self._held, self._memo, self.memo_blocks
-        unknown = 0
-        for h in ev.block_hashes:
-            blk = blocks.get(h)
-            if blk is None or blk.copies[t] == 0:
-                unknown += 1
-                continue
-            copies, chain = blk.copies, blk.chain
-            copies[t] -= 1
-            if copies[t]:
-                continue
-            if chain is not None:
-                held = held_map[chain]
-                held.engines[t] -= 1
-                if not held.engines[t]:
-                    runs.removed(chain, t)
-                    if not any(held.engines):
-                        del held_map[chain]
-            if not any(copies):
-                del blocks[h]
-                if chain is not None and cap:
-                    memo[h] = chain
-                    if len(memo) > cap:
-                        del memo[next(iter(memo))]
+        unknown = self._copies.release(ev.block_hashes, t, runs)
         self.stats.unknown_removes += unknown
         self.stats.removed_blocks += len(ev.block_hashes) - unknown
 
     def _forget(self, runs: IndexEvents) -> None:
         self.stats.clears += 1
-        self._blocks.clear()
-        self._held.clear()
-        self._memo.clear()
+        self._copies.clear()
         runs.cleared()
 
     def _next_out(self) -> int:
@@ -327,15 +275,16 @@ class EngineState:
     @property
     def indexed_blocks(self) -> int:
         """Chain hashes the index holds for this engine (any tier)."""
-        return len(self._held)
+        return len(self._copies.parent)
 
     def held(self, chain: bytes) -> set[str]:
         """The tiers on which the index holds ``chain`` for this engine."""
-        h = self._held.get(chain)
-        return {t for t, i in TIER_INDEX.items() if h is not None and h.engines[i]}
+        on = self._copies.held_on(chain)
+        return {t for t, i in TIER_INDEX.items() if on[i]}
 
     def snapshot(self) -> tuple[int, list[index_pb2.BlockStored]]:
         """(``out_seq``, the index's whole view) for ``SyncWorker``: per tier, runs of chained
         blocks, each run one ``BlockStored`` whose ``parent_hash`` is its first block's."""
+        cp = self._copies
         return self.out_seq, snapshot_runs(
-            (chain, h.parent, h.engines) for chain, h in self._held.items())
+            (chain, parent, cp.held_on(chain)) for chain, parent in cp.parent.items())

@@ -42,6 +42,31 @@ class IndexEvents:
             self.kind, self.tier = "removed", tier
         self.hashes.append(chain)
 
+    def stored_run(self, chains: Sequence[bytes], parent: bytes, tier: int) -> None:
+        """``stored`` of each of ``chains`` in order, each the parent of the next: the same
+        events, a slice at a time."""
+        i, n = 0, len(chains)
+        while i < n:
+            if not (self.kind == "stored" and self.tier == tier and self.hashes[-1] == parent
+                    and len(self.hashes) < MAX_RUN):
+                self.flush()
+                self.kind, self.tier, self.parent = "stored", tier, parent
+            part = chains[i:i + MAX_RUN - len(self.hashes)]
+            self.hashes.extend(part)
+            i += len(part)
+            parent = part[-1]
+
+    def removed_run(self, chains: Sequence[bytes], tier: int) -> None:
+        """``removed`` of each of ``chains`` in order: the same events, a slice at a time."""
+        i, n = 0, len(chains)
+        while i < n:
+            if not (self.kind == "removed" and self.tier == tier and len(self.hashes) < MAX_RUN):
+                self.flush()
+                self.kind, self.tier = "removed", tier
+            part = chains[i:i + MAX_RUN - len(self.hashes)]
+            self.hashes.extend(part)
+            i += len(part)
+
     def cleared(self) -> None:
         self.flush()
         self.events.append(index_pb2.KvEvent(seq=self.next_seq(),
@@ -51,12 +76,13 @@ class IndexEvents:
         if not self.hashes:
             return
         seq, tier = self.next_seq(), PB_TIERS[self.tier]
+        # a dict builds the sub-message in place (a message argument would be copied)
         if self.kind == "stored":
-            ev = index_pb2.KvEvent(seq=seq, stored=index_pb2.BlockStored(
-                block_hashes=self.hashes, parent_hash=self.parent, tier=tier))
+            ev = index_pb2.KvEvent(seq=seq, stored={
+                "block_hashes": self.hashes, "parent_hash": self.parent, "tier": tier})
         else:
-            ev = index_pb2.KvEvent(seq=seq, removed=index_pb2.BlockRemoved(
-                block_hashes=self.hashes, tier=tier))
+            ev = index_pb2.KvEvent(seq=seq, removed={"block_hashes": self.hashes,
+                                                     "tier": tier})
         self.events.append(ev)
         self.kind, self.hashes = "", []
 

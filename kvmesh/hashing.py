@@ -43,6 +43,7 @@ import pickle
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from operator import itemgetter
 from typing import Any
 
 import cbor2
@@ -159,17 +160,24 @@ def _uint_table(hi: int) -> tuple[bytes, ...]:
     return table
 
 
-def _cbor_tokens(token_ids: Sequence[int]) -> list[bytes]:
+def _cbor_tokens(token_ids: Sequence[int]) -> Sequence[bytes]:
     """Per-token CBOR encodings, computed once for a whole sequence."""
     if not token_ids:
-        return []
-    lo, hi = min(token_ids), max(token_ids)
-    if lo < 0 or hi >= _UINT_CAP:
+        return ()
+    if min(token_ids) < 0:
         return [_cbor_int(int(t)) for t in token_ids]
+    # one C call for the whole sequence (itemgetter of n ids returns an n-tuple); an id past
+    # the table raises IndexError: grow it, or encode generically past _UINT_CAP
+    get = itemgetter(*token_ids) if len(token_ids) > 1 else lambda t: (t[token_ids[0]],)
     table = _UINT  # one read: later growth by another thread cannot change this tuple
-    if hi >= len(table):
-        table = _uint_table(hi)
-    return [table[t] for t in token_ids]
+    try:
+        return get(table)
+    except IndexError:
+        pass
+    hi = max(token_ids)
+    if hi >= _UINT_CAP:
+        return [_cbor_int(int(t)) for t in token_ids]
+    return get(_uint_table(hi))
 
 
 # Bulk encoding of unsigned ids. Class of an id: 0 (< 24, in the head byte), then 1, 2, 4 or
@@ -215,6 +223,10 @@ def _cbor_extra(extra: Extra) -> bytes:
 
 
 # --- the chain ----------------------------------------------------------------------------
+
+_DIGEST_LEN = {"sha256_cbor": 32, "xxhash_cbor": 16}
+# a block's CBOR up to its parent's bytes: array(3), then a byte string of the digest's size
+_DIGEST_HEAD = {a: _CBOR_ARRAY3 + _head(2, n) for a, n in _DIGEST_LEN.items()}
 
 def hash_block(parent: bytes, tokens: Sequence[int], extra_keys: Extra, algo: str) -> bytes:
     """One block's hash: ``H((parent, tuple(tokens), extra_keys))``."""
@@ -301,24 +313,23 @@ def chain_hashes(parent: bytes, token_ids: Sequence[int], block_size: int,
         bulk = False
     if algo.endswith("_cbor"):
         digest = hashlib.sha256 if algo == "sha256_cbor" else xxhash.xxh3_128
-        head = _CBOR_ARRAY3 + _head(2, len(parent))
         # every later parent is one of our digests
-        next_head = _CBOR_ARRAY3 + _head(2, 32 if algo == "sha256_cbor" else 16)
+        next_head = _DIGEST_HEAD[algo]
+        head = next_head if len(parent) == _DIGEST_LEN[algo] else (
+            _CBOR_ARRAY3 + _head(2, len(parent)))
         tok_head = _head(4, block_size)
         join = b"".join
         if bulk:
             stream, starts = cbor_uint_stream(token_ids[:n * block_size])
             cuts = starts[::block_size].tolist()  # the stream's offset of each block
+            bodies = [stream[cuts[i]:cuts[i + 1]] for i in range(n)]
         else:
-            enc = _cbor_tokens(token_ids[:n * block_size])
-        for i in range(n):
-            tail = _CBOR_NULL if extras is None else _cbor_extra(extras[i])
-            if bulk:
-                data = join((head, parent, tok_head, stream[cuts[i]:cuts[i + 1]], tail))
-            else:
-                data = join((head, parent, tok_head,
-                             *enc[i * block_size:(i + 1) * block_size], tail))
-            parent = digest(data).digest()
+            enc = _cbor_tokens(token_ids if len(token_ids) == n * block_size
+                               else token_ids[:n * block_size])
+            bodies = [join(enc[k:k + block_size]) for k in range(0, n * block_size, block_size)]
+        tails = [_CBOR_NULL] * n if extras is None else [_cbor_extra(x) for x in extras[:n]]
+        for body, tail in zip(bodies, tails, strict=True):
+            parent = digest(join((head, parent, tok_head, body, tail))).digest()
             new.append(parent)
             head = next_head
     else:  # pickle: already one C call per block; only keep Python overhead out of the loop
