@@ -170,11 +170,12 @@ class EngineLink:
             loop.call_soon_threadsafe(self._kick.set)
 
     def stale(self) -> str | None:
-        """Why a heartbeat now would not tell the truth about this bridge, or None."""
+        """Why a heartbeat (or registration) now would not tell the truth about this bridge,
+        or None. A registration is not held back for waiting events: it resets the index."""
         now = time.monotonic()
         if self.beats is not None and now - self.turned > self.liveness_s:
             return "the ingest loop has not turned"
-        if self.pending and now - self.acked_at > self.liveness_s:
+        if self.registered and self.pending and now - self.acked_at > self.liveness_s:
             return "events wait and the index acknowledged none"
         return None
 
