@@ -74,7 +74,7 @@ class Subscriber:
 
     REPLAY_ROUNDS = 3
     DRAIN = 256  # live batches applied per poll at most
-    TURN_S = 0.05  # the longest the ingest loop is held before others get a turn
+    TURN_S = 0.02  # the longest the ingest loop is held before others get a turn
 
     def __init__(self, state: EngineState, events: str, replay: str | None, on_events: Sink,
                  *, topic: bytes = b"", replay_timeout: float = 5.0,
