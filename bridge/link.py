@@ -94,6 +94,7 @@ class EngineLink:
         self._loop: asyncio.AbstractEventLoop | None = None  # the ingest loop
         self.turned = time.monotonic()  # when the ingest loop last ran the ticker
         self.acked_at = time.monotonic()  # when the index last acknowledged events
+        self._waiting_since = 0.0  # when the pending events last stopped being empty
         self.counters: collections.Counter[str] = collections.Counter()
         self.on_lag: Callable[[float], None] | None = None  # publish-to-index lag observer
         # (last index seq of an engine batch, the engine's batch timestamp), oldest first
@@ -111,6 +112,8 @@ class EngineLink:
         if not events:
             return
         self._stamps.append((events[-1].seq, self.state.last_ts or time.time()))
+        if not self.pending:
+            self._waiting_since = time.monotonic()
         if not self.need_sync and not self.pending.add(events, after=self.last_seq):
             self.counters["overflows"] += 1
             log.warning("%s: pending index events overflowed; resyncing with a snapshot",
@@ -175,7 +178,8 @@ class EngineLink:
         now = time.monotonic()
         if self.beats is not None and now - self.turned > self.liveness_s:
             return "the ingest loop has not turned"
-        if self.registered and self.pending and now - self.acked_at > self.liveness_s:
+        if (self.registered and self.pending
+                and now - max(self.acked_at, self._waiting_since) > self.liveness_s):
             return "events wait and the index acknowledged none"
         return None
 

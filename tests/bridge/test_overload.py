@@ -186,3 +186,47 @@ def test_a_slow_index_sheds_the_backlog_for_snapshots_and_ends_exact(service: st
                 assert (await r.matched(tokens(i, 2), "m-flood")).get("flood") == 0
         await e.close()
     asyncio.run(main())
+
+
+class BlockedPublish:
+    """A service stub whose PublishEvents waits until ``gate`` is set."""
+
+    def __init__(self, stub, gate: asyncio.Event) -> None:
+        self._stub, self._gate = stub, gate
+
+    def __getattr__(self, name: str):
+        return getattr(self._stub, name)
+
+    async def PublishEvents(self, req, **kw):  # noqa: N802 - gRPC's name
+        await self._gate.wait()
+        return await self._stub.PublishEvents(req, **kw)
+
+
+def test_a_blocked_index_takes_the_engine_out_of_routing_until_it_acknowledges(
+        service: str) -> None:
+    """Heartbeats from their own thread must not keep a stale index routable: while a
+    removal waits for an index that acknowledges nothing, the engine leaves routing within
+    two liveness timeouts; once the index answers it is back, without the removed blocks
+    and without registering again."""
+    async def main():
+        e = Engine("stuck", "m-stuck")
+        async with Running(service, [e.spec]) as br, router(service) as r:
+            rank = br.ranks["stuck"]
+            await br.live("stuck", e.pub)
+            e.pub.publish(chain(tokens(0, 3)))
+            await r.until(lambda: r.matched(tokens(0, 3), "m-stuck"),
+                          lambda m: m.get("stuck") == 12)
+            gate, stub = asyncio.Event(), rank.link.conn.stub
+            rank.link.conn.stub = lambda: BlockedPublish(stub(), gate)
+            e.pub.publish(removed([2, 3]))  # the engine keeps 1 block of 3
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            await r.until(r.alive, lambda a: a.get("stuck") is False)
+            assert loop.time() - t0 < 2 * 3.0 + 1.0 + 1.0  # two timeouts, a beat, a refresh
+            assert rank.link.counters["stale_beats"] > 0
+            gate.set()
+            await r.until(lambda: r.matched(tokens(0, 3), "m-stuck"),
+                          lambda m: m.get("stuck") == 4)
+            assert rank.link.counters["registrations"] == 1
+        await e.close()
+    asyncio.run(main())
