@@ -105,6 +105,7 @@ class Subscriber:
         poller.register(sub, zmq.POLLIN)
         poller.register(mon, zmq.POLLIN)
         sub.connect(self.events)
+        raw = zmq.Socket.shadow(sub.underlying)  # blocking twin: receives without futures
         loop = asyncio.get_running_loop()
         quiet_since = loop.time()
         try:
@@ -125,7 +126,7 @@ class Subscriber:
                 if sub in ready:
                     until = loop.time() + self.TURN_S
                     await self._on_live(await sub.recv_multipart())
-                    await self._drain(sub, until)
+                    await self._drain(raw, until)
                     quiet_since = loop.time()
                 elif not ready:  # quiet for probe_interval: is the engine still where we are?
                     await self._resync()
@@ -137,17 +138,18 @@ class Subscriber:
 
     # --- live -----------------------------------------------------------------------------
 
-    async def _drain(self, sub: zmq.asyncio.Socket, until: float) -> None:
+    async def _drain(self, sub: zmq.Socket, until: float) -> None:
         """Apply the live batches already queued, up to ``DRAIN`` (then the loop polls the
         monitor again): one poll per burst, not per batch, which was most of a batch's cost
-        at high rates (a non-blocking receive skips the poller). Stops past ``until`` (the
-        loop's time)."""
+        at high rates (a non-blocking receive on the socket's blocking twin skips the poller
+        and asyncio's futures; the poller checks the socket's state afresh each poll). Stops
+        past ``until`` (the loop's time)."""
         loop = asyncio.get_running_loop()
         for _ in range(self.DRAIN):
             if loop.time() > until:
                 return
             try:
-                frames = await sub.recv_multipart(zmq.NOBLOCK)
+                frames = sub.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
             await self._on_live(frames)
