@@ -16,9 +16,22 @@ Liveness follows the engine's metrics: every heartbeat first scrapes the engine
 like a silent worker, and comes back (a heartbeat, a resync or a new registration) once it
 answers again. Without a load source the link heartbeats an empty load.
 
-Everything runs on one event loop, the subscriber's included: a snapshot taken at seq S
-covers every event up to S, so the pending ones up to S are dropped and nothing is applied
-twice or missed.
+Threads: the events side (the subscriber, ``on_events``, publishes and snapshots) runs on
+the ingest loop: a snapshot taken at seq S covers every event up to S, so the pending ones
+up to S are dropped and nothing is applied twice or missed. The beat side (scrapes,
+heartbeats, registrations) runs on a ``BeatThread`` when one is given (``beats``; the
+bridge process gives one), with its own channel, so that a busy ingest loop never starves
+it; without one it runs on the ingest loop too. The beat side only reads the events side's
+numbers and raises its flags (``registered``, ``need_sync``: plain attributes, set after
+the service answered) and wakes it thread-safely. A heartbeat still tells the truth about
+the bridge: none is sent while the ingest loop has not turned for a liveness timeout (a
+hung bridge), nor while events wait and no publish or snapshot has been acknowledged for a
+liveness timeout (a wedged path to the index): the engine then leaves routing.
+
+Past capacity the events side sheds instead of queueing: when the pending events outweigh
+a snapshot of the state (plus one batch), they are dropped for a snapshot, at most once per
+``shed_interval_s``; and each wake publishes what queued meanwhile in batches as large as
+the limits allow, so the lag is a few RPCs, not a queue. Load never causes a registration.
 """
 from __future__ import annotations
 
@@ -33,51 +46,17 @@ from collections.abc import Awaitable, Callable
 import grpc
 import grpc.aio
 
+from bridge.beat_thread import BeatThread
 from bridge.engine_load import EngineLoad, LoadSource
 from bridge.engine_state import EngineState
 from bridge.pending import MAX_BLOCKS, Pending
+from bridge.service_conn import Conn, Stub
 from kvmesh.backlog import BatchLimits
-from kvmesh.channel import CHANNEL_OPTIONS, Dialer
-from kvmesh.retry import Action, Backoff, ReplicaRing, Source, decide
-from kvmesh.v1 import index_pb2, index_pb2_grpc
+from kvmesh.retry import Action, Backoff, Source, decide
+from kvmesh.v1 import index_pb2
 
 log = logging.getLogger("kvmesh.bridge.link")
-Stub = index_pb2_grpc.IndexServiceStub
 REFUSED = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT)
-
-
-class _Conn:
-    """The current service replica's stub; a failure the retry table sends elsewhere moves
-    to the next address (reported by either task: only the first report of a stub moves).
-    Channels get their own subchannel pool, as the worker's link does."""
-
-    def __init__(self, addresses: list[str], credentials: grpc.ChannelCredentials | None) -> None:
-        self.ring = ReplicaRing(addresses)
-        self._dialer = Dialer(credentials,
-                              CHANNEL_OPTIONS + (("grpc.use_local_subchannel_pool", 1),))
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: Stub | None = None
-        self._closing: set[asyncio.Task] = set()
-
-    def stub(self) -> Stub:
-        if self._stub is None:
-            self._channel = self._dialer.aio(self.ring.current)
-            self._stub = Stub(self._channel)
-        return self._stub
-
-    def next_replica(self, failed: Stub) -> None:
-        if self._stub is not failed:
-            return
-        channel, self._channel, self._stub = self._channel, None, None
-        self.ring.mark_failed(self.ring.current)
-        if channel is not None:  # in the background: the other task may have a call on it
-            task = asyncio.create_task(channel.close(grace=1.0))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
-
-    async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
 
 
 class EngineLink:
@@ -87,8 +66,9 @@ class EngineLink:
                  worker_id: str, address: str, model: str | None, root_hash: bytes,
                  token: str | None = None, credentials: grpc.ChannelCredentials | None = None,
                  heartbeat_s: float = 1.0, rpc_timeout_s: float = 3.0, batch_max: int = 512,
-                 batch_max_hashes: int = 8192, max_pending: int = MAX_BLOCKS) -> None:
-        self.conn = _Conn(addresses, credentials)
+                 batch_max_hashes: int = 8192, max_pending: int = MAX_BLOCKS,
+                 beats: BeatThread | None = None, shed_interval_s: float = 1.0) -> None:
+        self.conn = Conn(addresses, credentials)
         self.state = state
         self.load = load
         self.worker_id = worker_id
@@ -106,6 +86,15 @@ class EngineLink:
         self.registered = False
         self.need_sync = True
         self.silent = False  # the last scrape of the engine's metrics failed
+        self.beats = beats
+        self.beat_conn: Conn | None = None  # the beat thread's own (None: ``conn``)
+        self.liveness_s = 3.0  # the service's liveness timeout (its registration answer)
+        self.shed_interval_s = shed_interval_s
+        self._shed_at = -float("inf")
+        self._loop: asyncio.AbstractEventLoop | None = None  # the ingest loop
+        self.turned = time.monotonic()  # when the ingest loop last ran the ticker
+        self.acked_at = time.monotonic()  # when the index last acknowledged events
+        self._waiting_since = 0.0  # when the pending events last stopped being empty
         self.counters: collections.Counter[str] = collections.Counter()
         self.on_lag: Callable[[float], None] | None = None  # publish-to-index lag observer
         # (last index seq of an engine batch, the engine's batch timestamp), oldest first
@@ -123,6 +112,8 @@ class EngineLink:
         if not events:
             return
         self._stamps.append((events[-1].seq, self.state.last_ts or time.time()))
+        if not self.pending:
+            self._waiting_since = time.monotonic()
         if not self.need_sync and not self.pending.add(events, after=self.last_seq):
             self.counters["overflows"] += 1
             log.warning("%s: pending index events overflowed; resyncing with a snapshot",
@@ -142,21 +133,71 @@ class EngineLink:
 
     async def run(self) -> None:
         """Keep the index in step with the engine until :meth:`close` (or cancellation)."""
-        tasks = [asyncio.create_task(self._beats()), asyncio.create_task(self._events())]
+        self._loop = asyncio.get_running_loop()
+        beats = (asyncio.create_task(self._beats()) if self.beats is None
+                 else asyncio.ensure_future(asyncio.wrap_future(
+                     self.beats.submit(self._beats_apart()))))
+        tasks = [beats, asyncio.create_task(self._events()), asyncio.create_task(self._tick())]
         try:
             await asyncio.gather(*tasks)
         finally:
             for task in tasks:
                 task.cancel()
 
+    async def _tick(self) -> None:
+        """Proof that the ingest loop turns (read by the beat side)."""
+        while not self._closed:
+            self.turned = time.monotonic()
+            await asyncio.sleep(0.1)
+
+    async def _beats_apart(self) -> None:
+        """``_beats`` on the beat thread, through a channel of its own."""
+        self.beat_conn = Conn(self.conn.ring.addresses, self.conn.credentials)
+        try:
+            await self._beats()
+        finally:
+            await self.beat_conn.close()
+
+    def _wake(self) -> None:
+        """Wake the events task, from either thread."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._kick.set()
+        else:
+            loop.call_soon_threadsafe(self._kick.set)
+
+    def stale(self) -> str | None:
+        """Why a heartbeat (or registration) now would not tell the truth about this bridge,
+        or None. A registration is not held back for waiting events: it resets the index."""
+        now = time.monotonic()
+        if self.beats is not None and now - self.turned > self.liveness_s:
+            return "the ingest loop has not turned"
+        if (self.registered and self.pending
+                and now - max(self.acked_at, self._waiting_since) > self.liveness_s):
+            return "events wait and the index acknowledged none"
+        return None
+
     async def _beats(self) -> None:
         backoff = Backoff()
+        conn = self.beat_conn or self.conn
         while not self._closed:
             started = time.monotonic()
             load = await self._sample()
-            if load is not None:
+            why = self.stale()
+            if why is not None:
+                self.counters["stale_beats"] += 1
+                self._warn("stale", "%s: no heartbeat while %s (the engine leaves routing "
+                           "after the liveness timeout)", self.worker_id, why)
+            elif load is not None:
                 step = self._heartbeat if self.registered else self._register
-                if not await self._attempt(functools.partial(step, load=load), backoff):
+                if not await self._attempt(functools.partial(step, load=load), backoff,
+                                           conn):
                     continue
             await asyncio.sleep(max(0.0, started + self.heartbeat_s - time.monotonic()))
 
@@ -185,20 +226,21 @@ class EngineLink:
             if not self.registered or not (self.need_sync or self.pending):
                 await self._kick.wait()
                 continue
-            await self._attempt(self._sync_and_publish, backoff)
+            await self._attempt(self._sync_and_publish, backoff, self.conn)
 
-    async def _attempt(self, step: Callable[[Stub], Awaitable[None]], backoff: Backoff) -> bool:
-        stub = self.conn.stub()
+    async def _attempt(self, step: Callable[[Stub], Awaitable[None]], backoff: Backoff,
+                       conn: Conn) -> bool:
+        stub = conn.stub()
         try:
             await step(stub)
         except Exception as exc:  # the task must outlive any error
-            self._failed(exc, stub)
+            self._failed(exc, stub, conn)
             await backoff.sleep()
             return False
         backoff.reset()
         return True
 
-    def _failed(self, err: Exception, stub: Stub) -> None:
+    def _failed(self, err: Exception, stub: Stub, conn: Conn) -> None:
         if isinstance(err, grpc.aio.UsageError):
             return  # its channel was closed by the other task's move to the next address
         if not isinstance(err, grpc.aio.AioRpcError):
@@ -207,7 +249,7 @@ class EngineLink:
             return
         self.counters[f"error_{err.code().name.lower()}"] += 1
         if decide(Source.SERVICE, err.code()) is Action.NEXT_REPLICA:
-            self.conn.next_replica(stub)
+            conn.next_replica(stub)
         elif err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
             log.warning("service refused %r: %r", self.worker_id, err.details())
             self.registered = False
@@ -229,11 +271,14 @@ class EngineLink:
                                          metadata=self.metadata)
         if resp.heartbeat_interval_ms:
             self.heartbeat_s = resp.heartbeat_interval_ms / 1000
+        if resp.liveness_timeout_ms:
+            self.liveness_s = resp.liveness_timeout_ms / 1000
         self.limits.reset()
-        self.registered = True
+        self.acked_at = time.monotonic()  # a fresh index: nothing was waiting for it
         self.need_sync = True  # a snapshot after every registration
+        self.registered = True
         self.counters["registrations"] += 1
-        self._kick.set()
+        self._wake()
 
     async def _heartbeat(self, stub: Stub, *, load: EngineLoad) -> None:
         quiet, epoch = self._inflight == 0, self._epoch
@@ -247,7 +292,7 @@ class EngineLink:
             # (a publish or sync that overlapped the beat may have moved the index past the
             # last_seq it carried: not evidence of a lost index; the next beat asks again)
             self.need_sync = True
-            self._kick.set()
+            self._wake()
 
     async def _rpc(self, call: Callable[..., Awaitable], req: object, timeout: float):
         self._inflight += 1
@@ -276,11 +321,26 @@ class EngineLink:
             raise
         self.pending.drop_through(seq)
         self.last_seq = seq
+        self.acked_at = time.monotonic()
         self.counters["resyncs"] += 1
         self._acked(seq)
 
+    def _shed(self) -> bool:
+        """Whether to drop the pending events for a snapshot: they outweigh the snapshot
+        (the state's blocks) and one batch, and no shed happened within the interval."""
+        now = time.monotonic()
+        if (self.pending.blocks <= self.limits.hashes + 2 * self.state.indexed_blocks
+                or now - self._shed_at < self.shed_interval_s):
+            return False
+        self._shed_at = now
+        self.counters["sheds"] += 1
+        return True
+
     async def _publish(self, stub: Stub) -> None:
         while self.pending and not self.need_sync and self.registered:
+            if self._shed():
+                self.need_sync = True
+                return
             batch = self.pending.batch(self.limits.events, self.limits.hashes)
             req = index_pb2.PublishEventsRequest(worker_id=self.worker_id, events=batch,
                                                  incarnation=self.incarnation)
@@ -297,6 +357,7 @@ class EngineLink:
                 return
             self.pending.drop_through(batch[-1].seq)
             self.last_seq = batch[-1].seq
+            self.acked_at = time.monotonic()
             self.counters["events_published"] += len(batch)
             self._acked(self.last_seq)
 

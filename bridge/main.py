@@ -4,6 +4,8 @@ Per rank: an ``EngineState`` (this bridge's hash algorithm and seed, the engine'
 a ``Subscriber`` reading the rank's events into it, an ``EngineLink`` publishing what the
 state emits and heartbeating the load a ``LoadSource`` scrapes (ranks sharing a ``/metrics``
 URL share one ``Scraper``). ``serve`` runs them until ``stop`` is set or SIGINT/SIGTERM.
+The links heartbeat (and scrape) from one ``BeatThread``, apart from the ingest loop, so
+that a bridge past capacity keeps its engines live (``bridge.link`` has the contract).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import contextlib
 import signal
 from dataclasses import dataclass
 
+from bridge.beat_thread import BeatThread
 from bridge.config import EngineSpec, RankSpec, check_unique, ranks
 from bridge.engine_load import LoadSource, Scraper
 from bridge.engine_state import EngineState
@@ -88,8 +91,10 @@ async def run(fleet: list[Rank], opts: BridgeOptions, stop: asyncio.Event | None
     """Run built ranks until ``stop`` is set (or SIGINT/SIGTERM); prints one line naming the
     workers once everything runs. A task that ends by itself (a crash) is raised here."""
     metrics = BridgeMetrics(fleet)
+    beats = BeatThread().start()
     for r in fleet:
         metrics.watch(r.link)
+        r.link.beats = beats
     note = ""
     if opts.metrics_port is not None:
         note = f", metrics on :{metrics.serve(opts.metrics_port, opts.metrics_host)}"
@@ -119,3 +124,4 @@ async def run(fleet: list[Rank], opts: BridgeOptions, stop: asyncio.Event | None
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.to_thread(beats.stop)

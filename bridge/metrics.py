@@ -15,12 +15,15 @@ subscriber's, the state's and the link's own statistics), so nothing is counted 
 - the index side: ``heartbeats_total``, ``registrations_total``, ``resyncs_total``,
   ``events_published_total``, ``silent_beats_total`` (heartbeats skipped: the engine's
   metrics did not answer), ``pending_events``, ``up`` (registered, metrics answering);
+- ``behind_seconds``: now minus the engine's timestamp of the last batch the state applied
+  (how far ingest trails the engine while batches keep coming; 0 before the first);
 - ``lag_seconds``: from the engine's batch timestamp (its clock: keep hosts in NTP) until the
   index acknowledged the batch's events (a clear the bridge decided: from that moment).
   Replayed history counts with its age.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -62,6 +65,8 @@ _LINK = {
     "events_published": ("events_published_total", "Index events published."),
     "silent_beats": ("silent_beats_total", "Heartbeats skipped: engine metrics silent."),
     "overflows": ("overflows_total", "Pending events dropped for a snapshot."),
+    "sheds": ("sheds_total", "Pending events shed for a snapshot (they outweighed it)."),
+    "stale_beats": ("stale_beats_total", "Heartbeats withheld: the bridge was stuck."),
 }
 
 
@@ -78,6 +83,7 @@ class _Collector:
 
     def collect(self) -> Iterator[Metric]:
         ranks = list(self.ranks)
+        now = time.time()
         label = ["worker_id"]
 
         def family(table: dict[str, tuple[str, str]],
@@ -99,6 +105,9 @@ class _Collector:
                                     "Chain hashes the index holds for the engine.", labels=label)
         pending = GaugeMetricFamily("kvmesh_bridge_pending_events",
                                     "Index events waiting to be published.", labels=label)
+        behind = GaugeMetricFamily("kvmesh_bridge_behind_seconds",
+                                   "Now minus the last applied batch's engine time stamp.",
+                                   labels=label)
         up = GaugeMetricFamily("kvmesh_bridge_up",
                                "1 while registered and the engine's metrics answer.",
                                labels=label)
@@ -107,8 +116,10 @@ class _Collector:
                 unroutable.add_metric([r.worker_id, reason], n)
             indexed.add_metric([r.worker_id], r.state.indexed_blocks)
             pending.add_metric([r.worker_id], len(r.link.pending))
+            ts = r.state.last_ts
+            behind.add_metric([r.worker_id], max(0.0, now - ts) if ts else 0.0)
             up.add_metric([r.worker_id], float(r.link.registered and not r.link.silent))
-        yield from (unroutable, indexed, pending, up)
+        yield from (unroutable, indexed, pending, behind, up)
 
 
 class BridgeMetrics:

@@ -1,0 +1,73 @@
+"""The thread a bridge process heartbeats from: its own event loop, apart from the ingest loop.
+
+Why: the ingest loop (every engine's subscriber and event publisher) runs flat out past
+capacity, and a heartbeat queued behind thousands of batches arrives late; the service then
+declares the engine dead, and its return costs a snapshot (or, past the purge delay, a new
+registration): the bridge used to collapse that way. Heartbeats, the engines' ``/metrics``
+scrapes and registrations run here instead, each link with its own gRPC channel created on
+this loop, so they only wait for the GIL (released every few milliseconds by the busy
+thread), never for the ingest loop's queue.
+
+Contract: :meth:`submit` runs a coroutine on this loop and returns a
+``concurrent.futures.Future`` (cancelling it cancels the coroutine); :meth:`call` runs one
+and waits for it from another loop; :meth:`stop` cancels what still runs and joins the
+thread. Objects bound to a loop (gRPC aio channels, asyncio locks) used here must be created
+and used here only.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class BeatThread:
+    """A daemon thread running one asyncio loop until :meth:`stop`."""
+
+    def __init__(self, name: str = "kvmesh-bridge-beats") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._started = False
+
+    def start(self) -> BeatThread:
+        if not self._started:
+            self._started = True
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run ``coro`` on this thread's loop."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` here and await its result from the caller's loop."""
+        return await asyncio.wrap_future(self.submit(coro))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Cancel every task of this loop, stop it and join the thread."""
+        if not self._started or not self._thread.is_alive():
+            return
+
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            self.submit(cancel_all()).result(timeout)
+        except (concurrent.futures.TimeoutError, RuntimeError):
+            pass  # a task that ignores cancellation: the loop stops under it
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout)
