@@ -176,8 +176,11 @@ def test_generate_fails_over_on_deadline(cluster, make_client) -> None:
     slow, good = FakeWorker("w1", mode="hang"), FakeWorker("w2")
     index = FakeIndex([candidate("w1", cluster.worker(slow)),
                        candidate("w2", cluster.worker(good))])
-    client = make_client(cluster.index(index), generate_timeout=0.3)
+    # The deadline is per attempt: long enough for the good worker's first call on a loaded
+    # host (a new connection), short enough that the hung one costs little.
+    client = make_client(cluster.index(index), generate_timeout=1.5)
     assert client.generate([1], max_tokens=2).worker_id == "w2"
+    assert len(good.requests) == 1
 
 
 def test_generate_raises_when_every_candidate_fails(cluster, make_client) -> None:
