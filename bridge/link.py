@@ -5,10 +5,11 @@ import ``worker/``, so this is its smallest bridge-side twin): ``RegisterWorker`
 model, block size, this bridge's hash algorithm and root hash (the bridge rehashes every
 block, so those are kvmesh's, not the engine's) and a random incarnation; heartbeats at the
 interval the service answers; ``PublishEvents`` of the ``EngineState``'s index events (fed by
-the subscriber through :meth:`EngineLink.on_events`); a ``SyncWorker`` of the state's
-snapshot whenever the service asks for one, after every registration, and when the pending
-events overflow; registration again when the service says it lost the worker; the next
-service address (``kvmesh.retry``'s table) when one fails, with a jittered backoff.
+the subscriber through :meth:`EngineLink.on_events`; each serialized once, straight into the
+request: ``service_conn.publish_request``); a ``SyncWorker`` of the state's snapshot
+whenever the service asks for one, after every registration, and when the pending events
+overflow; registration again when the service says it lost the worker; the next service
+address (``kvmesh.retry``'s table) when one fails, with a jittered backoff.
 
 Liveness follows the engine's metrics: every heartbeat first scrapes the engine
 (``bridge.engine_load``); a heartbeat whose scrape fails is not sent, so an engine whose
