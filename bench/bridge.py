@@ -207,6 +207,7 @@ class Stack:
         svc = cpu_s(self.service.pid) - svc0
         delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         seen = [x for x in lags if x is not None]
+        publishes = delta.get("kvmesh_bridge_publishes_total", 0)
         return {
             "offered_blocks_per_s": rate, "stored_blocks": run["stored_blocks"],
             "publish_s": round(run["seconds"], 3), "publisher_late_s": round(run["late_s"], 3),
@@ -236,10 +237,9 @@ class Stack:
             "registrations": int(delta.get("kvmesh_bridge_registrations_total", 0)),
             # each PublishEvents costs the bridge ~0.2 ms of CPU whatever it carries: below
             # capacity they go out nearly per engine batch, past it a few per loop turn
-            "publishes_per_s": round(delta.get("kvmesh_bridge_publishes_total", 0) / wall),
-            "events_per_publish": round(delta.get("kvmesh_bridge_events_published_total", 0)
-                                        / max(1.0, delta.get("kvmesh_bridge_publishes_total",
-                                                             0)), 1),
+            "publishes_per_s": round(publishes / wall),
+            "events_per_publish": (round(delta.get("kvmesh_bridge_events_published_total", 0)
+                                         / publishes, 1) if publishes else None),
         }
 
     def close(self) -> None:
