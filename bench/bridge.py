@@ -10,7 +10,9 @@ removal of an older one), for ``--seconds``:
 - ingest: stored blocks the bridge applied (its ``blocks_stored_total``) over the wall time
   from the first publish until it caught up with the last batch; ``cpu``: the bridge
   process's CPU seconds over that time (utime + stime), and blocks per bridge CPU-second
-  (what one dedicated core would ingest: the host is shared by every process here);
+  (what one dedicated core would ingest: the host is shared by every process here); the
+  same CPU in microseconds per stored block, and split by thread (``thread_cpu_s``: the
+  ingest loop, ZMQ's I/O, gRPC's, the others);
 - lag: a probe engine publishes a fresh two-block chain every ``1/probes`` s during the run;
   the bench polls ``Route`` (dry run, every 2 ms) until the index shows it: publish to
   routable, p50 / p99 / max. Also the bridge's own ``kvmesh_bridge_lag_seconds`` (batch time
@@ -18,7 +20,8 @@ removal of an older one), for ``--seconds``:
 - the stream's health over the run: gaps, replays, clears (losses nothing filled), and the
   index side's: resyncs (snapshots sent), overflows and sheds (pending events dropped for a
   snapshot: past the bound, or outweighing the snapshot), heartbeats skipped (silent: the
-  engine's metrics; stale: the bridge stuck) and re-registrations.
+  engine's metrics; stale: the bridge stuck) and re-registrations; ``PublishEvents`` calls
+  per second and index events each carried (a call's fixed CPU dominates below capacity).
 
 Goals (issue 15): 200,000 blocks/s ingested by one bridge process, publish-to-routable
 p99 under 50 ms at that rate.
@@ -57,6 +60,29 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of ``pid``'s threads by kind: ``loop`` (the main thread: the ingest loop,
+    i.e. ZMQ receives, decode, engine state, the links' publishes), ``zmq`` (libzmq's I/O
+    threads), ``grpc`` (gRPC core's threads that name themselves) and ``other`` (the beat
+    thread's heartbeats and scrapes, the metrics server, asyncio's executor, gRPC's unnamed
+    poller)."""
+    out = dict.fromkeys(("loop", "zmq", "grpc", "other"), 0.0)
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        kind = ("loop" if int(tid) == pid else "zmq" if name.startswith("ZMQ")
+                else "grpc" if name.startswith(("grpc", "event_engine", "default-executo"))
+                else "other")
+        out[kind] += (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -156,6 +182,7 @@ class Stack:
     def measure(self, rate: float, seconds: float, probes: float) -> dict:
         before, t0 = self.scrape(), time.time()
         cpu0, svc0 = cpu_s(self.bridge.pid), cpu_s(self.service.pid)
+        threads0 = thread_cpu_s(self.bridge.pid)
         lags: list[float | None] = []
         done = threading.Event()
 
@@ -169,14 +196,18 @@ class Stack:
         thread.start()
         run = self.command(f"run {rate} {seconds}")
         want = before.get("kvmesh_bridge_blocks_stored_total", 0) + run["stored_blocks"]
+        # (every scrape costs the bridge a few ms of CPU: polled at 10/s, not 20)
         caught = wait_until(lambda: self.scrape()["kvmesh_bridge_blocks_stored_total"] >= want
-                            and time.time(), 300, what="the bridge to catch up")
+                            and time.time(), 300, interval=0.1, what="the bridge to catch up")
+        wall, cpu = caught - t0, cpu_s(self.bridge.pid) - cpu0
+        threads = {k: v - threads0[k] for k, v in thread_cpu_s(self.bridge.pid).items()}
         done.set()
         thread.join()
-        wall, cpu, after = caught - t0, cpu_s(self.bridge.pid) - cpu0, self.scrape()
+        after = self.scrape()
         svc = cpu_s(self.service.pid) - svc0
         delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         seen = [x for x in lags if x is not None]
+        publishes = delta.get("kvmesh_bridge_publishes_total", 0)
         return {
             "offered_blocks_per_s": rate, "stored_blocks": run["stored_blocks"],
             "publish_s": round(run["seconds"], 3), "publisher_late_s": round(run["late_s"], 3),
@@ -184,6 +215,10 @@ class Stack:
             "bridge_cpu_s": round(cpu, 3),
             "blocks_per_bridge_cpu_s": round(run["stored_blocks"] / cpu) if cpu else None,
             "service_cpu_s": round(svc, 3),
+            # the bridge's CPU per stored block, by thread kind (``thread_cpu_s``)
+            "bridge_us_per_block": round(cpu / run["stored_blocks"] * 1e6, 2),
+            **{f"{k}_us_per_block": round(v / run["stored_blocks"] * 1e6, 2)
+               for k, v in threads.items()},
             "probe_lag_p50_ms": round(percentile(seen, 0.5) * 1e3, 1),
             "probe_lag_p99_ms": round(percentile(seen, 0.99) * 1e3, 1),
             "probe_lag_max_ms": round(max(seen, default=float("nan")) * 1e3, 1),
@@ -200,6 +235,11 @@ class Stack:
             "stale_beats": int(delta.get("kvmesh_bridge_stale_beats_total", 0)),
             "silent_beats": int(delta.get("kvmesh_bridge_silent_beats_total", 0)),
             "registrations": int(delta.get("kvmesh_bridge_registrations_total", 0)),
+            # each PublishEvents costs the bridge ~0.2 ms of CPU whatever it carries: below
+            # capacity they go out nearly per engine batch, past it a few per loop turn
+            "publishes_per_s": round(publishes / wall),
+            "events_per_publish": (round(delta.get("kvmesh_bridge_events_published_total", 0)
+                                         / publishes, 1) if publishes else None),
         }
 
     def close(self) -> None:
@@ -265,17 +305,23 @@ def register(bench: typer.Typer) -> None:
         table = Table(title=f"one bridge, {engines} engines, {blocks}-block batches, "
                             f"{backend} index")
         cols = ("offered/s", "ingested/s", "per bridge CPU-s", "bridge CPU share",
+                "us/block: loop+zmq+grpc+other",
                 "lag p50 ms", "lag p99 ms", "bridge lag p50/p99 <= ms", "gaps", "clears",
-                "resyncs/sheds", "silent+stale beats", "re-registrations")
+                "resyncs/sheds", "publishes/s (events each)", "silent+stale beats",
+                "re-registrations")
         for col in cols:
             table.add_column(col, justify="right")
         for r in rows:
             table.add_row(f"{r['offered_blocks_per_s']:,.0f}", f"{r['ingest_blocks_per_s']:,}",
                           f"{r['blocks_per_bridge_cpu_s'] or 0:,}",
                           f"{r['bridge_cpu_s'] / r['wall_s']:.2f}",
+                          f"{r['bridge_us_per_block']} = {r['loop_us_per_block']}+"
+                          f"{r['zmq_us_per_block']}+{r['grpc_us_per_block']}+"
+                          f"{r['other_us_per_block']}",
                           str(r["probe_lag_p50_ms"]), str(r["probe_lag_p99_ms"]),
                           f"{r['bridge_lag_p50_le_ms']}/{r['bridge_lag_p99_le_ms']}",
                           str(r["gaps"]), str(r["clears"]), f"{r['resyncs']}/{r['sheds']}",
+                          f"{r['publishes_per_s']} ({r['events_per_publish']})",
                           str(r["silent_beats"] + r["stale_beats"]), str(r["registrations"]))
         Console().print(table)
         best = max(rows, key=lambda r: r["ingest_blocks_per_s"])

@@ -96,11 +96,12 @@ def _extract(rev: str, into: str) -> None:
         tar.extractall(into, filter="data")
 
 
-def _child(pythonpath: list[str], args: list[str], label: str, cwd: str) -> dict:
-    """One measurement in a fresh process with ``pythonpath`` first on the path, run from
-    ``cwd`` (``-m`` puts the working directory before ``PYTHONPATH``)."""
+def _child(pythonpath: list[str], args: list[str], label: str, cwd: str,
+           module: str = "bench.bridge_ingest") -> dict:
+    """One measurement (``python -m module``) in a fresh process with ``pythonpath`` first on
+    the path, run from ``cwd`` (``-m`` puts the working directory before ``PYTHONPATH``)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(pythonpath))
-    out = subprocess.run([sys.executable, "-m", "bench.bridge_ingest", *args,
+    out = subprocess.run([sys.executable, "-m", module, *args,
                           f"--label={label}"], check=True, env=env, capture_output=True,
                          text=True, cwd=cwd).stdout
     return json.loads(out.splitlines()[-1])

@@ -5,10 +5,11 @@ import ``worker/``, so this is its smallest bridge-side twin): ``RegisterWorker`
 model, block size, this bridge's hash algorithm and root hash (the bridge rehashes every
 block, so those are kvmesh's, not the engine's) and a random incarnation; heartbeats at the
 interval the service answers; ``PublishEvents`` of the ``EngineState``'s index events (fed by
-the subscriber through :meth:`EngineLink.on_events`); a ``SyncWorker`` of the state's
-snapshot whenever the service asks for one, after every registration, and when the pending
-events overflow; registration again when the service says it lost the worker; the next
-service address (``kvmesh.retry``'s table) when one fails, with a jittered backoff.
+the subscriber through :meth:`EngineLink.on_events`; each serialized once, straight into the
+request: ``service_conn.publish_request``); a ``SyncWorker`` of the state's snapshot
+whenever the service asks for one, after every registration, and when the pending events
+overflow; registration again when the service says it lost the worker; the next service
+address (``kvmesh.retry``'s table) when one fails, with a jittered backoff.
 
 Liveness follows the engine's metrics: every heartbeat first scrapes the engine
 (``bridge.engine_load``); a heartbeat whose scrape fails is not sent, so an engine whose
@@ -50,7 +51,7 @@ from bridge.beat_thread import BeatThread
 from bridge.engine_load import EngineLoad, LoadSource
 from bridge.engine_state import EngineState
 from bridge.pending import MAX_BLOCKS, Pending
-from bridge.service_conn import Conn, Stub
+from bridge.service_conn import Conn, Stub, publish_head, publish_request
 from kvmesh.backlog import BatchLimits
 from kvmesh.retry import Action, Backoff, Source, decide
 from kvmesh.v1 import index_pb2
@@ -78,6 +79,7 @@ class EngineLink:
             worker_id=worker_id, address=address, block_size=state.block_size,
             hash_algo=state.algo, root_hash=root_hash, incarnation=self.incarnation)
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._publish_head = publish_head(worker_id, self.incarnation)
         self.heartbeat_s = heartbeat_s
         self.timeout = rpc_timeout_s
         self.limits = BatchLimits(batch_max, batch_max_hashes)  # raises for limits < 1
@@ -342,8 +344,7 @@ class EngineLink:
                 self.need_sync = True
                 return
             batch = self.pending.batch(self.limits.events, self.limits.hashes)
-            req = index_pb2.PublishEventsRequest(worker_id=self.worker_id, events=batch,
-                                                 incarnation=self.incarnation)
+            req = publish_request(self._publish_head, batch)
             try:
                 resp = await self._rpc(stub.PublishEvents, req, self.timeout)
             except grpc.aio.AioRpcError as err:
@@ -359,6 +360,7 @@ class EngineLink:
             self.last_seq = batch[-1].seq
             self.acked_at = time.monotonic()
             self.counters["events_published"] += len(batch)
+            self.counters["publishes"] += 1
             self._acked(self.last_seq)
 
     def _refused(self, batch: list[index_pb2.KvEvent], err: grpc.aio.AioRpcError) -> None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from bridge.beat_thread import BeatThread
@@ -81,10 +83,39 @@ def build(opts: BridgeOptions, engines: list[EngineSpec]) -> list[Rank]:
     return out
 
 
+# Allocations between young-generation collections while serving (CPython's default: 700).
+GC_YOUNG = 50_000
+
+
+@contextlib.contextmanager
+def quiet_gc(young: int = GC_YOUNG) -> Iterator[None]:
+    """The cyclic collector tuned for the ingest loop, restored on the way out.
+
+    Why: every engine batch allocates and drops dozens of containers (decoded events,
+    lists, tuples), and nearly none is part of a cycle; at the default threshold young
+    collections ran every few batches and full ones traversed every object the process has
+    (modules, gRPC, ZMQ, the fleet): about 2% of the bridge's CPU at capacity (measured
+    with ``gc.callbacks``; under 0.1% tuned). Here what exists once the fleet is built is
+    frozen (never traversed again; it lives as long as the process) and young collections
+    wait for ``young`` allocations. Cycles are still collected, only less often."""
+    old = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(young, old[1], old[2])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
+
+
 async def serve(opts: BridgeOptions, engines: list[EngineSpec],
                 stop: asyncio.Event | None = None) -> None:
-    """Bridge ``engines`` until ``stop`` is set (or SIGINT/SIGTERM)."""
-    await run(build(opts, engines), opts, stop)
+    """Bridge ``engines`` until ``stop`` is set (or SIGINT/SIGTERM), with the collector
+    tuned (``quiet_gc``)."""
+    fleet = build(opts, engines)
+    with quiet_gc():
+        await run(fleet, opts, stop)
 
 
 async def run(fleet: list[Rank], opts: BridgeOptions, stop: asyncio.Event | None = None) -> None:

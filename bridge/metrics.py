@@ -63,6 +63,7 @@ _LINK = {
     "registrations": ("registrations_total", "Registrations with the service."),
     "resyncs": ("resyncs_total", "Snapshots sent (SyncWorker)."),
     "events_published": ("events_published_total", "Index events published."),
+    "publishes": ("publishes_total", "PublishEvents calls the service acknowledged."),
     "silent_beats": ("silent_beats_total", "Heartbeats skipped: engine metrics silent."),
     "overflows": ("overflows_total", "Pending events dropped for a snapshot."),
     "sheds": ("sheds_total", "Pending events shed for a snapshot (they outweighed it)."),

@@ -2,19 +2,69 @@
 
 Each ``Conn`` belongs to one event loop (gRPC aio channels do): the bridge's links hold one
 for their events (the ingest loop) and one for their heartbeats (the beat thread's loop).
+
+``PublishEvents`` goes out serialized by the link (:func:`publish_request`): each queued
+index event is serialized once and framed as the request's repeated ``events`` field, where
+building a ``PublishEventsRequest`` message copied every event into it and gRPC then
+serialized the copy (together a third of the link's CPU per event).
 """
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Sequence
 
 import grpc
 import grpc.aio
 
 from kvmesh.channel import CHANNEL_OPTIONS, Dialer
 from kvmesh.retry import ReplicaRing
-from kvmesh.v1 import index_pb2_grpc
+from kvmesh.v1 import index_pb2, index_pb2_grpc
 
-Stub = index_pb2_grpc.IndexServiceStub
+# protobuf's key of PublishEventsRequest.events: field number, wire type 2 (length-delimited)
+_EVENTS_KEY = (index_pb2.PublishEventsRequest.DESCRIPTOR.fields_by_name["events"].number
+               << 3) | 2
+
+
+@functools.lru_cache(maxsize=4096)
+def _event_key(size: int) -> bytes:
+    """The key and varint length that precede an ``events`` entry of ``size`` bytes."""
+    out = bytearray((_EVENTS_KEY,))
+    while size > 0x7F:
+        out.append(size & 0x7F | 0x80)
+        size >>= 7
+    out.append(size)
+    return bytes(out)
+
+
+def publish_head(worker_id: str, incarnation: int) -> bytes:
+    """A ``PublishEventsRequest``'s fields other than its events, serialized."""
+    return index_pb2.PublishEventsRequest(worker_id=worker_id,
+                                          incarnation=incarnation).SerializeToString()
+
+
+def publish_request(head: bytes, events: Sequence[index_pb2.KvEvent]) -> bytes:
+    """The serialized ``PublishEventsRequest`` of ``head`` (``publish_head``) and ``events``,
+    in order. Protobuf parses fields in any order, a repeated message field entry by entry,
+    so this parses to the message built from the same fields."""
+    parts = [head]
+    for ev in events:
+        data = ev.SerializeToString()
+        parts.append(_event_key(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+class Stub(index_pb2_grpc.IndexServiceStub):
+    """``IndexService``'s stub, its ``PublishEvents`` taking the request already serialized
+    (``publish_request``'s bytes); every other method as generated."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        super().__init__(channel)
+        self.PublishEvents = channel.unary_unary(  # gRPC's name
+            "/kvmesh.v1.IndexService/PublishEvents", request_serializer=None,
+            response_deserializer=index_pb2.PublishEventsResponse.FromString,
+            _registered_method=True)
 
 
 class Conn:
