@@ -143,8 +143,9 @@ class Subscriber:
         try:
             while True:
                 timeout = None
-                if self._queue:
-                    timeout = 0
+                if self._queue:  # batches taken, unread: hardly a wait, but a full turn of
+                    timeout = 1  # the loop (a zero-timeout poll answers without yielding,
+                    # and a bare yield let a 1 s batch run before the liveness ticker)
                 elif self.probe_interval is not None and self.replay is not None:
                     timeout = max(0, int((quiet_since + self.probe_interval - loop.time())
                                          * 1000))
