@@ -126,6 +126,7 @@ class Subscriber:
         self.lag = Lag(max_lag_s, name or events) if max_lag_s is not None else None
         self._queue: collections.deque[list[bytes]] = collections.deque()  # taken, unread
         self._skipping = False  # dropping the socket's backlog after a lag clear
+        self._behind = False  # the last live batch applied was older than the bound
 
     async def run(self) -> None:
         sub = self.ctx.socket(zmq.SUB)
@@ -235,8 +236,6 @@ class Subscriber:
             self._behind = self.lag.behind
 
     # --- bounded staleness ----------------------------------------------------------------
-
-    _behind = False  # the last live batch applied was older than the bound
 
     def _take(self, sub: zmq.Socket, until: float) -> None:
         """Move the socket's backlog to the own queue, unread, until it is empty or past
