@@ -78,7 +78,8 @@ def build(opts: BridgeOptions, engines: list[EngineSpec]) -> list[Rank]:
                 heartbeat_s=opts.heartbeat_s)
             sub = Subscriber(state, r.events, r.replay, link.on_events,
                              topic=spec.topic.encode(), replay_timeout=opts.replay_timeout_s,
-                             probe_interval=opts.probe_interval_s)
+                             probe_interval=opts.probe_interval_s, name=r.worker_id,
+                             max_lag_s=lambda link=link: link.liveness_s / 2)
             out.append(Rank(r, state, sub, link))
     return out
 

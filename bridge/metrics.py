@@ -11,7 +11,10 @@ subscriber's, the state's and the link's own statistics), so nothing is counted 
 - the stream's health: ``gaps_total``, ``replays_total``, ``replayed_batches_total``,
   ``replay_failures_total``, ``restarts_total`` (another engine process detected),
   ``unfilled_total`` (losses nothing could fill: the engine's entries were cleared),
-  ``duplicates_total``, ``malformed_total``, ``clears_total``, ``disconnects_total``;
+  ``duplicates_total``, ``malformed_total``, ``clears_total``, ``disconnects_total``,
+  ``lag_clears_total`` (ingest behind past its bound with removals queued: the engine's
+  entries were cleared and its queued batches, ``skipped_batches_total``, dropped unread;
+  ``bridge.subscriber`` has the policy);
 - the index side: ``heartbeats_total``, ``registrations_total``, ``resyncs_total``,
   ``events_published_total``, ``silent_beats_total`` (heartbeats skipped: the engine's
   metrics did not answer), ``pending_events``, ``up`` (registered, metrics answering);
@@ -48,6 +51,9 @@ _STREAM = {  # SubscriberStats field -> (metric, help)
     "duplicates": ("duplicates_total", "Live batches a replay had already delivered."),
     "malformed": ("malformed_total", "Messages or payloads that did not parse."),
     "disconnects": ("disconnects_total", "Disconnections of the event stream."),
+    "lag_clears": ("lag_clears_total",
+                   "Ingest behind past its bound with removals queued: entries cleared."),
+    "skipped": ("skipped_batches_total", "Queued batches dropped unread by lag clears."),
 }
 _STATE = {
     "batches": ("batches_total", "Event batches applied."),

@@ -28,6 +28,26 @@ Recovery (a "resync" asks the replay socket from ``state.replay_from``):
   if no replay answers, the state is cleared before it is applied.
 - A batch that does not decode is a lost batch: clear.
 
+Bounded staleness (``max_lag_s``; the bridge passes half the service's liveness timeout its
+link learned): heartbeats, on their own thread, keep a bridge past its capacity live while
+its batches queue in the SUB socket; a removal queued there leaves the index claiming blocks
+the engine dropped, and must not for longer than a liveness timeout. So after each live
+batch applied its age is measured (``bridge.lag``: growth over the clock offset's minimum,
+safe against a skewed engine clock). Past the bound, ingest is ``behind``: before each next
+batch, what the socket holds is moved, unread, to the subscriber's own queue (order kept;
+``TURN_S`` at a time), each payload searched for a removal's tag (``BlockRemoved``,
+``AllBlocksCleared``: a msgpack string in every encoding vLLM used; a string field holding
+one only errs towards clearing). Batches of stores only are applied as before (the index
+under-claims meanwhile, which routing tolerates). A removal found clears the engine (the
+index hears ``cleared``: it under-claims, never over-claims; ``lag_clears``), drops the
+queue and the socket's backlog unread (``skipped``) until the socket is empty, and ingest
+resumes from the next batch (the state takes it as FIRST). So does an own queue grown past
+``rcvhwm``. The engine stays registered: nothing here touches the link's heartbeats. A
+replay could not save the clear: it returns the same backlog, older. A removal waits at most
+the bound plus one batch's apply (it is younger than the batch whose age crossed the bound);
+the other half of the liveness timeout covers that batch, the clear's publish and the
+index's answer. Live batches queued behind a replay are checked only once it ends.
+
 The ingest loop is shared by every engine of the process: a drain stops after ``DRAIN``
 batches or ``TURN_S`` seconds, and a replay of thousands of batches yields every ``TURN_S``,
 so the loop turns (other engines, publishes, the watchdog the heartbeats read) at least that
@@ -38,6 +58,7 @@ Stop by cancelling the task running ``run()``; sockets are closed on the way out
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,10 +68,12 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from bridge.engine_state import EngineState, SeqCheck
+from bridge.lag import Bound, Lag
 from kvmesh import vllm_events as ve
 from kvmesh.v1 import index_pb2
 
 Sink = Callable[[list[index_pb2.KvEvent]], None]
+REMOVALS = (b"BlockRemoved", b"AllBlocksCleared")  # the tags of events that drop blocks
 
 
 @dataclass
@@ -67,6 +90,8 @@ class SubscriberStats:
     malformed: int = 0       # messages or payloads that did not parse
     connects: int = 0
     disconnects: int = 0
+    lag_clears: int = 0      # behind past max_lag_s with removals queued: cleared, skipped
+    skipped: int = 0         # queued live batches dropped unread by lag clears
 
 
 class Subscriber:
@@ -81,7 +106,8 @@ class Subscriber:
     def __init__(self, state: EngineState, events: str, replay: str | None, on_events: Sink,
                  *, topic: bytes = b"", replay_timeout: float = 5.0,
                  probe_interval: float | None = 10.0, rcvhwm: int = 100_000,
-                 ctx: zmq.asyncio.Context | None = None) -> None:
+                 ctx: zmq.asyncio.Context | None = None, max_lag_s: Bound | None = None,
+                 name: str | None = None) -> None:
         self.state = state
         self.events = events
         self.replay = replay
@@ -96,6 +122,11 @@ class Subscriber:
         # Set by a disconnect: the next live batch may come from another engine process,
         # even with the expected seq, so the anchor is checked (a resync) before applying it.
         self._suspect = False
+        # bounded staleness (module contract): None without max_lag_s
+        self.lag = Lag(max_lag_s, name or events) if max_lag_s is not None else None
+        self._queue: collections.deque[list[bytes]] = collections.deque()  # taken, unread
+        self._skipping = False  # dropping the socket's backlog after a lag clear
+        self._behind = False  # the last live batch applied was older than the bound
 
     async def run(self) -> None:
         sub = self.ctx.socket(zmq.SUB)
@@ -113,7 +144,10 @@ class Subscriber:
         try:
             while True:
                 timeout = None
-                if self.probe_interval is not None and self.replay is not None:
+                if self._queue:  # batches taken, unread: hardly a wait, but a full turn of
+                    timeout = 1  # the loop (a zero-timeout poll answers without yielding,
+                    # and a bare yield let a 1 s batch run before the liveness ticker)
+                elif self.probe_interval is not None and self.replay is not None:
                     timeout = max(0, int((quiet_since + self.probe_interval - loop.time())
                                          * 1000))
                 ready = dict(await poller.poll(timeout))
@@ -125,9 +159,10 @@ class Subscriber:
                     else:
                         self.stats.connects += 1
                         await self._resync()
-                if sub in ready:
+                if sub in ready or self._queue:
                     until = loop.time() + self.TURN_S
-                    await self._on_live(await sub.recv_multipart())
+                    if not (self._queue or self._skipping or self._behind):
+                        await self._on_live(await sub.recv_multipart())
                     await self._drain(raw, until)
                     quiet_since = loop.time()
                 elif not ready:  # quiet for probe_interval: is the engine still where we are?
@@ -145,15 +180,25 @@ class Subscriber:
         monitor again): one poll per burst, not per batch, which was most of a batch's cost
         at high rates (a non-blocking receive on the socket's blocking twin skips the poller
         and asyncio's futures; the poller checks the socket's state afresh each poll). Stops
-        past ``until`` (the loop's time)."""
+        past ``until`` (the loop's time). Behind past the bound, takes the backlog first
+        (module contract); the subscriber's own queue comes before the socket."""
         loop = asyncio.get_running_loop()
         for _ in range(self.DRAIN):
+            if self._skipping:
+                self._skip(sub, until)
+                return
             if loop.time() > until:
                 return
-            try:
-                frames = sub.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+            if self._behind:
+                self._take(sub, until)
+                continue
+            if self._queue:
+                frames = self._queue.popleft()
+            else:
+                try:
+                    frames = sub.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    return
             await self._on_live(frames)
 
     async def _on_live(self, frames: list[bytes]) -> None:
@@ -186,6 +231,48 @@ class Subscriber:
             self._emit(self.state.clear())
         self._dups.clear()  # live is now past every replayed seq: no copy can follow
         self._apply(seq, payload)
+        if self.lag is not None and self.state.last_ts is not None:
+            self.lag.observe(self.state.last_ts)
+            self._behind = self.lag.behind
+
+    # --- bounded staleness ----------------------------------------------------------------
+
+    def _take(self, sub: zmq.Socket, until: float) -> None:
+        """Move the socket's backlog to the own queue, unread, until it is empty or past
+        ``until``; a removal among it (or a queue past ``rcvhwm``) clears the engine."""
+        loop = asyncio.get_running_loop()
+        self._behind = False  # one look per batch applied: the next one looks again
+        while loop.time() <= until:
+            try:
+                frames = sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._queue.append(frames)
+            payload = frames[-1]
+            if any(tag in payload for tag in REMOVALS) or len(self._queue) > self.rcvhwm:
+                self._lag_clear()
+                return
+
+    def _lag_clear(self) -> None:
+        assert self.lag is not None
+        self.stats.lag_clears += 1
+        self.stats.skipped += len(self._queue)
+        self.lag.cleared(len(self._queue))
+        self._queue.clear()
+        self._emit(self.state.clear())
+        self._skipping = True
+
+    def _skip(self, sub: zmq.Socket, until: float) -> None:
+        """Drop the socket's backlog unread until it is empty (ingest resumes from the next
+        batch) or past ``until`` (the next turn goes on)."""
+        loop = asyncio.get_running_loop()
+        while loop.time() <= until:
+            try:
+                sub.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                self._skipping = False
+                return
+            self.stats.skipped += 1
 
     def _apply(self, seq: int, payload: bytes) -> None:
         try:

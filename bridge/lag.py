@@ -1,0 +1,76 @@
+"""How far one engine's ingest trails the engine, against a bound, whatever the engine's clock.
+
+The subscriber asks after every live batch it applies (``observe(ts)``, ``ts`` the batch's
+engine time stamp) whether ingest is behind past the bound; it then looks for removals among
+the queued batches and, finding one, clears the engine (``bridge.subscriber`` has the policy).
+
+Age, not the raw clock difference: ``offset = bridge wall clock - ts`` mixes the engine's
+clock skew with the delay, so the age is the offset's growth over its smallest value seen
+(the ``baseline``: skew plus the quickest delivery). A skewed engine clock is then harmless
+and hosts out of NTP only cost precision. The baseline follows the engine's clock down at
+once (a smaller offset); a clock stepping back looks like a jump in age, so after a lag
+clear (``cleared()``) the next batch observed, taken from an emptied socket and so fresh,
+moves the baseline to itself (a ``rebase``) if it still measures past the bound. A bridge
+already behind at its first live batch measures age only beyond that delay (the baseline
+comes down as soon as it catches up).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+log = logging.getLogger("kvmesh.bridge.subscriber")
+
+Bound = float | Callable[[], float]
+
+
+class Lag:
+    """One engine's ingest age against ``bound`` seconds (a callable is read at each batch:
+    the bridge passes half the liveness timeout its link learned)."""
+
+    WARN_EVERY_S = 30.0  # lag clears are logged at most this often per engine
+
+    def __init__(self, bound: Bound, name: str) -> None:
+        self.bound = bound
+        self.name = name
+        self.baseline: float | None = None  # min (wall clock - engine ts) of live batches
+        self.age = 0.0  # of the last batch observed
+        self.behind = False  # it was older than the bound
+        self.rebases = 0
+        self._rebase = False  # the next batch may move the baseline (after a lag clear)
+        self._warned_at = -float("inf")
+        self._unwarned = 0  # lag clears since the last warning
+
+    def limit(self) -> float:
+        return float(self.bound() if callable(self.bound) else self.bound)
+
+    def observe(self, ts: float, now: float | None = None) -> float:
+        """The age of the live batch just applied (engine time stamp ``ts``); sets
+        ``behind``."""
+        offset = (time.time() if now is None else now) - ts
+        if self.baseline is None or offset < self.baseline:
+            self.baseline = offset
+        age = offset - self.baseline
+        bound = self.limit()
+        rebase, self._rebase = self._rebase, False
+        if rebase and age > bound:  # fresh, yet "late": the engine's clock moved back
+            self.rebases += 1
+            log.warning("%s: the engine's clock moved %.1f s back against the bridge's; "
+                        "measuring lag from here", self.name, age)
+            self.baseline, age = offset, 0.0
+        self.age, self.behind = age, age > bound
+        return age
+
+    def cleared(self, skipped: int) -> None:
+        """The engine was cleared for lag: warn (rate-limited), arm the rebase check."""
+        self.behind = False
+        self._rebase = True
+        self._unwarned += 1
+        now = time.monotonic()
+        if now - self._warned_at >= self.WARN_EVERY_S:
+            log.warning("%s: ingest %.1f s behind the engine (bound %.1f s) with removals "
+                        "queued: its index entries are cleared and %d+ queued batches skipped "
+                        "(%d clear(s) since the last warning); the bridge is past its "
+                        "capacity", self.name, self.age, self.limit(), skipped, self._unwarned)
+            self._warned_at, self._unwarned = now, 0
