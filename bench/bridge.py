@@ -7,8 +7,10 @@ pages), and ONE ``kvmesh bridge vllm`` process bridging them all. Per offered ra
 blocks per second across engines, each batch a fresh chain of ``--blocks`` blocks and the
 removal of an older one), for ``--seconds``:
 
-- ingest: stored blocks the bridge applied (its ``blocks_stored_total``) over the wall time
-  from the first publish until it caught up with the last batch; ``cpu``: the bridge
+- ingest: stored blocks the bridge applied (its ``blocks_stored_total``, the probes' taken
+  out) over the wall time from the first publish until it caught up with the last batch
+  (every batch applied or, by a lag clear, skipped unread: ``lag_clears``,
+  ``skipped_batches``); ``cpu``: the bridge
   process's CPU seconds over that time (utime + stime), and blocks per bridge CPU-second
   (what one dedicated core would ingest: the host is shared by every process here); the
   same CPU in microseconds per stored block, and split by thread (``thread_cpu_s``: the
@@ -186,19 +188,25 @@ class Stack:
         lags: list[float | None] = []
         done = threading.Event()
 
+        sent = [0]  # probe batches published (the bridge counts them as messages too)
+
         def prober() -> None:
-            n = 0
             while not done.wait(1 / probes):
-                n += 1
-                lags.append(self.probe_lag(n + int(t0)))
+                sent[0] += 1
+                lags.append(self.probe_lag(sent[0] + int(t0)))
 
         thread = threading.Thread(target=prober, daemon=True)
         thread.start()
         run = self.command(f"run {rate} {seconds}")
-        want = before.get("kvmesh_bridge_blocks_stored_total", 0) + run["stored_blocks"]
+        # caught up: every batch published was applied or, by a lag clear, skipped unread
         # (every scrape costs the bridge a few ms of CPU: polled at 10/s, not 20)
-        caught = wait_until(lambda: self.scrape()["kvmesh_bridge_blocks_stored_total"] >= want
-                            and time.time(), 300, interval=0.1, what="the bridge to catch up")
+        def taken(m: dict[str, float]) -> float:
+            return (m.get("kvmesh_bridge_messages_total", 0)
+                    + m.get("kvmesh_bridge_skipped_batches_total", 0))
+
+        want = taken(before) + run["batches"]
+        caught = wait_until(lambda: taken(self.scrape()) >= want + sent[0] and time.time(),
+                            300, interval=0.1, what="the bridge to catch up")
         wall, cpu = caught - t0, cpu_s(self.bridge.pid) - cpu0
         threads = {k: v - threads0[k] for k, v in thread_cpu_s(self.bridge.pid).items()}
         done.set()
@@ -208,16 +216,19 @@ class Stack:
         delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         seen = [x for x in lags if x is not None]
         publishes = delta.get("kvmesh_bridge_publishes_total", 0)
+        # blocks the bridge applied (lag clears skip some: they are not ingested)
+        applied = delta.get("kvmesh_bridge_blocks_stored_total", 0) - 2 * len(lags)
         return {
             "offered_blocks_per_s": rate, "stored_blocks": run["stored_blocks"],
             "publish_s": round(run["seconds"], 3), "publisher_late_s": round(run["late_s"], 3),
-            "wall_s": round(wall, 3), "ingest_blocks_per_s": round(run["stored_blocks"] / wall),
+            "applied_blocks": int(applied),
+            "wall_s": round(wall, 3), "ingest_blocks_per_s": round(applied / wall),
             "bridge_cpu_s": round(cpu, 3),
-            "blocks_per_bridge_cpu_s": round(run["stored_blocks"] / cpu) if cpu else None,
+            "blocks_per_bridge_cpu_s": round(applied / cpu) if cpu else None,
             "service_cpu_s": round(svc, 3),
             # the bridge's CPU per stored block, by thread kind (``thread_cpu_s``)
-            "bridge_us_per_block": round(cpu / run["stored_blocks"] * 1e6, 2),
-            **{f"{k}_us_per_block": round(v / run["stored_blocks"] * 1e6, 2)
+            "bridge_us_per_block": round(cpu / max(applied, 1) * 1e6, 2),
+            **{f"{k}_us_per_block": round(v / max(applied, 1) * 1e6, 2)
                for k, v in threads.items()},
             "probe_lag_p50_ms": round(percentile(seen, 0.5) * 1e3, 1),
             "probe_lag_p99_ms": round(percentile(seen, 0.99) * 1e3, 1),
@@ -232,6 +243,8 @@ class Stack:
             "resyncs": int(delta.get("kvmesh_bridge_resyncs_total", 0)),
             "overflows": int(delta.get("kvmesh_bridge_overflows_total", 0)),
             "sheds": int(delta.get("kvmesh_bridge_sheds_total", 0)),
+            "lag_clears": int(delta.get("kvmesh_bridge_lag_clears_total", 0)),
+            "skipped_batches": int(delta.get("kvmesh_bridge_skipped_batches_total", 0)),
             "stale_beats": int(delta.get("kvmesh_bridge_stale_beats_total", 0)),
             "silent_beats": int(delta.get("kvmesh_bridge_silent_beats_total", 0)),
             "registrations": int(delta.get("kvmesh_bridge_registrations_total", 0)),
@@ -307,6 +320,7 @@ def register(bench: typer.Typer) -> None:
         cols = ("offered/s", "ingested/s", "per bridge CPU-s", "bridge CPU share",
                 "us/block: loop+zmq+grpc+other",
                 "lag p50 ms", "lag p99 ms", "bridge lag p50/p99 <= ms", "gaps", "clears",
+                "lag clears (batches skipped)",
                 "resyncs/sheds", "publishes/s (events each)", "silent+stale beats",
                 "re-registrations")
         for col in cols:
@@ -320,7 +334,9 @@ def register(bench: typer.Typer) -> None:
                           f"{r['other_us_per_block']}",
                           str(r["probe_lag_p50_ms"]), str(r["probe_lag_p99_ms"]),
                           f"{r['bridge_lag_p50_le_ms']}/{r['bridge_lag_p99_le_ms']}",
-                          str(r["gaps"]), str(r["clears"]), f"{r['resyncs']}/{r['sheds']}",
+                          str(r["gaps"]), str(r["clears"]),
+                          f"{r['lag_clears']} ({r['skipped_batches']})",
+                          f"{r['resyncs']}/{r['sheds']}",
                           f"{r['publishes_per_s']} ({r['events_per_publish']})",
                           str(r["silent_beats"] + r["stale_beats"]), str(r["registrations"]))
         Console().print(table)

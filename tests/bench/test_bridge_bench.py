@@ -19,6 +19,8 @@ def test_a_small_run_ingests_everything_and_measures_the_lag() -> None:
                          timeout=240, check=True).stdout
     (row,) = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert row["stored_blocks"] == 4000
+    assert row["applied_blocks"] == 4000  # the probes' blocks taken out
+    assert row["lag_clears"] == row["skipped_batches"] == 0
     assert row["ingest_blocks_per_s"] > 1000 and row["blocks_per_bridge_cpu_s"] > 0
     assert row["probes"] >= 2 and row["probes_lost"] == 0
     assert 0 < row["probe_lag_p50_ms"] < 10_000
