@@ -23,22 +23,10 @@ from tests.bridge.cluster import (
     Running,
     chain,
     router,
-    start_service,
 )
 from tests.ports import closed_port_address, free_port
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def service(redis_server: RedisServer):
-    if not redis_server.alive:
-        redis_server.start()
-    proc = start_service(redis_server)
-    try:
-        yield proc.address
-    finally:
-        proc.stop()
 
 
 def scrape(port: int) -> str:

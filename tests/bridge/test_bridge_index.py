@@ -11,8 +11,6 @@ import asyncio
 import grpc
 import pytest
 
-from deploy.process import ServerProcess
-from deploy.redis_server import RedisServer
 from kvmesh import vllm_events as ve
 from kvmesh.v1 import index_pb2 as pb
 from tests.bridge.cluster import (
@@ -23,24 +21,11 @@ from tests.bridge.cluster import (
     chain,
     removed,
     router,
-    start_service,
     stored,
 )
 from tests.bridge.fake_vllm import FakeEngine
 
 pytestmark = pytest.mark.integration
-
-
-
-@pytest.fixture(scope="module")
-def service(redis_server: RedisServer):
-    if not redis_server.alive:
-        redis_server.start()
-    proc: ServerProcess = start_service(redis_server)
-    try:
-        yield proc.address
-    finally:
-        proc.stop()
 
 
 def test_routes_find_the_engine_holding_a_prefix(service: str) -> None:

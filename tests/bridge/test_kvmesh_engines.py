@@ -12,23 +12,13 @@ import openai
 import pytest
 
 from bridge.config import EngineSpec
-from deploy.redis_server import RedisServer
 from kvmesh.v1 import index_pb2 as pb
-from tests.bridge.cluster import Running, router, start_service
+from tests.bridge.cluster import Running, router
 from tests.http_engines import BS, HttpWorker
 from tests.ports import free_port
 
 pytestmark = pytest.mark.integration
 WITHIN = 30.0
-
-
-@pytest.fixture(scope="module")
-def service(redis_server: RedisServer):
-    if not redis_server.alive:
-        redis_server.start()
-    proc = start_service(redis_server)
-    yield proc.address
-    proc.stop()
 
 
 def spec(w: HttpWorker, worker_id: str) -> EngineSpec:

@@ -10,25 +10,12 @@ import time
 import grpc
 import pytest
 
-from deploy.process import ServerProcess
-from deploy.redis_server import RedisServer
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
-from tests.bridge.cluster import Engine, Running, chain, removed, router, start_service
+from tests.bridge.cluster import Engine, Running, chain, removed, router
 from tests.bridge.test_overload import Watch, spin, tokens
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def service(redis_server: RedisServer):
-    if not redis_server.alive:
-        redis_server.start()
-    proc: ServerProcess = start_service(redis_server)
-    try:
-        yield proc.address
-    finally:
-        proc.stop()
 
 
 class Claims:
