@@ -27,6 +27,7 @@ import tarfile
 import tempfile
 import time
 from collections import deque
+from collections.abc import Iterator
 
 import numpy as np
 import typer
@@ -107,6 +108,25 @@ def _child(pythonpath: list[str], args: list[str], label: str, cwd: str,
     return json.loads(out.splitlines()[-1])
 
 
+def compare(against: str, args: list[str], rounds: int,
+            module: str = "bench.bridge_ingest") -> Iterator[tuple[str, dict]]:
+    """``python -m module args`` on the tree of git revision ``against`` and on this one,
+    alternated ``rounds`` times (this host's other load drifts); each result, printed as it
+    comes, with its side's name."""
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory() as tmp:
+        old = os.path.join(tmp, "src")
+        os.mkdir(old)
+        _extract(against, old)
+        # the old packages first on the path, the bench module from here
+        for _ in range(rounds):
+            for name, path in ((f"before ({against})", [old, here]),
+                               ("after (working tree)", [here])):
+                r = _child(path, args, name, tmp, module)
+                print(json.dumps(r), flush=True)
+                yield name, r
+
+
 def main(batches: int = 20_000, engines: int = 8, blocks: int = 16, block_size: int = 16,
          window: int = 64, per_request: int = 8, repeat: int = 3,
          against: str = typer.Option("", help="git revision to compare with (before)"),
@@ -117,20 +137,9 @@ def main(batches: int = 20_000, engines: int = 8, blocks: int = 16, block_size: 
                 f"--block-size={block_size}", f"--window={window}",
                 f"--per-request={per_request}", f"--repeat={repeat}"]
         best: dict[str, dict] = {}
-        here = os.getcwd()
-        with tempfile.TemporaryDirectory() as tmp:
-            old = os.path.join(tmp, "src")
-            os.mkdir(old)
-            _extract(against, old)
-            # alternated, as this host's other load drifts; the old packages first on the
-            # path, this bench module from here
-            for _ in range(rounds):
-                for name, path in ((f"before ({against})", [old, here]),
-                                   ("after (working tree)", [here])):
-                    r = _child(path, args, name, tmp)
-                    print(json.dumps(r), flush=True)
-                    if r["blocks_per_cpu_s"] > best.get(name, {}).get("blocks_per_cpu_s", 0):
-                        best[name] = r
+        for name, r in compare(against, args, rounds):
+            if r["blocks_per_cpu_s"] > best.get(name, {}).get("blocks_per_cpu_s", 0):
+                best[name] = r
         before, after = best.values()
         print(json.dumps({"before_blocks_per_cpu_s": before["blocks_per_cpu_s"],
                           "after_blocks_per_cpu_s": after["blocks_per_cpu_s"],

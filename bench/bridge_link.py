@@ -21,13 +21,12 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 
 import typer
 
-from bench.bridge_ingest import _child, _extract, payloads
+from bench.bridge_ingest import compare, payloads
 from bridge.beat_thread import BeatThread
 from bridge.engine_state import EngineState
 from bridge.link import EngineLink
@@ -104,16 +103,8 @@ def main(batches: int = 40_000, engines: int = 8, blocks: int = 16, block_size: 
         args = [f"--batches={batches}", f"--engines={engines}", f"--blocks={blocks}",
                 f"--block-size={block_size}", f"--window={window}", f"--turn={turn}",
                 f"--backlog={backlog}", f"--repeat={repeat}"]
-        here = os.getcwd()
-        with tempfile.TemporaryDirectory() as tmp:
-            old = os.path.join(tmp, "src")
-            os.mkdir(old)
-            _extract(against, old)
-            for _ in range(rounds):
-                for name, path in ((f"before ({against})", [old, here]),
-                                   ("after (working tree)", [here])):
-                    print(json.dumps(_child(path, args, name, tmp, "bench.bridge_link")),
-                          flush=True)
+        for _ in compare(against, args, rounds, "bench.bridge_link"):
+            pass
         return
     work = payloads(batches, engines, blocks, block_size, window)
     chain_hashes(none_hash(), [1], 1, None, DEFAULT_ALGO)
