@@ -160,10 +160,9 @@ class Subscriber:
                         self.stats.connects += 1
                         await self._resync()
                 if sub in ready or self._queue:
-                    until = loop.time() + self.TURN_S
-                    if not (self._queue or self._skipping or self._behind):
-                        await self._on_live(await sub.recv_multipart())
-                    await self._drain(raw, until)
+                    # (the socket's future-based receive cost more than the batch's
+                    # decode: the drain takes even the first batch on the blocking twin)
+                    await self._drain(raw, loop.time() + self.TURN_S)
                     quiet_since = loop.time()
                 elif not ready:  # quiet for probe_interval: is the engine still where we are?
                     await self._resync()
@@ -196,7 +195,7 @@ class Subscriber:
                 frames = self._queue.popleft()
             else:
                 try:
-                    frames = sub.recv_multipart(zmq.NOBLOCK)
+                    frames = _recv(sub)
                 except zmq.Again:
                     return
             await self._on_live(frames)
@@ -244,7 +243,7 @@ class Subscriber:
         self._behind = False  # one look per batch applied: the next one looks again
         while loop.time() <= until:
             try:
-                frames = sub.recv_multipart(zmq.NOBLOCK)
+                frames = _recv(sub)
             except zmq.Again:
                 return
             self._queue.append(frames)
@@ -268,7 +267,9 @@ class Subscriber:
         loop = asyncio.get_running_loop()
         while loop.time() <= until:
             try:
-                sub.recv_multipart(zmq.NOBLOCK, copy=False)
+                frame = sub.recv(zmq.NOBLOCK, copy=False)
+                while frame.more:  # the rest of a message is there once its first frame is
+                    frame = sub.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 self._skipping = False
                 return
@@ -366,3 +367,15 @@ class Subscriber:
                 self.stats.replayed += 1
         finally:
             dealer.close(linger=0)
+
+
+def _recv(sub: zmq.Socket) -> list[bytes]:
+    """``sub.recv_multipart(zmq.NOBLOCK)``, in half its CPU: a frame's ``more`` flag instead
+    of a ``RCVMORE`` option call per frame (a message's frames arrive together, so only the
+    first can raise ``zmq.Again``)."""
+    frame = sub.recv(zmq.NOBLOCK, copy=False)
+    parts = [frame.bytes]
+    while frame.more:
+        frame = sub.recv(zmq.NOBLOCK, copy=False)
+        parts.append(frame.bytes)
+    return parts
