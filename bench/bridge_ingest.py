@@ -3,8 +3,9 @@
 ``python -m bench.bridge_ingest`` times what one bridge process does per engine batch, apart
 from ZMQ and gRPC themselves: ``EngineState.ingest`` (msgpack decode, seq checks, rehash,
 copy counting, index events) and the ``PublishEventsRequest`` the link would send, built from
-the queued index events and serialized (``SerializeToString``, what gRPC sends), one request
-per ``--per-request`` batches. Time is process CPU time, so the figure does not depend on
+the queued index events as the link builds it (``service_conn.publish_request``: the bytes
+gRPC sends), one request per ``--per-request`` batches; the states are built as the bridge
+process builds them (``bridge_state``). Time is process CPU time, so the figure does not depend on
 what else this host runs; it is the bridge's capacity per CPU-second.
 
 The load is ``bench.bridge_load``'s: per batch one ``BlockStored`` of ``--blocks`` new blocks
@@ -18,6 +19,7 @@ run shows before and after on the same host and load. Output: one JSON line per 
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import os
@@ -34,9 +36,9 @@ import typer
 
 from bench.bridge_load import VOCAB
 from bridge.engine_state import EngineState
+from bridge.service_conn import publish_head, publish_request
 from kvmesh import vllm_events as ve
 from kvmesh.hashing import DEFAULT_ALGO, chain_hashes, none_hash
-from kvmesh.v1 import index_pb2
 
 
 def payloads(batches: int, engines: int, blocks: int, block_size: int, window: int,
@@ -62,11 +64,20 @@ def payloads(batches: int, engines: int, blocks: int, block_size: int, window: i
     return out
 
 
+def bridge_state(block_size: int, cls: type[EngineState] = EngineState) -> EngineState:
+    """An engine state as the bridge process builds it (its events in wire form where the
+    code under test has that: ``--against`` may run older code)."""
+    if "wire" in inspect.signature(EngineState).parameters:
+        return cls(block_size=block_size, wire=True)
+    return cls(block_size=block_size)
+
+
 def measure(work: list[tuple[int, int, bytes]], engines: int, block_size: int,
             per_request: int) -> dict:
     """CPU seconds to ingest ``work`` and serialize its requests; blocks stored per second."""
-    states = [EngineState(block_size=block_size) for _ in range(engines)]
-    queued: list[list[index_pb2.KvEvent]] = [[] for _ in range(engines)]
+    states = [bridge_state(block_size) for _ in range(engines)]
+    heads = [publish_head(f"e{j}", 1) for j in range(engines)]
+    queued: list[list] = [[] for _ in range(engines)]
     size = 0
     t0 = time.process_time()
     for n, (i, seq, payload) in enumerate(work):
@@ -74,9 +85,7 @@ def measure(work: list[tuple[int, int, bytes]], engines: int, block_size: int,
         if (n + 1) % (per_request * engines) == 0 or n + 1 == len(work):
             for j, events in enumerate(queued):
                 if events:
-                    req = index_pb2.PublishEventsRequest(worker_id=f"e{j}", events=events,
-                                                         incarnation=1)
-                    size += len(req.SerializeToString())
+                    size += len(publish_request(heads[j], events))  # as the link does
                     queued[j] = []
     cpu = time.process_time() - t0
     stored = sum(s.stats.stored_blocks for s in states)

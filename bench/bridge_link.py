@@ -26,9 +26,8 @@ from collections.abc import Callable
 
 import typer
 
-from bench.bridge_ingest import compare, payloads
+from bench.bridge_ingest import bridge_state, compare, payloads
 from bridge.beat_thread import BeatThread
-from bridge.engine_state import EngineState
 from bridge.link import EngineLink
 from deploy.process import ServerProcess
 from deploy.waiting import wait_until
@@ -39,7 +38,7 @@ async def feed(address: str, work: list[tuple[int, int, bytes]], engines: int,
                block_size: int, turn: int, backlog: int) -> dict:
     """One run: fresh links (registered and synced before timing), ``work`` fed through
     them until the index acknowledged every event; CPU split into ingest and the rest."""
-    states = [EngineState(block_size=block_size) for _ in range(engines)]
+    states = [bridge_state(block_size) for _ in range(engines)]
     root = none_hash()
     links = [EngineLink([address], s, None, worker_id=f"link-e{i}", address="127.0.0.1:9",
                         model="bench", root_hash=root) for i, s in enumerate(states)]

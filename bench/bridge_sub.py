@@ -25,7 +25,7 @@ import typer
 import zmq
 import zmq.asyncio
 
-from bench.bridge_ingest import compare, payloads
+from bench.bridge_ingest import bridge_state, compare, payloads
 from bridge.engine_state import EngineState
 from bridge.subscriber import Subscriber
 from kvmesh import vllm_events as ve
@@ -52,7 +52,7 @@ async def run(work: list[tuple[int, int, bytes]], engines: int, block_size: int)
         pub = pub_ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.SNDHWM, 0)
         port = pub.bind_to_random_port("tcp://127.0.0.1")
-        sub = Subscriber(_Timed(block_size=block_size), f"tcp://127.0.0.1:{port}", None,
+        sub = Subscriber(bridge_state(block_size, _Timed), f"tcp://127.0.0.1:{port}", None,
                          lambda events: None, probe_interval=None, rcvhwm=0, ctx=ctx)
         pubs.append(pub)
         subs.append(sub)

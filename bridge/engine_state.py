@@ -77,11 +77,13 @@ class EngineState:
     """The index's view of one engine (one data-parallel rank); see the module contract.
 
     ``bulk=False`` applies every event block by block: the same results, slower (the
-    reference the bulk paths are tested against)."""
+    reference the bulk paths are tested against). ``wire=True``: the index events come as
+    ``bridge.wire.Wire`` (the same events, serialized as the link sends them; the bridge
+    process's states), else as ``index_pb2.KvEvent`` messages."""
 
     def __init__(self, *, block_size: int, algo: str = DEFAULT_ALGO, seed: str | None = None,
                  loras: Mapping[str, str] | None = None, group: int = 0,
-                 memo_blocks: int = 65_536, bulk: bool = True) -> None:
+                 memo_blocks: int = 65_536, bulk: bool = True, wire: bool = False) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
@@ -92,6 +94,7 @@ class EngineState:
         self.stats = StateStats()
         self.out_seq = 0
         self.memo_blocks = memo_blocks
+        self.wire = wire
         self._copies = Copies(memo_blocks, bulk)
         # chain hash -> parent of every chain the index holds (the copies' map, cleared in
         # place, so this stays the same dict)
@@ -143,7 +146,7 @@ class EngineState:
         """Forget every block and the seq position; the index hears one ``cleared``."""
         self._expected = self._anchor = None
         self.last_ts = None
-        runs = IndexEvents(self._next_out)
+        runs = IndexEvents(self._next_out, self.wire)
         self._forget(runs)
         return runs.events
 
@@ -152,7 +155,7 @@ class EngineState:
     def apply(self, batch: ve.KVEventBatch) -> list[index_pb2.KvEvent]:
         """Apply one batch's events (no seq bookkeeping) and return the index events."""
         self.stats.batches += 1
-        runs = IndexEvents(self._next_out)
+        runs = IndexEvents(self._next_out, self.wire)
         for ev in batch.events:
             if isinstance(ev, ve.BlockStored):
                 self._stored(ev, runs)

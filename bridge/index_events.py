@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from bridge.wire import Wire
 from kvmesh.v1 import index_pb2
 
 PB_TIERS = (index_pb2.TIER_GPU, index_pb2.TIER_CPU, index_pb2.TIER_DISK)
@@ -19,11 +20,13 @@ class IndexEvents:
     """Index events being built, numbered by ``next_seq``: consecutive chain blocks of one
     tier share one message (``stored`` of a block whose parent is the run's last block extends
     the run; ``removed`` of one tier extends a removal run), up to ``MAX_RUN`` hashes.
-    ``flush()`` ends the last run."""
+    ``flush()`` ends the last run. ``wire=True``: each event a ``bridge.wire.Wire`` (the
+    same event, already as the link sends it) instead of a message."""
 
-    def __init__(self, next_seq: Callable[[], int]) -> None:
+    def __init__(self, next_seq: Callable[[], int], wire: bool = False) -> None:
         self.next_seq = next_seq
-        self.events: list[index_pb2.KvEvent] = []
+        self.wire = wire
+        self.events: list[index_pb2.KvEvent | Wire] = []
         self.kind = ""
         self.tier = -1
         self.parent = b""
@@ -69,13 +72,20 @@ class IndexEvents:
 
     def cleared(self) -> None:
         self.flush()
-        self.events.append(index_pb2.KvEvent(seq=self.next_seq(),
-                                             cleared=index_pb2.AllBlocksCleared()))
+        seq = self.next_seq()
+        self.events.append(Wire.cleared(seq) if self.wire else
+                           index_pb2.KvEvent(seq=seq, cleared=index_pb2.AllBlocksCleared()))
 
     def flush(self) -> None:
         if not self.hashes:
             return
         seq, tier = self.next_seq(), PB_TIERS[self.tier]
+        if self.wire:
+            self.events.append(Wire.stored(seq, self.hashes, self.parent, tier)
+                               if self.kind == "stored" else
+                               Wire.removed(seq, self.hashes, tier))
+            self.kind, self.hashes = "", []
+            return
         # a dict builds the sub-message in place (a message argument would be copied)
         if self.kind == "stored":
             ev = index_pb2.KvEvent(seq=seq, stored={

@@ -68,7 +68,7 @@ def build(opts: BridgeOptions, engines: list[EngineSpec]) -> list[Rank]:
             scraper = scrapers.setdefault(
                 r.metrics_url, Scraper(r.metrics_url, timeout=opts.metrics_timeout_s))
             state = EngineState(block_size=spec.block_size, algo=opts.hash_algo, seed=seed,
-                                loras=spec.lora)
+                                loras=spec.lora, wire=True)  # events as the link sends them
             link = EngineLink(
                 list(opts.services), state,
                 LoadSource(scraper, r.rank, num_blocks=spec.num_blocks,

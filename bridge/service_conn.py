@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import grpc
 import grpc.aio
 
+from bridge.wire import Wire
 from kvmesh.channel import CHANNEL_OPTIONS, Dialer
 from kvmesh.retry import ReplicaRing
 from kvmesh.v1 import index_pb2, index_pb2_grpc
@@ -43,12 +44,16 @@ def publish_head(worker_id: str, incarnation: int) -> bytes:
                                           incarnation=incarnation).SerializeToString()
 
 
-def publish_request(head: bytes, events: Sequence[index_pb2.KvEvent]) -> bytes:
-    """The serialized ``PublishEventsRequest`` of ``head`` (``publish_head``) and ``events``,
-    in order. Protobuf parses fields in any order, a repeated message field entry by entry,
-    so this parses to the message built from the same fields."""
+def publish_request(head: bytes, events: Sequence[index_pb2.KvEvent | Wire]) -> bytes:
+    """The serialized ``PublishEventsRequest`` of ``head`` (``publish_head``) and ``events``
+    (messages, or ``Wire`` entries as they are), in order. Protobuf parses fields in any
+    order, a repeated message field entry by entry, so this parses to the message built from
+    the same fields."""
     parts = [head]
     for ev in events:
+        if type(ev) is Wire:
+            parts.append(ev.entry)
+            continue
         data = ev.SerializeToString()
         parts.append(_event_key(len(data)))
         parts.append(data)
