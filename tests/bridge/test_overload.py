@@ -145,8 +145,7 @@ def test_a_slow_index_sheds_the_backlog_for_snapshots_and_ends_exact(service: st
             peak, weight, add = [0], [0], link.pending.add
 
             def counted(events, after=0):
-                weight[0] += sum(1 + len(ev.stored.block_hashes) + len(ev.removed.block_hashes)
-                                 for ev in events)
+                weight[0] += sum(1 + link.pending.hashes(ev) for ev in events)
                 ok = add(events, after)
                 peak[0] = max(peak[0], link.pending.blocks)
                 return ok
