@@ -24,16 +24,21 @@ _STORED_TIER = b"\x18"   # BlockStored.tier = 3
 _REMOVED_TIER = b"\x10"  # BlockRemoved.tier = 2
 
 
-def varint(n: int) -> bytes:
-    """Protobuf's base-128 varint of ``n >= 0``."""
-    if n < 0x80:
-        return bytes((n,))
+def _varint(n: int) -> bytes:
     out = bytearray()
     while n > 0x7F:
         out.append(n & 0x7F | 0x80)
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+_SMALL = tuple(_varint(n) for n in range(1 << 14))  # one or two bytes: every length here
+
+
+def varint(n: int) -> bytes:
+    """Protobuf's base-128 varint of ``n >= 0``."""
+    return _SMALL[n] if n < 16384 else _varint(n)
 
 
 def _seq(seq: int) -> bytes:
@@ -44,8 +49,8 @@ def _hashes(hashes: Sequence[bytes]) -> bytes:
     if not hashes:
         return b""
     size = len(hashes[0])
-    if size < 0x80 and all(len(h) == size for h in hashes):  # every chain hash of one algo
-        key = _HASH + bytes((size,))
+    if size < 0x80 and set(map(len, hashes)) == {size}:  # every chain hash of one algo
+        key = _HASH + _SMALL[size]
         return key + key.join(hashes)
     return b"".join(_HASH + varint(len(h)) + h for h in hashes)
 
@@ -74,14 +79,14 @@ class Wire:
         if parent:
             body += _PARENT + varint(len(parent)) + parent
         if tier:
-            body += _STORED_TIER + varint(tier)
+            body += _STORED_TIER + _SMALL[tier]
         return cls(seq, len(hashes), _seq(seq) + _STORED + varint(len(body)) + body)
 
     @classmethod
     def removed(cls, seq: int, hashes: Sequence[bytes], tier: int) -> Wire:
         body = _hashes(hashes)
         if tier:
-            body += _REMOVED_TIER + varint(tier)
+            body += _REMOVED_TIER + _SMALL[tier]
         return cls(seq, len(hashes), _seq(seq) + _REMOVED + varint(len(body)) + body)
 
     @classmethod
