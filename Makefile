@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# setup.py builds the optional C extension (kvmesh/_chain.c): an edit to it reinstalls.
+$(STAMP): pyproject.toml setup.py kvmesh/_chain.c
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel of torch lies on this machine's disk: install it first so the project's
