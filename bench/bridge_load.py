@@ -103,7 +103,8 @@ class Steps:
     appends one ``BlockStored`` per request whose blocks filled in the step (the request's
     new full blocks, chained) and one ``BlockRemoved`` per evicted block (a single hash).
     So a batch here is ``blocks`` new blocks split over ``requests`` fresh chains (unique
-    hashes; token ids Zipf-distributed over a 128k vocabulary, like text, or uniform), and
+    hashes and contents; token ids Zipf-distributed over a 128k vocabulary, like text, or
+    uniform), and
     once ``window`` batches of the engine are out, the removal of the batch that many
     earlier (the index stays bounded): one event per block, each chain tail first (vLLM
     frees a request's blocks in reverse order, so its tail is evicted first), or with
@@ -121,18 +122,32 @@ class Steps:
         self.uniform, self.bulk_removals = uniform, bulk_removals
         self.sizes = [blocks // requests + (r < blocks % requests) for r in range(requests)]
         self.rng = np.random.default_rng(seed)
+        # drawing 2,048 Zipf ids costs ~0.3 ms: at 200,000 blocks/s that would be half a core
+        # of this (shared) host; so batches are slices of a pool drawn once, each chain made
+        # unique by a counter in its first two ids
+        pool = 1 << 21
+        self.pool = (self.rng.integers(0, VOCAB, pool) if uniform
+                     else (self.rng.zipf(1.2, pool) - 1) % VOCAB)
+        self.chains = itertools.count()
         self.hashes = itertools.count(10**9)  # the bench's probe engine uses small hashes
         self.sent: list[deque[list[list[int]]]] = [deque() for _ in range(engines)]
 
-    def tokens(self, n: int) -> list[int]:
-        if self.uniform:
-            return self.rng.integers(0, VOCAB, n).tolist()
-        return ((self.rng.zipf(1.2, n) - 1) % VOCAB).tolist()
+    def tokens(self, sizes: list[int]) -> list[int]:
+        """Token ids for chains of ``sizes`` blocks, back to back; no two chains alike."""
+        n = sum(sizes) * self.block_size
+        at = int(self.rng.integers(0, len(self.pool) - n))
+        out = self.pool[at:at + n].copy()
+        start = 0
+        for size in sizes:
+            c = next(self.chains)
+            out[start], out[start + 1] = c % VOCAB, c // VOCAB % VOCAB
+            start += size * self.block_size
+        return out.tolist()
 
     def batch(self, i: int) -> list:
         """Engine ``i``'s next batch of events."""
         bs, hashes = self.block_size, self.hashes
-        tokens = self.tokens(self.blocks * bs)
+        tokens = self.tokens(self.sizes)
         chains = [[next(hashes) for _ in range(n)] for n in self.sizes]
         events: list = []
         at = 0
