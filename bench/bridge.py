@@ -4,8 +4,9 @@ engine's publish to a routable index at that rate.
 Processes: a service (``--backend memory``, or Redis: Valkey), the load
 (``bench.bridge_load``: ``--engines`` vLLM-like publishers with replay sockets and metrics
 pages), and ONE ``kvmesh bridge vllm`` process bridging them all. Per offered rate (stored
-blocks per second across engines, each batch a fresh chain of ``--blocks`` blocks and the
-removal of an older one), for ``--seconds``:
+blocks per second across engines, in batches shaped as vLLM's engine steps publish them:
+``--blocks`` new blocks over ``--requests`` fresh chains, and one ``BlockRemoved`` per block
+of an older batch; ``bench.bridge_load.Steps`` says why), for ``--seconds``:
 
 - ingest: stored blocks the bridge applied (its ``blocks_stored_total``, the probes' taken
   out) over the wall time from the first publish until it caught up with the last batch
@@ -97,7 +98,8 @@ def percentile(values: list[float], q: float) -> float:
 class Stack:
     """Service, load and bridge processes (``close`` stops them all)."""
 
-    def __init__(self, engines: int, blocks: int, backend: str, uniform: bool) -> None:
+    def __init__(self, engines: int, blocks: int, backend: str, uniform: bool,
+                 requests: int = 4, bulk_removals: bool = False) -> None:
         self.tmp = tempfile.TemporaryDirectory(prefix="kvmesh-bench-bridge-")
         self.redis = (RedisServer(free_port()).start()
                       if backend == "redis" else None)
@@ -106,7 +108,8 @@ class Stack:
             "--port", "0", "--log-level", "warning", "--backend", backend], env=env).start()
         self.load = subprocess.Popen(
             [sys.executable, "-m", "bench.bridge_load", "--engines", str(engines), "--blocks",
-             str(blocks), *(["--uniform"] if uniform else [])],
+             str(blocks), "--requests", str(requests), *(["--uniform"] if uniform else []),
+             *(["--bulk-removals"] if bulk_removals else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         info = json.loads(self.load.stdout.readline())
         self.probe = zmq.Context.instance().socket(zmq.PUB)
@@ -282,9 +285,10 @@ def _hist_ms(delta: dict[str, float], q: float) -> float | None:
     return None
 
 
-def run(rates: list[float], seconds: float = 10.0, engines: int = 8, blocks: int = 16,
-        backend: str = "memory", uniform: bool = False, probes: float = 5.0) -> list[dict]:
-    stack = Stack(engines, blocks, backend, uniform)
+def run(rates: list[float], seconds: float = 10.0, engines: int = 8, blocks: int = 128,
+        backend: str = "memory", uniform: bool = False, probes: float = 5.0,
+        requests: int = 4, bulk_removals: bool = False) -> list[dict]:
+    stack = Stack(engines, blocks, backend, uniform, requests, bulk_removals)
     try:
         return [{"backend": backend, "engines": engines, **stack.measure(r, seconds, probes)}
                 for r in rates]
@@ -298,7 +302,12 @@ def register(bench: typer.Typer) -> None:
                                          help="offered stored blocks/s, comma-separated"),
                seconds: float = typer.Option(10.0, help="publishing time per rate"),
                engines: int = typer.Option(8, min=1, help="engines one bridge bridges"),
-               blocks: int = typer.Option(16, min=1, help="blocks per stored batch"),
+               blocks: int = typer.Option(128, min=1, help="blocks stored per batch (an "
+                                          "engine step)"),
+               requests: int = typer.Option(4, min=1, help="BlockStored events (requests) "
+                                            "a batch's blocks are split over"),
+               bulk_removals: bool = typer.Option(False, help="one BlockRemoved per batch "
+                                                  "instead of one per block as vLLM emits"),
                backend: str = typer.Option("memory", help="the service's index: memory or "
                                            "redis (Valkey)"),
                uniform: bool = typer.Option(False, help="uniform token ids (default: Zipf, "
@@ -307,7 +316,7 @@ def register(bench: typer.Typer) -> None:
                as_json: bool = typer.Option(False, "--json")) -> None:
         """One bridge process: blocks/s ingested across engines, publish-to-routable lag."""
         rows = run([float(r) for r in rates.split(",")], seconds, engines, blocks, backend,
-                   uniform, probes)
+                   uniform, probes, requests, bulk_removals)
         if as_json:
             for row in rows:
                 print(json.dumps(row))
@@ -315,8 +324,8 @@ def register(bench: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=f"one bridge, {engines} engines, {blocks}-block batches, "
-                            f"{backend} index")
+        table = Table(title=f"one bridge, {engines} engines, {blocks}-block batches "
+                            f"({requests} chains), {backend} index")
         cols = ("offered/s", "ingested/s", "per bridge CPU-s", "bridge CPU share",
                 "us/block: loop+zmq+grpc+other",
                 "lag p50 ms", "lag p99 ms", "bridge lag p50/p99 <= ms", "gaps", "clears",

@@ -8,10 +8,11 @@ gRPC sends), one request per ``--per-request`` batches; the states are built as 
 process builds them (``bridge_state``). Time is process CPU time, so the figure does not depend on
 what else this host runs; it is the bridge's capacity per CPU-second.
 
-The load is ``bench.bridge_load``'s: per batch one ``BlockStored`` of ``--blocks`` new blocks
-(a fresh chain, int hashes, Zipf token ids over a 128k vocabulary, map encoding), and once
-``--window`` batches are out the ``BlockRemoved`` of the batch that many earlier, round-robin
-over ``--engines`` engines. Payloads are built before timing starts.
+The load is ``bench.bridge_load``'s (``Steps``): per batch (an engine step) ``--blocks`` new
+blocks over ``--requests`` fresh chains (int hashes, Zipf token ids over a 128k vocabulary,
+map encoding), and once ``--window`` batches are out the removal of the batch that many
+earlier, one ``BlockRemoved`` per block as vLLM emits them (``--bulk-removals``: one event),
+round-robin over ``--engines`` engines. Payloads are built before timing starts.
 
 ``--against REV``: the same measurement run on the bridge and kvmesh code of git revision
 ``REV`` (extracted to a temporary directory, this bench module unchanged), then here, so one
@@ -20,7 +21,6 @@ run shows before and after on the same host and load. Output: one JSON line per 
 from __future__ import annotations
 
 import inspect
-import itertools
 import json
 import os
 import subprocess
@@ -28,13 +28,11 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections import deque
 from collections.abc import Iterator
 
-import numpy as np
 import typer
 
-from bench.bridge_load import VOCAB
+from bench.bridge_load import VOCAB, Steps
 from bridge.engine_state import EngineState
 from bridge.service_conn import publish_head, publish_request
 from kvmesh import vllm_events as ve
@@ -42,23 +40,15 @@ from kvmesh.hashing import DEFAULT_ALGO, chain_hashes, none_hash
 
 
 def payloads(batches: int, engines: int, blocks: int, block_size: int, window: int,
-             seed: int = 0) -> list[tuple[int, int, bytes]]:
+             requests: int = 4, bulk_removals: bool = False, seed: int = 0
+             ) -> list[tuple[int, int, bytes]]:
     """``(engine, seq, payload)`` in publish order, as ``bench.bridge_load`` publishes."""
-    rng = np.random.default_rng(seed)
-    hashes = itertools.count(10**9)
-    sent: list[deque[list[int]]] = [deque() for _ in range(engines)]
+    steps = Steps(engines, blocks, requests, block_size, window,
+                  bulk_removals=bulk_removals, seed=seed)
     out = []
     for n in range(batches):
         i = n % engines
-        ids = [next(hashes) for _ in range(blocks)]
-        tokens = ((rng.zipf(1.2, blocks * block_size) - 1) % VOCAB).tolist()
-        events: list = [ve.BlockStored(block_hashes=ids, parent_block_hash=None,
-                                       token_ids=tokens, block_size=block_size, lora_id=None,
-                                       medium="GPU", lora_name=None)]
-        sent[i].append(ids)
-        if len(sent[i]) > window:
-            events.append(ve.BlockRemoved(block_hashes=sent[i].popleft(), medium="GPU"))
-        payload = ve.encode_batch(ve.KVEventBatch(ts=time.time(), events=events,
+        payload = ve.encode_batch(ve.KVEventBatch(ts=time.time(), events=steps.batch(i),
                                                   data_parallel_rank=0))
         out.append((i, n // engines, payload))
     return out
@@ -136,13 +126,16 @@ def compare(against: str, args: list[str], rounds: int,
                 yield name, r
 
 
-def main(batches: int = 20_000, engines: int = 8, blocks: int = 16, block_size: int = 16,
-         window: int = 64, per_request: int = 8, repeat: int = 3,
+def main(batches: int = 2_500, engines: int = 8, blocks: int = 128, requests: int = 4,
+         bulk_removals: bool = False, block_size: int = 16, window: int = 64,
+         per_request: int = 2, repeat: int = 3,
          against: str = typer.Option("", help="git revision to compare with (before)"),
          rounds: int = typer.Option(3, help="with --against: before/after runs, alternated"),
          label: str = "") -> None:
     if against:
         args = [f"--batches={batches}", f"--engines={engines}", f"--blocks={blocks}",
+                f"--requests={requests}",
+                "--bulk-removals" if bulk_removals else "--no-bulk-removals",
                 f"--block-size={block_size}", f"--window={window}",
                 f"--per-request={per_request}", f"--repeat={repeat}"]
         best: dict[str, dict] = {}
@@ -155,7 +148,7 @@ def main(batches: int = 20_000, engines: int = 8, blocks: int = 16, block_size: 
                           "speedup": round(after["blocks_per_cpu_s"]
                                            / before["blocks_per_cpu_s"], 2)}), flush=True)
         return
-    work = payloads(batches, engines, blocks, block_size, window)
+    work = payloads(batches, engines, blocks, block_size, window, requests, bulk_removals)
     # the token encoder's table grows once per process: not a per-block cost
     chain_hashes(none_hash(), [VOCAB - 1], 1, None, DEFAULT_ALGO)
     runs = [measure(work, engines, block_size, per_request) for _ in range(repeat)]

@@ -93,19 +93,22 @@ async def _until(fn: Callable[[], bool], timeout: float = 60.0) -> None:
         await asyncio.sleep(0.002)
 
 
-def main(batches: int = 40_000, engines: int = 8, blocks: int = 16, block_size: int = 16,
+def main(batches: int = 5_000, engines: int = 8, blocks: int = 128, requests: int = 4,
+         bulk_removals: bool = False, block_size: int = 16,
          window: int = 64, turn: int = 32, backlog: int = 16_384, repeat: int = 2,
          against: str = typer.Option("", help="git revision to compare with (before)"),
          rounds: int = typer.Option(3, help="with --against: before/after runs, alternated"),
          label: str = "") -> None:
     if against:
         args = [f"--batches={batches}", f"--engines={engines}", f"--blocks={blocks}",
+                f"--requests={requests}",
+                "--bulk-removals" if bulk_removals else "--no-bulk-removals",
                 f"--block-size={block_size}", f"--window={window}", f"--turn={turn}",
                 f"--backlog={backlog}", f"--repeat={repeat}"]
         for _ in compare(against, args, rounds, "bench.bridge_link"):
             pass
         return
-    work = payloads(batches, engines, blocks, block_size, window)
+    work = payloads(batches, engines, blocks, block_size, window, requests, bulk_removals)
     chain_hashes(none_hash(), [1], 1, None, DEFAULT_ALGO)
     service = ServerProcess("bench-service", "service", [
         "--port", "0", "--log-level", "warning", "--backend", "memory"]).start()

@@ -9,12 +9,10 @@ on stdin, one per line, answering each with one JSON line:
 - ``warm``: one empty batch per engine (the bench repeats it until the bridge has seen a live
   batch of every engine: a ZMQ subscription takes effect late);
 - ``run RATE SECONDS``: publish ``RATE`` stored blocks per second in total, round-robin over
-  the engines, for ``SECONDS``. Each batch is one ``BlockStored`` of ``--blocks`` new blocks
-  (a fresh chain of unique hashes; token ids Zipf-distributed over a 128k vocabulary, like
-  text, or uniform with ``--uniform``) and, once ``--window`` batches are out, the
-  ``BlockRemoved`` of the engine's batch that many batches earlier, so the index stays
-  bounded. Batches carry their publish time (``ts``): the bridge's lag is measured from it.
-  The answer says what was published and how late the publisher itself fell;
+  the engines, for ``SECONDS``, in batches shaped by ``Steps`` (one engine step each: its
+  docstring says why this is vLLM's shape). Batches carry their publish time (``ts``): the
+  bridge's lag is measured from it. The answer says what was published and how late the
+  publisher itself fell;
 - ``quit``.
 
 Every page path answers the same idle page, so the bench's own probe engine has one too.
@@ -98,30 +96,88 @@ def _serve_pages(block_size: int) -> int:
     return server.server_address[1]
 
 
-def main(engines: int = 8, blocks: int = 16, block_size: int = 16, window: int = 64,
-         uniform: bool = False, seed: int = 0) -> None:
+class Steps:
+    """The engines' batches, one per engine step, shaped as vLLM publishes them.
+
+    vLLM's engine core publishes one ``KVEventBatch`` per scheduler step; its block pool
+    appends one ``BlockStored`` per request whose blocks filled in the step (the request's
+    new full blocks, chained) and one ``BlockRemoved`` per evicted block (a single hash).
+    So a batch here is ``blocks`` new blocks split over ``requests`` fresh chains (unique
+    hashes and contents; token ids Zipf-distributed over a 128k vocabulary, like text, or
+    uniform), and
+    once ``window`` batches of the engine are out, the removal of the batch that many
+    earlier (the index stays bounded): one event per block, each chain tail first (vLLM
+    frees a request's blocks in reverse order, so its tail is evicted first), or with
+    ``bulk_removals`` one event for the whole batch (the shape earlier runs of this bench
+    used). The default 128 blocks a step is 2,048 prefill tokens, within the per-step token
+    budget vLLM's V1 engine sets by default (2,048 to 8,192 by GPU); 8 engines at 25,000
+    blocks/s each then step ~195 times a second."""
+
+    def __init__(self, engines: int, blocks: int = 128, requests: int = 4, block_size: int = 16,
+                 window: int = 64, uniform: bool = False, bulk_removals: bool = False,
+                 seed: int = 0) -> None:
+        if not 1 <= requests <= blocks:
+            raise ValueError(f"requests must be in [1, blocks], got {requests}")
+        self.blocks, self.block_size, self.window = blocks, block_size, window
+        self.uniform, self.bulk_removals = uniform, bulk_removals
+        self.sizes = [blocks // requests + (r < blocks % requests) for r in range(requests)]
+        self.rng = np.random.default_rng(seed)
+        # drawing 2,048 Zipf ids costs ~0.3 ms: at 200,000 blocks/s that would be half a core
+        # of this (shared) host; so batches are slices of a pool drawn once, each chain made
+        # unique by a counter in its first two ids
+        pool = 1 << 21
+        self.pool = (self.rng.integers(0, VOCAB, pool) if uniform
+                     else (self.rng.zipf(1.2, pool) - 1) % VOCAB)
+        self.chains = itertools.count()
+        self.hashes = itertools.count(10**9)  # the bench's probe engine uses small hashes
+        self.sent: list[deque[list[list[int]]]] = [deque() for _ in range(engines)]
+
+    def tokens(self, sizes: list[int]) -> list[int]:
+        """Token ids for chains of ``sizes`` blocks, back to back; no two chains alike."""
+        n = sum(sizes) * self.block_size
+        at = int(self.rng.integers(0, len(self.pool) - n))
+        out = self.pool[at:at + n].copy()
+        start = 0
+        for size in sizes:
+            c = next(self.chains)
+            out[start], out[start + 1] = c % VOCAB, c // VOCAB % VOCAB
+            start += size * self.block_size
+        return out.tolist()
+
+    def batch(self, i: int) -> list:
+        """Engine ``i``'s next batch of events."""
+        bs, hashes = self.block_size, self.hashes
+        tokens = self.tokens(self.sizes)
+        chains = [[next(hashes) for _ in range(n)] for n in self.sizes]
+        events: list = []
+        at = 0
+        for ids in chains:
+            events.append(ve.BlockStored(block_hashes=ids, parent_block_hash=None,
+                                         token_ids=tokens[at:at + len(ids) * bs],
+                                         block_size=bs, lora_id=None, medium="GPU",
+                                         lora_name=None))
+            at += len(ids) * bs
+        sent = self.sent[i]
+        sent.append(chains)
+        if len(sent) > self.window:
+            old = sent.popleft()
+            if self.bulk_removals:
+                events.append(ve.BlockRemoved(block_hashes=[h for ids in old for h in ids],
+                                              medium="GPU"))
+            else:
+                events += [ve.BlockRemoved(block_hashes=[h], medium="GPU")
+                           for ids in old for h in reversed(ids)]
+        return events
+
+
+def main(engines: int = 8, blocks: int = 128, requests: int = 4, block_size: int = 16,
+         window: int = 64, uniform: bool = False, bulk_removals: bool = False,
+         seed: int = 0) -> None:
     ctx = zmq.Context.instance()
     pubs = [Publisher(ctx) for _ in range(engines)]
     port = _serve_pages(block_size)
-    rng = np.random.default_rng(seed)
-    hashes = itertools.count(10**9)  # the bench's probe engine uses small hashes
-    sent: list[deque[list[int]]] = [deque() for _ in pubs]
-
-    def tokens(n: int) -> list[int]:
-        if uniform:
-            return rng.integers(0, VOCAB, n).tolist()
-        return ((rng.zipf(1.2, n) - 1) % VOCAB).tolist()
-
-    def batch(i: int) -> list:
-        ids = [next(hashes) for _ in range(blocks)]
-        events: list = [ve.BlockStored(block_hashes=ids, parent_block_hash=None,
-                                       token_ids=tokens(blocks * block_size),
-                                       block_size=block_size, lora_id=None, medium="GPU",
-                                       lora_name=None)]
-        sent[i].append(ids)
-        if len(sent[i]) > window:
-            events.append(ve.BlockRemoved(block_hashes=sent[i].popleft(), medium="GPU"))
-        return events
+    steps = Steps(engines, blocks, requests, block_size, window, uniform, bulk_removals, seed)
+    batch = steps.batch
 
     info = {"metrics": f"http://127.0.0.1:{port}",
             "engines": [dict(zip(("events", "replay"), p.endpoints(), strict=True))

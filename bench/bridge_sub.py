@@ -86,18 +86,21 @@ async def run(work: list[tuple[int, int, bytes]], engines: int, block_size: int)
             "gaps": sum(s.stats.gaps for s in subs)}
 
 
-def main(batches: int = 20_000, engines: int = 8, blocks: int = 16, block_size: int = 16,
+def main(batches: int = 2_500, engines: int = 8, blocks: int = 128, requests: int = 4,
+         bulk_removals: bool = False, block_size: int = 16,
          window: int = 64, repeat: int = 3,
          against: str = typer.Option("", help="git revision to compare with (before)"),
          rounds: int = typer.Option(3, help="with --against: before/after runs, alternated"),
          label: str = "") -> None:
     if against:
         args = [f"--batches={batches}", f"--engines={engines}", f"--blocks={blocks}",
+                f"--requests={requests}",
+                "--bulk-removals" if bulk_removals else "--no-bulk-removals",
                 f"--block-size={block_size}", f"--window={window}", f"--repeat={repeat}"]
         for _ in compare(against, args, rounds, "bench.bridge_sub"):
             pass
         return
-    work = payloads(batches, engines, blocks, block_size, window)
+    work = payloads(batches, engines, blocks, block_size, window, requests, bulk_removals)
     chain_hashes(none_hash(), [1 << 17], 1, None, DEFAULT_ALGO)  # the token table, grown once
     runs = [asyncio.run(run(work, engines, block_size)) for _ in range(repeat)]
     out = min(runs, key=lambda r: r["loop_us_per_block"])

@@ -156,13 +156,31 @@ class EngineState:
         """Apply one batch's events (no seq bookkeeping) and return the index events."""
         self.stats.batches += 1
         runs = IndexEvents(self._next_out, self.wire)
+        # vLLM's block pool emits one BlockRemoved per evicted block: consecutive removals of
+        # one tier are released as one list (the same result: ``release`` goes in order)
+        # (``bulk=False``: each event on its own, the reference)
+        gone: list = []
+        gone_tier, bulk = -1, self._copies.bulk
         for ev in batch.events:
+            if isinstance(ev, ve.BlockRemoved):
+                t = self._tier(ev)
+                if t is None:
+                    continue
+                if gone and (t != gone_tier or not bulk):
+                    self._release(gone, gone_tier, runs)
+                    gone = []
+                gone_tier = t
+                gone += ev.block_hashes
+                continue
+            if gone:
+                self._release(gone, gone_tier, runs)
+                gone = []
             if isinstance(ev, ve.BlockStored):
                 self._stored(ev, runs)
-            elif isinstance(ev, ve.BlockRemoved):
-                self._removed(ev, runs)
             else:
                 self._forget(runs)
+        if gone:
+            self._release(gone, gone_tier, runs)
         runs.flush()
         return runs.events
 
@@ -256,13 +274,10 @@ class EngineState:
             out.extend([None] * (j - i - len(out)))
         return out, reason
 
-    def _removed(self, ev: ve.BlockRemoved, runs: IndexEvents) -> None:
-        t = self._tier(ev)
-        if t is None:
-            return
-        unknown = self._copies.release(ev.block_hashes, t, runs)
+    def _release(self, hashes: list, t: int, runs: IndexEvents) -> None:
+        unknown = self._copies.release(hashes, t, runs)
         self.stats.unknown_removes += unknown
-        self.stats.removed_blocks += len(ev.block_hashes) - unknown
+        self.stats.removed_blocks += len(hashes) - unknown
 
     def _forget(self, runs: IndexEvents) -> None:
         self.stats.clears += 1

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.integration
 def test_a_small_run_ingests_everything_and_measures_the_lag() -> None:
     kvmesh = str(Path(sys.executable).parent / "kvmesh")
     out = subprocess.run([kvmesh, "bench", "bridge", "--rates", "2000", "--seconds", "2",
-                          "--engines", "2", "--json"], capture_output=True, text=True,
-                         timeout=240, check=True).stdout
+                          "--engines", "2", "--blocks", "20", "--requests", "2", "--json"],
+                         capture_output=True, text=True, timeout=240, check=True).stdout
     (row,) = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert row["stored_blocks"] == 4000
     assert row["applied_blocks"] == 4000  # the probes' blocks taken out

@@ -9,7 +9,8 @@ import sys
 
 def test_every_event_reaches_the_index_by_publish() -> None:
     out = subprocess.run([sys.executable, "-m", "bench.bridge_link", "--batches", "400",
-                          "--engines", "2", "--turn", "4", "--repeat", "1"],
+                          "--engines", "2", "--blocks", "16", "--requests", "1",
+                          "--bulk-removals", "--turn", "4", "--repeat", "1"],
                          capture_output=True, text=True, timeout=120, check=True).stdout
     row = json.loads(out.splitlines()[-1])
     assert row["stored_blocks"] == 400 * 16
