@@ -62,6 +62,14 @@ except ImportError:  # not built (no compiler or OpenSSL headers at install): Py
 if os.environ.get("KVMESH_NO_C", "") not in ("", "0"):
     _c_chain = None
 
+
+
+def compiled_chain(algo: str) -> bool:
+    """Whether ``chain_hashes(..., algo)`` runs in C in this process (a caller that keeps
+    chain hashes to avoid recomputing them weighs its bookkeeping against this)."""
+    return algo == "sha256_cbor" and _c_chain is not None
+
+
 DEFAULT_SEED = "vllm-none-hash"
 DEFAULT_ALGO = "sha256_cbor"
 ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
