@@ -5,9 +5,10 @@ import random
 
 import pytest
 
-from bridge.engine_state import EngineState, SeqCheck
+from bridge.engine_state import MEMO_BLOCKS, EngineState, SeqCheck
+from kvmesh import hashing
 from kvmesh import vllm_events as ve
-from kvmesh.hashing import block_hashes
+from kvmesh.hashing import block_hashes, compiled_chain
 from kvmesh.v1 import index_pb2
 from tests.bridge.index_view import IndexView, view
 
@@ -240,6 +241,17 @@ def test_random_histories_match_a_reference_count() -> None:
             index_view.apply(st.apply(batch(ev)))
             expect = {(chains[i], t) for (i, t), n in copies.items() if n}
             assert set(index_view.held) == expect, seed
+
+
+@pytest.mark.parametrize("algo", ["sha256_cbor", "xxhash_cbor", "sha256"])
+def test_the_memo_is_kept_by_default_only_where_rehashing_is_slow(monkeypatch, algo) -> None:
+    """Only blocks stored again gain from the memo, and every removal pays for it: worth it
+    where the chain hash runs in Python, not where it runs in C."""
+    assert EngineState(block_size=BS, algo=algo).memo_blocks == (
+        0 if compiled_chain(algo) else MEMO_BLOCKS)
+    monkeypatch.setattr(hashing, "_c_chain", None)
+    assert EngineState(block_size=BS, algo=algo).memo_blocks == MEMO_BLOCKS
+    assert EngineState(block_size=BS, algo=algo, memo_blocks=3).memo_blocks == 3
 
 
 def test_a_block_stored_again_is_not_rehashed_until_a_clear() -> None:
