@@ -11,7 +11,7 @@ import ipaddress
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import grpc
 import numpy as np
@@ -128,58 +128,103 @@ def register(req: pb.RegisterWorkerRequest) -> None:
     load(req.load)
 
 
-def _hashes(raw: list[bytes], digest: int, where: str) -> tuple[bytes, ...]:
-    for i, h in enumerate(raw):
-        if len(h) != digest:
-            raise RequestError(INVALID, f"{where}: block_hashes[{i}] is {len(h)} bytes; this "
-                               f"worker's hashes are {digest} bytes")
-    return tuple(raw)
+class _Bad(ValueError):
+    """A malformed event; the caller prefixes where it is (built only when raising: the
+    per-event f-string was a measurable part of a valid batch's cost)."""
 
 
-def _stored(msg: pb.BlockStored, digest: int, where: str) -> Stored:
+def _hashes(raw: Sequence[bytes], digest: int) -> tuple[bytes, ...]:
+    hs = tuple(raw[:])  # a slice copies a protobuf repeated field at C speed, tuple() does not
+    # one C-level pass; the offender is looked for only on failure
+    if not (len(hs) == 1 and len(hs[0]) == digest or set(map(len, hs)) <= {digest}):
+        i = next(i for i, h in enumerate(hs) if len(h) != digest)
+        raise _Bad(f"block_hashes[{i}] is {len(hs[i])} bytes; this worker's hashes are "
+                   f"{digest} bytes")
+    return hs
+
+
+def _stored(msg: pb.BlockStored, digest: int) -> Stored:
     if not msg.block_hashes:
-        raise RequestError(INVALID, f"{where}: BlockStored has no block_hashes")
-    if msg.parent_hash and len(msg.parent_hash) != digest:
-        raise RequestError(INVALID, f"{where}: parent_hash is {len(msg.parent_hash)} bytes; "
-                           f"expected {digest} (or empty for a chain starting at block 0)")
-    if msg.tier not in _TIERS:
-        raise RequestError(INVALID, f"{where}: unknown tier {msg.tier}")
-    return Stored(_hashes(list(msg.block_hashes), digest, where), bytes(msg.parent_hash),
-                  msg.tier or 1)
+        raise _Bad("BlockStored has no block_hashes")
+    parent = msg.parent_hash
+    if parent and len(parent) != digest:
+        raise _Bad(f"parent_hash is {len(parent)} bytes; expected {digest} (or empty for a "
+                   "chain starting at block 0)")
+    tier = msg.tier
+    if tier not in _TIERS:
+        raise _Bad(f"unknown tier {tier}")
+    return Stored(_hashes(msg.block_hashes, digest), bytes(parent), tier or 1)
+
+
+def _slot_setters(cls: type, names: tuple[str, ...]) -> tuple:
+    """The slot setters of frozen dataclass ``cls``, whose fields must be exactly ``names``
+    and which must have no ``__post_init__`` (else the fast path below would build a
+    different object: it fails at import instead)."""
+    if tuple(f.name for f in fields(cls)) != names or hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__} changed: update service.validate's fast path")
+    return tuple(getattr(cls, n).__set__ for n in names)
+
+
+# A frozen dataclass's __init__ sets each field through object.__setattr__: with one Removed
+# event per evicted block, KvEvent(seq, Removed(...)) was a third of a valid event's cost.
+# Setting the slots directly builds the same objects (equal, hashable, still frozen) in
+# half the time.
+_new = object.__new__
+_SET_SEQ, _SET_OP = _slot_setters(KvEvent, ("seq", "op"))
+_SET_HASHES, _SET_TIER = _slot_setters(Removed, ("hashes", "tier"))
+
+
+def _where(i: int, seq: int) -> str:
+    return f"events[{i}] (seq {seq})"
 
 
 def events(msgs: list[pb.KvEvent], digest: int, cfg: ServiceConfig) -> list[KvEvent]:
-    """Typed events with consecutive seqs >= 1; raises on anything malformed."""
+    """Typed events with consecutive seqs >= 1; raises on anything malformed (the first
+    offending event, checks in a fixed order, so the message is deterministic)."""
     if len(msgs) > cfg.max_batch_events:
         raise RequestError(TOO_BIG, f"{len(msgs)} events in one batch; the limit is "
                            f"{cfg.max_batch_events} (--max-batch-events)")
     out: list[KvEvent] = []
     n_hashes = 0
+    max_hashes = cfg.max_batch_hashes
+    prev = 0
     for i, ev in enumerate(msgs):
-        where = f"events[{i}] (seq {ev.seq})"
-        if not 1 <= ev.seq < MAX_SEQ:
-            raise RequestError(INVALID, f"{where}: seq must be in [1, 2**53)")
-        if i and ev.seq != msgs[i - 1].seq + 1:
-            raise RequestError(INVALID, f"{where}: out of order, seqs in a batch must be "
-                               f"consecutive (previous was {msgs[i - 1].seq})")
+        seq = ev.seq
+        if not 1 <= seq < MAX_SEQ:
+            raise RequestError(INVALID, f"{_where(i, seq)}: seq must be in [1, 2**53)")
+        if i and seq != prev + 1:
+            raise RequestError(INVALID, f"{_where(i, seq)}: out of order, seqs in a batch must "
+                               f"be consecutive (previous was {prev})")
+        prev = seq
         kind = ev.WhichOneof("event")
         op: Stored | Removed | Cleared
-        if kind == "stored":
-            op = _stored(ev.stored, digest, where)
-            n_hashes += len(op.hashes)
-        elif kind == "removed":
-            if ev.removed.tier not in _TIERS:
-                raise RequestError(INVALID, f"{where}: unknown tier {ev.removed.tier}")
-            op = Removed(_hashes(list(ev.removed.block_hashes), digest, where), ev.removed.tier)
-            n_hashes += len(op.hashes)
-        elif kind == "cleared":
-            op = Cleared()
-        else:
-            raise RequestError(INVALID, f"{where}: no stored/removed/cleared set")
-        if n_hashes > cfg.max_batch_hashes:
-            raise RequestError(TOO_BIG, f"more than {cfg.max_batch_hashes} block hashes in "
+        try:
+            if kind == "removed":  # the commonest: one per evicted block
+                rm = ev.removed
+                tier = rm.tier
+                if tier not in _TIERS:
+                    raise _Bad(f"unknown tier {tier}")
+                hs = _hashes(rm.block_hashes, digest)
+                op = _new(Removed)
+                _SET_HASHES(op, hs)
+                _SET_TIER(op, tier)
+                n_hashes += len(hs)
+            elif kind == "stored":
+                op = _stored(ev.stored, digest)
+                n_hashes += len(op.hashes)
+            elif kind == "cleared":
+                op = Cleared()
+            else:
+                raise _Bad("no stored/removed/cleared set")
+        except _Bad as e:
+            raise RequestError(INVALID, f"{_where(i, seq)}: {e}") from None
+        if n_hashes > max_hashes:
+            raise RequestError(TOO_BIG, f"more than {max_hashes} block hashes in "
                                "one batch (--max-batch-hashes); split it")
-        out.append(KvEvent(ev.seq, op))
+        typed = _new(KvEvent)
+        _SET_SEQ(typed, seq)
+        _SET_OP(typed, op)
+        out.append(typed)
     return out
 
 
@@ -190,7 +235,13 @@ def snapshot(req: pb.SyncWorkerRequest, digest: int, cfg: ServiceConfig) -> list
     if total > cfg.max_snapshot_blocks:
         raise RequestError(TOO_BIG, f"snapshot of {total} blocks; the limit is "
                            f"{cfg.max_snapshot_blocks} (--max-snapshot-blocks)")
-    return [_stored(b, digest, f"blocks[{i}]") for i, b in enumerate(req.blocks)]
+    out: list[Stored] = []
+    for i, b in enumerate(req.blocks):
+        try:
+            out.append(_stored(b, digest))
+        except _Bad as e:
+            raise RequestError(INVALID, f"blocks[{i}]: {e}") from None
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from service.index.base import (
+    ALL_TIERS,
     TIER_GPU,
     ApplyResult,
     ApplyStatus,
@@ -38,10 +39,11 @@ def _net_hashes(events: Sequence[KvEvent]) -> int:
     """Hashes stored minus hashes removed by ``events`` (the cap's cheap estimate)."""
     n = 0
     for ev in events:
-        if isinstance(ev.op, Stored):
-            n += len(ev.op.hashes)
-        elif isinstance(ev.op, Removed):
-            n -= len(ev.op.hashes)
+        op = ev.op
+        if isinstance(op, Stored):
+            n += len(op.hashes)
+        elif isinstance(op, Removed):
+            n -= len(op.hashes)
     return n
 
 
@@ -112,26 +114,6 @@ class MemoryBackend(IndexBackend):
 
     # --- events -------------------------------------------------------------------------
 
-    def _hold(self, blocks: dict[bytes, dict[str, int]], held: dict[bytes, bytes], wid: str,
-              h: bytes, root: bytes, bits: int) -> None:
-        held.setdefault(h, root)
-        entry = blocks.setdefault(h, {})
-        entry[wid] = entry.get(wid, 0) | bits
-
-    def _forget(self, blocks: dict[bytes, dict[str, int]], held: dict[bytes, bytes], wid: str,
-                h: bytes, bits: int) -> None:
-        if h not in held:
-            return
-        entry = blocks.get(h, {})
-        left = entry.get(wid, 0) & ~bits
-        if left:
-            entry[wid] = left
-            return
-        entry.pop(wid, None)
-        if not entry:
-            blocks.pop(h, None)
-        del held[h]
-
     async def apply_events(self, worker_id: str, events: Sequence[KvEvent],
                            incarnation: int = 0, cap: BlockCap = BlockCap()) -> ApplyResult:
         rec = self._current(worker_id, incarnation)
@@ -149,19 +131,43 @@ class MemoryBackend(IndexBackend):
         limit = cap.limit(rec.load.total_blocks + rec.load.tier_blocks)
         if limit is not None and len(held) + _net_hashes(events) > limit:  # as redis APPLY
             raise OverCap(worker_id, limit)
+        # One loop, locals bound and no call per block: at a bridge's rate this loop is
+        # most of the service's CPU, and the event loop waits on it (the call is atomic).
+        # tier_bit is inlined too: single-hash Removed events (one per evicted block) are
+        # the commonest event, so per-event costs count as much as per-block ones.
+        wid = worker_id
         for ev in new:
             op = ev.op
             if isinstance(op, Stored):
-                root = held.get(op.parent) if op.parent else op.hashes[0]
+                hs = op.hashes
+                root = held.get(op.parent) if op.parent else hs[0]
                 if root is None:
                     continue  # orphan: its parent is not held by this worker
-                bits = tier_bit(op.tier)
-                for h in op.hashes:
-                    self._hold(blocks, held, worker_id, h, root, bits)
+                bits = ALL_TIERS if op.tier == 0 else 1 << (op.tier - 1)
+                # Per hash, not bulk: dict.fromkeys/update measured slower (the per-block
+                # entry dict dominates, and a temporary dict adds a second insertion).
+                for h in hs:
+                    held.setdefault(h, root)  # a held hash keeps the root it was stored with
+                    entry = blocks.get(h)
+                    if entry is None:
+                        blocks[h] = {wid: bits}
+                    else:
+                        entry[wid] = entry.get(wid, 0) | bits
             elif isinstance(op, Removed):
-                bits = tier_bit(op.tier)
+                keep = ~(ALL_TIERS if op.tier == 0 else 1 << (op.tier - 1))
                 for h in op.hashes:
-                    self._forget(blocks, held, worker_id, h, bits)
+                    if h not in held:
+                        continue
+                    entry = blocks.get(h)
+                    if entry is not None:
+                        left = entry.get(wid, 0) & keep
+                        if left:
+                            entry[wid] = left
+                            continue
+                        entry.pop(wid, None)
+                        if not entry:
+                            del blocks[h]
+                    del held[h]
             elif isinstance(op, Cleared):
                 self._forget_all(worker_id)
                 held = self._held.setdefault(worker_id, {})
