@@ -111,7 +111,9 @@ def main(batches: int = 5_000, engines: int = 8, blocks: int = 128, requests: in
     work = payloads(batches, engines, blocks, block_size, window, requests, bulk_removals)
     chain_hashes(none_hash(), [1], 1, None, DEFAULT_ALGO)
     service = ServerProcess("bench-service", "service", [
-        "--port", "0", "--log-level", "warning", "--backend", "memory"]).start()
+        "--port", "0", "--log-level", "warning", "--backend", "memory",
+        # the links report no pool size (no engine metrics here): the cap must not bite
+        "--min-indexed-cap", "1000000"]).start()
     try:
         wait_until(lambda: service.address is not None, 10, what="the service")
         runs = [asyncio.run(feed(service.address, work, engines, block_size, turn, backlog))
