@@ -26,6 +26,11 @@ of an older batch; ``bench.bridge_load.Steps`` says why), for ``--seconds``:
   engine's metrics; stale: the bridge stuck) and re-registrations; ``PublishEvents`` calls
   per second and index events each carried (a call's fixed CPU dominates below capacity).
 
+``--bridge-core N`` runs the bridge alone on CPU ``N`` and every other process here on the
+remaining CPUs (``bridge_cpus`` in the output: the affinity it ran with), as a deployment gives
+the bridge a core of its own; without it the processes share the host's cores as the kernel
+schedules them.
+
 Goals (issue 15): 200,000 blocks/s ingested by one bridge process, publish-to-routable
 p99 under 50 ms at that rate.
 """
@@ -99,7 +104,18 @@ class Stack:
     """Service, load and bridge processes (``close`` stops them all)."""
 
     def __init__(self, engines: int, blocks: int, backend: str, uniform: bool,
-                 requests: int = 4, bulk_removals: bool = False) -> None:
+                 requests: int = 4, bulk_removals: bool = False,
+                 bridge_core: int | None = None) -> None:
+        # a core of its own for the bridge, as a deployment gives it: this process and the
+        # ones it starts next (service, load) keep off it; restored by ``close``
+        self.cpus = os.sched_getaffinity(0)
+        if bridge_core is not None:
+            others = self.cpus - {bridge_core}
+            if bridge_core not in self.cpus or not others:
+                raise ValueError(f"--bridge-core {bridge_core}: this process may run on CPUs "
+                                 f"{sorted(self.cpus)}; the bridge needs one of them and the "
+                                 f"rest at least one other")
+            os.sched_setaffinity(0, others)
         self.tmp = tempfile.TemporaryDirectory(prefix="kvmesh-bench-bridge-")
         self.redis = (RedisServer(free_port()).start()
                       if backend == "redis" else None)
@@ -124,15 +140,20 @@ class Stack:
         config = Path(self.tmp.name) / "fleet.json.yaml"
         config.write_text(json.dumps({"engines": specs}))
         self.metrics_port = free_port()
-        self.bridge = subprocess.Popen(
-            [str(Path(sys.executable).parent / "kvmesh"), "bridge", "vllm", "--config",
-             str(config), "--service", self.service.address, "--metrics-port",
-             str(self.metrics_port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cmd = [str(Path(sys.executable).parent / "kvmesh"), "bridge", "vllm", "--config",
+               str(config), "--service", self.service.address, "--metrics-port",
+               str(self.metrics_port)]
+        if bridge_core is not None:  # pinned before exec: every thread it starts inherits it
+            cmd = [sys.executable, "-c", "import os, sys; os.sched_setaffinity(0, "
+                   f"{{{bridge_core}}}); os.execv(sys.argv[1], sys.argv[1:])", *cmd]
+        self.bridge = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL)
         self.client = KvmeshClient(self.service.address)
         self.channel = grpc.insecure_channel(self.service.address)
         self.index = pb_grpc.IndexServiceStub(self.channel)  # Route with a model name
         self.workers = [s["worker-id"] for s in specs]
         wait_until(self._all_live, 60, what="every engine registered and streaming")
+        self.bridge_cpus = sorted(os.sched_getaffinity(self.bridge.pid))  # as it runs
 
     def command(self, line: str) -> dict:
         self.load.stdin.write(line + "\n")
@@ -272,6 +293,7 @@ class Stack:
         if self.redis is not None:
             self.redis.stop()
         self.tmp.cleanup()
+        os.sched_setaffinity(0, self.cpus)
 
 
 def _hist_ms(delta: dict[str, float], q: float) -> float | None:
@@ -287,10 +309,13 @@ def _hist_ms(delta: dict[str, float], q: float) -> float | None:
 
 def run(rates: list[float], seconds: float = 10.0, engines: int = 8, blocks: int = 128,
         backend: str = "memory", uniform: bool = False, probes: float = 5.0,
-        requests: int = 4, bulk_removals: bool = False) -> list[dict]:
-    stack = Stack(engines, blocks, backend, uniform, requests, bulk_removals)
+        requests: int = 4, bulk_removals: bool = False,
+        bridge_core: int | None = None) -> list[dict]:
+    stack = Stack(engines, blocks, backend, uniform, requests, bulk_removals, bridge_core)
     try:
-        return [{"backend": backend, "engines": engines, **stack.measure(r, seconds, probes)}
+        return [{"backend": backend, "engines": engines, "blocks": blocks,
+                 "requests": requests, "bulk_removals": bulk_removals,
+                 "bridge_cpus": stack.bridge_cpus, **stack.measure(r, seconds, probes)}
                 for r in rates]
     finally:
         stack.close()
@@ -313,10 +338,13 @@ def register(bench: typer.Typer) -> None:
                uniform: bool = typer.Option(False, help="uniform token ids (default: Zipf, "
                                             "like text)"),
                probes: float = typer.Option(5.0, help="lag probes per second"),
+               bridge_core: int = typer.Option(None, help="run the bridge alone on this CPU, "
+                                               "everything else on the others (as a "
+                                               "deployment gives it a core of its own)"),
                as_json: bool = typer.Option(False, "--json")) -> None:
         """One bridge process: blocks/s ingested across engines, publish-to-routable lag."""
         rows = run([float(r) for r in rates.split(",")], seconds, engines, blocks, backend,
-                   uniform, probes, requests, bulk_removals)
+                   uniform, probes, requests, bulk_removals, bridge_core)
         if as_json:
             for row in rows:
                 print(json.dumps(row))
