@@ -11,7 +11,7 @@ import ipaddress
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import grpc
 import numpy as np
@@ -156,24 +156,6 @@ def _stored(msg: pb.BlockStored, digest: int) -> Stored:
     return Stored(_hashes(msg.block_hashes, digest), bytes(parent), tier or 1)
 
 
-def _slot_setters(cls: type, names: tuple[str, ...]) -> tuple:
-    """The slot setters of frozen dataclass ``cls``, whose fields must be exactly ``names``
-    and which must have no ``__post_init__`` (else the fast path below would build a
-    different object: it fails at import instead)."""
-    if tuple(f.name for f in fields(cls)) != names or hasattr(cls, "__post_init__"):
-        raise TypeError(f"{cls.__name__} changed: update service.validate's fast path")
-    return tuple(getattr(cls, n).__set__ for n in names)
-
-
-# A frozen dataclass's __init__ sets each field through object.__setattr__: with one Removed
-# event per evicted block, KvEvent(seq, Removed(...)) was a third of a valid event's cost.
-# Setting the slots directly builds the same objects (equal, hashable, still frozen) in
-# half the time.
-_new = object.__new__
-_SET_SEQ, _SET_OP = _slot_setters(KvEvent, ("seq", "op"))
-_SET_HASHES, _SET_TIER = _slot_setters(Removed, ("hashes", "tier"))
-
-
 def _where(i: int, seq: int) -> str:
     return f"events[{i}] (seq {seq})"
 
@@ -204,11 +186,8 @@ def events(msgs: list[pb.KvEvent], digest: int, cfg: ServiceConfig) -> list[KvEv
                 tier = rm.tier
                 if tier not in _TIERS:
                     raise _Bad(f"unknown tier {tier}")
-                hs = _hashes(rm.block_hashes, digest)
-                op = _new(Removed)
-                _SET_HASHES(op, hs)
-                _SET_TIER(op, tier)
-                n_hashes += len(hs)
+                op = Removed(_hashes(rm.block_hashes, digest), tier)
+                n_hashes += len(op.hashes)
             elif kind == "stored":
                 op = _stored(ev.stored, digest)
                 n_hashes += len(op.hashes)
@@ -221,10 +200,7 @@ def events(msgs: list[pb.KvEvent], digest: int, cfg: ServiceConfig) -> list[KvEv
         if n_hashes > max_hashes:
             raise RequestError(TOO_BIG, f"more than {max_hashes} block hashes in "
                                "one batch (--max-batch-hashes); split it")
-        typed = _new(KvEvent)
-        _SET_SEQ(typed, seq)
-        _SET_OP(typed, op)
-        out.append(typed)
+        out.append(KvEvent(seq, op))
     return out
 
 
