@@ -101,8 +101,9 @@ class EngineState:
             memo_blocks = 0 if compiled_chain(algo) else MEMO_BLOCKS
         self.memo_blocks = memo_blocks
         self.wire = wire
-        # token ids left as msgpack bytes where C hashes them: no Python int per id
-        self._packed = compiled_chain(algo)
+        # token ids left as msgpack bytes where C hashes them (no Python int per id); the
+        # reference (bulk=False) decodes them as lists
+        self._packed = bulk and compiled_chain(algo)
         self._copies = Copies(memo_blocks, bulk)
         # chain hash -> parent of every chain the index holds (the copies' map, cleared in
         # place, so this stays the same dict)
