@@ -326,7 +326,7 @@ def test_ingest_hashes_token_ids_from_the_payload_in_c(monkeypatch) -> None:
     indexes the same as the reference, which decodes them as lists: whole events, runs
     after a held block (sliced), negative ids (the Python path) and a length mismatch."""
     if not compiled_chain("sha256_cbor"):
-        pytest.skip("kvmesh._chain is not built")
+        pytest.skip("no C chain (kvmesh._chain not built, or KVMESH_NO_C)")
     calls = []
 
     def spy(*args):
