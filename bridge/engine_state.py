@@ -101,6 +101,9 @@ class EngineState:
             memo_blocks = 0 if compiled_chain(algo) else MEMO_BLOCKS
         self.memo_blocks = memo_blocks
         self.wire = wire
+        # token ids left as msgpack bytes where C hashes them (no Python int per id); the
+        # reference (bulk=False) decodes them as lists
+        self._packed = bulk and compiled_chain(algo)
         self._copies = Copies(memo_blocks, bulk)
         # chain hash -> parent of every chain the index holds (the copies' map, cleared in
         # place, so this stays the same dict)
@@ -142,7 +145,7 @@ class EngineState:
         kind = self.check(seq)
         if kind not in (SeqCheck.FIRST, SeqCheck.NEXT):
             raise ValueError(f"batch seq {seq} is {kind.value}; expected {self._expected}")
-        batch = ve.decode_batch(payload)
+        batch = ve.decode_batch(payload, self._packed)
         out = self.apply(batch)
         self._expected, self._anchor = seq + 1, (seq, payload)
         self.last_ts = batch.ts
@@ -206,7 +209,7 @@ class EngineState:
         n = len(hashes)
         reason: str | None = None
         lora = None
-        if ev.block_size != bs or len(ev.token_ids) != n * bs:
+        if ev.block_size != bs or ve.ids_len(ev.token_ids) != n * bs:
             reason = "block_size"
         elif ev.lora_name is not None or ev.lora_id is not None:
             try:
@@ -272,8 +275,8 @@ class EngineState:
                         break
             bs, tokens = self.block_size, ev.token_ids
             m = j - i if extras is None else len(extras)
-            if i or (i + m) * bs != len(tokens):  # the whole event needs no copy
-                tokens = tokens[i * bs:(i + m) * bs]
+            if i or (i + m) * bs != ve.ids_len(tokens):  # the whole event needs no copy
+                tokens = ve.ids_list(tokens)[i * bs:(i + m) * bs]
             out = chain_hashes(parent or self.root, tokens, bs, extras, self.algo)
             self.stats.rehashed += m
         if len(out) < j - i:

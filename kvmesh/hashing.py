@@ -37,7 +37,8 @@ Tests cross-check both against ``cbor2.dumps(x, canonical=True)`` on random inpu
 ``sha256_cbor`` chains run in C when the optional extension ``kvmesh._chain`` is built (see
 ``kvmesh/_chain.c``): the same bytes, several times faster. It hands back to the Python path
 anything it does not encode itself (negative ids, ids >= 2**64, non-ints, other sequence
-types); ``KVMESH_NO_C=1`` at import turns it off.
+types); ``KVMESH_NO_C=1`` at import turns it off. It also reads ids straight from msgpack
+bytes (``msgspec.Raw``: the vLLM bridge hashes events without building their ints).
 """
 
 from __future__ import annotations
@@ -52,15 +53,17 @@ from operator import itemgetter
 from typing import Any
 
 import cbor2
+import msgspec
 import numpy as np
 import xxhash
 
 try:
     from kvmesh._chain import sha256_cbor_chain as _c_chain
+    from kvmesh._chain import sha256_cbor_chain_packed as _c_packed
 except ImportError:  # not built (no compiler or OpenSSL headers at install): Python only
-    _c_chain = None
+    _c_chain = _c_packed = None
 if os.environ.get("KVMESH_NO_C", "") not in ("", "0"):
-    _c_chain = None
+    _c_chain = _c_packed = None
 
 
 
@@ -320,14 +323,25 @@ def extend_block_hashes(hashes: list[bytes], token_ids: Sequence[int], block_siz
     return new
 
 
-def chain_hashes(parent: bytes, token_ids: Sequence[int], block_size: int,
+def chain_hashes(parent: bytes, token_ids: Sequence[int] | msgspec.Raw, block_size: int,
                  extras: Sequence[Extra] | None, algo: str) -> list[bytes]:
     """The hashes of the consecutive full blocks of ``token_ids`` chained below ``parent``
     (``none_hash`` for a chain that starts at block 0): block ``i``'s hash is
     ``hash_block(previous, its tokens, extras[i], algo)``; ``extras=None``: no extra keys on
     any block. Equal to that loop, but each token id is encoded once for the whole run and
-    the per-call checks run once. A trailing partial block is not hashed."""
+    the per-call checks run once. A trailing partial block is not hashed.
+
+    ``token_ids`` may also be a ``msgspec.Raw`` of a msgpack int array (a vLLM event's, as
+    ``vllm_events.decode_batch(packed=True)`` leaves it): the C chain reads it as it is; the
+    Python path decodes it first."""
     _check_algo(algo)
+    if token_ids.__class__ is msgspec.Raw:
+        if algo == "sha256_cbor" and _c_packed is not None and block_size > 0:
+            tails = None if extras is None else [_cbor_extra(x) for x in extras]
+            out = _c_packed(parent, token_ids, block_size, tails)
+            if out is not None:
+                return out
+        token_ids = msgspec.msgpack.decode(token_ids)
     n = len(token_ids) // block_size
     if extras is not None and len(extras) < n:
         raise ValueError(f"{len(extras)} extra keys for {n} blocks")

@@ -39,6 +39,11 @@ from typing import Any
 
 import msgspec
 
+try:
+    from kvmesh._chain import msgpack_len as _msgpack_len
+except ImportError:  # not built: no packed ids (``decode_batch(packed=True)`` decodes them)
+    _msgpack_len = None
+
 ExternalBlockHash = bytes | int
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 REPLAY_BUFFER = 10_000  # vLLM's default ``buffer_steps``
@@ -77,6 +82,14 @@ class BlockStored(KVCacheEvent):
     lookahead_token_ids: list[int] | None = None
 
 
+class PackedStored(BlockStored, tag="BlockStored"):
+    """``BlockStored`` whose ``token_ids`` stay the msgpack bytes of the array (a zero-copy
+    slice of the payload), checked to be an array of ints: what ``decode_batch(packed=True)``
+    gives, for a consumer that hashes them in C (``kvmesh.hashing.chain_hashes`` takes it)
+    rather than building a Python int per id. ``ids_len``/``ids_list`` read either kind."""
+    token_ids: msgspec.Raw  # type: ignore[assignment]
+
+
 class BlockRemoved(KVCacheEvent):
     """One entry per evicted physical block: a hash held twice is removed twice."""
     block_hashes: list[ExternalBlockHash]
@@ -94,6 +107,10 @@ class KVEventBatch(EventBatch):
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
 
 
+class _PackedBatch(EventBatch):
+    events: list[PackedStored | BlockRemoved | AllBlocksCleared]
+
+
 Event = BlockStored | BlockRemoved | AllBlocksCleared
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__name__: cls for cls in (BlockStored, BlockRemoved, AllBlocksCleared)}
@@ -106,6 +123,7 @@ _ABSENT_IS_NONE: dict[type, tuple[str, ...]] = {
 }
 _encoder = msgspec.msgpack.Encoder()
 _typed = msgspec.msgpack.Decoder(KVEventBatch)
+_packed = msgspec.msgpack.Decoder(_PackedBatch)
 _untyped = msgspec.msgpack.Decoder()
 
 
@@ -114,12 +132,26 @@ def encode_batch(batch: KVEventBatch) -> bytes:
     return _encoder.encode(batch)
 
 
-def decode_batch(payload: bytes) -> KVEventBatch:
+def decode_batch(payload: bytes, packed: bool = False) -> KVEventBatch:
     """A payload in any known encoding, as the current structs.
 
     Unknown fields and unknown event types are dropped. Raises ``msgspec.DecodeError`` or
     ``msgspec.ValidationError`` (both ``ValueError``) for a payload that is not a batch.
+
+    ``packed``: stored events of the current encoding come as ``PackedStored`` where
+    ``kvmesh._chain`` is built (as ``BlockStored`` otherwise, and in the older encodings);
+    the same batches decode, and the same ones raise.
     """
+    if packed and _msgpack_len is not None:
+        try:
+            batch = _packed.decode(payload)
+        except msgspec.ValidationError:
+            return decode_batch(payload)
+        # a Raw takes any value: where one is not an int array, the typed decode's verdict
+        if None not in map(_msgpack_len, [ev.token_ids for ev in batch.events
+                                          if ev.__class__ is PackedStored]):
+            return batch  # type: ignore[return-value]
+        return decode_batch(payload)
     try:
         return _typed.decode(payload)  # the current encoding: one C call
     except msgspec.ValidationError:
@@ -160,6 +192,16 @@ def _event(raw: Any) -> Event | None:
     for name in _ABSENT_IS_NONE.get(cls, ()):
         known.setdefault(name, None)  # older releases did not have the field yet
     return msgspec.convert(known, cls)
+
+
+def ids_len(ids: list[int] | msgspec.Raw) -> int:
+    """How many token ids a stored event has, packed or not."""
+    return _msgpack_len(ids, False) if ids.__class__ is msgspec.Raw else len(ids)
+
+
+def ids_list(ids: list[int] | msgspec.Raw) -> list[int]:
+    """A stored event's token ids as ints, packed or not."""
+    return msgspec.msgpack.decode(ids) if ids.__class__ is msgspec.Raw else ids
 
 
 # --- block hashes -------------------------------------------------------------------------

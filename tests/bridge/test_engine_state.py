@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 
 from bridge.engine_state import MEMO_BLOCKS, EngineState, SeqCheck
@@ -318,3 +319,49 @@ def test_random_multi_block_events_match_a_reference_count(memo: int) -> None:
             expect = {(chains[k], t) for (k, t), c in copies.items() if c}
             assert set(index_view.held) == expect, seed
         assert st.stats.rehashed + st.stats.memo_hits >= len({k for k, _ in copies})
+
+
+def test_ingest_hashes_token_ids_from_the_payload_in_c(monkeypatch) -> None:
+    """The bulk state leaves token ids as msgpack bytes for C (no Python int per id) and
+    indexes the same as the reference, which decodes them as lists: whole events, runs
+    after a held block (sliced), negative ids (the Python path) and a length mismatch."""
+    if not compiled_chain("sha256_cbor"):
+        pytest.skip("no C chain (kvmesh._chain not built, or KVMESH_NO_C)")
+    calls = []
+
+    def spy(*args):
+        calls.append(bytes(args[1]))
+        return c_packed(*args)
+    c_packed = hashing._c_packed
+    monkeypatch.setattr(hashing, "_c_packed", spy)
+    st, ref = EngineState(block_size=BS), EngineState(block_size=BS, bulk=False)
+    batches = [batch(stored([1, 2], TOKENS[:8])),
+               batch(stored([1, 2, 3], TOKENS), stored([7, 8], [-5, 1, 2, 3, 4, 5, 6, 2**63])),
+               batch(stored([9], TOKENS[:5]), stored([10], [2**64 - 1] * 4, parent=3))]
+    for seq, b in enumerate(batches):
+        payload = ve.encode_batch(b)
+        assert st.ingest(seq, payload) == ref.ingest(seq, payload)
+    assert st.snapshot() == ref.snapshot() and st.stats == ref.stats
+    assert st.stats.unroutable == {"block_size": 1} and st.indexed_blocks == 6
+    assert calls[0] == msgspec.msgpack.encode(TOKENS[:8])  # the whole event, as sent
+    assert len(calls) == 3  # the slice after the held blocks and the negative ids: lists
+
+
+@pytest.mark.parametrize("token_ids", [["a", "b", "c", "d"], [1.0, 2.0, 3.0, 4.0], None,
+                                       [1, 2, 3, None]])
+def test_token_ids_that_are_not_ints_make_the_batch_malformed(token_ids) -> None:
+    """As before token ids were left packed: the batch does not decode and changes nothing,
+    however the event's group or medium would have it ignored."""
+    for bulk in (True, False):
+        st = EngineState(block_size=BS, bulk=bulk)
+        st.ingest(0, ve.encode_batch(batch(stored([1], TOKENS[:4]))))
+        for kw in ({}, {"group": 3}, {"medium": "NVME"}):
+            bad = msgspec.msgpack.encode([1.0, [
+                {"type": "BlockRemoved", "block_hashes": [1], "medium": None},
+                {"type": "BlockStored", "block_hashes": [2], "parent_block_hash": 1,
+                 "token_ids": token_ids, "block_size": BS, "lora_id": None,
+                 "medium": kw.get("medium"), "lora_name": None, "group_idx": kw.get("group")}
+            ], 0])
+            with pytest.raises(ValueError):
+                st.ingest(1, bad)
+            assert st.expected == 1 and st.indexed_blocks == 1 and st.stats.batches == 1

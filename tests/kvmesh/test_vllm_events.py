@@ -203,9 +203,10 @@ def test_batch_encoded_as_a_map_and_trailing_rank_omitted() -> None:
     msgspec.msgpack.encode([1.0, [{"type": "BlockRemoved"}]]),
     msgspec.msgpack.encode([1.0, [{"type": "BlockRemoved", "block_hashes": "no"}]]),
 ])
-def test_garbage_is_a_value_error(payload: bytes) -> None:
+@pytest.mark.parametrize("packed", [False, True])
+def test_garbage_is_a_value_error(payload: bytes, packed: bool) -> None:
     with pytest.raises(ValueError):
-        ve.decode_batch(payload)
+        ve.decode_batch(payload, packed)
 
 
 # A batch as vLLM 0.3x puts it on the wire, byte by byte. Never regenerate this from the
@@ -274,3 +275,63 @@ def test_frames() -> None:
     for bad in ([b"x", b"t", b"\x00" * 8, b""], [b""], [b"", b"t", b"\x00", b"p"]):
         with pytest.raises(ValueError):
             ve.parse_replay_reply(bad)
+
+
+# --- packed token ids (the bridge's decode) ------------------------------------------------
+
+needs_c = pytest.mark.skipif(ve._msgpack_len is None, reason="kvmesh._chain is not built")
+
+
+def _fields(ev: Any) -> dict:
+    out = {f: getattr(ev, f) for f in ev.__struct_fields__}
+    out["token_ids"] = ve.ids_list(out["token_ids"])
+    return out
+
+
+@needs_c
+def test_packed_ids_are_the_payloads_bytes_and_the_rest_is_the_same() -> None:
+    stored = BlockStored(block_hashes=[1, 2], parent_block_hash=None,
+                         token_ids=[0, 127, 128, 2**16, 2**32, 2**64 - 1, -1, -2**63],
+                         block_size=4, lora_id=None, medium="CPU", lora_name="ad",
+                         extra_keys=[("ad", "salt"), None], group_idx=0)
+    for payload in (PINNED, _enc.encode(Batch(ts=2.0, events=[stored, AllBlocksCleared()]))):
+        lists, packed = ve.decode_batch(payload), ve.decode_batch(payload, packed=True)
+        assert (packed.ts, packed.data_parallel_rank) == (lists.ts, lists.data_parallel_rank)
+        ev = packed.events[0]
+        assert type(ev) is ve.PackedStored and isinstance(ev, ve.BlockStored)
+        assert isinstance(ev.token_ids, msgspec.Raw)
+        assert bytes(ev.token_ids) in payload  # a slice of it, not a re-encoding
+        assert ve.ids_len(ev.token_ids) == len(lists.events[0].token_ids)
+        assert _fields(ev) == _fields(lists.events[0])
+        assert packed.events[1:] == lists.events[1:]
+    assert ve.encode_batch(ve.decode_batch(PINNED, packed=True)) == PINNED
+
+
+def test_older_encodings_decode_packed_as_lists() -> None:
+    raw = [2.0, [["BlockStored", [DIGEST_A], None, [1, 2], 2, None, "CPU"]], 0]
+    stored = ve.decode_batch(msgspec.msgpack.encode(raw), packed=True).events[0]
+    assert type(stored) is ve.BlockStored and stored.token_ids == [1, 2]
+    assert ve.ids_len(stored.token_ids) == 2 and ve.ids_list(stored.token_ids) == [1, 2]
+
+
+@pytest.mark.parametrize("token_ids", [
+    ["x"], [1.5], None, "abc", [[1]], [True], [1, None], {}, [], [-1, 2**64 - 1, -2**63],
+    b"\x01\x02"])
+@pytest.mark.parametrize("older", [False, True])
+def test_packed_decodes_and_refuses_what_lists_do(token_ids, older: bool) -> None:
+    """A Raw takes any value; packed must still refuse (and accept) what list[int] does."""
+    if older:
+        ev = ["BlockStored", [5], None, token_ids, 2, None, None, None]
+    else:
+        ev = {"type": "BlockStored", "block_hashes": [5], "parent_block_hash": None,
+              "token_ids": token_ids, "block_size": 2, "lora_id": None, "medium": None,
+              "lora_name": None}
+    payload = msgspec.msgpack.encode([1.0, [ev, {"type": "AllBlocksCleared"}], 0])
+
+    def outcome(packed: bool) -> Any:
+        try:
+            return [_fields(e) if isinstance(e, ve.BlockStored) else e
+                    for e in ve.decode_batch(payload, packed).events]
+        except ValueError as e:
+            return type(e)
+    assert outcome(True) == outcome(False)
