@@ -7,8 +7,9 @@ has one reader for the socket's life and a wait is one future.
 
 ZMQ's FD is edge-triggered: it signals that the socket's state changed, not that a message
 is there, and nothing signals again for messages already queued. So ``poll`` reads each
-socket's ``EVENTS`` before waiting (and waits only when none is readable) and after; the
-reader only wakes the waiter. Readers are removed by ``close``, before the sockets close.
+socket's ``EVENTS`` before waiting (and waits only when none is readable), and a reader
+wakes the waiter only when its socket's ``EVENTS`` says readable. Readers are removed by
+``close``, before the sockets close.
 """
 from __future__ import annotations
 
@@ -25,23 +26,23 @@ class Wake:
         self._loop = loop
         self._socks = socks
         self._fds = [s.FD for s in socks]
-        self._waiter: asyncio.Future[None] | None = None
+        self._waiter: asyncio.Future[int] | None = None  # the socket's index; -1: time
         # One timer outlives the waits it serves: a deadline that moves later (the probe's,
         # after every batch) is not re-armed per wait; the early fire is a spurious wake.
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
-        for fd in self._fds:
-            loop.add_reader(fd, self._wake)
+        for i, fd in enumerate(self._fds):
+            loop.add_reader(fd, self._wake, i)
 
     def ready(self) -> list[bool]:
         """Per socket, whether a receive would not block now."""
         return [bool(s.EVENTS & zmq.POLLIN) for s in self._socks]
 
     async def poll(self, until: float | None) -> list[bool]:
-        """``ready()`` after one turn of the loop at least: at once when a socket is readable
-        already (the turn lets other tasks run between drains), else once a socket's FD
-        signals or the loop's time passes ``until``. All ``False`` on a timeout or a wake
-        that found nothing (the caller reads the clock to tell)."""
+        """Per socket, whether it is readable, after one turn of the loop at least: at once
+        when one is already (the turn lets other tasks run between drains), else once one
+        turns readable or the loop's time passes ``until`` (all ``False``, or what is
+        readable by then)."""
         now = self.ready()
         if any(now):
             await asyncio.sleep(0)
@@ -53,10 +54,13 @@ class Wake:
             self._timer_at = until
         self._waiter = self._loop.create_future()
         try:
-            await self._waiter
+            i = await self._waiter
         finally:
             self._waiter = None
-        return self.ready()
+        if i < 0:
+            return self.ready()
+        now[i] = True
+        return now  # (another socket readable meanwhile: the next poll finds it)
 
     def close(self) -> None:
         """Remove the readers and the timer (before the sockets close: no callback may
@@ -67,12 +71,19 @@ class Wake:
             self._timer.cancel()
             self._timer = None
 
-    def _wake(self) -> None:
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+    def _wake(self, i: int) -> None:
+        # Reading EVENTS takes the FD's signal, whoever waits: the selector is
+        # level-triggered and would call again every turn until someone did. And it tells a
+        # message from a signal that brought none (a command, or one the selector reported
+        # before the task read EVENTS itself: the task may be waiting again by now).
+        if self._socks[i].EVENTS & zmq.POLLIN:
+            w = self._waiter
+            if w is not None and not w.done():
+                w.set_result(i)
 
     def _expire(self) -> None:
         self._timer = None
         self._timer_at = math.inf
-        self._wake()
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(-1)
