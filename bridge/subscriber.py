@@ -163,7 +163,8 @@ class Subscriber:
                 if sub_in or self._queue:
                     # (the socket's future-based receive cost more than the batch's
                     # decode: the drain takes even the first batch on the blocking twin)
-                    await self._drain(raw, loop.time() + self.TURN_S)
+                    if await self._drain(raw, loop.time() + self.TURN_S):
+                        wake.emptied(1)  # raw, the second socket
                     quiet_since = loop.time()
                 elif not mon_in and until is not None and loop.time() >= until:
                     # quiet for probe_interval: is the engine still where we are?
@@ -177,20 +178,21 @@ class Subscriber:
 
     # --- live -----------------------------------------------------------------------------
 
-    async def _drain(self, sub: zmq.Socket, until: float) -> None:
+    async def _drain(self, sub: zmq.Socket, until: float) -> bool:
         """Apply the live batches already queued, up to ``DRAIN`` (then the loop polls the
         monitor again): one poll per burst, not per batch, which was most of a batch's cost
         at high rates (a non-blocking receive on the socket's blocking twin skips the poller
         and asyncio's futures; the poller checks the socket's state afresh each poll). Stops
         past ``until`` (the loop's time). Behind past the bound, takes the backlog first
-        (module contract); the subscriber's own queue comes before the socket."""
+        (module contract); the subscriber's own queue comes before the socket. ``True``
+        when it stopped at an empty socket (``zmq.Again``: its next message signals)."""
         loop = asyncio.get_running_loop()
         for _ in range(self.DRAIN):
             if self._skipping:
                 self._skip(sub, until)
-                return
+                return False
             if loop.time() > until:
-                return
+                return False
             if self._behind:
                 self._take(sub, until)
                 continue
@@ -200,8 +202,9 @@ class Subscriber:
                 try:
                     frames = _recv(sub)
                 except zmq.Again:
-                    return
+                    return True
             await self._on_live(frames)
+        return False
 
     async def _on_live(self, frames: list[bytes]) -> None:
         self.stats.messages += 1

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 
+import pytest
 import zmq
 
 from bridge.wake import Wake
@@ -70,6 +71,30 @@ def test_a_message_sent_between_waits_wakes_the_next_one_promptly() -> None:
             got, took = await timed(wake, 10)
             assert got == [True] and took < PROMPT
             await t
+            wake.close()
+    asyncio.run(main())
+
+
+def test_a_socket_emptied_to_again_is_not_read_before_waiting_yet_wakes() -> None:
+    async def main():
+        with pair() as (a, b):
+            wake = Wake(asyncio.get_running_loop(), b)
+            a.send(b"x")
+            await timed(wake, 10)
+            b.recv()
+            with pytest.raises(zmq.Again):
+                b.recv(zmq.NOBLOCK)
+            wake.emptied(0)
+            a.send(b"y")  # while nobody waits: the FD signals, the reader takes it
+            await asyncio.sleep(0.01)
+            got, took = await timed(wake, 10)
+            assert got == [True] and took < PROMPT
+            assert b.recv() == b"y"
+            with pytest.raises(zmq.Again):
+                b.recv(zmq.NOBLOCK)
+            wake.emptied(0)
+            got, took = await timed(wake, 0.05)
+            assert got == [False] and took >= 0.04
             wake.close()
     asyncio.run(main())
 
