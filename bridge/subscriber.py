@@ -181,8 +181,8 @@ class Subscriber:
     async def _drain(self, sub: zmq.Socket, until: float) -> bool:
         """Apply the live batches already queued, up to ``DRAIN`` (then the loop polls the
         monitor again): one poll per burst, not per batch, which was most of a batch's cost
-        at high rates (a non-blocking receive on the socket's blocking twin skips the poller
-        and asyncio's futures; the poller checks the socket's state afresh each poll). Stops
+        at high rates (a non-blocking receive on the socket's blocking twin skips asyncio's
+        futures; ``Wake`` reads the socket's state afresh unless this ended empty). Stops
         past ``until`` (the loop's time). Behind past the bound, takes the backlog first
         (module contract); the subscriber's own queue comes before the socket. ``True``
         when it stopped at an empty socket (``zmq.Again``: its next message signals)."""
