@@ -69,6 +69,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from bridge.engine_state import EngineState, SeqCheck
 from bridge.lag import Bound, Lag
+from bridge.wake import Wake
 from kvmesh import vllm_events as ve
 from kvmesh.v1 import index_pb2
 
@@ -134,60 +135,64 @@ class Subscriber:
         sub.setsockopt(zmq.LINGER, 0)
         sub.subscribe(self.topic)
         mon = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
-        poller = zmq.asyncio.Poller()
-        poller.register(sub, zmq.POLLIN)
-        poller.register(mon, zmq.POLLIN)
         sub.connect(self.events)
-        raw = zmq.Socket.shadow(sub.underlying)  # blocking twin: receives without futures
+        # blocking twins: receive (and wait, ``Wake``) without zmq.asyncio's futures
+        raw = zmq.Socket.shadow(sub.underlying)
+        raw_mon = zmq.Socket.shadow(mon.underlying)
         loop = asyncio.get_running_loop()
+        wake = Wake(loop, raw_mon, raw)
+        probes = self.probe_interval is not None and self.replay is not None
         quiet_since = loop.time()
         try:
             while True:
-                timeout = None
+                until = None
                 if self._queue:  # batches taken, unread: hardly a wait, but a full turn of
-                    timeout = 1  # the loop (a zero-timeout poll answers without yielding,
-                    # and a bare yield let a 1 s batch run before the liveness ticker)
-                elif self.probe_interval is not None and self.replay is not None:
-                    timeout = max(0, int((quiet_since + self.probe_interval - loop.time())
-                                         * 1000))
-                ready = dict(await poller.poll(timeout))
-                if mon in ready:
-                    event = parse_monitor_message(await mon.recv_multipart())["event"]
-                    if event == zmq.EVENT_DISCONNECTED:
+                    until = loop.time() + 0.001  # the loop (a bare yield let a 1 s batch
+                    # run before the liveness ticker)
+                elif probes:
+                    until = quiet_since + self.probe_interval  # type: ignore[operator]
+                mon_in, sub_in = await wake.poll(until)
+                if mon_in:
+                    msg = raw_mon.recv_multipart(zmq.NOBLOCK)
+                    if parse_monitor_message(msg)["event"] == zmq.EVENT_DISCONNECTED:
                         self.stats.disconnects += 1
                         self._suspect = True
                     else:
                         self.stats.connects += 1
                         await self._resync()
-                if sub in ready or self._queue:
+                if sub_in or self._queue:
                     # (the socket's future-based receive cost more than the batch's
                     # decode: the drain takes even the first batch on the blocking twin)
-                    await self._drain(raw, loop.time() + self.TURN_S)
+                    if await self._drain(raw, loop.time() + self.TURN_S):
+                        wake.emptied(1)  # raw, the second socket
                     quiet_since = loop.time()
-                elif not ready:  # quiet for probe_interval: is the engine still where we are?
+                elif not mon_in and until is not None and loop.time() >= until:
+                    # quiet for probe_interval: is the engine still where we are?
                     await self._resync()
                     quiet_since = loop.time()
         finally:
+            wake.close()
             sub.disable_monitor()
             mon.close(linger=0)
             sub.close(linger=0)
 
     # --- live -----------------------------------------------------------------------------
 
-    async def _drain(self, sub: zmq.Socket, until: float) -> None:
+    async def _drain(self, sub: zmq.Socket, until: float) -> bool:
         """Apply the live batches already queued, up to ``DRAIN`` (then the loop polls the
         monitor again): one poll per burst, not per batch, which was most of a batch's cost
-        at high rates (a non-blocking receive on the socket's blocking twin skips the poller
-        and asyncio's futures; the poller checks the socket's state afresh each poll). Stops
+        at high rates (a non-blocking receive on the socket's blocking twin skips asyncio's
+        futures; ``Wake`` reads the socket's state afresh unless this ended empty). Stops
         past ``until`` (the loop's time). Behind past the bound, takes the backlog first
-        (module contract); the subscriber's own queue comes before the socket."""
+        (module contract); the subscriber's own queue comes before the socket. ``True``
+        when it stopped at an empty socket (``zmq.Again``: its next message signals)."""
         loop = asyncio.get_running_loop()
         for _ in range(self.DRAIN):
             if self._skipping:
                 self._skip(sub, until)
-                return
+                return False
             if loop.time() > until:
-                return
+                return False
             if self._behind:
                 self._take(sub, until)
                 continue
@@ -197,8 +202,9 @@ class Subscriber:
                 try:
                     frames = _recv(sub)
                 except zmq.Again:
-                    return
+                    return True
             await self._on_live(frames)
+        return False
 
     async def _on_live(self, frames: list[bytes]) -> None:
         self.stats.messages += 1

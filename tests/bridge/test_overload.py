@@ -174,20 +174,6 @@ def test_a_slow_index_sheds_the_backlog_for_snapshots_and_ends_exact(service: st
     asyncio.run(main())
 
 
-class BlockedPublish:
-    """A service stub whose PublishEvents waits until ``gate`` is set."""
-
-    def __init__(self, stub, gate: asyncio.Event) -> None:
-        self._stub, self._gate = stub, gate
-
-    def __getattr__(self, name: str):
-        return getattr(self._stub, name)
-
-    async def PublishEvents(self, req, **kw):  # noqa: N802 - gRPC's name
-        await self._gate.wait()
-        return await self._stub.PublishEvents(req, **kw)
-
-
 def test_a_blocked_index_takes_the_engine_out_of_routing_until_it_acknowledges(
         service: str) -> None:
     """Heartbeats from their own thread must not keep a stale index routable: while a
@@ -202,8 +188,16 @@ def test_a_blocked_index_takes_the_engine_out_of_routing_until_it_acknowledges(
             e.pub.publish(chain(tokens(0, 3)))
             await r.until(lambda: r.matched(tokens(0, 3), "m-stuck"),
                           lambda m: m.get("stuck") == 12)
-            gate, stub = asyncio.Event(), rank.link.conn.stub
-            rank.link.conn.stub = lambda: BlockedPublish(stub(), gate)
+            # The link's stub is made to block, not replaced: a publish loop still under way
+            # (the chain's answer came, the loop not yet ended) holds it and would send the
+            # removal through a replacement's predecessor.
+            gate, stub = asyncio.Event(), rank.link.conn.stub()
+            publish = stub.PublishEvents
+
+            async def blocked(req, **kw):
+                await gate.wait()
+                return await publish(req, **kw)
+            stub.PublishEvents = blocked
             e.pub.publish(removed([2, 3]))  # the engine keeps 1 block of 3
             loop = asyncio.get_running_loop()
             t0 = loop.time()
