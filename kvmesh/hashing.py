@@ -66,7 +66,6 @@ if os.environ.get("KVMESH_NO_C", "") not in ("", "0"):
     _c_chain = _c_packed = None
 
 
-
 def compiled_chain(algo: str) -> bool:
     """Whether ``chain_hashes(..., algo)`` runs in C in this process (a caller that keeps
     chain hashes to avoid recomputing them weighs its bookkeeping against this)."""
