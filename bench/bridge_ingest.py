@@ -126,6 +126,15 @@ def compare(against: str, args: list[str], rounds: int,
                 yield name, r
 
 
+def load_args(batches: int, engines: int, blocks: int, requests: int, bulk_removals: bool,
+              block_size: int, window: int) -> list[str]:
+    """The load's flags (``payloads``' arguments) as a bench module takes them, for
+    ``compare``."""
+    return [f"--batches={batches}", f"--engines={engines}", f"--blocks={blocks}",
+            f"--requests={requests}", "--bulk-removals" if bulk_removals else "--no-bulk-removals",
+            f"--block-size={block_size}", f"--window={window}"]
+
+
 def main(batches: int = 2_500, engines: int = 8, blocks: int = 128, requests: int = 4,
          bulk_removals: bool = False, block_size: int = 16, window: int = 64,
          per_request: int = 2, repeat: int = 3,
@@ -133,11 +142,8 @@ def main(batches: int = 2_500, engines: int = 8, blocks: int = 128, requests: in
          rounds: int = typer.Option(3, help="with --against: before/after runs, alternated"),
          label: str = "") -> None:
     if against:
-        args = [f"--batches={batches}", f"--engines={engines}", f"--blocks={blocks}",
-                f"--requests={requests}",
-                "--bulk-removals" if bulk_removals else "--no-bulk-removals",
-                f"--block-size={block_size}", f"--window={window}",
-                f"--per-request={per_request}", f"--repeat={repeat}"]
+        args = [*load_args(batches, engines, blocks, requests, bulk_removals, block_size,
+                           window), f"--per-request={per_request}", f"--repeat={repeat}"]
         best: dict[str, dict] = {}
         for name, r in compare(against, args, rounds):
             if r["blocks_per_cpu_s"] > best.get(name, {}).get("blocks_per_cpu_s", 0):

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import typer
 
-from bench.bridge_ingest import bridge_state, compare, payloads
+from bench.bridge_ingest import bridge_state, compare, load_args, payloads
 from bridge.beat_thread import BeatThread
 from bridge.link import EngineLink
 from deploy.process import ServerProcess
@@ -100,11 +100,9 @@ def main(batches: int = 5_000, engines: int = 8, blocks: int = 128, requests: in
          rounds: int = typer.Option(3, help="with --against: before/after runs, alternated"),
          label: str = "") -> None:
     if against:
-        args = [f"--batches={batches}", f"--engines={engines}", f"--blocks={blocks}",
-                f"--requests={requests}",
-                "--bulk-removals" if bulk_removals else "--no-bulk-removals",
-                f"--block-size={block_size}", f"--window={window}", f"--turn={turn}",
-                f"--backlog={backlog}", f"--repeat={repeat}"]
+        args = [*load_args(batches, engines, blocks, requests, bulk_removals, block_size,
+                           window), f"--turn={turn}", f"--backlog={backlog}",
+                f"--repeat={repeat}"]
         for _ in compare(against, args, rounds, "bench.bridge_link"):
             pass
         return

@@ -25,7 +25,7 @@ import typer
 import zmq
 import zmq.asyncio
 
-from bench.bridge_ingest import bridge_state, compare, payloads
+from bench.bridge_ingest import bridge_state, compare, load_args, payloads
 from bridge.engine_state import EngineState
 from bridge.subscriber import Subscriber
 from kvmesh import vllm_events as ve
@@ -93,10 +93,8 @@ def main(batches: int = 2_500, engines: int = 8, blocks: int = 128, requests: in
          rounds: int = typer.Option(3, help="with --against: before/after runs, alternated"),
          label: str = "") -> None:
     if against:
-        args = [f"--batches={batches}", f"--engines={engines}", f"--blocks={blocks}",
-                f"--requests={requests}",
-                "--bulk-removals" if bulk_removals else "--no-bulk-removals",
-                f"--block-size={block_size}", f"--window={window}", f"--repeat={repeat}"]
+        args = [*load_args(batches, engines, blocks, requests, bulk_removals, block_size,
+                           window), f"--repeat={repeat}"]
         for _ in compare(against, args, rounds, "bench.bridge_sub"):
             pass
         return
