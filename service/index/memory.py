@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from service.index.base import (
-    ALL_TIERS,
     TIER_GPU,
     ApplyResult,
     ApplyStatus,
@@ -133,9 +132,6 @@ class MemoryBackend(IndexBackend):
             raise OverCap(worker_id, limit)
         # One loop, locals bound and no call per block: at a bridge's rate this loop is
         # most of the service's CPU, and the event loop waits on it (the call is atomic).
-        # tier_bit is inlined too: single-hash Removed events (one per evicted block) are
-        # the commonest event, so per-event costs count as much as per-block ones.
-        wid = worker_id
         for ev in new:
             op = ev.op
             if isinstance(op, Stored):
@@ -143,28 +139,28 @@ class MemoryBackend(IndexBackend):
                 root = held.get(op.parent) if op.parent else hs[0]
                 if root is None:
                     continue  # orphan: its parent is not held by this worker
-                bits = ALL_TIERS if op.tier == 0 else 1 << (op.tier - 1)
+                bits = tier_bit(op.tier)
                 # Per hash, not bulk: dict.fromkeys/update measured slower (the per-block
                 # entry dict dominates, and a temporary dict adds a second insertion).
                 for h in hs:
                     held.setdefault(h, root)  # a held hash keeps the root it was stored with
                     entry = blocks.get(h)
                     if entry is None:
-                        blocks[h] = {wid: bits}
+                        blocks[h] = {worker_id: bits}
                     else:
-                        entry[wid] = entry.get(wid, 0) | bits
+                        entry[worker_id] = entry.get(worker_id, 0) | bits
             elif isinstance(op, Removed):
-                keep = ~(ALL_TIERS if op.tier == 0 else 1 << (op.tier - 1))
+                keep = ~tier_bit(op.tier)
                 for h in op.hashes:
                     if h not in held:
                         continue
                     entry = blocks.get(h)
                     if entry is not None:
-                        left = entry.get(wid, 0) & keep
+                        left = entry.get(worker_id, 0) & keep
                         if left:
-                            entry[wid] = left
+                            entry[worker_id] = left
                             continue
-                        entry.pop(wid, None)
+                        entry.pop(worker_id, None)
                         if not entry:
                             del blocks[h]
                     del held[h]
