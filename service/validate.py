@@ -136,7 +136,7 @@ class _Bad(ValueError):
 def _hashes(raw: Sequence[bytes], digest: int) -> tuple[bytes, ...]:
     hs = tuple(raw[:])  # a slice copies a protobuf repeated field at C speed, tuple() does not
     # one C-level pass; the offender is looked for only on failure
-    if not (len(hs) == 1 and len(hs[0]) == digest or set(map(len, hs)) <= {digest}):
+    if not set(map(len, hs)) <= {digest}:
         i = next(i for i, h in enumerate(hs) if len(h) != digest)
         raise _Bad(f"block_hashes[{i}] is {len(hs[i])} bytes; this worker's hashes are "
                    f"{digest} bytes")
@@ -181,7 +181,7 @@ def events(msgs: list[pb.KvEvent], digest: int, cfg: ServiceConfig) -> list[KvEv
         kind = ev.WhichOneof("event")
         op: Stored | Removed | Cleared
         try:
-            if kind == "removed":  # the commonest: one per evicted block
+            if kind == "removed":
                 rm = ev.removed
                 tier = rm.tier
                 if tier not in _TIERS:
