@@ -334,18 +334,22 @@ def chain_hashes(parent: bytes, token_ids: Sequence[int] | msgspec.Raw, block_si
     ``vllm_events.decode_batch(packed=True)`` leaves it): the C chain reads it as it is; the
     Python path decodes it first."""
     _check_algo(algo)
+    in_c = algo == "sha256_cbor" and block_size > 0
+    tails = None
     if token_ids.__class__ is msgspec.Raw:
-        if algo == "sha256_cbor" and _c_packed is not None and block_size > 0:
+        if in_c and _c_packed is not None:
             tails = None if extras is None else [_cbor_extra(x) for x in extras]
             out = _c_packed(parent, token_ids, block_size, tails)
             if out is not None:
                 return out
         token_ids = msgspec.msgpack.decode(token_ids)
+        in_c = False  # refused ids (negative, not ints): the list form would refuse them too
     n = len(token_ids) // block_size
     if extras is not None and len(extras) < n:
         raise ValueError(f"{len(extras)} extra keys for {n} blocks")
-    tails = None
-    if algo == "sha256_cbor" and _c_chain is not None and block_size > 0:
+    if tails is not None:
+        tails = tails[:n]
+    if in_c and _c_chain is not None:
         if isinstance(token_ids, np.ndarray):
             token_ids = token_ids.tolist()  # faster than the bulk encoder below, even so
         tails = None if extras is None else [_cbor_extra(x) for x in extras[:n]]
