@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -326,3 +327,27 @@ def test_packed_caller_errors_raise():
         msgpack_len([1])
     assert sha256_cbor_chain_packed(bytearray(b""), GOOD, 1, None) is None
     assert sha256_cbor_chain_packed(b"", b"\x90", 1, None) == []
+
+
+@needs_c
+def test_threads_hashing_at_once_each_get_their_own_chain() -> None:
+    """No state is shared between calls (the module's contract): 8 threads hashing different
+    chains at once, list and packed forms interleaved, each get exactly the reference."""
+    rng = np.random.default_rng(7)
+    jobs = [rng.integers(0, 1 << 20, 16 * 64).tolist() for _ in range(8)]
+    want = [reference(none_hash(), ids, 16, [None] * 64) for ids in jobs]
+    got: list[list] = [[] for _ in jobs]
+
+    def work(i: int) -> None:
+        raw = msgspec.Raw(msgspec.msgpack.encode(jobs[i]))
+        for k in range(50):
+            got[i].append(chain_hashes(none_hash(), raw if k % 2 else jobs[i], 16, None,
+                                       "sha256_cbor"))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, runs in enumerate(got):
+        assert len(runs) == 50 and all(r == want[i] for r in runs)
