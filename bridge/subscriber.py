@@ -72,6 +72,7 @@ from bridge.lag import Bound, Lag
 from bridge.wake import Wake
 from kvmesh import vllm_events as ve
 from kvmesh.v1 import index_pb2
+from kvmesh.zmq_curve import CurveClient
 
 Sink = Callable[[list[index_pb2.KvEvent]], None]
 REMOVALS = (b"BlockRemoved", b"AllBlocksCleared")  # the tags of events that drop blocks
@@ -108,7 +109,7 @@ class Subscriber:
                  *, topic: bytes = b"", replay_timeout: float = 5.0,
                  probe_interval: float | None = 10.0, rcvhwm: int = 100_000,
                  ctx: zmq.asyncio.Context | None = None, max_lag_s: Bound | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, curve: CurveClient | None = None) -> None:
         self.state = state
         self.events = events
         self.replay = replay
@@ -118,6 +119,7 @@ class Subscriber:
         self.probe_interval = probe_interval
         self.rcvhwm = rcvhwm
         self.ctx = ctx or zmq.asyncio.Context.instance()
+        self.curve = curve  # the engine's sockets are CURVE servers (kvmesh.zmq_curve)
         self.stats = SubscriberStats()
         self._dups: dict[int, bytes] = {}  # the last replay, to recognise queued live copies
         # Set by a disconnect: the next live batch may come from another engine process,
@@ -134,6 +136,8 @@ class Subscriber:
         sub.setsockopt(zmq.RCVHWM, self.rcvhwm)
         sub.setsockopt(zmq.LINGER, 0)
         sub.subscribe(self.topic)
+        if self.curve is not None:
+            self.curve.apply(sub)
         mon = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         sub.connect(self.events)
         # blocking twins: receive (and wait, ``Wake``) without zmq.asyncio's futures
@@ -353,6 +357,8 @@ class Subscriber:
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.RCVHWM, 0)  # take all 10,000 replies as fast as they come
+        if self.curve is not None:
+            self.curve.apply(dealer)
         dealer.connect(self.replay)  # type: ignore[arg-type]
         got: list[tuple[int, bytes]] = []
         try:

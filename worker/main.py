@@ -6,8 +6,12 @@ import logging
 import signal
 import socket
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from kvmesh.tls import TlsFiles
+
+if TYPE_CHECKING:
+    from kvmesh.zmq_curve import CurveServer
 
 log = logging.getLogger("kvmesh.worker")
 
@@ -47,9 +51,13 @@ class WorkerOptions:
     eviction: str = "lru"             # device-pool eviction order (kvmesh.tiers.EVICTIONS)
     auto_pin: bool = False            # pin hot prefixes automatically
     # vLLM's protocols (none by default): KV events on ZMQ, an OpenAI HTTP server
-    vllm_events: str | None = None    # PUB endpoint, e.g. tcp://*:5557
-    vllm_replay: str | None = None    # replay ROUTER endpoint, e.g. tcp://*:5558
+    vllm_events: str | None = None    # PUB endpoint, e.g. tcp://127.0.0.1:5557
+    vllm_replay: str | None = None    # replay ROUTER endpoint, e.g. tcp://127.0.0.1:5558
     vllm_hash_form: str = "int"       # block hashes as vLLM's int form, or "bytes"
+    # CURVE for the event sockets (kvmesh.zmq_curve): needed for any non-loopback endpoint,
+    # and whenever the worker has an access token
+    vllm_curve_key: str | None = None      # its zmq.auth certificate, with the secret key
+    vllm_curve_clients: str | None = None  # directory of the consumers' public certificates
     http_port: int | None = None      # OpenAI-compatible HTTP server (0: a free port)
     served_model_name: str | None = None  # the HTTP model name (default: model)
     tokenizer: str | None = None      # the HTTP API's tokenizer dir (default: the model's)
@@ -83,7 +91,8 @@ def check_tiers(cpu_blocks: int, disk_blocks: int, disk_dir: str | None) -> None
 def check_vllm(events: str | None, replay: str | None, hash_form: str, http_port: int | None,
                model: str, tokenizer: str | None, loras: list[str]) -> dict[str, str]:
     """Raise ``ValueError`` for vLLM-protocol flags that cannot work (before the model
-    loads); returns the ``--lora-modules`` map."""
+    loads); returns the ``--lora-modules`` map. The event sockets' keys are checked by
+    ``vllm_curve``."""
     from pathlib import Path
 
     from worker.vllm_publisher import HASH_FORMS
@@ -107,6 +116,31 @@ def check_vllm(events: str | None, replay: str | None, hash_form: str, http_port
     return out
 
 
+def vllm_curve(opts: WorkerOptions) -> CurveServer | None:
+    """The CURVE identity of the event sockets (a ``kvmesh.zmq_curve.CurveServer``), or
+    None for plain ZMQ; ``ValueError`` when the settings leave the events open to callers
+    the worker's other APIs refuse: a non-loopback endpoint without keys
+    (``worker.vllm_publisher.check_endpoints``), or a worker requiring an access token whose
+    events any local process could read (they carry the prompts and salts the token guards).
+    """
+    from kvmesh.zmq_curve import CurveServer
+    from worker.vllm_publisher import check_endpoints
+
+    if not opts.vllm_events:
+        return None
+    if bool(opts.vllm_curve_key) != bool(opts.vllm_curve_clients):
+        raise ValueError("--vllm-curve-key and --vllm-curve-clients go together")
+    if opts.vllm_curve_key:
+        return CurveServer.load(opts.vllm_curve_key, opts.vllm_curve_clients or "")
+    check_endpoints(opts.vllm_events, opts.vllm_replay, None)
+    if opts.access_token or opts.token:
+        raise ValueError("--vllm-events: this worker requires an access token, but plain "
+                         "ZMQ would hand every tenant's prompt ids and salts to any local "
+                         "process; give --vllm-curve-key and --vllm-curve-clients "
+                         "(KVMESH_VLLM_CURVE_KEY, KVMESH_VLLM_CURVE_CLIENTS; docs/vllm.md)")
+    return None
+
+
 async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or SIGINT/SIGTERM). Prints one ``listening on`` line
     once the server accepts calls; launchers wait for it."""
@@ -120,6 +154,7 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
 
     opts = replace(opts, hash_seed=resolve_seed(opts.hash_algo, opts.hash_seed),
                    access_token=access_token_of(opts.token, opts.access_token), token=None)
+    curve = vllm_curve(opts)  # before the model loads, as the TLS check below
     tls = opts.tls
     # before the model loads: a certificate without a CA is refused here, not after start
     link_creds = tls.channel_credentials() if tls is not None and opts.services else None
@@ -136,7 +171,8 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
         from worker.vllm_publisher import VllmPublisher
 
         publisher = VllmPublisher(opts.vllm_events, opts.vllm_replay,
-                                  block_size=opts.block_size, hash_form=opts.vllm_hash_form)
+                                  block_size=opts.block_size, hash_form=opts.vllm_hash_form,
+                                  curve=curve)
         publisher.start()
         EventTap.install(runner).add(publisher.deliver)
     runner.start()
