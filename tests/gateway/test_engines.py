@@ -210,3 +210,17 @@ def test_hiding_rewrites_only_usage_and_keeps_every_other_byte() -> None:
         assert out.startswith(b': comment\r\n\r\ndata: {"x": 1}\n\n')
         assert b'"cached_tokens": 9' not in out and b'"cached_tokens": 4' not in out
         assert out.count(b'"cached_tokens": 0') == 2
+
+
+def test_an_engine_key_without_engines_and_a_readable_keys_file_are_warned_about(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    build_config("127.0.0.1:1", engine_api_key="k")
+    assert "the key is sent nowhere" in capsys.readouterr().err
+    keys = tmp_path / "keys"
+    keys.write_text("http://a:1 sk-engine-a-7731\n")
+    keys.chmod(0o644)
+    with caplog.at_level("WARNING", logger="kvmesh.file_perms"):
+        config = build_config("127.0.0.1:1", engine_keys=keys)
+    assert "--engine-keys file" in caplog.text and "sk-engine-a" not in caplog.text
+    assert config.engines.key("http://a:1") == "sk-engine-a-7731"
