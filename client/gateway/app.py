@@ -218,11 +218,14 @@ class _Gateway:
             candidates = self.gate.listed(routed.candidates)
             engines = [c for c in candidates if is_http(c.address)]
             workers = [c for c in candidates if not is_http(c.address)]
-            if not candidates:
+            if not candidates and routed.candidates:
                 raise OpenAIError(502, "no engine this gateway may forward to can serve this "
                                   "request: the index offered only HTTP engines that are not "
                                   "in the gateway's engine list (--engine-allow, "
                                   "--engine-keys)", code="engine_not_allowed")
+            if not candidates:
+                raise OpenAIError(503, "no worker is available; retry later",
+                                  code="workers_unavailable")
             if engines and is_http(candidates[0].address):
                 relayed = await self.forward(request, raw, body, salted, engines)
                 if relayed is not None:
