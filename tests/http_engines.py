@@ -13,6 +13,7 @@ from kvmesh.zmq_curve import CurveClient
 
 BS = 4
 _HTTP = re.compile(r"HTTP on :(\d+)")
+_METRICS = re.compile(r"metrics on :(\d+)")
 _EVENTS = re.compile(r"vLLM events on (\S+) \(replay ([^)\s]+)\)")
 
 
@@ -32,6 +33,7 @@ class HttpWorker:
                                   env={"OMP_NUM_THREADS": "1", **(env or {})})
         self.name = name
         self.url = ""
+        self.metrics_url = ""  # its vLLM /metrics: the metrics listener, not the HTTP API
         self.events: str | None = None
         self.replay: str | None = None
 
@@ -39,6 +41,7 @@ class HttpWorker:
         self.proc.start(timeout=120)
         line = next(x for x in self.proc.lines if "listening on" in x)
         self.url = f"http://127.0.0.1:{_HTTP.search(line).group(1)}"
+        self.metrics_url = f"http://127.0.0.1:{_METRICS.search(line).group(1)}/metrics"
         m = _EVENTS.search(line)
         if m:
             self.events, self.replay = m.group(1), m.group(2)

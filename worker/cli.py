@@ -39,7 +39,8 @@ def register(app: typer.Typer) -> None:
         max_batched_tokens: Annotated[int, typer.Option(
             help="token budget per engine step")] = _DEFAULTS.max_batched_tokens,
         metrics_port: Annotated[int | None, typer.Option(
-            help="serve Prometheus /metrics on this port")] = None,
+            help="serve Prometheus /metrics on this port (with --http-port, vLLM's names "
+            "too; a free port when only --http-port is given)")] = None,
         metrics_host: Annotated[str, typer.Option(
             help="interface of /metrics (no authentication: loopback unless you mean "
             "it)")] = _DEFAULTS.metrics_host,
@@ -76,8 +77,9 @@ def register(app: typer.Typer) -> None:
             help="block hashes on the wire: 'int' (vLLM's default: the digest's low 8 "
             "bytes) or 'bytes' (the digest)")] = _DEFAULTS.vllm_hash_form,
         http_port: Annotated[int | None, typer.Option(
-            help="serve vLLM's OpenAI API (/v1/completions, /v1/chat/completions, "
-            "/metrics in vLLM's names) on this port (0: a free one)")] = None,
+            help="serve vLLM's OpenAI API (/v1/completions, /v1/chat/completions) on this "
+            "port (0: a free one); its /metrics in vLLM's names are on --metrics-host:"
+            "--metrics-port, not here")] = None,
         served_model_name: Annotated[str | None, typer.Option(
             help="the model name of the HTTP API (default: --model)")] = None,
         tokenizer: Annotated[str | None, typer.Option(

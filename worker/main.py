@@ -186,17 +186,27 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     worker_id = opts.worker_id or f"{socket.gethostname()}-{port}"
     servicer.worker_id = worker_id  # known only once the port is bound (default host-port)
     metrics_note = ""
-    if opts.metrics_port is not None:
+    vllm_metrics = None
+    if opts.http_port is not None:
+        from worker.vllm_metrics import VllmMetrics
+
+        vllm_metrics = VllmMetrics(runner, opts.served_model_name or opts.model)
+    if opts.metrics_port is not None or vllm_metrics is not None:
+        # one unauthenticated listener on --metrics-host for every page: the HTTP API's
+        # vLLM page too (its prefix-cache hits are every caller's), on a free port when
+        # --http-port is given without --metrics-port
         from worker.metrics import WorkerMetrics
 
         servicer.metrics = WorkerMetrics(runner, worker_id, servicer.tier_precision)
-        mport = servicer.metrics.serve(opts.metrics_port, opts.metrics_host)
+        if vllm_metrics is not None:
+            servicer.metrics.include(vllm_metrics.registry)
+        mport = servicer.metrics.serve(opts.metrics_port or 0, opts.metrics_host)
         metrics_note = f", metrics on :{mport}"
     await server.start()
     address = f"{opts.host}:{port}"
     http = None
     if opts.http_port is not None:
-        http, http_port = await _start_http(opts, runner)
+        http, http_port = await _start_http(opts, runner, vllm_metrics)
         metrics_note += f", HTTP on :{http_port}"
     if publisher is not None:
         events, replay = publisher.bound
@@ -239,14 +249,15 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
 
 
 
-async def _start_http(opts: WorkerOptions, runner) -> tuple[tuple, int]:
-    """Serve the OpenAI HTTP API (``worker.http_api``); ((server, task), bound port)."""
+async def _start_http(opts: WorkerOptions, runner, metrics) -> tuple[tuple, int]:
+    """Serve the OpenAI HTTP API (``worker.http_api``; ``metrics``: the ``VllmMetrics`` it
+    counts into, served by the metrics listener); ((server, task), bound port)."""
     from kvmesh.vllm_tokenizer import TINY, VllmTokenizer
     from worker.http_api import HttpApi, serve_http
 
     source = opts.tokenizer or (None if opts.model == TINY else opts.model)
     api = HttpApi(runner, model_name=opts.served_model_name or opts.model,
                   tokenizer=VllmTokenizer.load(source), loras=opts.lora_modules,
-                  access_token=opts.access_token)
+                  access_token=opts.access_token, metrics=metrics)
     server, port, task = await serve_http(api, opts.host, opts.http_port or 0)
     return (server, task), port

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
 
 from worker.async_engine import AsyncEngine
 from worker.tier_precision import TierPrecision
@@ -112,6 +113,16 @@ class _EngineCollector:
         yield h
 
 
+class _Included(Collector):
+    """Another registry's metrics, collected at scrape time."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self):
+        return self.registry.collect()
+
+
 class WorkerMetrics:
     """One registry per worker (tests run several workers in one process)."""
 
@@ -125,6 +136,10 @@ class WorkerMetrics:
         self.ttft = Histogram("kvmesh_worker_time_to_first_token_seconds",
                               "Time to first token, measured on the worker.",
                               buckets=TTFT_BUCKETS, registry=self.registry)
+
+    def include(self, registry: CollectorRegistry) -> None:
+        """Serve ``registry``'s metrics on this page too (the HTTP API's vLLM page)."""
+        self.registry.register(_Included(registry))
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Expose ``/metrics`` over HTTP on ``host``; returns the bound port (``port=0``: a

@@ -24,7 +24,7 @@ WITHIN = 30.0
 
 def spec(w: HttpWorker, worker_id: str) -> EngineSpec:
     return EngineSpec(worker_id=worker_id, address=w.url, events=w.events, replay=w.replay,
-                      block_size=BS)
+                      block_size=BS, metrics_url=w.metrics_url)
 
 
 def complete(w: HttpWorker, ids: list[int], **body) -> None:
@@ -35,9 +35,9 @@ def complete(w: HttpWorker, ids: list[int], **body) -> None:
 def test_a_late_bridge_learns_the_cache_and_a_restart_leaves_nothing_stale(service: str):
     """The worker serves before the bridge exists (replay), then restarts on the same ports:
     what the old process held leaves the index, what the new one serves enters it."""
-    http, pub, rep = free_port(), free_port(), free_port()
+    http, pub, rep, mport = free_port(), free_port(), free_port(), free_port()
     flags = ("--vllm-events", f"tcp://127.0.0.1:{pub}", "--vllm-replay",
-             f"tcp://127.0.0.1:{rep}")
+             f"tcp://127.0.0.1:{rep}", "--metrics-port", str(mport))
     old = [5, 6, 7, 8] * (3 * BS // 4) + [9]
     new = [11, 12, 13, 14] * (3 * BS // 4) + [9]
     w = HttpWorker("chain-1", *flags, events=False, http_port=http).start()
