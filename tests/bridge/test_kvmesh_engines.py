@@ -100,7 +100,7 @@ def test_a_bridge_with_its_curve_key_indexes_a_worker_serving_curve(service: str
         openai.OpenAI(base_url=f"{w.url}/v1", api_key=access, max_retries=0).completions.create(
             model="tiny", prompt=ids, max_tokens=1, temperature=0)
         engine = EngineSpec(worker_id="kv-curve", address=w.url, events=w.events,
-                            replay=w.replay, block_size=BS,
+                            replay=w.replay, block_size=BS, metrics_url=w.metrics_url,
                             curve_server_key=str(tmp_path / "worker.key"))
 
         async def main():
