@@ -63,8 +63,10 @@ ServiceToken = Annotated[str | None, typer.Option(
     "shared --worker-token).")]
 AccessToken = Annotated[str | None, typer.Option(
     "--access-token", envvar="KVMESH_WORKER_ACCESS_TOKEN",
-    help="Token a worker's Generate/Stats require (clients derive it from their router "
-    "token); preferred over --token: the worker never sees the router token.")]
+    help="This worker's own access token, which its Generate/Stats require (`kvmesh "
+    "worker-access-token --worker-id ID`; clients derive it from their router token and the "
+    "worker's id); valid on this worker only. Preferred over --token: the worker never sees "
+    "the router token.")]
 WorkerSecret = Annotated[str | None, typer.Option(
     "--worker-secret", envvar="KVMESH_WORKER_SECRET",
     help="Secret of worker tokens bound to their worker id (mint them with `kvmesh "
