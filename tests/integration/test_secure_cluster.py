@@ -76,7 +76,7 @@ def test_each_missing_credential_is_refused(secure: LocalCluster, certs: Certs) 
                 stub.Stats(worker_pb2.WorkerStatsRequest(), timeout=3, metadata=refused)
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
         stats = stub.Stats(worker_pb2.WorkerStatsRequest(), timeout=3, metadata=[
-            ("authorization", f"Bearer {worker_access_token(TOKEN, "worker-0")}")])
+            ("authorization", f"Bearer {worker_access_token(TOKEN, 'worker-0')}")])
         assert stats.worker_id == "worker-0"
 
 
