@@ -12,9 +12,10 @@ Contract:
   finished request is never run again. ``generate_stream`` yields the tokens as they come
   and fails over the same way, but only before its first token (``kvmesh.retry``).
 * ``token`` (the router token) is sent as ``authorization: Bearer <token>`` on service calls
-  only (``admin_token``, when given, on ``pin``/``unpin`` instead); workers get
-  ``kvmesh.auth.worker_access_token(token)`` instead, so a worker (or a fake one whose
-  address reached the index) never learns a token that can Route.
+  only (``admin_token``, when given, on ``pin``/``unpin`` instead); each worker gets its
+  own ``kvmesh.auth.worker_access_token(token, worker_id)`` instead (the id of the route
+  candidate called), so a worker (or a fake one whose address reached the index) never
+  learns a token that can Route or call any other worker.
 * ``tls`` (``kvmesh.tls.TlsFiles``): with a ``ca``, every channel (service and workers) is
   TLS and verifies the server's certificate against it; ``cert``/``key`` are presented as a
   client certificate when a server requires one. Without it, channels are plaintext.

@@ -48,8 +48,8 @@ HashSeed = Annotated[str | None, typer.Option(
 # Credentials (docs/security.md): the router token never reaches a worker.
 Token = Annotated[str | None, typer.Option(
     "--token", envvar="KVMESH_TOKEN",
-    help="Router token (the service's --token): Route/Stats need it; workers get only the "
-    "access token derived from it.")]
+    help="Router token (the service's --token): Route/Stats need it; each worker gets only "
+    "its own access token derived from it.")]
 AdminToken = Annotated[str | None, typer.Option(
     "--admin-token", envvar="KVMESH_ADMIN_TOKEN",
     help="Admin token (the service's --admin-token): PinPrefix/UnpinPrefix need it, the "
