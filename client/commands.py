@@ -151,7 +151,7 @@ def generate_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
         result = client.generate(prompt, max_tokens=max_tokens, salt=salt,
                              temperature=temperature, seed=seed, policy=policy)
         if text is not None and not json_out:
-            _note_random_model(client, result.address)
+            _note_random_model(client, result.address, result.worker_id)
     out = dataclasses.asdict(result)
     if text is not None:
         out["text"] = decode_bytes(result.token_ids)
@@ -200,14 +200,14 @@ def pin_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
         raise typer.Exit(1)
 
 
-def _note_random_model(client: KvmeshClient, address: str) -> None:
+def _note_random_model(client: KvmeshClient, address: str, worker_id: str) -> None:
     """Say on stderr that the worker's ``tiny`` model has random weights, so its text is
     noise by design (a newcomer would otherwise think decoding broke). Best effort: a
     worker that does not answer ``Stats`` gets no note."""
     from client.errors import KvmeshError
 
     try:
-        model = client.worker_stats(address).get("model")
+        model = client.worker_stats(address, worker_id).get("model")
     except KvmeshError:
         return
     if model == TINY_MODEL:
@@ -230,7 +230,7 @@ def _worker_details(client: KvmeshClient, workers: list[dict[str, Any]],
         if not w.get("alive") or not w.get("address"):
             return None
         try:
-            return client.worker_stats(w["address"])
+            return client.worker_stats(w["address"], w.get("worker_id") or None)
         except KvmeshError:
             return None
 

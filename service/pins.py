@@ -20,7 +20,7 @@ Credentials: a worker's ``Pin`` requires ``kvmesh.auth.worker_pin_token`` of the
 credential that worker presents to the service. This service can compute it for every
 worker (it mints bound tokens from ``worker_secret``, or holds the shared
 ``worker_token``); routers cannot. Without any worker credential (an open cluster) the
-call carries the worker access token of the router token, if any.
+call carries that worker's own access token (of the router token and its id), if any.
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def pin_credentials(cfg: ServiceConfig, worker_id: str) -> list[str | None]:
         creds.append(cfg.worker_token)
     if creds:
         return [worker_pin_token(c) for c in creds]
-    return [worker_access_token(cfg.token) if cfg.token else None]
+    return [worker_access_token(cfg.token, worker_id) if cfg.token else None]
 
 
 def worker_dialer(cfg: ServiceConfig) -> Dialer:

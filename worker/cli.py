@@ -103,14 +103,15 @@ def register(app: typer.Typer) -> None:
             check_tiers(cpu_blocks, disk_blocks, disk_dir)
             tls = tls_files(tls_cert, tls_key, tls_ca, tls_client_auth)
             hash_seed = resolve_seed(hash_algo, hash_seed)
-            access_token = access_token_of(token, access_token)
+            if token and worker_id:  # else serve() derives it once the port names the id
+                access_token, token = access_token_of(token, access_token, worker_id), None
             loras = check_vllm(vllm_events, vllm_replay, vllm_hash_form, http_port, model,
                                tokenizer, lora_modules or [])
         except ValueError as e:
             raise typer.BadParameter(str(e)) from e
         options = WorkerOptions(
             port=port, host=host, model=model, block_size=block_size, num_blocks=num_blocks,
-            worker_id=worker_id, services=services, access_token=access_token,
+            worker_id=worker_id, services=services, token=token, access_token=access_token,
             service_token=service_token or None, hash_algo=hash_algo,
             hash_seed=hash_seed, device=device, heartbeat_s=heartbeat_s,
             max_batched_tokens=max_batched_tokens, metrics_port=metrics_port,

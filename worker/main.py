@@ -20,9 +20,12 @@ log = logging.getLogger("kvmesh.worker")
 class WorkerOptions:
     """Everything ``serve`` reads; ``kvmesh worker`` maps its flags onto it.
 
-    Clients authenticate to the worker with ``access_token``; given only the router
-    ``token``, the worker derives ``kvmesh.auth.worker_access_token(token)`` and drops the
-    router token (:func:`access_token_of`), so it never holds a credential of the service.
+    Clients authenticate to the worker with ``access_token``, this worker's own token
+    (``kvmesh.auth.worker_access_token(router token, worker_id)``; valid on no other
+    worker). Given only the router ``token``, the worker derives its own once its id is
+    known (the id may be ``<hostname>-<port>``) and drops the router token
+    (:func:`access_token_of`), so it never holds a credential of the service or of another
+    worker.
     """
 
     port: int = 0
@@ -33,7 +36,7 @@ class WorkerOptions:
     worker_id: str | None = None
     services: tuple[str, ...] = ()
     token: str | None = None          # router token (--token): only derives access_token
-    access_token: str | None = None   # what its WorkerService requires (--access-token)
+    access_token: str | None = None   # its own WorkerService token (--access-token)
     service_token: str | None = None  # what it presents to the service (--service-token)
     hash_algo: str = "sha256_cbor"
     hash_seed: str | None = None      # None: kvmesh.hashing.resolve_seed's default (as vLLM)
@@ -64,16 +67,19 @@ class WorkerOptions:
     lora_modules: dict[str, str] = field(default_factory=dict)  # HTTP model name -> path
 
 
-def access_token_of(token: str | None, access_token: str | None) -> str | None:
-    """The access token a worker requires: ``access_token``, else the one derived from the
-    router ``token``, else None (open). Raises ``ValueError`` when both are given and
-    disagree (a worker that no client of this router token could call)."""
+def access_token_of(token: str | None, access_token: str | None,
+                    worker_id: str) -> str | None:
+    """The access token worker ``worker_id`` requires: ``access_token`` (its own, minted by
+    ``kvmesh worker-access-token``), else the one derived from the router ``token`` and
+    ``worker_id``, else None (open). Raises ``ValueError`` when both are given and disagree
+    (a worker that no client of this router token could call: e.g. another worker's)."""
     from kvmesh.auth import worker_access_token
 
-    derived = worker_access_token(token) if token else None
+    derived = worker_access_token(token, worker_id) if token else None
     if access_token and derived and access_token != derived:
-        raise ValueError("--access-token is not the access token of --token (it must be "
-                         "kvmesh.auth.worker_access_token(router token)); give only one")
+        raise ValueError(f"--access-token is not worker {worker_id!r}'s access token of "
+                         "--token (it must be `kvmesh worker-access-token --worker-id "
+                         f"{worker_id}`); give only one")
     return access_token or derived
 
 
@@ -152,9 +158,13 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     from worker.server import create_server
     from worker.service_link import ServiceLink
 
-    opts = replace(opts, hash_seed=resolve_seed(opts.hash_algo, opts.hash_seed),
-                   access_token=access_token_of(opts.token, opts.access_token), token=None)
-    curve = vllm_curve(opts)  # before the model loads, as the TLS check below
+    curve = vllm_curve(opts)  # before the model loads (it reads --token/--access-token)
+    router_token = opts.token  # only derives this worker's own access token; not kept
+    opts = replace(opts, hash_seed=resolve_seed(opts.hash_algo, opts.hash_seed), token=None)
+    if router_token and opts.worker_id:  # refused before the model loads
+        opts = replace(opts, access_token=access_token_of(router_token, opts.access_token,
+                                                          opts.worker_id))
+        router_token = None
     tls = opts.tls
     # before the model loads: a certificate without a CA is refused here, not after start
     link_creds = tls.channel_credentials() if tls is not None and opts.services else None
@@ -176,15 +186,30 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
         publisher.start()
         EventTap.install(runner).add(publisher.deliver)
     runner.start()
+    late_access: list[str | None] = [None]
     server, port, servicer = await create_server(
         f"{opts.host}:{opts.port}", runner, worker_id=opts.worker_id or "",
-        model_name=opts.model, access_token=opts.access_token,
+        model_name=opts.model,
+        # an id known only once the port is bound: the token is derived just below, and
+        # the server refuses every call until then (it is not started before either)
+        access_token=(lambda: late_access[0]) if router_token else opts.access_token,
         pin_token=worker_pin_token(opts.service_token) if opts.service_token else None,
         credentials=tls.server_credentials() if tls is not None else None,
         max_inflight_per_conn=opts.max_inflight_per_conn,
         max_message_bytes=opts.max_message_bytes)
     worker_id = opts.worker_id or f"{socket.gethostname()}-{port}"
     servicer.worker_id = worker_id  # known only once the port is bound (default host-port)
+    if router_token:
+        try:
+            late_access[0] = access_token_of(router_token, opts.access_token, worker_id)
+        except ValueError:
+            await server.stop(None)
+            if publisher is not None:
+                await publisher.close()
+            runner.stop()
+            raise
+        opts = replace(opts, access_token=late_access[0])
+        router_token = None
     metrics_note = ""
     vllm_metrics = None
     if opts.http_port is not None:

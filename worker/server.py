@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -156,12 +157,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         yield  # pragma: no cover - makes this an async generator like the other stream
 
 
-def access_auth(access_token: str | None, pin_token: str | None = None) -> BearerAuth:
-    """The worker's access policy: every WorkerService call needs the worker access token
-    (``kvmesh.auth.worker_access_token`` of the cluster's router token, never the router
-    token itself), except ``Pin``, which needs ``pin_token`` when one is set (the
-    metadata service's credential, ``kvmesh.auth.worker_pin_token``: routers cannot pin
-    directly); a role without a token is open; gRPC health stays open."""
+def access_auth(access_token: str | Callable[[], str | None] | None,
+                pin_token: str | None = None) -> BearerAuth:
+    """The worker's access policy: every WorkerService call needs THIS worker's access token
+    (``kvmesh.auth.worker_access_token`` of the cluster's router token and this worker's
+    id: a token minted for another worker is refused, never the router token itself),
+    except ``Pin``, which needs ``pin_token`` when one is set (the metadata service's
+    credential, ``kvmesh.auth.worker_pin_token``: routers cannot pin directly); a role
+    without a token is open; gRPC health stays open. ``access_token`` may be a function
+    (``kvmesh.auth.shared_token``) for a token known only once the port is bound."""
     client = [shared_token("client", access_token)] if access_token else []
     pin = [shared_token("pin", pin_token)] if pin_token else []
     return BearerAuth(lambda method: "pin" if method == PIN_METHOD and pin else "client",
@@ -171,7 +175,7 @@ def access_auth(access_token: str | None, pin_token: str | None = None) -> Beare
 async def create_server(address: str, runner: AsyncEngine, *, worker_id: str,
                         model_name: str, interceptors=(),
                         credentials: grpc.ServerCredentials | None = None,
-                        access_token: str | None = None,
+                        access_token: str | Callable[[], str | None] | None = None,
                         pin_token: str | None = None,
                         max_inflight_per_conn: int = DEFAULT_MAX_INFLIGHT,
                         max_message_bytes: int = MAX_MESSAGE_BYTES,

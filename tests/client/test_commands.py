@@ -104,7 +104,7 @@ def test_pin_prints_each_worker_and_fails_when_one_did(cluster) -> None:
 
 
 def test_generate_text_json_with_env_token(cluster) -> None:
-    worker = FakeWorker("w1", token=worker_access_token("tok"))
+    worker = FakeWorker("w1", token=worker_access_token("tok", "w1"))
     index = FakeIndex([candidate("w1", cluster.worker(worker))], token="tok")
     result = runner.invoke(app, ["generate", "--service", cluster.index(index), "--text", "hi",
                                  "--max-tokens", "2", "--json"], env={"KVMESH_TOKEN": "tok"})
