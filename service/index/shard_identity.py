@@ -20,7 +20,8 @@ trip, 64 read-only scripts, when nothing changed):
 
 - ``TAG_IDENTITY`` runs in the tag's slot and reads ``INFO`` in the same script, so the
   identity is that of the primary serving the slot at that instant (a node that does not
-  serve it answers ``MOVED``), compared with the sentinel beside it, atomically.
+  serve it answers ``MOVED``), compared with the sentinel beside it, atomically. A slot
+  whose keys are migrating right now (``ASK`` / ``TRYAGAIN``) is checked once moved.
 - On a change: the generation is read again (after the change was seen), then moved by
   ``LOST`` from that value (compare-and-set: of several replicas that saw the change, one
   moves it; a replica whose value is already old finds it moved, and any move after its
@@ -43,7 +44,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from service.index import keys, resp
+import redis.exceptions as rexc
+
+from service.index import keys, nodes, resp
 
 if TYPE_CHECKING:
     from service.index.cluster import ClusterBackend
@@ -54,6 +57,7 @@ log = logging.getLogger(__name__)
 
 SENTINELS = [b"{" + bytes([t]) + b"}!" for t in keys.TAGS]  # by tag index
 GEN = keys.CTL + "gen"
+_MIGRATING = (rexc.AskError, rexc.TryAgainError)  # the slot's keys are moving right now
 
 # KEYS[1] = the tag's sentinel '{T}!'; ARGV[1] = '' (check), an identity (stamp it if it
 # still serves the slot) or '*' (stamp whatever identity serves it)
@@ -78,12 +82,18 @@ async def check(b: ClusterBackend) -> bool:
     from service.index.cluster import CTL_SLOT, TAG_SLOTS
     from service.index.raw_scripts import TAG_IDENTITY
 
-    res = await b.wave([(CTL_SLOT, resp.command(b"GET", GEN.encode()))]
-                       + [(TAG_SLOTS[i], TAG_IDENTITY.call(s, [b""]))
-                          for i, s in enumerate(SENTINELS)], retry=True)
+    batch = [(CTL_SLOT, resp.command(b"GET", GEN.encode()))] + [
+        (TAG_SLOTS[i], TAG_IDENTITY.call(s, [b""])) for i, s in enumerate(SENTINELS)]
+    res = await nodes.on_slots(b.client, batch, retry=True)
+    if any(isinstance(r, rexc.NoScriptError) for r in res):
+        res = await b.wave(batch, retry=True)  # loads the scripts; a migrating slot raises
+    for r in res:
+        if isinstance(r, Exception) and not isinstance(r, _MIGRATING):
+            raise r
     if res[0] is None:
         return False
-    changed = {i: r for i, r in enumerate(res[1:]) if r}
+    # a slot migrating now is checked once it has moved (the sentinel moves with it)
+    changed = {i: r for i, r in enumerate(res[1:]) if r and not isinstance(r, _MIGRATING)}
     if not changed:
         return True
     gen = await b.client.get(GEN)  # read after the change was seen: see the contract
