@@ -72,10 +72,17 @@ def _migrate(cluster: RedisClusterServer, slot: int, src: int, dst: int, finish:
             n = cluster.nodes[dst]
             a.execute_command("MIGRATE", n.host, n.port, "", 0, 5000, "AUTH",
                               cluster.password, "KEYS", *ks)
-        if finish:
-            for i in range(3):
-                with redis.Redis.from_url(cluster.node_urls[i]) as r:
-                    r.execute_command("CLUSTER SETSLOT", slot, "NODE", zid)
+    if finish:
+        _assign(cluster, slot, dst)
+
+
+def _assign(cluster: RedisClusterServer, slot: int, dst: int) -> None:
+    """``CLUSTER SETSLOT slot NODE`` (node ``dst``) on every node: a migration's end."""
+    with redis.Redis.from_url(cluster.node_urls[dst]) as z:
+        zid = z.execute_command("CLUSTER MYID")
+    for url in cluster.node_urls:
+        with redis.Redis.from_url(url) as r:
+            r.execute_command("CLUSTER SETSLOT", slot, "NODE", zid)
 
 
 def test_a_slot_migrating_between_two_sweep_steps_is_swept_on_its_new_node(
@@ -103,18 +110,15 @@ def test_a_slot_migrating_between_two_sweep_steps_is_swept_on_its_new_node(
             _migrate(redis_cluster, slot, src, dst, finish=False)
             assert await b.sweep(max_steps=1) == 0  # importing: those scans start over
             assert str(h) not in await c.smembers(keys.FREE)
-            for i in range(3):
-                with redis.Redis.from_url(redis_cluster.node_urls[i]) as r:
-                    r.execute_command("CLUSTER SETSLOT", slot, "NODE",
-                                      redis.Redis.from_url(redis_cluster.node_urls[dst])
-                                      .execute_command("CLUSTER MYID"))
+            _assign(redis_cluster, slot, dst)  # the migration ends
             await c.initialize()
             assert await b.sweep() == 1  # found on its new node and dropped
             assert str(h) in await c.smembers(keys.FREE)
             with redis.Redis.from_url(redis_cluster.node_urls[dst]) as r:
                 assert r.get(missed) is None
-        finally:
-            _migrate(redis_cluster, slot, dst, src)  # the session cluster's layout again
+        finally:  # the session cluster's layout again
+            _assign(redis_cluster, slot, dst)
+            _migrate(redis_cluster, slot, dst, src)
             redis_cluster.wait_ok()
             await c.initialize()
 
