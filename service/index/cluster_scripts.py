@@ -11,15 +11,19 @@ script per tag, every shard in parallel), and an *end* step on the control slot:
   entries ever overlap, and one that stopped midway (a shard down, a replica gone) is
   repaired by the snapshot it asks for. The handles it writes are marked *busy*
   (``kvm:{ctl}:busy``, ZSET ``handle:token`` -> server ms) until its end step, so the sweep
-  never frees a handle a wave may still write (a write after a retire is harmless for
-  readers, who count live handles only, but the sweep must have visited it).
+  waits for a wave that may still write a retired handle (a write after a retire is
+  harmless for readers, who count live handles only, but the sweep must have visited it);
+  begin also draws the batch's *ticket*, which its wave carries.
 - the wave's tag steps (``TAG_WRITE``) hold and unhold entries of that tag's keys, in event
   order, and return the entries they added minus removed for the handle whose count the
-  record keeps.
+  record keeps; an event of a handle the sweep fenced at or above the ticket is refused,
+  so a wave stalled past the busy mark's 60 s never writes a handle swept and drawn again
+  (``handle_fence.py``).
 - end stores seq and ``n`` and clears ``pend`` only when ``pend`` is still its token.
 
 ``kvm:{ctl}:gen`` names the block shards' generation: ``LOST`` moves it when a shard comes
-back empty (its tags' sentinels ``{T}!`` are gone), and a record whose ``g`` (the
+back empty or older (its tags' sentinels ``{T}!`` gone, or naming another server process:
+``shard_identity.py``), and a record whose ``g`` (the
 generation of its last snapshot) differs is asked for a snapshot (heartbeat, events).
 Without ``gen`` the control slot itself was lost: registration is refused until the
 service's recovery has deleted every block key (handles restart from 1, so an old entry
@@ -187,10 +191,10 @@ redis.call('HSET', rk, 'n', ARGV[3], 'g', ARGV[4])
 return tonumber(ARGV[3])
 """
 
-# KEYS[1] = 'kvm:{ctl}:gen'; ARGV[1] = the generation the caller saw with a shard's
-# sentinel gone. Moves the generation (every worker then resyncs) unless another replica
-# moved it since; returns the current one, or false when there is none (the control slot
-# was lost: recovery, not this).
+# KEYS[1] = 'kvm:{ctl}:gen'; ARGV[1] = the generation the caller read after it saw a
+# tag's sentinel gone or another identity serving it. Moves the generation (every worker
+# then resyncs) unless another replica moved it since; returns the current one, or false
+# when there is none (the control slot was lost: recovery, not this).
 LOST = BASE + r"""
 local g = redis.call('GET', KEYS[1])
 if g and g == ARGV[1] then
