@@ -275,8 +275,11 @@ if not id then
   id = t[1] .. '.' .. t[2]
   redis.call('HSET', S, 'id', id, 'tc', redis.call('GET', TICKET) or '0', 'nodes', '')
 end
+if not redis.call('HGET', S, 'tc') then  -- a cycle an older version began: fenced from now
+  redis.call('HSET', S, 'tc', redis.call('GET', TICKET) or '0')
+end
 local names = table.concat(ARGV, ' ')
-local was = redis.call('HGET', S, 'nodes')
+local was = redis.call('HGET', S, 'nodes') or ''
 if was ~= names then  -- a new cycle, or the primaries changed: every scan starts over
   for n in string.gmatch(was, '%S+') do redis.call('HDEL', S, n, 'L' .. n) end
   redis.call('HDEL', S, 'c')

@@ -123,3 +123,25 @@ def test_a_slot_migrating_between_two_sweep_steps_is_swept_on_its_new_node(
             await c.initialize()
 
     run(redis_cluster_url, body)
+
+
+def test_a_cycle_begun_by_the_previous_version_is_fenced_and_finished(
+        redis_cluster_url: str) -> None:
+    """A sweep cycle left by a service of the layout before fences (no ``tc``, no
+    ``nodes``: only ``id`` and a cursor per primary) is fenced and completed, not wedged."""
+    chain = H(5, 1, 2)
+
+    async def body(b: ClusterBackend) -> None:
+        c = b.client
+        await b.register(rec("w"))
+        await b.apply_events("w", [KvEvent(1, Stored(tuple(chain)))])
+        h = await c.hget(keys.worker_key(NS, "w"), "h")
+        await b.register(rec("w"))
+        await c.smove(keys.DEAD, keys.CYCLE, h)
+        await c.hset(keys.SWEEP, mapping={"id": "1.1", **{n.name: "0"
+                                                           for n in c.get_primaries()}})
+        assert await b.sweep() == 3
+        assert h in await c.smembers(keys.FREE) and not await c.exists(keys.SWEEP)
+        assert await b.lookup(NS, chain, T0) == {}
+
+    run(redis_cluster_url, body)
