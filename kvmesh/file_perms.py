@@ -105,15 +105,17 @@ def _check_dir(p: Path, what: str, *, narrow: bool = True) -> None:
                     str(p), mode)
 
 
-def create_private_file(path: str | Path, data: bytes) -> None:
-    """Create ``path`` holding ``data``, mode 0600, with ``O_CREAT | O_EXCL | O_NOFOLLOW``:
-    an existing file or a symlink planted at ``path`` makes it fail (``FileExistsError`` or
-    ``OSError``) instead of being written through. A failed write removes the file."""
+def create_private_file(path: str | Path, *chunks: bytes | memoryview) -> None:
+    """Create ``path`` holding ``chunks`` (in order), mode 0600, with ``O_CREAT | O_EXCL |
+    O_NOFOLLOW``: an existing file or a symlink planted at ``path`` makes it fail
+    (``FileExistsError`` or ``OSError``) instead of being written through. A failed write
+    removes the file."""
     fd = os.open(path, _NEW_FILE, 0o600)
     try:
-        view = memoryview(data).cast("B")
-        while view:
-            view = view[os.write(fd, view):]
+        for chunk in chunks:
+            view = memoryview(chunk).cast("B")
+            while view:
+                view = view[os.write(fd, view):]
     except BaseException:
         os.close(fd)
         Path(path).unlink(missing_ok=True)

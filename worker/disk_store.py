@@ -161,7 +161,7 @@ class DiskStore:
         final = self.path(entry.block_hash)
         tmp = final.with_name(f"{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         try:
-            create_private_file(tmp, head + payload)
+            create_private_file(tmp, head, payload)
             os.replace(tmp, final)  # replaces a symlink planted at final, never follows it
         except BaseException:
             tmp.unlink(missing_ok=True)
