@@ -95,7 +95,9 @@ DiskBlocks = Annotated[int, typer.Option(
     "--disk-blocks", min=0, help="Disk KV tier: blocks (0: off; needs --cpu-blocks and "
     "--disk-dir).")]
 DiskDir = Annotated[str | None, typer.Option(
-    "--disk-dir", help="Directory of the disk tier's block files (kept across restarts).")]
+    "--disk-dir", help="Directory of the disk tier's block files (kept across restarts): "
+    "yours alone (created 0700; one another user owns or others may write is refused). "
+    "Files are authenticated under <disk-dir>/disk.key, or under $KVMESH_DISK_KEY if set.")]
 Eviction = Annotated[Literal[EVICTIONS], typer.Option(
     "--eviction", metavar="ORDER",
     help=f"Device-pool eviction order: {choices(EVICTIONS)} (layered: decode-generated "

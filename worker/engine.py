@@ -20,6 +20,7 @@ asyncio).
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,14 +29,17 @@ import torch
 
 from kvmesh.hashing import DEFAULT_ALGO, Lora, MMItem, block_hashes, lora_key, none_hash
 from worker.costs import CostMeter, calibrate
-from worker.disk_store import DiskStore, model_fingerprint
+from worker.disk_store import DiskStore
 from worker.kv_cache import KVCacheManager, KVRequest
 from worker.kv_transfer import CopyExecutor
 from worker.model import AttentionMetadata, load_model
+from worker.model.fingerprint import model_fingerprint
 from worker.onboard_log import OnboardLog
 from worker.sampler import sample
 from worker.scheduler import Scheduled, Scheduler, SchedulerConfig
 from worker.sequence import SamplingParams, Seq, SeqStatus
+
+log = logging.getLogger("kvmesh.worker.engine")
 
 DEFAULT_KV_BYTES_CPU = 256 << 20
 GPU_MEMORY_FRACTION = 0.85
@@ -114,7 +118,12 @@ class Engine:
             calibrate(self.costs, model, self.kv_cache, self.copies,
                       (scheduler or SchedulerConfig()).max_batched_tokens)
             if store is not None:  # what an earlier run left on disk is announced again
-                store.keep_only(self.kv.restore_disk(store.scan()))
+                kept = self.kv.restore_disk(store.scan())
+                store.keep_only(kept)
+                if store.rejected:
+                    log.warning("disk tier: %d block files restored, %d unusable ones "
+                                "deleted (damaged, or not written by this worker)",
+                                len(kept), store.rejected)
         self.scheduler = Scheduler(self.kv, scheduler)
         self.eos = set(config.eos_token_ids)
         self._ids = itertools.count()

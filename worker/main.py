@@ -84,7 +84,10 @@ def access_token_of(token: str | None, access_token: str | None,
 
 
 def check_tiers(cpu_blocks: int, disk_blocks: int, disk_dir: str | None) -> None:
-    """Raise ``ValueError`` for tier settings no engine accepts (before the model loads)."""
+    """Raise ``ValueError`` for tier settings no engine accepts (before the model loads),
+    a ``--disk-dir`` another user owns or others may write included."""
+    from kvmesh.file_perms import check_private_dir
+
     if cpu_blocks < 0 or disk_blocks < 0:
         raise ValueError("--cpu-blocks and --disk-blocks must be >= 0")
     if disk_blocks and not disk_dir:
@@ -92,6 +95,8 @@ def check_tiers(cpu_blocks: int, disk_blocks: int, disk_dir: str | None) -> None
     if disk_blocks and not cpu_blocks:
         raise ValueError("--disk-blocks needs --cpu-blocks (blocks reach disk through the "
                          "host tier)")
+    if disk_blocks:  # a directory others control is refused now, not after the model loads
+        check_private_dir(disk_dir, "--disk-dir")
 
 
 def check_vllm(events: str | None, replay: str | None, hash_form: str, http_port: int | None,

@@ -9,8 +9,9 @@ enabled ones): capacity, cached blocks and their ratio (the load factor), hit to
 hit rate, evictions (dropped) and offloads (moved down) - ``rate()`` gives them per second -,
 onboarded blocks and bytes, the onboard latency histogram (one observation per onboard and
 tier), and the index's precision (tokens it promised on a tier, and those the worker no
-longer had there: ``worker.tier_precision``); plus pinned blocks and the mean matched
-prefix per admitted request.
+longer had there: ``worker.tier_precision``); plus pinned blocks, the mean matched
+prefix per admitted request and, with a disk tier, the block files it deleted as unusable
+(``disk_files_rejected``: damaged, or not written under this worker's key).
 """
 from __future__ import annotations
 
@@ -69,6 +70,10 @@ class _EngineCollector:
         yield gauge("pinned_blocks", "Device blocks held by pins.", engine.kv.num_pinned_blocks)
         yield gauge("mean_matched_tokens", "Mean cached prefix per admitted request (tokens).",
                     stats.hits / stats.requests if stats.requests else 0.0)
+        store = engine.copies.store if engine.copies is not None else None
+        if store is not None:
+            yield counter("disk_files_rejected", "Disk-tier block files deleted as unusable "
+                          "(damaged, forged, or not written by this worker).", store.rejected)
         yield from self._tiers(engine, stats.queries)
 
     def _tiers(self, engine, queries: int):

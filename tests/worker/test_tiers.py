@@ -384,3 +384,38 @@ def test_random_traffic_with_failing_copies_aborts_and_damaged_files(tiny, tmp_p
     files = {bytes.fromhex(f.name.split(".")[0]) for f in e.copies.store.dir.glob("*.kvb")}
     assert set(on_disk(e)) == files  # a dropped block's file is deleted, and only then
     e.close()
+
+
+@pytest.mark.parametrize("edit", [
+    {"rope_theta": 500000.0},
+    {"rms_norm_eps": 1e-2},
+    {"max_position_embeddings": 16384},  # tiny's is 8192
+    {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+], ids=lambda e: next(iter(e)))
+def test_a_restart_with_an_edited_config_never_serves_the_old_disk_kv(tmp_path, edit):
+    """Issue 22 item 12: the same weights under another config.json (a context extension,
+    another RoPE base or norm epsilon) wrote other KV bytes; a restart on the same disk
+    directory must recompute, and its greedy output must be the uncached run's."""
+    from worker.model import loader
+    from worker.model.config import ModelConfig
+
+    def build(extra: dict):
+        cfg = ModelConfig.from_dict({**loader.TINY_CONFIG, **extra})
+        model = loader._empty_model(cfg, torch.device("cpu"), torch.float32)
+        loader.init_random(model, loader.TINY_SEED, loader.TINY_INIT_STD)  # the same weights
+        return model, cfg
+
+    old, new = build({}), build(edit)
+    first = engine(old, cpu_blocks=1, disk_blocks=64, disk_dir=tmp_path)
+    for p in (A, B, C, *prompts(7, 2, 24)):  # A's blocks leave the device and the host
+        run(first, p)
+    first.close()
+    same = engine(old, cpu_blocks=1, disk_blocks=64, disk_dir=tmp_path)
+    assert run(same, A).cached_tokens_by_tier["disk"] > 0  # the files were there to hit
+    same.close()
+    want = run(engine(new, num_blocks=64), A).token_ids  # uncached, the edited config
+    again = engine(new, cpu_blocks=1, disk_blocks=64, disk_dir=tmp_path)
+    got = run(again, A)
+    again.close()
+    assert got.cached_tokens_by_tier["disk"] == 0
+    assert got.token_ids == want
