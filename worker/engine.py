@@ -221,7 +221,10 @@ class Engine:
             with self.kv.step():
                 work = self.scheduler.schedule()
                 if self.copies is not None:
-                    self.copies.execute(self.kv.take_transfers())
+                    try:
+                        self.copies.execute(self.kv.take_transfers())
+                    finally:  # before the step's events go out: no entry without bytes
+                        self.settle_copies()
                 if work:
                     out = self._run(work)
         except Exception as exc:
@@ -236,9 +239,18 @@ class Engine:
             self.copies.wait(ONBOARD_WAIT_S)  # nothing runnable until a copy lands
         return out
 
+    def settle_copies(self) -> int:
+        """Hand the copies the data plane could not make (a failed offload, a refused or
+        failed disk write) to the manager, which drops their entries (``BlockRemoved``)
+        before they are spilled, onboarded or announced again; how many it dropped. Run in
+        every step and by an idle engine loop (a background write may fail meanwhile)."""
+        return 0 if self.copies is None else self.kv.copies_lost(self.copies.take_lost())
+
     def _finish_onboards(self) -> None:
-        """Hand the onboards that completed to the manager (their blocks become cached,
-        or, failed, are freed and the request recomputes) and time them."""
+        """Hand the disk writes that failed since the last step (their entries go) and the
+        onboards that completed to the manager (their blocks become cached, or, failed, are
+        freed and the request recomputes) and time them."""
+        self.settle_copies()
         for done in self.copies.poll():
             for tier, blocks in done.blocks.items():
                 self.costs.onboard(tier, blocks, done.seconds[tier])

@@ -14,7 +14,7 @@ from .manager import TIER_NAMES, KVCacheManager
 from .pins import PinTable
 from .request import KVRequest
 from .stats import CacheStats, TierCounters
-from .transfers import Drop, Offload, Onboard, Spill, Transfer
+from .transfers import Drop, Lost, Offload, Onboard, Spill, Transfer
 
 __all__ = [
     "TIER_NAMES",
@@ -32,6 +32,7 @@ __all__ = [
     "KVEvent",
     "KVRequest",
     "LayeredFreeQueue",
+    "Lost",
     "LowerTier",
     "Offload",
     "Onboard",

@@ -64,7 +64,7 @@ from .pins import PinTable
 from .request import KVRequest
 from .stats import Admissions, CacheStats, TierCounters
 from .tiered import TIER_NAMES, Tiers
-from .transfers import Transfer
+from .transfers import Lost, Transfer
 
 __all__ = ["TIER_NAMES", "KVCacheManager"]  # TIER_NAMES: defined here before tiered.py
 
@@ -199,6 +199,11 @@ class KVCacheManager:
     def take_transfers(self) -> list[Transfer]:
         """Copy orders since the last call, oldest first (see :mod:`.transfers`)."""
         return self._tiers.take_transfers()
+
+    def copies_lost(self, lost: Iterable[Lost]) -> int:
+        """The data plane could not make these copies: their lower entries are dropped
+        (``BlockRemoved``) before anything spills, announces or onboards them; how many."""
+        return self._tiers.copies_lost(lost)
 
     def restore_disk(self, entries: Iterable[DiskEntry]) -> list[bytes]:
         """:meth:`Tiers.restore_disk`: the disk tier rebuilt at start; the hashes kept."""
@@ -434,11 +439,4 @@ class KVCacheManager:
 
     @property
     def stats(self) -> CacheStats:
-        pool = self.pool
-        first, again = self._first, self._preempted
-        return CacheStats(first.requests, first.queries, first.hits, again.requests,
-                          again.queries, again.hits, evictions=pool.evictions,
-                          blocks_total=pool.num_blocks,
-                          blocks_used=pool.num_blocks - pool.num_free_blocks,
-                          blocks_cached=pool.num_cached_blocks,
-                          blocks_free=pool.num_free_blocks, hashes_cached=len(pool.cached))
+        return CacheStats.of(self.pool, self._first, self._preempted)

@@ -17,6 +17,11 @@ device pool's evictions (``BlockPool.on_evict``) and records the copy orders
 - Orders (see :mod:`.transfers`): a ``Spill`` of a slot precedes the ``Offload`` that reuses
   it; a disk hash dropped gets a ``Drop`` (delete its file), deferred while an in-flight
   copy still reads that file, and skipped if the hash is back on disk by then.
+- A copy the data plane reports lost (:meth:`Offloader.forget_lost`) takes its entry out at
+  once (``BlockRemoved(<tier>)``; a disk entry's ``Drop`` removes a partial file): an entry
+  whose bytes were never written is never spilled, announced on disk or onboarded. A CPU
+  entry spilled before the report was refused on its way (its slot was bad), so its disk
+  entry is reported lost too.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from kvmesh.hashing import hash_block, none_hash
 from .block import BlockContent, Extra
 from .block_pool import BlockPool, Evicted
 from .lower_tier import LowerTier, TierEntry
-from .transfers import Drop, Offload, Spill, Transfer
+from .transfers import Drop, Lost, Offload, Spill, Transfer
 
 # A block read back from a disk file at start: (block_hash, parent_hash, token_ids, extra_keys).
 DiskEntry = tuple[bytes, bytes | None, Sequence[int], Extra]
@@ -72,11 +77,12 @@ class Offloader:
             if held is not None:  # inclusive tiers: it came back from here, or a collision
                 if held.content.same_as(e.content):
                     self.cpu.touch(held)
+                    held.decoded = e.decoded  # the device's latest class wins
                     self.device_offloads += 1
                 continue
             if not self._make_room(self.cpu):
                 continue  # every CPU entry is being read: the block is dropped
-            entry = self.cpu.add(e.block_hash, e.parent_hash, e.content)
+            entry = self.cpu.add(e.block_hash, e.parent_hash, e.content, e.decoded)
             self.order(Offload(e.block_id, entry.slot, e.block_hash))
             self.pool.emit_stored([e.block_hash], e.parent_hash, list(e.content.token_ids),
                                   "cpu")
@@ -130,10 +136,11 @@ class Offloader:
             if not held.content.same_as(entry.content):
                 return False
             disk.touch(held)
+            held.decoded = entry.decoded
             return True
         if not self._make_room(disk):
             return False
-        disk.add(entry.block_hash, entry.parent_hash, entry.content)
+        disk.add(entry.block_hash, entry.parent_hash, entry.content, entry.decoded)
         content = entry.content
         self.order(Spill(entry.slot, entry.block_hash, entry.parent_hash, content.token_ids,
                          content.extra_keys))
@@ -170,6 +177,20 @@ class Offloader:
         if tier.get(entry.block_hash) is entry:
             tier.evictions += 1
             self._remove(tier, entry)
+
+    def forget_lost(self, lost: Iterable[Lost]) -> int:
+        """Drop the entries these failed copies were to fill (see the module docstring);
+        an entry that already left its tier, or is another copy's now (a CPU hash in
+        another slot), is left alone. Returns how many entries were dropped."""
+        n = 0
+        for item in lost:
+            tier = self.cpu if item.tier == "cpu" else self.disk
+            entry = None if tier is None else tier.get(item.block_hash)
+            if entry is None or (item.slot is not None and entry.slot != item.slot):
+                continue
+            self.drop(tier, entry)
+            n += 1
+        return n
 
     def clear(self) -> None:
         """Forget every lower entry, without events (``AllBlocksCleared`` covers them)."""
