@@ -11,7 +11,7 @@ from .block_pool import BlockPool
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, CacheSnapshot, KVEvent
 from .lower_tier import LowerTier, TierEntry
 from .manager import TIER_NAMES, KVCacheManager
-from .pins import PinTable
+from .pins import Pinned, PinTable
 from .request import KVRequest
 from .stats import CacheStats, TierCounters
 from .transfers import Drop, Lost, Offload, Onboard, Spill, Transfer
@@ -37,6 +37,7 @@ __all__ = [
     "Offload",
     "Onboard",
     "PinTable",
+    "Pinned",
     "Spill",
     "TierCounters",
     "TierEntry",

@@ -60,7 +60,7 @@ from .block import Extra, KVCacheBlock
 from .block_pool import BlockPool
 from .events import CacheSnapshot, KVEvent
 from .offload import DiskEntry
-from .pins import PinTable
+from .pins import Pinned, PinTable
 from .request import KVRequest
 from .stats import Admissions, CacheStats, TierCounters
 from .tiered import TIER_NAMES, Tiers
@@ -359,13 +359,14 @@ class KVCacheManager:
 
     # --- pins -------------------------------------------------------------------------
 
-    def pin(self, block_hashes: Sequence[bytes], ttl_s: float) -> int:
+    def pin(self, block_hashes: Sequence[bytes], ttl_s: float) -> Pinned:
         """Pin the chain ``block_hashes`` (from block 0) on the device blocks holding it, as
-        far as the pool holds it and the pin cap allows, for ``ttl_s`` seconds refreshed by
-        each admission hitting it; blocks already pinned are refreshed. Returns the number
-        of the chain's blocks pinned now (0 with caching off)."""
+        far as the pool holds it and the pin cap allows (displacing automatic pins), for
+        ``ttl_s`` seconds refreshed by each admission hitting it; blocks already pinned are
+        refreshed. Returns the chain's blocks pinned now (0 with caching off) and whether
+        the cap cut it short (``Pinned.capped``)."""
         if not self.enable_caching:
-            return 0
+            return Pinned(0, len(block_hashes))
         return self.pins.pin(list(block_hashes), ttl_s, self.pins.clock())
 
     def pin_when_computed(self, req: KVRequest, ttl_s: float) -> None:
