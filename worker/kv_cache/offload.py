@@ -10,6 +10,8 @@ device pool's evictions (``BlockPool.on_evict``) and records the copy orders
   already holds is only refreshed (same content) or skipped (a collision: other content).
 - An orphan (its parent held on no tier, and not block 0) is not offloaded: a lookup from
   block 0 can never reach it.
+- An entry keeps its device block's eviction class (``decoded``), refreshed on every tier
+  holding the block whenever the device evicts it again, and a spill carries it down.
 - Events go through the device pool's one seq stream, a block's arrival below before its
   departure above: ``BlockStored(cpu)`` then the pool's ``BlockRemoved(gpu)``;
   ``BlockStored(disk)`` then ``BlockRemoved(cpu)`` for a spill; ``BlockRemoved(<tier>)`` for
@@ -71,13 +73,13 @@ class Offloader:
         batch = {e.block_hash: e for e in evicted}
         reachable: dict[bytes, bool] = {}
         for e in evicted:
+            self._carry_class(e)
             if not self._reachable(e.block_hash, batch, reachable):
                 continue
             held = self.cpu.get(e.block_hash)
             if held is not None:  # inclusive tiers: it came back from here, or a collision
                 if held.content.same_as(e.content):
                     self.cpu.touch(held)
-                    held.decoded = e.decoded  # the device's latest class wins
                     self.device_offloads += 1
                 continue
             if not self._make_room(self.cpu):
@@ -87,6 +89,14 @@ class Offloader:
             self.pool.emit_stored([e.block_hash], e.parent_hash, list(e.content.token_ids),
                                   "cpu")
             self.device_offloads += 1
+
+    def _carry_class(self, e: Evicted) -> None:
+        """The device's latest eviction class (``decoded``: a hit inside a prompt may have
+        cleared it since the block came up) wins on every tier holding the same block."""
+        for tier in self.tiers:
+            held = tier.get(e.block_hash)
+            if held is not None and held.content.same_as(e.content):
+                held.decoded = e.decoded
 
     def _reachable(self, block_hash: bytes, batch: dict[bytes, Evicted],
                    memo: dict[bytes, bool]) -> bool:
