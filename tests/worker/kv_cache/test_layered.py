@@ -111,10 +111,10 @@ def test_a_block_keeps_its_class_across_a_tier_round_trip(cpu, disk):
         m.preempt(r)
         if cpu_blocks:
             # pressure: every block handed out, so both go down; the destinations the
-            # onboard takes next held the other class
+            # onboard takes next hold the prefill class (stale: they are uncached)
             blocks = m.pool.get_new_blocks(m.pool.num_free_blocks)
             for b in blocks:
-                b.decoded = not b.decoded
+                b.decoded = False
             m.take_transfers()
             m.pool.free_blocks(blocks)
             if disk_blocks:  # more pressure: the CPU tier's one slot spills to disk
