@@ -168,18 +168,18 @@ class CopyExecutor:
     def spill(self, slot: int, entry: DiskEntry) -> None:
         """Write host slot ``slot`` (holding ``entry``) to its disk file. The bytes are
         copied now; the file is written in the background."""
-        ev = self._slot_ready.pop(slot, None)
-        if ev is not None:
-            ev.synchronize()
-        if slot in self._bad or self._slot_hash.get(slot) != entry.block_hash:
-            # never written: the manager drops the disk entry it announced (take_lost)
-            log.warning("spill of host slot %d: it does not hold a good copy of %s; not "
-                        "written", slot, entry.block_hash.hex()[:16])
-            self._report([Lost("disk", entry.block_hash)])
-            return
         try:
+            ev = self._slot_ready.pop(slot, None)
+            if ev is not None:
+                ev.synchronize()
+            if slot in self._bad or self._slot_hash.get(slot) != entry.block_hash:
+                # never written: the manager drops the disk entry it announced (take_lost)
+                log.warning("spill of host slot %d: it does not hold a good copy of %s; "
+                            "not written", slot, entry.block_hash.hex()[:16])
+                self._report([Lost("disk", entry.block_hash)])
+                return
             data = self.host[slot].clone()
-        except BaseException:
+        except BaseException:  # no write queued: no file will exist
             self._report([Lost("disk", entry.block_hash)])
             raise
         with self._cv:  # a disk slower than the evictions: wait rather than pile copies up
