@@ -60,6 +60,9 @@ class Pinned(int):
         self.capped = capped
         return self
 
+    def __reduce__(self) -> tuple:  # pickles and copies keep the reason
+        return (Pinned, (int(self), self.of, self.capped))
+
 
 @dataclass(slots=True)
 class Pin:

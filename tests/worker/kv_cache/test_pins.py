@@ -1,8 +1,10 @@
 """Pins on the KV manager: chains from block 0, cap, TTL (a manual clock), refresh by use,
 unpin, automatic pins, reset, preemption, failed steps, warm-up pins."""
+import pickle
+
 import pytest
 
-from worker.kv_cache import BlockRemoved, KVCacheManager, KVRequest
+from worker.kv_cache import BlockRemoved, KVCacheManager, KVRequest, Pinned
 
 BS = 2
 ALGO = "xxhash_cbor"
@@ -335,6 +337,8 @@ def test_a_short_pin_says_whether_the_cap_or_the_cache_stopped_it():
     h = hashes(m, SYS + [7, 8])
     got = m.pin(h, ttl_s=60)  # block 3 is not cached: not the cap's doing
     assert (got, got.of, got.capped) == (3, 4, False)
+    again = pickle.loads(pickle.dumps(Pinned(2, 5, True)))  # across a process, the reason too
+    assert (again, again.of, again.capped) == (2, 5, True)
     assert m.pin(hashes(m, [5, 6]), ttl_s=60).capped is False
     off = KVCacheManager(20, BS, hash_algo=ALGO, enable_caching=False)
     assert (off.pin(h, ttl_s=60), off.pin(h, ttl_s=60).of) == (0, 4)
