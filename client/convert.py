@@ -150,7 +150,9 @@ def prefix_ref(token_ids: Iterable[int] | None, salt: str | None = None,
 def pin_result(resp: index_pb2.PinPrefixResponse | index_pb2.UnpinPrefixResponse
                ) -> PinResult:
     """A pin or unpin answer as a ``PinResult``."""
-    workers = [PinnedWorker(w.worker_id, int(w.pinned_blocks), w.error) for w in resp.workers]
+    workers = [PinnedWorker(w.worker_id, int(w.pinned_blocks), w.error,
+                            int(getattr(w, "chain_blocks", 0)),
+                            bool(getattr(w, "cap_reached", False))) for w in resp.workers]
     return PinResult(int(getattr(resp, "chain_blocks", 0)), workers)
 
 

@@ -24,6 +24,7 @@ from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 from worker.async_engine import AsyncEngine
 from worker.engine import RequestError, StepFailed
 from worker.internal_errors import InternalErrors
+from worker.kv_cache import Pinned
 from worker.metrics import WorkerMetrics
 from worker.pin_call import pin_call
 from worker.prompt_keys import prompt_keys
@@ -113,7 +114,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                                 "served here and may be retried on another worker")
 
     async def Pin(self, request: worker_pb2.PinRequest, context) -> worker_pb2.PinResponse:
-        """Pin (or, with ``unpin``, unpin) a prefix in the device tier: ``worker.pin``."""
+        """Pin (or, with ``unpin``, unpin) a prefix in the device tier: ``worker.pin``. A pin
+        answers the blocks pinned, of how many, and whether the pin cap cut it short."""
         try:
             pin = pin_call(request, self.max_mm_items)
             if pin.token_ids:  # the same checks as a prompt (vocabulary, context, pool)
@@ -129,7 +131,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except StepFailed as exc:  # the warming prefill failed: the worker's fault
             await context.abort(grpc.StatusCode.INTERNAL, f"worker {self.worker_id}: {exc}")
-        return worker_pb2.PinResponse(pinned_blocks=blocks)
+        if not isinstance(blocks, Pinned):  # an unpin: the blocks released
+            return worker_pb2.PinResponse(pinned_blocks=blocks)
+        return worker_pb2.PinResponse(pinned_blocks=blocks, chain_blocks=blocks.of,
+                                      cap_reached=blocks.capped)
 
     async def Stats(self, request, context) -> worker_pb2.WorkerStatsResponse:
         stats = await self.runner.call(lambda e: (
