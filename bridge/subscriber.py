@@ -26,7 +26,12 @@ Recovery (a "resync" asks the replay socket from ``state.replay_from``):
 - After a disconnect, the first live batch is applied only after a resync proved the anchor
   (an engine restarted while the SUB socket was away may already be past the expected seq);
   if no replay answers, the state is cleared before it is applied.
-- A batch that does not decode is a lost batch: clear.
+- A batch that does not decode or apply (whatever it raises: ``ve.MalformedBatch``) is a
+  lost batch: clear. A batch is applied in slices (``EngineState.ingest_parts``), the loop
+  given a turn between two once ``TURN_S`` is spent. Sockets refuse frames past
+  ``caps.MAX_MESSAGE_BYTES``; replays keep what ``bridge.replay``'s caps allow.
+- Anything else that escapes ``run`` (a bug, a sink that raised) ends only this task:
+  ``bridge.supervisor`` restarts it (``reset`` first: the state is cleared).
 
 Bounded staleness (``max_lag_s``; the bridge passes half the service's liveness timeout its
 link learned): heartbeats, on their own thread, keep a bridge past its capacity live while
@@ -67,8 +72,10 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from bridge import caps
 from bridge.engine_state import EngineState, SeqCheck
 from bridge.lag import Bound, Lag
+from bridge.replay import ReplayStats, fetch
 from bridge.wake import Wake
 from kvmesh import vllm_events as ve
 from kvmesh.v1 import index_pb2
@@ -78,17 +85,14 @@ REMOVALS = (b"BlockRemoved", b"AllBlocksCleared")  # the tags of events that dro
 
 
 @dataclass
-class SubscriberStats:
+class SubscriberStats(ReplayStats):  # (replays, replayed, replay_failures/_capped, malformed)
     messages: int = 0        # live messages received
     applied: int = 0         # batches applied (live and replayed)
     duplicates: int = 0      # live batches the last replay already delivered
     gaps: int = 0            # live seq jumps
-    replays: int = 0         # replay requests sent
-    replayed: int = 0        # batches received from replays
-    replay_failures: int = 0  # replay requests without a complete answer
     restarts: int = 0        # another engine process detected
     unfilled: int = 0        # losses nothing could fill: state cleared
-    malformed: int = 0       # messages or payloads that did not parse
+    crashes: int = 0         # run() ended by an exception (the supervisor restarted it)
     connects: int = 0
     disconnects: int = 0
     lag_clears: int = 0      # behind past max_lag_s with removals queued: cleared, skipped
@@ -129,10 +133,19 @@ class Subscriber:
         self._skipping = False  # dropping the socket's backlog after a lag clear
         self._behind = False  # the last live batch applied was older than the bound
 
+    def reset(self) -> None:
+        """After ``run`` ended by an exception (anywhere, even mid-batch): forget all but
+        the stats, clear the state (the index hears ``cleared``); the next ``run`` starts
+        afresh (its connection resyncs)."""
+        self._dups, self._queue = {}, collections.deque()
+        self._suspect = self._skipping = self._behind = False
+        self._emit(self.state.clear())
+
     async def run(self) -> None:
         sub = self.ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.RCVHWM, self.rcvhwm)
         sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.MAXMSGSIZE, caps.MAX_MESSAGE_BYTES)
         sub.subscribe(self.topic)
         mon = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         sub.connect(self.events)
@@ -235,7 +248,7 @@ class Subscriber:
             self.stats.unfilled += 1
             self._emit(self.state.clear())
         self._dups.clear()  # live is now past every replayed seq: no copy can follow
-        self._apply(seq, payload)
+        await self._apply(seq, payload)
         if self.lag is not None and self.state.last_ts is not None:
             self.lag.observe(self.state.last_ts)
             self._behind = self.lag.behind
@@ -281,15 +294,25 @@ class Subscriber:
                 return
             self.stats.skipped += 1
 
-    def _apply(self, seq: int, payload: bytes) -> None:
-        try:
-            out = self.state.ingest(seq, payload)
-        except ValueError:
-            self.stats.malformed += 1
-            out = self.state.clear()
-        else:
-            self.stats.applied += 1
-        self._emit(out)
+    async def _apply(self, seq: int, payload: bytes) -> None:
+        """Apply one batch slice by slice, a turn of the loop between two once ``TURN_S``
+        is spent (nothing else touches the state meanwhile); malformed: clear."""
+        parts = self.state.ingest_parts(seq, payload)
+        until = time.monotonic() + self.TURN_S
+        while True:
+            try:
+                out = next(parts, None)
+            except ValueError:  # MalformedBatch: whatever the bytes made fail
+                self.stats.malformed += 1
+                self._emit(self.state.clear())
+                return
+            if out is None:
+                break
+            self._emit(out)
+            if time.monotonic() > until:
+                await asyncio.sleep(0)
+                until = time.monotonic() + self.TURN_S
+        self.stats.applied += 1
 
     def _emit(self, events: list[index_pb2.KvEvent]) -> None:
         if events:
@@ -343,36 +366,14 @@ class Subscriber:
                 continue
             if kind is SeqCheck.GAP:
                 return False
-            self._apply(seq, payload)
+            await self._apply(seq, payload)
         return True
 
     async def _fetch(self, start: int) -> tuple[list[tuple[int, bytes]], bool]:
-        """(buffered batches with ``seq >= start``, whether the end marker came). The replay
-        is cut short when ``replay_timeout`` passes between two replies."""
-        self.stats.replays += 1
-        dealer = self.ctx.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.RCVHWM, 0)  # take all 10,000 replies as fast as they come
-        dealer.connect(self.replay)  # type: ignore[arg-type]
-        got: list[tuple[int, bytes]] = []
-        try:
-            await dealer.send_multipart(ve.replay_request(start))
-            while True:
-                if not await dealer.poll(int(self.replay_timeout * 1000)):
-                    self.stats.replay_failures += 1
-                    return got, False
-                try:
-                    reply = ve.parse_replay_reply(await dealer.recv_multipart())
-                except ValueError:
-                    self.stats.malformed += 1
-                    self.stats.replay_failures += 1
-                    return got, False
-                if reply is None:
-                    return got, True
-                got.append(reply)
-                self.stats.replayed += 1
-        finally:
-            dealer.close(linger=0)
+        """(buffered batches with ``seq >= start``, whether the end marker came): one capped
+        request (``bridge.replay``)."""
+        return await fetch(self.ctx, self.replay, start,  # type: ignore[arg-type]
+                           self.replay_timeout, self.stats)
 
 
 def _recv(sub: zmq.Socket) -> list[bytes]:
