@@ -123,7 +123,9 @@ class Subscriber:
         self.rcvhwm = rcvhwm
         self.ctx = ctx or zmq.asyncio.Context.instance()
         self.stats = SubscriberStats()
-        self._dups: dict[int, bytes] = {}  # the last replay, to recognise queued live copies
+        # the last replay (seq -> hash of payload: a replay's rounds hold no payload longer
+        # than their own), to recognise queued live copies
+        self._dups: dict[int, int] = {}
         # Set by a disconnect: the next live batch may come from another engine process,
         # even with the expected seq, so the anchor is checked (a resync) before applying it.
         self._suspect = False
@@ -170,6 +172,10 @@ class Subscriber:
                     if parse_monitor_message(msg)["event"] == zmq.EVENT_DISCONNECTED:
                         self.stats.disconnects += 1
                         self._suspect = True
+                        # libzmq does not reconnect after a protocol error (a frame past
+                        # MAXMSGSIZE): connect afresh, whatever the cause
+                        sub.disconnect(self.events)
+                        sub.connect(self.events)
                     else:
                         self.stats.connects += 1
                         await self._resync()
@@ -235,13 +241,13 @@ class Subscriber:
         elif kind is SeqCheck.GAP:
             self.stats.gaps += 1
             await self._resync()
-        elif kind is SeqCheck.BEHIND and self._dups.get(seq) != payload:
+        elif kind is SeqCheck.BEHIND and self._dups.get(seq) != hash(payload):
             self.stats.restarts += 1
             self._emit(self.state.clear())
             await self._resync()
         kind = self.state.check(seq)
         if kind is SeqCheck.BEHIND:
-            if self._dups.get(seq) == payload:
+            if self._dups.get(seq) == hash(payload):
                 self.stats.duplicates += 1
             return
         if kind is SeqCheck.GAP:  # nothing filled it
@@ -333,13 +339,15 @@ class Subscriber:
         # vLLM's ROUTER drops replies past its send high-water mark: a replay cut short is
         # resumed from where it stopped, a few rounds at most (then the next live batch or
         # probe carries on).
+        got: list[tuple[int, bytes]] = []
         for _ in range(self.REPLAY_ROUNDS):
             start = self.state.replay_from
+            del got[:]  # (one round's replies at a time: a round holds up to the caps)
             got, complete = await self._fetch(start)
             if not got and not complete:
                 return  # no answer
             self._suspect = False
-            self._dups.update(got)
+            self._dups.update((seq, hash(payload)) for seq, payload in got)
             if self.state.expected is not None:
                 if not (got and self.state.is_anchor(*got[0])):
                     if got and got[0][0] > start:
