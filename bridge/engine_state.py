@@ -142,10 +142,13 @@ class EngineState:
 
     def ingest(self, seq: int, payload: bytes) -> list[index_pb2.KvEvent]:
         """Apply the batch ``seq`` whole: ``ingest_parts``'s index events in one list."""
-        out: list[index_pb2.KvEvent] = []
+        out: list[index_pb2.KvEvent] | None = None
         for part in self.ingest_parts(seq, payload):
-            out += part
-        return out
+            if out is None:
+                out = part  # (the one part of nearly every batch: no copy)
+            else:
+                out += part
+        return out if out is not None else []
 
     def ingest_parts(self, seq: int, payload: bytes) -> Iterator[list[index_pb2.KvEvent]]:
         """Apply the batch ``seq`` (FIRST or NEXT only, else ``ValueError``), yielding its
