@@ -18,6 +18,7 @@ socket's queue, at most ``max_batches + 1`` messages of ``caps.MAX_MESSAGE_BYTES
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
@@ -39,15 +40,19 @@ class ReplayStats:
 
 async def fetch(ctx: zmq.asyncio.Context, endpoint: str, start: int, timeout: float,
                 stats: ReplayStats, *, max_batches: int = caps.REPLAY_BATCHES,
-                max_bytes: int = caps.REPLAY_BYTES
+                max_bytes: int = caps.REPLAY_BYTES,
+                setup: Callable[[zmq.Socket], None] | None = None
                 ) -> tuple[list[tuple[int, bytes]], bool]:
-    """(buffered batches with ``seq >= start``, in order, whether the end marker came)."""
+    """(buffered batches with ``seq >= start``, in order, whether the end marker came).
+    ``setup`` adds the caller's options to the DEALER before it connects (keys, ...)."""
     stats.replays += 1
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     # every reply of a full buffer may queue (the ROUTER drops what does not fit), no more
     dealer.setsockopt(zmq.RCVHWM, max_batches + 1)
     dealer.setsockopt(zmq.MAXMSGSIZE, caps.MAX_MESSAGE_BYTES)
+    if setup is not None:
+        setup(dealer)
     dealer.connect(endpoint)
     got: list[tuple[int, bytes]] = []
     size = 0

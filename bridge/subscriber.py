@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -174,7 +175,8 @@ class Subscriber:
                         self._suspect = True
                         # libzmq does not reconnect after a protocol error (a frame past
                         # MAXMSGSIZE): connect afresh, whatever the cause
-                        sub.disconnect(self.events)
+                        with contextlib.suppress(zmq.ZMQError):  # (already gone)
+                            sub.disconnect(self.events)
                         sub.connect(self.events)
                     else:
                         self.stats.connects += 1
