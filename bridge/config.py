@@ -16,7 +16,9 @@ a ``NAME=PATH`` list or a ``{NAME: PATH}`` table, ``num-blocks``, ``topic``,
 ``service-token``: one, or a list of one per rank; ``curve-server-key``), and, at the top
 level, the process-wide flags (``service``, ``service-token``, ``hash-algo``, ``hash-seed``,
 ``tls-ca``, ``tls-cert``, ``tls-key``, ``metrics-port``, ``metrics-host``, ``curve-key``); a
-flag given on the command line wins over the file.
+flag given on the command line wins over the file. A file holding a service token that its
+group or others may read is warned about (``kvmesh.file_perms``), as ``--tenant-keys`` files
+are.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvmesh.engine_address import http_address
+from kvmesh.file_perms import warn_if_readable_by_others
 
 GLOBAL_KEYS = ("service", "service_token", "hash_algo", "hash_seed", "tls_ca", "tls_cert",
                "tls_key", "metrics_port", "metrics_host", "curve_key")
@@ -185,6 +188,8 @@ def load_config(path: str | Path) -> tuple[dict[str, Any], list[EngineSpec]]:
         except TypeError as e:  # a required key missing
             raise ValueError(f"{path}: engines[{i}]: {e}") from None
     check_unique(engines)
+    if top.get("service_token") or any(e.service_token for e in engines):
+        warn_if_readable_by_others(path, "--config file (it holds service tokens)")
     return top, engines
 
 

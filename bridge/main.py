@@ -23,6 +23,7 @@ from bridge.engine_state import EngineState
 from bridge.link import EngineLink
 from bridge.metrics import BridgeMetrics
 from bridge.subscriber import Subscriber
+from bridge.supervisor import supervise
 from kvmesh.hashing import DEFAULT_ALGO, none_hash, resolve_seed
 from kvmesh.tls import TlsFiles
 from kvmesh.zmq_curve import CurveClient
@@ -128,7 +129,9 @@ async def serve(opts: BridgeOptions, engines: list[EngineSpec],
 
 async def run(fleet: list[Rank], opts: BridgeOptions, stop: asyncio.Event | None = None) -> None:
     """Run built ranks until ``stop`` is set (or SIGINT/SIGTERM); prints one line naming the
-    workers once everything runs. A task that ends by itself (a crash) is raised here."""
+    workers once everything runs. Subscribers are supervised (``bridge.supervisor``: one
+    that fails restarts, its engine cleared meanwhile); another task that ends by itself (a
+    crash) is raised here."""
     metrics = BridgeMetrics(fleet)
     beats = BeatThread().start()
     for r in fleet:
@@ -137,7 +140,8 @@ async def run(fleet: list[Rank], opts: BridgeOptions, stop: asyncio.Event | None
     note = ""
     if opts.metrics_port is not None:
         note = f", metrics on :{metrics.serve(opts.metrics_port, opts.metrics_host)}"
-    tasks = [asyncio.create_task(t) for r in fleet for t in (r.sub.run(), r.link.run())]
+    tasks = [asyncio.create_task(t) for r in fleet  # a failed subscriber restarts alone
+             for t in (supervise(r.sub, r.worker_id), r.link.run())]
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     handled = []
