@@ -19,6 +19,7 @@ def register(app: typer.Typer) -> None:
         redis_url: opt.RedisUrl = None,
         redis_shards: int = typer.Option(1, help="embedded Valkey: above 1, a Redis Cluster "
                                          "of this many primaries (slots split evenly)"),
+        insecure_cluster_bus: opt.InsecureClusterBus = False,
         model: str = typer.Option("tiny", help="'tiny' or a Hugging Face model directory"),
         block_size: int = typer.Option(16),
         num_blocks: int = typer.Option(None, help="KV blocks per worker (default: memory)"),
@@ -67,6 +68,7 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("--redis-shards starts an embedded cluster with --backend "
                                      "local; for your own cluster give --redis-url "
                                      "redis+cluster://HOST:PORT")
+        bus_warning = _cluster_bus_check(redis_shards, insecure_cluster_bus)
         if worker_secret and len(worker_secret.encode()) < MIN_SECRET_BYTES:
             raise typer.BadParameter(f"--worker-secret needs at least {MIN_SECRET_BYTES} bytes")
         if tls is not None and (tls.cert is None or tls.ca is None):
@@ -91,10 +93,15 @@ def register(app: typer.Typer) -> None:
             block_size=block_size, num_blocks=num_blocks, token=token,
             service_replicas=service_replicas, echo=verbose,
             worker_secret=worker_secret or None, tls=tls, redis_shards=redis_shards,
-            **tiers))
+            insecure_cluster_bus=insecure_cluster_bus, **tiers))
+        if bus_warning:
+            print(f"WARNING: {bus_warning}", flush=True)
         try:
             cluster.start()
             shards = f", {redis_shards} shards" if redis_shards > 1 else ""
+            if cluster.redis_cluster is not None:
+                shards += (", mutual TLS" if cluster.redis_cluster.secure
+                           else ", PLAINTEXT bus")
             print(f"redis    {redact_url(cluster.redis_url or '')}"
                   + ("" if redis_url else f" (embedded{shards})"))
             for s in cluster.services:
@@ -111,6 +118,27 @@ def register(app: typer.Typer) -> None:
         finally:
             cluster.stop(timeout=10.0)
             print("stopped", flush=True)
+
+
+def _cluster_bus_check(shards: int, allow_plaintext: bool) -> str | None:
+    """For ``--redis-shards`` above 1: None when the cluster's bus will be TLS, the warning
+    to print when it will be plaintext and ``--insecure-cluster-bus`` allows it; refuses
+    (``BadParameter``) a plaintext bus without that flag (see ``deploy.redis_cluster``)."""
+    if shards <= 1:
+        return None
+    from deploy.redis_cluster import PLAINTEXT_BUS_WARNING, cluster_bus_secure
+
+    try:
+        secure, exe = cluster_bus_secure()
+    except FileNotFoundError as e:
+        raise typer.BadParameter(str(e)) from e
+    if secure:
+        return None
+    warning = PLAINTEXT_BUS_WARNING.format(exe=exe)
+    if not allow_plaintext:
+        raise typer.BadParameter(f"--redis-shards: {warning}. Pass --insecure-cluster-bus "
+                                 "to start it anyway.")
+    return warning
 
 
 def _tls_hint(tls: TlsFiles | None) -> str:

@@ -9,7 +9,9 @@ service`` and ``python -m worker`` children on free loopback ports. ``LocalClust
 Credentials (who holds what):
 
 - the embedded Valkey requires a random password; its URL (``redis://:PW@...``) goes to the
-  service replicas only, in ``KVMESH_REDIS_URL``;
+  service replicas only, in ``KVMESH_REDIS_URL``; an embedded cluster is mutual TLS under a
+  CA made at start (its URL names the service's client certificate), or refused when the
+  Valkey binary has no TLS unless ``insecure_cluster_bus`` (``deploy.redis_cluster``);
 - the service replicas get the router token (``KVMESH_TOKEN``) and the worker secret
   (``KVMESH_WORKER_SECRET``; generated when the spec has neither a secret nor a shared
   worker token, so worker calls never accept the router token);
@@ -51,6 +53,8 @@ class ClusterSpec:
     service_replicas: int = 1
     redis_url: str | None = None  # None: start an embedded Valkey
     redis_shards: int = 1         # embedded Valkey: > 1 starts a cluster of that many primaries
+    insecure_cluster_bus: bool = False  # that cluster without TLS: a plaintext bus allowed
+    #                                     (deploy.redis_cluster: anyone local can take it)
     model: str = "tiny"
     block_size: int = 16
     num_blocks: int | None = None
@@ -105,8 +109,9 @@ class LocalCluster:
         """Start everything; returns once every worker is registered and alive."""
         try:
             if self.redis_url is None and self.spec.redis_shards > 1:
-                self.redis_cluster = start_redis_cluster(self.spec.redis_shards,
-                                                         host=self.spec.host)
+                self.redis_cluster = start_redis_cluster(
+                    self.spec.redis_shards, host=self.spec.host,
+                    allow_plaintext_bus=self.spec.insecure_cluster_bus)
                 self.redis_url = self.redis_cluster.url  # redis+cluster://
             elif self.redis_url is None:
                 self.redis = start_redis(host=self.spec.host)

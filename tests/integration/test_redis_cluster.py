@@ -34,7 +34,7 @@ START_S = 45.0  # a tiny cluster is ready in ~10 s; failing, this is what a test
 @pytest.fixture(scope="module")
 def sharded():
     c = LocalCluster(ClusterSpec(workers=2, service_replicas=2, num_blocks=64, block_size=16,
-                                 redis_shards=SHARDS))
+                                 redis_shards=SHARDS, insecure_cluster_bus=True))
     c.start(timeout=START_S)
     yield c
     c.stop()
@@ -132,12 +132,12 @@ def test_a_lost_primary_degrades_routes_never_fails_them_and_resync_refills_it(
 @pytest.mark.cluster_layout
 def test_kvmesh_up_redis_shards_serves_routes() -> None:
     up = Up("--redis-shards", str(SHARDS), "--workers", "1", "--port", "0",
-            "--num-blocks", "64")
+            "--num-blocks", "64", "--insecure-cluster-bus")
     try:
         ready = up.wait_ready(60)
         assert ready, up.tail()
         redis_line = next(ln for ln in up.lines if ln.startswith("redis "))
-        assert "redis+cluster://:***@" in redis_line and f"{SHARDS} shards" in redis_line
+        assert "+cluster://:***@" in redis_line and f"{SHARDS} shards" in redis_line
         from client import KvmeshClient
 
         with KvmeshClient(up.field("service")) as c:
