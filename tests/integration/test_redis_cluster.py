@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from client.cli import app
 from deploy.local import ClusterSpec, LocalCluster
 from deploy.waiting import wait_until
+from service.index.connect import is_cluster_url
 from tests.cluster_scenarios import (
     another_salt_never_matches,
     holder_match,
@@ -81,7 +82,7 @@ def _keys(url: str) -> int:
 def test_a_lost_primary_degrades_routes_never_fails_them_and_resync_refills_it(
         sharded: LocalCluster, client, lost: str) -> None:
     shards = sharded.redis_cluster
-    assert shards is not None and sharded.redis_url.startswith("redis+cluster://")
+    assert shards is not None and is_cluster_url(sharded.redis_url)
     holder = client.generate(question(20), max_tokens=2).worker_id
     wait_until(lambda: holder_match(client, question(21), holder) >= 192, 10,
                what="the shared prefix indexed")
