@@ -45,8 +45,7 @@ def register(app: typer.Typer) -> None:
         verbose: bool = typer.Option(False, help="echo every child's output"),
     ) -> None:
         """Start Redis/Valkey, the service and N workers; Ctrl-C or SIGTERM stops them all."""
-        import signal
-        import threading
+        import time
 
         from kvmesh.redact import redact_url
         from kvmesh.tls import tls_files
@@ -84,10 +83,10 @@ def register(app: typer.Typer) -> None:
                    **tiers)
             return
         from deploy.local import ClusterSpec, LocalCluster
+        from deploy.stopping import StopDeadline, end_descendants
 
-        stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+        # one deadline from the first signal to nothing left (deploy.stopping)
+        deadline = StopDeadline(on_kill=_say_killed).install()
         cluster = LocalCluster(ClusterSpec(
             workers=workers, port=port, redis_url=redis_url, model=model,
             block_size=block_size, num_blocks=num_blocks, token=token,
@@ -97,7 +96,12 @@ def register(app: typer.Typer) -> None:
         if bus_warning:
             print(f"WARNING: {bus_warning}", flush=True)
         try:
-            cluster.start()
+            try:
+                cluster.start()
+            except KeyboardInterrupt:
+                print("interrupted during start; stopping", flush=True)
+                return
+            deadline.ready()
             shards = f", {redis_shards} shards" if redis_shards > 1 else ""
             if cluster.redis_cluster is not None:
                 shards += (", mutual TLS" if cluster.redis_cluster.secure
@@ -110,14 +114,20 @@ def register(app: typer.Typer) -> None:
                 print(f"worker   {w.address}  ({w.name})")
             print(f"ready: kvmesh stats --service {','.join(cluster.service_addresses)}"
                   + _tls_hint(tls), flush=True)
-            while not stop.wait(0.5):
+            while not deadline.stop.wait(0.5):
                 dead = [p.name for p in cluster.services + cluster.workers if not p.alive]
                 if dead:
                     print(f"child process(es) exited: {', '.join(dead)}; stopping")
                     raise typer.Exit(1)
         finally:
-            cluster.stop(timeout=10.0)
+            deadline.ready()  # a signal now only hurries the stop, never cuts it
+            cluster.stop(timeout=max(1.0, deadline.remaining(reserve_s=2.5)))
+            end_descendants(deadline=time.monotonic() + deadline.remaining(reserve_s=0.5))
             print("stopped", flush=True)
+
+
+def _say_killed(count: int) -> None:
+    print(f"stop deadline passed: killed {count} process(es)", flush=True)
 
 
 def _cluster_bus_check(shards: int, allow_plaintext: bool) -> str | None:

@@ -124,7 +124,7 @@ class LocalCluster:
                 w.start(timeout)
             self.wait_ready(timeout)
         except BaseException:
-            self.stop()
+            self.stop(timeout=5.0)  # an interrupted start must end in time too
             raise
         return self
 
@@ -219,14 +219,20 @@ class LocalCluster:
             raise RuntimeError(f"{outcome[0].name} exited:\n{outcome[0].tail()}")
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop workers, then services, then Redis; everything is gone within ``timeout``."""
+        """Stop workers, then services, then Redis; everything is gone within ``timeout``
+        (each step gets a share of what is left, SIGKILL past it: one deadline, however
+        slowly a loaded host lets the children end)."""
         deadline = time.monotonic() + timeout
-        wait_all(self.workers, max(1.0, (deadline - time.monotonic()) * 0.6))
-        wait_all(self.services, max(1.0, (deadline - time.monotonic()) * 0.7))
+
+        def share(part: float) -> float:
+            return max(0.1, (deadline - time.monotonic()) * part)
+
+        wait_all(self.workers, share(0.6))
+        wait_all(self.services, share(0.7))
         if self.redis is not None:
-            self.redis.stop(max(0.5, deadline - time.monotonic()))
+            self.redis.stop(share(1.0))
         if self.redis_cluster is not None:
-            self.redis_cluster.stop(max(0.5, deadline - time.monotonic()))
+            self.redis_cluster.stop(share(1.0))
 
     def __enter__(self) -> LocalCluster:
         return self.start()

@@ -41,6 +41,7 @@ import contextlib
 import logging
 import secrets
 import tempfile
+import time
 from collections.abc import Iterator
 
 from deploy.ports import free_port
@@ -223,9 +224,13 @@ class RedisClusterServer:
                 c.flushall()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop every node (graceful, SIGKILL after ``timeout``); idempotent."""
+        """Stop every node (graceful, SIGKILL of those left after ``timeout``: one deadline
+        for all, not one each); idempotent."""
+        deadline = time.monotonic() + timeout
         for node in self.nodes:
-            node.stop(timeout)
+            node.terminate()
+        for node in self.nodes:
+            node.stop(max(0.1, deadline - time.monotonic()))
         self.nodes = []
         if self._dir is not None:
             self._dir.cleanup()

@@ -189,6 +189,12 @@ class RedisServer:
             self._dir.cleanup()
             self._dir = None
 
+    def terminate(self) -> None:
+        """SIGTERM without waiting (``stop`` then waits); no-op when not running."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
     def stop(self, timeout: float = 5.0) -> None:
         """Graceful stop (SIGTERM, SIGKILL after ``timeout``); no-op when not running."""
         proc = self._proc
