@@ -1,7 +1,7 @@
 """`kvmesh up`: a whole cluster in the foreground (`kvmesh demo` lives in ``bench/demo.py``)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
@@ -45,7 +45,9 @@ def register(app: typer.Typer) -> None:
         verbose: bool = typer.Option(False, help="echo every child's output"),
     ) -> None:
         """Start Redis/Valkey, the service and N workers; Ctrl-C or SIGTERM stops them all."""
+        import sys
         import time
+        import traceback
 
         from kvmesh.redact import redact_url
         from kvmesh.tls import tls_files
@@ -81,7 +83,7 @@ def register(app: typer.Typer) -> None:
                    service_replicas=service_replicas, block_size=block_size,
                    num_blocks=num_blocks, token=token, worker_secret=worker_secret or None,
                    **tiers)
-            return
+            _exit_now(0)
         from deploy.local import ClusterSpec, LocalCluster
         from deploy.stopping import StopDeadline, end_descendants
 
@@ -95,11 +97,13 @@ def register(app: typer.Typer) -> None:
             insecure_cluster_bus=insecure_cluster_bus, **tiers))
         if bus_warning:
             print(f"WARNING: {bus_warning}", flush=True)
+        code = 1
         try:
             try:
                 cluster.start()
             except KeyboardInterrupt:
                 print("interrupted during start; stopping", flush=True)
+                code = 0
                 return
             deadline.ready()
             shards = f", {redis_shards} shards" if redis_shards > 1 else ""
@@ -118,12 +122,30 @@ def register(app: typer.Typer) -> None:
                 dead = [p.name for p in cluster.services + cluster.workers if not p.alive]
                 if dead:
                     print(f"child process(es) exited: {', '.join(dead)}; stopping")
-                    raise typer.Exit(1)
+                    break
+            else:
+                code = 0
         finally:
+            failure = sys.exc_info()[1]
+            if failure is not None and not isinstance(failure, KeyboardInterrupt):
+                traceback.print_exc()  # _exit_now would lose it
             deadline.ready()  # a signal now only hurries the stop, never cuts it
             cluster.stop(timeout=max(1.0, deadline.remaining(reserve_s=2.5)))
             end_descendants(deadline=time.monotonic() + deadline.remaining(reserve_s=0.5))
             print("stopped", flush=True)
+            _exit_now(code)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End the process now that every child is gone: the interpreter's own exit would run
+    gRPC's (and Ray's) finalizers, which on a loaded host take seconds (15 s and more with
+    Ray), past the stop deadline and out of its watchdog's reach (no thread runs then)."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _say_killed(count: int) -> None:

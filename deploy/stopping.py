@@ -166,6 +166,8 @@ class StopDeadline:
 
     def _handle(self, signum: int, frame: object) -> None:
         self._mark()
+        with contextlib.suppress(OSError):  # wake the watchdog should a library have
+            os.write(self._wake_w, bytes([signum]))  # replaced the wakeup fd
         if self.interrupt:
             self.interrupt = False  # once: the cleanup that follows must not be cut
             raise KeyboardInterrupt
