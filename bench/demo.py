@@ -190,6 +190,10 @@ def register(app: typer.Typer) -> None:
         """Replay a multi-tenant prefix-sharing workload under each policy and compare."""
         from rich.console import Console
 
+        from deploy.stopping import guard_command
+
+        guard_command()  # SIGTERM: its clusters stop within the deadline, nothing left
+
         console = Console()
         names = [p.strip() for p in policies.split(",") if p.strip()]
         try:

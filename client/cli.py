@@ -73,3 +73,12 @@ app = typer.Typer(cls=_lazy(VERBS), no_args_is_help=True, add_completion=False,
 bench = typer.Typer(cls=_lazy(BENCH_VERBS), no_args_is_help=True,
                     help="Benchmarks that compare side by side in one run.")
 app.add_typer(bench, name="bench")
+
+
+@bench.callback()
+def _bench_runs() -> None:
+    """Every bench run stops within the deadline on SIGTERM/SIGINT and leaves no process
+    (deploy.stopping.guard_command: benches start clusters without a stop loop of their own)."""
+    from deploy.stopping import guard_command
+
+    guard_command()

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from deploy.process import ServerProcess, wait_all
 from deploy.redis_cluster import RedisClusterServer, start_redis_cluster
 from deploy.redis_server import RedisServer, start_redis
+from deploy.stopping import budget
 from deploy.waiting import wait_until
 from kvmesh.auth import worker_access_token
 
@@ -222,7 +223,7 @@ class LocalCluster:
         """Stop workers, then services, then Redis; everything is gone within ``timeout``
         (each step gets a share of what is left, SIGKILL past it: one deadline, however
         slowly a loaded host lets the children end)."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + budget(timeout)  # a signal's deadline, if sooner
 
         def share(part: float) -> float:
             return max(0.1, (deadline - time.monotonic()) * part)

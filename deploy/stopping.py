@@ -20,12 +20,21 @@ Contract (:class:`StopDeadline`):
   waits) the watchdog SIGKILLs every descendant and ends the process (exit 1), wherever
   the main thread is. The graceful path is expected to end before: the launcher stops its
   cluster within :meth:`remaining`, then calls :func:`end_descendants`.
+- :func:`guard_command` is the same for a foreground command that has no stop loop of its
+  own (``kvmesh bench ...``, ``kvmesh demo``): the first signal raises ``KeyboardInterrupt``
+  wherever the command is, so its ``finally`` blocks stop what it started; the watchdog
+  ends what is left at the deadline; and at a normal exit every descendant still there is
+  ended (Python's default SIGTERM would end the command at once, leaving its Valkey).
+- :func:`budget` is what a cluster's ``stop(timeout)`` may spend: ``timeout``, or less once
+  a signal started the clock (``LocalCluster`` and ``RayCluster`` ask it), so a stop deep
+  in a bench's ``finally`` fits the deadline too.
 - :func:`end_descendants` SIGTERMs every descendant still there, SIGKILLs those left at
   its deadline, repeats until none is left (a child started meanwhile included), and reaps
   the zombies that are this process's own children.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import os
@@ -36,11 +45,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["DEADLINE_S", "StopDeadline", "descendants", "end_descendants"]
+__all__ = ["DEADLINE_S", "StopDeadline", "budget", "descendants", "end_descendants",
+           "guard_command"]
 
 DEADLINE_S = 9.0  # first signal -> process gone; a supervisor's SIGKILL comes at 10 s
 GRACE_S = 1.5     # what end_descendants leaves SIGTERMed processes before SIGKILL
 PR_SET_CHILD_SUBREAPER = 36
+RESERVE_S = 2.5   # of the deadline, kept for end_descendants and the exit itself
+
+_active: StopDeadline | None = None  # the installed one (one per process: signals are)
 
 
 def _parents() -> dict[int, int]:
@@ -141,6 +154,8 @@ class StopDeadline:
     def install(self) -> StopDeadline:
         """Subreaper, handlers and watchdog (call from the main thread; again after a
         library replaced the handlers, e.g. ``ray.init``)."""
+        global _active
+        _active = self
         become_subreaper()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._handle)
@@ -187,3 +202,32 @@ class StopDeadline:
             with contextlib.suppress(Exception):
                 self._on_kill(len(left))
         os._exit(1)
+
+
+def budget(timeout: float, reserve_s: float = RESERVE_S) -> float:
+    """``timeout``, or what is left of the stop deadline (less ``reserve_s``) if that is
+    less: once a signal came, every stop fits the one deadline (at least 0.5 s)."""
+    d = _active
+    if d is None or d.signalled_at is None:
+        return timeout
+    return max(0.5, min(timeout, d.remaining(reserve_s)))
+
+
+def guard_command(deadline_s: float = DEADLINE_S) -> StopDeadline | None:
+    """Guard a foreground command (see the module contract); None off the main thread,
+    where signal handlers cannot be installed (the caller's own handling then applies)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    guard = StopDeadline(deadline_s).install()
+
+    def at_exit() -> None:
+        end_descendants(deadline=time.monotonic() + guard.remaining(0.5))
+        if guard.signalled_at is not None:
+            # stopped by a signal: the interpreter's finalizers (gRPC's, Ray's) may take
+            # seconds on a loaded host, and no thread runs to cut them short
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(128 + signal.SIGTERM)
+
+    atexit.register(at_exit)
+    return guard

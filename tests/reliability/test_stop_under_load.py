@@ -144,3 +144,37 @@ def test_ray_backend_sigterm_under_load_stops_in_time_and_leaves_nothing() -> No
             _check(up, took, before)
     finally:
         _kill_all(up)
+
+
+def test_a_bench_run_sigterm_under_load_stops_in_time_and_leaves_nothing() -> None:
+    """``kvmesh bench`` has no stop loop: before the fix Python's default SIGTERM ended it
+    at once and its Valkey stayed behind."""
+    kvmesh = str(Path(sys.executable).parent / "kvmesh")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVMESH_")}
+    bench = subprocess.Popen(
+        [kvmesh, "bench", "fleet", "--workers", "1", "--phase-s", "30", "--limit", "50"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    before: set[tuple[int, str]] = set()
+    try:
+        with cpu_load():
+            wait_until(lambda: {"valkey", "-m service"} <= {
+                w for c in _commands(bench.pid) for w in ("valkey", "-m service") if w in c},
+                90, interval=0.1, what="the bench's Valkey and service started")
+            before = tree(bench.pid)
+            t0 = time.monotonic()
+            bench.terminate()
+            try:
+                bench.wait(30)
+                took = time.monotonic() - t0
+            except subprocess.TimeoutExpired:
+                took = float("inf")
+            time.sleep(0.3)
+            assert took < STOP_S, f"stopping took {took:.1f}s"
+            assert not survivors(before), survivors(before)
+    finally:
+        bench.kill()
+        bench.wait()
+        for pid, start in before:
+            if _identity(pid) == (pid, start):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, 9)
