@@ -192,8 +192,7 @@ def register(app: typer.Typer) -> None:
 
         from deploy.stopping import guard_command
 
-        guard_command()  # SIGTERM: its clusters stop within the deadline, nothing left
-
+        guard = guard_command()  # SIGTERM: its clusters stop within the deadline, nothing left
         console = Console()
         names = [p.strip() for p in policies.split(",") if p.strip()]
         try:
@@ -203,4 +202,7 @@ def register(app: typer.Typer) -> None:
         except Exception as exc:  # the cluster failed: say so and exit non-zero
             console.print(f"[red]demo failed:[/red] {exc}")
             raise typer.Exit(1) from None
+        finally:
+            if guard is not None:  # run in-process (a test): the process is put back
+                guard.uninstall()
         console.print(verdict(results))

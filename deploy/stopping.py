@@ -148,6 +148,7 @@ class StopDeadline:
         self.interrupt = True  # until the launcher says it is ready
         self.signalled_at: float | None = None
         self._on_kill = on_kill
+        self.armed = True  # False once uninstalled: the watchdog then does nothing
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
 
@@ -164,6 +165,9 @@ class StopDeadline:
             self._watching = True
             threading.Thread(target=self._watch, name="stop-deadline", daemon=True).start()
         return self
+
+    def uninstall(self) -> None:
+        """Undo :func:`guard_command`'s installation (a no-op for other instances)."""
 
     def ready(self) -> None:
         """From now on a signal only sets ``stop`` (the launcher's loop then stops)."""
@@ -194,6 +198,8 @@ class StopDeadline:
             data = os.read(self._wake_r, 64)
             if any(b in (signal.SIGINT, signal.SIGTERM) for b in data):
                 break
+        if not self.armed:
+            return
         self._mark()
         time.sleep(self.remaining())
         left = descendants()
@@ -218,9 +224,12 @@ def guard_command(deadline_s: float = DEADLINE_S) -> StopDeadline | None:
     where signal handlers cannot be installed (the caller's own handling then applies)."""
     if threading.current_thread() is not threading.main_thread():
         return None
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     guard = StopDeadline(deadline_s).install()
 
     def at_exit() -> None:
+        if not guard.armed:
+            return
         end_descendants(deadline=time.monotonic() + guard.remaining(0.5))
         if guard.signalled_at is not None:
             # stopped by a signal: the interpreter's finalizers (gRPC's, Ray's) may take
@@ -229,5 +238,22 @@ def guard_command(deadline_s: float = DEADLINE_S) -> StopDeadline | None:
             sys.stderr.flush()
             os._exit(128 + signal.SIGTERM)
 
+    def uninstall() -> None:
+        """The command ended without a signal (run in-process, say by a test): put the
+        process back as it was. After a signal everything stays: the process is ending."""
+        global _active
+        if guard.signalled_at is not None or not guard.armed:
+            return
+        guard.armed = False
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(-1)
+        with contextlib.suppress(OSError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 0)
+        atexit.unregister(at_exit)
+        if _active is guard:
+            _active = None
+
+    guard.uninstall = uninstall  # type: ignore[method-assign]
     atexit.register(at_exit)
     return guard
