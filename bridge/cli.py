@@ -25,7 +25,7 @@ HashAlgo = Annotated[Literal[ALGOS], typer.Option(
     help=f"kvmesh's block-hash algorithm (the cluster's, not the engine's: the bridge "
     f"rehashes): {opt.choices(ALGOS)}.")]
 _ENGINE_FLAGS = ("worker_id", "address", "events", "replay", "model", "block_size", "dp_ranks",
-                 "metrics_url", "lora", "num_blocks", "topic")
+                 "metrics_url", "lora", "num_blocks", "topic", "curve_server_key")
 
 
 def register(app: typer.Typer) -> None:
@@ -61,10 +61,17 @@ def register(app: typer.Typer) -> None:
         num_blocks: Annotated[int | None, typer.Option(
             help="The engine's GPU blocks, when its metrics do not say.")] = None,
         topic: Annotated[str, typer.Option(help="The engine's KV-event topic.")] = "",
+        curve_server_key: Annotated[str | None, typer.Option(
+            help="The engine's CURVE public key (Z85, or its NAME.key file) when its event "
+            "sockets use CURVE (kvmesh worker --vllm-curve-key); needs --curve-key.")] = None,
         config: Annotated[Path | None, typer.Option(
             help="YAML or TOML file of engines (many from one process); not with the engine "
             "flags.", exists=True, dir_okay=False)] = None,
         service_token: ServiceToken = None,
+        curve_key: Annotated[str | None, typer.Option(
+            envvar="KVMESH_BRIDGE_CURVE_KEY",
+            help="The bridge's zmq.auth certificate with its secret key (NAME.key_secret), "
+            "presented to engines given a --curve-server-key.")] = None,
         hash_algo: HashAlgo = DEFAULT_ALGO,
         hash_seed: opt.HashSeed = None,
         tls_ca: opt.TlsCa = None,
@@ -102,11 +109,11 @@ def register(app: typer.Typer) -> None:
                     worker_id=worker_id, address=address, events=events, replay=replay,
                     model=model, block_size=block_size, dp_ranks=dp_ranks,
                     metrics_url=metrics_url, lora=parse_loras(lora), num_blocks=num_blocks,
-                    topic=topic)]
+                    topic=topic, curve_server_key=curve_server_key)]
             values = {name: ctx.params[name] if name in given or name not in top else top[name]
                       for name in ("service", "service_token", "hash_algo", "hash_seed",
                                    "tls_ca", "tls_cert", "tls_key", "metrics_port",
-                                   "metrics_host")}
+                                   "metrics_host", "curve_key")}
             if not values["service"]:
                 raise ValueError("--service is needed (or 'service' in --config)")
             if values["hash_algo"] not in ALGOS:
@@ -116,7 +123,8 @@ def register(app: typer.Typer) -> None:
                 service_token=values["service_token"] or None,
                 hash_algo=values["hash_algo"], hash_seed=values["hash_seed"],
                 tls=tls_files(values["tls_cert"], values["tls_key"], values["tls_ca"]),
-                metrics_port=values["metrics_port"], metrics_host=values["metrics_host"])
+                metrics_port=values["metrics_port"], metrics_host=values["metrics_host"],
+                curve_key=values["curve_key"])
         except (ValueError, OSError) as e:
             raise typer.BadParameter(str(e)) from e
         try:

@@ -13,10 +13,12 @@ A config file (``--config``, YAML or TOML by its suffix) holds ``engines``, a li
 with the ``kvmesh bridge vllm`` flags as keys (``worker-id`` or ``worker_id``, ``address``,
 ``events``, ``replay``, ``model``, ``block-size``, ``dp-ranks``, ``metrics-url``, ``lora``:
 a ``NAME=PATH`` list or a ``{NAME: PATH}`` table, ``num-blocks``, ``topic``,
-``service-token``: one, or a list of one per rank), and, at the top level, the
-process-wide flags (``service``, ``service-token``, ``hash-algo``, ``hash-seed``, ``tls-ca``,
-``tls-cert``, ``tls-key``, ``metrics-port``, ``metrics-host``); a flag given on the command
-line wins over the file.
+``service-token``: one, or a list of one per rank; ``curve-server-key``), and, at the top
+level, the process-wide flags (``service``, ``service-token``, ``hash-algo``, ``hash-seed``,
+``tls-ca``, ``tls-cert``, ``tls-key``, ``metrics-port``, ``metrics-host``, ``curve-key``); a
+flag given on the command line wins over the file. A file holding a service token that its
+group or others may read is warned about (``kvmesh.file_perms``), as ``--tenant-keys`` files
+are.
 """
 from __future__ import annotations
 
@@ -28,9 +30,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvmesh.engine_address import http_address
+from kvmesh.file_perms import warn_if_readable_by_others
 
 GLOBAL_KEYS = ("service", "service_token", "hash_algo", "hash_seed", "tls_ca", "tls_cert",
-               "tls_key", "metrics_port", "metrics_host")
+               "tls_key", "metrics_port", "metrics_host", "curve_key")
 
 
 @dataclass(frozen=True)
@@ -48,12 +51,15 @@ class EngineSpec:
     topic: str = ""
     # this engine's own credential: one token, or one per rank (tokens bound to worker ids)
     service_token: str | tuple[str, ...] | None = None
+    # the engine's CURVE public key (Z85, or its NAME.key file): its event sockets are CURVE
+    # servers (kvmesh.zmq_curve); the bridge presents --curve-key
+    curve_server_key: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("worker_id", "address", "events"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{name} must be a non-empty string")
-        for name in ("replay", "model", "metrics_url"):
+        for name in ("replay", "model", "metrics_url", "curve_server_key"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise ValueError(f"{self.worker_id}: {name} must be a string")
         for name in ("block_size", "dp_ranks", "num_blocks"):
@@ -182,6 +188,8 @@ def load_config(path: str | Path) -> tuple[dict[str, Any], list[EngineSpec]]:
         except TypeError as e:  # a required key missing
             raise ValueError(f"{path}: engines[{i}]: {e}") from None
     check_unique(engines)
+    if top.get("service_token") or any(e.service_token for e in engines):
+        warn_if_readable_by_others(path, "--config file (it holds service tokens)")
     return top, engines
 
 

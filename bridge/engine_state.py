@@ -41,9 +41,11 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from bridge import caps
+from bridge.batch_slices import slices, units
 from bridge.copies import Copies
 from bridge.extra_keys import Unroutable, block_extra, event_lora
 from bridge.index_events import IndexEvents, snapshot_runs
@@ -86,11 +88,12 @@ class EngineState:
 
     def __init__(self, *, block_size: int, algo: str = DEFAULT_ALGO, seed: str | None = None,
                  loras: Mapping[str, str] | None = None, group: int = 0,
-                 memo_blocks: int | None = None, bulk: bool = True, wire: bool = False
-                 ) -> None:
+                 memo_blocks: int | None = None, bulk: bool = True, wire: bool = False,
+                 max_blocks: int = caps.MAX_BATCH_BLOCKS) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
+        self.max_blocks = max_blocks  # units (``batch_slices.units``) one batch may hold
         self.algo = algo
         self.root = none_hash(algo, seed)
         self.loras = dict(loras or {})
@@ -138,18 +141,47 @@ class EngineState:
         return self._anchor is not None and self._anchor == (seq, payload)
 
     def ingest(self, seq: int, payload: bytes) -> list[index_pb2.KvEvent]:
-        """Apply the batch ``seq`` (FIRST or NEXT only, else ``ValueError``).
+        """Apply the batch ``seq`` whole: ``ingest_parts``'s index events in one list."""
+        out: list[index_pb2.KvEvent] | None = None
+        for part in self.ingest_parts(seq, payload):
+            if out is None:
+                out = part  # (the one part of nearly every batch: no copy)
+            else:
+                out += part
+        return out if out is not None else []
 
-        A payload that does not decode raises ``ValueError`` and changes nothing; the caller
-        then treats it as lost (``clear()``)."""
+    def ingest_parts(self, seq: int, payload: bytes) -> Iterator[list[index_pb2.KvEvent]]:
+        """Apply the batch ``seq`` (FIRST or NEXT only, else ``ValueError``), yielding its
+        index events slice by slice (``bridge.batch_slices``: one slice unless the payload
+        is over ``caps.SLICE_BYTES``); the seq position moves once the last is out. Between
+        two slices the state holds the slices before, and its ``out_seq`` counts exactly
+        the events yielded: a snapshot taken meanwhile is consistent.
+
+        Bad input raises ``ve.MalformedBatch`` (a ``ValueError``), whatever failed: a payload
+        that does not decode or holds more than ``max_blocks`` units changes nothing; one
+        whose events fail to apply leaves slices applied, and the caller must ``clear()``
+        (it treats the batch as lost)."""
         kind = self.check(seq)
         if kind not in (SeqCheck.FIRST, SeqCheck.NEXT):
             raise ValueError(f"batch seq {seq} is {kind.value}; expected {self._expected}")
         batch = ve.decode_batch(payload, self._packed)
-        out = self.apply(batch)
+        events: Iterable[list] = (batch.events,)
+        if len(payload) > caps.SLICE_BYTES:  # (a block is a byte at least: under it, few)
+            n = units(batch.events)
+            if n > self.max_blocks:
+                raise ve.MalformedBatch(f"batch {seq} holds {n} blocks and events; the limit "
+                                        f"is {self.max_blocks}")
+            events = slices(batch.events, caps.SLICE_BLOCKS, self.block_size)
+        self.stats.batches += 1
+        for part in events:
+            try:
+                out = self._events(part)
+            except Exception as e:  # noqa: BLE001 (crafted events: a lost batch, not a crash)
+                raise ve.MalformedBatch(f"batch {seq} does not apply ({type(e).__name__}: "
+                                        f"{e!s:.200})") from e
+            yield out
         self._expected, self._anchor = seq + 1, (seq, payload)
         self.last_ts = batch.ts
-        return out
 
     def clear(self) -> list[index_pb2.KvEvent]:
         """Forget every block and the seq position; the index hears one ``cleared``."""
@@ -164,13 +196,16 @@ class EngineState:
     def apply(self, batch: ve.KVEventBatch) -> list[index_pb2.KvEvent]:
         """Apply one batch's events (no seq bookkeeping) and return the index events."""
         self.stats.batches += 1
+        return self._events(batch.events)
+
+    def _events(self, events: list[ve.Event]) -> list[index_pb2.KvEvent]:
         runs = IndexEvents(self._next_out, self.wire)
         # vLLM's block pool emits one BlockRemoved per evicted block: consecutive removals of
         # one tier are released as one list (the same result: ``release`` goes in order)
         # (``bulk=False``: each event on its own, the reference)
         gone: list = []
         gone_tier, bulk, group, removed = -1, self._copies.bulk, self.group, ve.BlockRemoved
-        for ev in batch.events:
+        for ev in events:
             if ev.__class__ is removed:  # as ``_tier``, inline: there is one per block
                 t = _MEDIUM_INDEX.get(ev.medium)
                 if t is None or (ev.group_idx or 0) != group:

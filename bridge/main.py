@@ -23,8 +23,10 @@ from bridge.engine_state import EngineState
 from bridge.link import EngineLink
 from bridge.metrics import BridgeMetrics
 from bridge.subscriber import Subscriber
+from bridge.supervisor import supervise
 from kvmesh.hashing import DEFAULT_ALGO, none_hash, resolve_seed
 from kvmesh.tls import TlsFiles
+from kvmesh.zmq_curve import CurveClient
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class BridgeOptions:
     metrics_timeout_s: float = 1.0    # an engine's /metrics slower than this is silent
     replay_timeout_s: float = 5.0
     probe_interval_s: float | None = 10.0
+    curve_key: str | None = None      # its zmq.auth certificate, for engines' CURVE sockets
 
 
 @dataclass
@@ -64,6 +67,11 @@ def build(opts: BridgeOptions, engines: list[EngineSpec]) -> list[Rank]:
     scrapers: dict[str, Scraper] = {}
     out = []
     for spec in engines:
+        curve = None
+        if spec.curve_server_key is not None:  # the engine's event sockets are CURVE servers
+            if not opts.curve_key:
+                raise ValueError(f"{spec.worker_id}: curve-server-key needs --curve-key")
+            curve = CurveClient.load(opts.curve_key, spec.curve_server_key)
         for r in ranks(spec):
             scraper = scrapers.setdefault(
                 r.metrics_url, Scraper(r.metrics_url, timeout=opts.metrics_timeout_s))
@@ -79,7 +87,7 @@ def build(opts: BridgeOptions, engines: list[EngineSpec]) -> list[Rank]:
             sub = Subscriber(state, r.events, r.replay, link.on_events,
                              topic=spec.topic.encode(), replay_timeout=opts.replay_timeout_s,
                              probe_interval=opts.probe_interval_s, name=r.worker_id,
-                             max_lag_s=lambda link=link: link.liveness_s / 2)
+                             max_lag_s=lambda link=link: link.liveness_s / 2, curve=curve)
             out.append(Rank(r, state, sub, link))
     return out
 
@@ -121,7 +129,9 @@ async def serve(opts: BridgeOptions, engines: list[EngineSpec],
 
 async def run(fleet: list[Rank], opts: BridgeOptions, stop: asyncio.Event | None = None) -> None:
     """Run built ranks until ``stop`` is set (or SIGINT/SIGTERM); prints one line naming the
-    workers once everything runs. A task that ends by itself (a crash) is raised here."""
+    workers once everything runs. Subscribers are supervised (``bridge.supervisor``: one
+    that fails restarts, its engine cleared meanwhile); another task that ends by itself (a
+    crash) is raised here."""
     metrics = BridgeMetrics(fleet)
     beats = BeatThread().start()
     for r in fleet:
@@ -130,7 +140,8 @@ async def run(fleet: list[Rank], opts: BridgeOptions, stop: asyncio.Event | None
     note = ""
     if opts.metrics_port is not None:
         note = f", metrics on :{metrics.serve(opts.metrics_port, opts.metrics_host)}"
-    tasks = [asyncio.create_task(t) for r in fleet for t in (r.sub.run(), r.link.run())]
+    tasks = [asyncio.create_task(t) for r in fleet  # a failed subscriber restarts alone
+             for t in (supervise(r.sub, r.worker_id), r.link.run())]
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     handled = []

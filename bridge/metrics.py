@@ -46,6 +46,8 @@ _STREAM = {  # SubscriberStats field -> (metric, help)
     "replays": ("replays_total", "Replay requests sent to the engine."),
     "replayed": ("replayed_batches_total", "Batches received from replays."),
     "replay_failures": ("replay_failures_total", "Replays without a complete answer."),
+    "replay_capped": ("replay_capped_total", "Replays cut short at their count/byte caps."),
+    "crashes": ("subscriber_crashes_total", "Subscriber failures (restarted, state cleared)."),
     "restarts": ("restarts_total", "Engine restarts detected (another engine process)."),
     "unfilled": ("unfilled_total", "Losses nothing could fill (the engine's entries cleared)."),
     "duplicates": ("duplicates_total", "Live batches a replay had already delivered."),

@@ -26,7 +26,12 @@ Recovery (a "resync" asks the replay socket from ``state.replay_from``):
 - After a disconnect, the first live batch is applied only after a resync proved the anchor
   (an engine restarted while the SUB socket was away may already be past the expected seq);
   if no replay answers, the state is cleared before it is applied.
-- A batch that does not decode is a lost batch: clear.
+- A batch that does not decode or apply (whatever it raises: ``ve.MalformedBatch``) is a
+  lost batch: clear. A batch is applied in slices (``EngineState.ingest_parts``), the loop
+  given a turn between two once ``TURN_S`` is spent. Sockets refuse frames past
+  ``caps.MAX_MESSAGE_BYTES``; replays keep what ``bridge.replay``'s caps allow.
+- Anything else that escapes ``run`` (a bug, a sink that raised) ends only this task:
+  ``bridge.supervisor`` restarts it (``reset`` first: the state is cleared).
 
 Bounded staleness (``max_lag_s``; the bridge passes half the service's liveness timeout its
 link learned): heartbeats, on their own thread, keep a bridge past its capacity live while
@@ -59,6 +64,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,28 +73,28 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from bridge import caps
 from bridge.engine_state import EngineState, SeqCheck
 from bridge.lag import Bound, Lag
+from bridge.replay import ReplayStats, fetch
 from bridge.wake import Wake
 from kvmesh import vllm_events as ve
 from kvmesh.v1 import index_pb2
+from kvmesh.zmq_curve import CurveClient
 
 Sink = Callable[[list[index_pb2.KvEvent]], None]
 REMOVALS = (b"BlockRemoved", b"AllBlocksCleared")  # the tags of events that drop blocks
 
 
 @dataclass
-class SubscriberStats:
+class SubscriberStats(ReplayStats):  # (replays, replayed, replay_failures/_capped, malformed)
     messages: int = 0        # live messages received
     applied: int = 0         # batches applied (live and replayed)
     duplicates: int = 0      # live batches the last replay already delivered
     gaps: int = 0            # live seq jumps
-    replays: int = 0         # replay requests sent
-    replayed: int = 0        # batches received from replays
-    replay_failures: int = 0  # replay requests without a complete answer
     restarts: int = 0        # another engine process detected
     unfilled: int = 0        # losses nothing could fill: state cleared
-    malformed: int = 0       # messages or payloads that did not parse
+    crashes: int = 0         # run() ended by an exception (the supervisor restarted it)
     connects: int = 0
     disconnects: int = 0
     lag_clears: int = 0      # behind past max_lag_s with removals queued: cleared, skipped
@@ -108,7 +114,7 @@ class Subscriber:
                  *, topic: bytes = b"", replay_timeout: float = 5.0,
                  probe_interval: float | None = 10.0, rcvhwm: int = 100_000,
                  ctx: zmq.asyncio.Context | None = None, max_lag_s: Bound | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, curve: CurveClient | None = None) -> None:
         self.state = state
         self.events = events
         self.replay = replay
@@ -118,8 +124,11 @@ class Subscriber:
         self.probe_interval = probe_interval
         self.rcvhwm = rcvhwm
         self.ctx = ctx or zmq.asyncio.Context.instance()
+        self.curve = curve  # the engine's sockets are CURVE servers (kvmesh.zmq_curve)
         self.stats = SubscriberStats()
-        self._dups: dict[int, bytes] = {}  # the last replay, to recognise queued live copies
+        # the last replay (seq -> hash of payload: a replay's rounds hold no payload longer
+        # than their own), to recognise queued live copies
+        self._dups: dict[int, int] = {}
         # Set by a disconnect: the next live batch may come from another engine process,
         # even with the expected seq, so the anchor is checked (a resync) before applying it.
         self._suspect = False
@@ -129,11 +138,22 @@ class Subscriber:
         self._skipping = False  # dropping the socket's backlog after a lag clear
         self._behind = False  # the last live batch applied was older than the bound
 
+    def reset(self) -> None:
+        """After ``run`` ended by an exception (anywhere, even mid-batch): forget all but
+        the stats, clear the state (the index hears ``cleared``); the next ``run`` starts
+        afresh (its connection resyncs)."""
+        self._dups, self._queue = {}, collections.deque()
+        self._suspect = self._skipping = self._behind = False
+        self._emit(self.state.clear())
+
     async def run(self) -> None:
         sub = self.ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.RCVHWM, self.rcvhwm)
         sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.MAXMSGSIZE, caps.MAX_MESSAGE_BYTES)
         sub.subscribe(self.topic)
+        if self.curve is not None:
+            self.curve.apply(sub)
         mon = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         sub.connect(self.events)
         # blocking twins: receive (and wait, ``Wake``) without zmq.asyncio's futures
@@ -157,6 +177,11 @@ class Subscriber:
                     if parse_monitor_message(msg)["event"] == zmq.EVENT_DISCONNECTED:
                         self.stats.disconnects += 1
                         self._suspect = True
+                        # libzmq does not reconnect after a protocol error (a frame past
+                        # MAXMSGSIZE): connect afresh, whatever the cause
+                        with contextlib.suppress(zmq.ZMQError):  # (already gone)
+                            sub.disconnect(self.events)
+                        sub.connect(self.events)
                     else:
                         self.stats.connects += 1
                         await self._resync()
@@ -222,20 +247,20 @@ class Subscriber:
         elif kind is SeqCheck.GAP:
             self.stats.gaps += 1
             await self._resync()
-        elif kind is SeqCheck.BEHIND and self._dups.get(seq) != payload:
+        elif kind is SeqCheck.BEHIND and self._dups.get(seq) != hash(payload):
             self.stats.restarts += 1
             self._emit(self.state.clear())
             await self._resync()
         kind = self.state.check(seq)
         if kind is SeqCheck.BEHIND:
-            if self._dups.get(seq) == payload:
+            if self._dups.get(seq) == hash(payload):
                 self.stats.duplicates += 1
             return
         if kind is SeqCheck.GAP:  # nothing filled it
             self.stats.unfilled += 1
             self._emit(self.state.clear())
         self._dups.clear()  # live is now past every replayed seq: no copy can follow
-        self._apply(seq, payload)
+        await self._apply(seq, payload)
         if self.lag is not None and self.state.last_ts is not None:
             self.lag.observe(self.state.last_ts)
             self._behind = self.lag.behind
@@ -281,15 +306,25 @@ class Subscriber:
                 return
             self.stats.skipped += 1
 
-    def _apply(self, seq: int, payload: bytes) -> None:
-        try:
-            out = self.state.ingest(seq, payload)
-        except ValueError:
-            self.stats.malformed += 1
-            out = self.state.clear()
-        else:
-            self.stats.applied += 1
-        self._emit(out)
+    async def _apply(self, seq: int, payload: bytes) -> None:
+        """Apply one batch slice by slice, a turn of the loop between two once ``TURN_S``
+        is spent (nothing else touches the state meanwhile); malformed: clear."""
+        parts = self.state.ingest_parts(seq, payload)
+        until = time.monotonic() + self.TURN_S
+        while True:
+            try:
+                out = next(parts, None)
+            except ValueError:  # MalformedBatch: whatever the bytes made fail
+                self.stats.malformed += 1
+                self._emit(self.state.clear())
+                return
+            if out is None:
+                break
+            self._emit(out)
+            if time.monotonic() > until:
+                await asyncio.sleep(0)
+                until = time.monotonic() + self.TURN_S
+        self.stats.applied += 1
 
     def _emit(self, events: list[index_pb2.KvEvent]) -> None:
         if events:
@@ -310,13 +345,15 @@ class Subscriber:
         # vLLM's ROUTER drops replies past its send high-water mark: a replay cut short is
         # resumed from where it stopped, a few rounds at most (then the next live batch or
         # probe carries on).
+        got: list[tuple[int, bytes]] = []
         for _ in range(self.REPLAY_ROUNDS):
             start = self.state.replay_from
+            del got[:]  # (one round's replies at a time: a round holds up to the caps)
             got, complete = await self._fetch(start)
             if not got and not complete:
                 return  # no answer
             self._suspect = False
-            self._dups.update(got)
+            self._dups.update((seq, hash(payload)) for seq, payload in got)
             if self.state.expected is not None:
                 if not (got and self.state.is_anchor(*got[0])):
                     if got and got[0][0] > start:
@@ -343,36 +380,15 @@ class Subscriber:
                 continue
             if kind is SeqCheck.GAP:
                 return False
-            self._apply(seq, payload)
+            await self._apply(seq, payload)
         return True
 
     async def _fetch(self, start: int) -> tuple[list[tuple[int, bytes]], bool]:
-        """(buffered batches with ``seq >= start``, whether the end marker came). The replay
-        is cut short when ``replay_timeout`` passes between two replies."""
-        self.stats.replays += 1
-        dealer = self.ctx.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.RCVHWM, 0)  # take all 10,000 replies as fast as they come
-        dealer.connect(self.replay)  # type: ignore[arg-type]
-        got: list[tuple[int, bytes]] = []
-        try:
-            await dealer.send_multipart(ve.replay_request(start))
-            while True:
-                if not await dealer.poll(int(self.replay_timeout * 1000)):
-                    self.stats.replay_failures += 1
-                    return got, False
-                try:
-                    reply = ve.parse_replay_reply(await dealer.recv_multipart())
-                except ValueError:
-                    self.stats.malformed += 1
-                    self.stats.replay_failures += 1
-                    return got, False
-                if reply is None:
-                    return got, True
-                got.append(reply)
-                self.stats.replayed += 1
-        finally:
-            dealer.close(linger=0)
+        """(buffered batches with ``seq >= start``, whether the end marker came): one capped
+        request (``bridge.replay``), with the engine's CURVE keys when it has them."""
+        return await fetch(self.ctx, self.replay, start,  # type: ignore[arg-type]
+                           self.replay_timeout, self.stats,
+                           setup=None if self.curve is None else self.curve.apply)
 
 
 def _recv(sub: zmq.Socket) -> list[bytes]:

@@ -132,7 +132,8 @@ class AsyncKvmeshClient(BaseClient):
                           seed, ignore_eos, stream)
         for attempt in plan:
             call = self._conn(attempt.cand.address).worker.Generate(
-                attempt.request, timeout=self.generate_timeout, metadata=self._worker_metadata)
+                attempt.request, timeout=self.generate_timeout,
+                metadata=self._worker_metadata(attempt.cand.worker_id))
             try:
                 async for message in call:
                     chunk = attempt.feed(message)
@@ -182,12 +183,20 @@ class AsyncKvmeshClient(BaseClient):
         address, response = await self._service_call("Stats", index_pb2.StatsRequest())
         return stats_dict(response, address)
 
-    async def worker_stats(self, address: str) -> dict[str, Any]:
-        """One worker's own statistics (``WorkerService.Stats``): load, cache, precision."""
+    async def worker_stats(self, address: str, worker_id: str | None = None,
+                           ) -> dict[str, Any]:
+        """One worker's own statistics (``WorkerService.Stats``): load, cache, precision.
+
+        ``worker_id``: the worker at ``address`` (its access token is minted for its id);
+        None: the id the service lists at ``address`` (one more call; none on an open
+        cluster). Raises ``KvmeshError`` (NOT_FOUND when the service lists no worker there).
+        """
+        if self._needs_worker_id(worker_id):
+            worker_id = self._worker_at(await self.stats(), address)
         try:
             response = await self._conn(address).worker.Stats(
                 worker_pb2.WorkerStatsRequest(), timeout=self.timeout,
-                metadata=self._worker_metadata)
+                metadata=self._worker_metadata(worker_id or ""))
         except grpc.RpcError as err:
             raise KvmeshError.from_rpc(err) from None
         return worker_stats_dict(response, address)

@@ -12,6 +12,8 @@ import threading
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+import grpc
+
 from client.convert import (
     LoraSpec,
     MmSpec,
@@ -21,8 +23,10 @@ from client.convert import (
     route_result,
     worker_metadata,
 )
+from client.errors import KvmeshError
 from client.failover import Candidates, no_worker_error
 from client.results import RouteResult
+from kvmesh.auth import WorkerAccess
 from kvmesh.channel import Dialer, parse_addresses
 from kvmesh.retry import ReplicaRing
 from kvmesh.tls import TlsFiles
@@ -52,7 +56,8 @@ class BaseClient:
         # Route prompts as RouteRequest.token_ids_packed; False: the repeated token_ids, for
         # services older than the packed field (they would see an empty prompt)
         self.packed_tokens = packed_tokens
-        self._worker_metadata = worker_metadata(token)
+        # mints each worker's own access token (the router token is not kept for it)
+        self._worker_access = WorkerAccess(token) if token else None
         self._dialer = Dialer.from_tls(tls)
         self.timeout = timeout
         self.generate_timeout = generate_timeout
@@ -100,6 +105,28 @@ class BaseClient:
             return "UnpinPrefix", index_pb2.UnpinPrefixRequest(prefix=ref)
         return "PinPrefix", index_pb2.PinPrefixRequest(prefix=ref, ttl_s=float(ttl_s),
                                                        max_workers=max(0, int(max_workers)))
+
+    def _worker_metadata(self, worker_id: str) -> tuple[tuple[str, str], ...]:
+        """The metadata of a call to worker ``worker_id``: that worker's own access token
+        (valid on no other worker), or none on an open cluster."""
+        return worker_metadata(self._worker_access, worker_id)
+
+    def _needs_worker_id(self, worker_id: str | None) -> bool:
+        """True when a worker call must first learn the id of the worker it calls (its
+        token is minted for that id; an open cluster needs none)."""
+        return not worker_id and self._worker_access is not None
+
+    @staticmethod
+    def _worker_at(stats: dict[str, Any], address: str) -> str:
+        """The id the service lists at ``address`` (a live one first); raises
+        ``KvmeshError(NOT_FOUND)`` when it lists none: no token can be minted for it."""
+        listed = [w for w in stats.get("workers", ()) if w.get("address") == address]
+        listed.sort(key=lambda w: not w.get("alive"))
+        if not listed or not listed[0].get("worker_id"):
+            raise KvmeshError(grpc.StatusCode.NOT_FOUND, (
+                f"the service lists no worker at {address}: give its worker_id (a worker's "
+                "access token is minted for its id)"))
+        return str(listed[0]["worker_id"])
 
     @staticmethod
     def _routed(response: index_pb2.RouteResponse) -> RouteResult:

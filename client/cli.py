@@ -22,6 +22,7 @@ VERBS = {
     "route": "client.commands", "generate": "client.commands", "stats": "client.commands",
     "pin": "client.commands",
     "service": "service.cli", "worker-token": "service.cli",
+    "worker-access-token": "service.cli",
     "worker": "worker.cli",
     "up": "deploy.cli",
     "gateway": "client.gateway",

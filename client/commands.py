@@ -30,6 +30,7 @@ from kvmesh.cli_options import (
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from client.results import PinnedWorker
     from client.sync_client import KvmeshClient
 
 Tokens = Annotated[str | None, typer.Option("--tokens", help="Prompt token ids: 1,2,3")]
@@ -151,7 +152,7 @@ def generate_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
         result = client.generate(prompt, max_tokens=max_tokens, salt=salt,
                              temperature=temperature, seed=seed, policy=policy)
         if text is not None and not json_out:
-            _note_random_model(client, result.address)
+            _note_random_model(client, result.address, result.worker_id)
     out = dataclasses.asdict(result)
     if text is not None:
         out["text"] = decode_bytes(result.token_ids)
@@ -181,7 +182,8 @@ def pin_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
             tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None) -> None:
     """Keep a prefix (a system prompt) in the device tier of the workers (admin token).
 
-    Exits 1 when any worker could not pin it (each failure is listed)."""
+    Exits 1 when any worker could not pin it, or pinned only part of it because its pin
+    cap is full ("pinned N of M blocks: pin cap reached"); each is listed."""
     prompt = _prompt(tokens, text)
     with _client(service, token, timeout, (tls_ca, tls_cert, tls_key), admin_token) as client:
         result = (client.unpin(prompt, salt=salt) if unpin else
@@ -194,20 +196,30 @@ def pin_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
         typer.echo(f"{what} on {len(result.workers) - len(result.failed)} of "
                    f"{len(result.workers)} workers{blocks}")
         for w in result.workers:
-            typer.echo(f"  {w.worker_id}: " + (f"error: {w.error}" if w.error
-                                               else f"{w.pinned_blocks} blocks {what}"))
-    if result.failed:
+            typer.echo(f"  {w.worker_id}: " + _pinned_line(w, what))
+    if result.failed or result.capped:
         raise typer.Exit(1)
 
 
-def _note_random_model(client: KvmeshClient, address: str) -> None:
+def _pinned_line(w: PinnedWorker, what: str) -> str:
+    """One worker's line of ``kvmesh pin``: its error, or what it pinned (of how many, and
+    why it stopped when its pin cap did)."""
+    if w.error:
+        return f"error: {w.error}"
+    if w.cap_reached:
+        return (f"{what} {w.pinned_blocks} of {w.chain_blocks} blocks: pin cap reached "
+                "(the worker's explicit pins fill its cap: unpin one first)")
+    return f"{w.pinned_blocks} blocks {what}"
+
+
+def _note_random_model(client: KvmeshClient, address: str, worker_id: str) -> None:
     """Say on stderr that the worker's ``tiny`` model has random weights, so its text is
     noise by design (a newcomer would otherwise think decoding broke). Best effort: a
     worker that does not answer ``Stats`` gets no note."""
     from client.errors import KvmeshError
 
     try:
-        model = client.worker_stats(address).get("model")
+        model = client.worker_stats(address, worker_id).get("model")
     except KvmeshError:
         return
     if model == TINY_MODEL:
@@ -230,7 +242,7 @@ def _worker_details(client: KvmeshClient, workers: list[dict[str, Any]],
         if not w.get("alive") or not w.get("address"):
             return None
         try:
-            return client.worker_stats(w["address"])
+            return client.worker_stats(w["address"], w.get("worker_id") or None)
         except KvmeshError:
             return None
 

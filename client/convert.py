@@ -17,7 +17,7 @@ from google.protobuf.message import Message
 
 from client.errors import BrokenStream
 from client.results import Candidate, GenerateResult, PinnedWorker, PinResult, RouteResult
-from kvmesh.auth import worker_access_token
+from kvmesh.auth import WorkerAccess
 from kvmesh.v1 import index_pb2, worker_pb2
 
 _U32 = "I" if array.array("I").itemsize == 4 else "L"  # the array typecode of a uint32
@@ -30,12 +30,14 @@ def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
-def worker_metadata(router_token: str | None) -> tuple[tuple[str, str], ...]:
-    """The call metadata for a worker: the access token derived from ``router_token``
-    (``kvmesh.auth.worker_access_token``), never the router token itself, which lets its
-    holder Route and read Stats: the index names the workers a client calls, so a worker
-    is trusted less than the service."""
-    return auth_metadata(worker_access_token(router_token) if router_token else None)
+def worker_metadata(access: WorkerAccess | None, worker_id: str,
+                    ) -> tuple[tuple[str, str], ...]:
+    """The call metadata for worker ``worker_id``: its own access token minted by
+    ``access`` (``kvmesh.auth.WorkerAccess`` of the router token; None: an open cluster),
+    never the router token itself, which lets its holder Route and read Stats, nor a token
+    valid on any other worker: the index names the workers a client calls, so a worker is
+    trusted less than the service, and less than its peers."""
+    return auth_metadata(access.token(worker_id) if access is not None else None)
 
 
 def _lora(spec: LoraSpec) -> index_pb2.Lora | None:
@@ -148,7 +150,9 @@ def prefix_ref(token_ids: Iterable[int] | None, salt: str | None = None,
 def pin_result(resp: index_pb2.PinPrefixResponse | index_pb2.UnpinPrefixResponse
                ) -> PinResult:
     """A pin or unpin answer as a ``PinResult``."""
-    workers = [PinnedWorker(w.worker_id, int(w.pinned_blocks), w.error) for w in resp.workers]
+    workers = [PinnedWorker(w.worker_id, int(w.pinned_blocks), w.error,
+                            int(getattr(w, "chain_blocks", 0)),
+                            bool(getattr(w, "cap_reached", False))) for w in resp.workers]
     return PinResult(int(getattr(resp, "chain_blocks", 0)), workers)
 
 

@@ -81,11 +81,15 @@ class TokenChunk(NamedTuple):
 
 @dataclass(frozen=True)
 class PinnedWorker:
-    """One worker's part of a pin: the blocks it pinned (unpinned), or why it could not."""
+    """One worker's part of a pin: the blocks it pinned (unpinned), or why it could not.
+    A pin also says of how many (``chain_blocks``, the worker's block size) and whether the
+    worker's pin cap cut it short (``cap_reached``)."""
 
     worker_id: str
     pinned_blocks: int
     error: str = ""
+    chain_blocks: int = 0
+    cap_reached: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,3 +104,8 @@ class PinResult:
     def failed(self) -> list[PinnedWorker]:
         """The workers that could not be reached or refused."""
         return [w for w in self.workers if w.error]
+
+    @property
+    def capped(self) -> list[PinnedWorker]:
+        """The workers that pinned only part of the prefix: their pin cap is full."""
+        return [w for w in self.workers if w.cap_reached and not w.error]

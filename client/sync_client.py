@@ -12,9 +12,10 @@ Contract:
   finished request is never run again. ``generate_stream`` yields the tokens as they come
   and fails over the same way, but only before its first token (``kvmesh.retry``).
 * ``token`` (the router token) is sent as ``authorization: Bearer <token>`` on service calls
-  only (``admin_token``, when given, on ``pin``/``unpin`` instead); workers get
-  ``kvmesh.auth.worker_access_token(token)`` instead, so a worker (or a fake one whose
-  address reached the index) never learns a token that can Route.
+  only (``admin_token``, when given, on ``pin``/``unpin`` instead); each worker gets its
+  own ``kvmesh.auth.worker_access_token(token, worker_id)`` instead (the id of the route
+  candidate called), so a worker (or a fake one whose address reached the index) never
+  learns a token that can Route or call any other worker.
 * ``tls`` (``kvmesh.tls.TlsFiles``): with a ``ca``, every channel (service and workers) is
   TLS and verifies the server's certificate against it; ``cert``/``key`` are presented as a
   client certificate when a server requires one. Without it, channels are plaintext.
@@ -148,7 +149,8 @@ class KvmeshClient(BaseClient):
                           ignore_eos, stream)
         for attempt in plan:
             call = self._conn(attempt.cand.address).worker.Generate(
-                attempt.request, timeout=self.generate_timeout, metadata=self._worker_metadata)
+                attempt.request, timeout=self.generate_timeout,
+                metadata=self._worker_metadata(attempt.cand.worker_id))
             try:
                 for message in call:
                     chunk = attempt.feed(message)
@@ -199,12 +201,20 @@ class KvmeshClient(BaseClient):
         address, response = self._service_call("Stats", index_pb2.StatsRequest())
         return stats_dict(response, address)
 
-    def worker_stats(self, address: str) -> dict[str, Any]:
-        """One worker's own statistics (``WorkerService.Stats``): load, cache, precision."""
+    def worker_stats(self, address: str, worker_id: str | None = None,
+                     ) -> dict[str, Any]:
+        """One worker's own statistics (``WorkerService.Stats``): load, cache, precision.
+
+        ``worker_id``: the worker at ``address`` (its access token is minted for its id);
+        None: the id the service lists at ``address`` (one more call; none on an open
+        cluster). Raises ``KvmeshError`` (NOT_FOUND when the service lists no worker there).
+        """
+        if self._needs_worker_id(worker_id):
+            worker_id = self._worker_at(self.stats(), address)
         try:
             response = self._conn(address).worker.Stats(
                 worker_pb2.WorkerStatsRequest(), timeout=self.timeout,
-                metadata=self._worker_metadata)
+                metadata=self._worker_metadata(worker_id or ""))
         except grpc.RpcError as err:
             raise KvmeshError.from_rpc(err) from None
         return worker_stats_dict(response, address)

@@ -16,8 +16,9 @@ Credentials (who holds what):
   (``KVMESH_WORKER_SECRET``; generated when the spec has neither a secret nor a shared
   worker token, so worker calls never accept the router token);
 - each worker gets only its own minted token (``KVMESH_WORKER_TOKEN``) and the token its
-  WorkerService requires, ``worker_access_token(router token)``
-  (``KVMESH_WORKER_ACCESS_TOKEN``): never the router token, the secret or the Redis URL.
+  WorkerService requires, ``worker_access_token(router token, its worker id)``
+  (``KVMESH_WORKER_ACCESS_TOKEN``, valid on that worker only): never the router token, the
+  secret, the Redis URL or anything that lets it call another worker.
 
 Every secret travels in the child's environment, never on its command line (``ps`` and
 ``/proc/PID/cmdline`` show that to every local user); every secret variable is set, empty
@@ -173,7 +174,8 @@ class LocalCluster:
         args += tier_args(s, worker_id) + _tls_args(s.tls)
         # its own token, never the secret that mints every worker's nor the router token
         env = {"KVMESH_WORKER_TOKEN": self.service_token(worker_id),
-               "KVMESH_WORKER_ACCESS_TOKEN": worker_access_token(s.token) if s.token else "",
+               "KVMESH_WORKER_ACCESS_TOKEN": (worker_access_token(s.token, worker_id)
+                                              if s.token else ""),
                "KVMESH_TOKEN": "", "KVMESH_WORKER_SECRET": "", "KVMESH_REDIS_URL": ""}
         proc = ServerProcess(worker_id, "worker", args, echo=s.echo, env=env)
         self.workers.append(proc)

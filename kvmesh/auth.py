@@ -20,10 +20,12 @@ sees only the method and the metadata (headers), and answers with a request-stre
 handler (:func:`_refuse_unread`) that aborts before asking for the first message, so gRPC
 never buffers the body of a call without a valid token.
 
-Workers are never given the router token: their WorkerService checks the *worker access
-token* :func:`worker_access_token` derives from it, and clients send workers only that. A
-fake worker (an address an attacker slipped into the index) thus learns a token that
-cannot call the service's Route/Stats nor register anything: HMAC is one-way.
+Workers are never given the router token: each worker's WorkerService checks its own
+*worker access token*, :func:`worker_access_token` of the router token and THAT worker's
+id, and a client presents to a worker only the token of the worker it calls (the route
+target's id). A worker (or a fake one an attacker slipped into the index) thus learns a
+token that is valid on no other worker, cannot call the service's Route/Stats and cannot
+register anything: HMAC is one-way, and one worker's token says nothing about another's.
 """
 from __future__ import annotations
 
@@ -53,8 +55,21 @@ class Grant:
 Verifier = Callable[[str], Grant | None]
 
 
-def shared_token(role: str, expected: str) -> Verifier:
-    """A verifier accepting exactly ``expected`` (a token shared by all holders of ``role``)."""
+def shared_token(role: str, expected: str | Callable[[], str | None]) -> Verifier:
+    """A verifier accepting exactly ``expected`` (a token shared by all holders of ``role``).
+
+    ``expected`` may be a function, asked at every check, for a token known only once the
+    server is built (a worker whose id is its bound port); while it returns ``None`` every
+    token is refused (never open)."""
+    if callable(expected):
+        source = expected
+
+        def verify_late(token: str) -> Grant | None:
+            want = source()
+            return (Grant(role) if want is not None
+                    and hmac.compare_digest(token.encode(), want.encode()) else None)
+
+        return verify_late
     want = expected.encode()
 
     def verify(token: str) -> Grant | None:
@@ -63,15 +78,59 @@ def shared_token(role: str, expected: str) -> Verifier:
     return verify
 
 
-def worker_access_token(router_token: str) -> str:
-    """The token clients send to workers' WorkerService (Generate/Stats), derived from the
-    router token: HMAC-SHA256(router_token, "kvmesh worker access v1"), hex.
+_ACCESS_KEY_LABEL = b"kvmesh worker access key v2"  # domain separation: router token -> key
+_ACCESS_LABEL = b"kvmesh worker access v2\x00"      # key + worker id -> that worker's token
 
-    Workers are configured with this token, never the router token, so a worker (or an
-    impostor registered as one) that collects it cannot Route, read Stats or register
-    anything at the service; the router token cannot be recovered from it.
+
+def worker_access_key(router_token: str) -> bytes:
+    """The key every worker's access token is minted from: HMAC-SHA256(router_token,
+    "kvmesh worker access key v2"). Held by whoever calls workers (clients, the gateway,
+    routers, the service for pins) and by no worker; it cannot Route (the service checks
+    the router token itself) and the router token cannot be recovered from it."""
+    if not router_token:
+        raise ValueError("the router token is empty")
+    return hmac.new(router_token.encode(), _ACCESS_KEY_LABEL, hashlib.sha256).digest()
+
+
+class WorkerAccess:
+    """Mints the access token of any worker from the router token (one key, derived once).
+
+    Invariant: ``token(w)`` is valid on worker ``w`` only; distinct ids give unrelated
+    tokens (HMAC-SHA256 under :func:`worker_access_key`), so nothing one worker receives
+    lets it call another. The router token itself is not kept.
     """
-    return hmac.new(router_token.encode(), b"kvmesh worker access v1", hashlib.sha256).hexdigest()
+
+    __slots__ = ("_key",)
+
+    def __init__(self, router_token: str) -> None:
+        self._key = worker_access_key(router_token)
+
+    def token(self, worker_id: str) -> str:
+        """The token worker ``worker_id``'s WorkerService requires (hex). Raises
+        ``ValueError`` for an empty id (no worker has one: a token for "" would be one
+        nobody can bind)."""
+        if not worker_id:
+            raise ValueError("worker_id is empty: a worker access token is bound to one worker")
+        return hmac.new(self._key, _ACCESS_LABEL + worker_id.encode(),
+                        hashlib.sha256).hexdigest()
+
+    def __repr__(self) -> str:  # never print the key
+        return "WorkerAccess(<key>)"
+
+
+def worker_access_token(router_token: str, worker_id: str) -> str:
+    """The token clients send to worker ``worker_id``'s WorkerService (Generate/Stats, and
+    Pin on a cluster without worker credentials), derived from the router token:
+    HMAC-SHA256(:func:`worker_access_key` (router_token), "kvmesh worker access v2\\0" +
+    worker_id), hex.
+
+    Each worker is configured with its own token only (``kvmesh worker-access-token
+    --worker-id ID`` mints it for an operator), never the router token, so a worker (or an
+    impostor registered as one) that collects it can call no other worker, cannot Route,
+    read Stats or register anything at the service; the router token cannot be recovered
+    from it. Raises ``ValueError`` for an empty router token or worker id.
+    """
+    return WorkerAccess(router_token).token(worker_id)
 
 
 def worker_pin_token(service_token: str) -> str:

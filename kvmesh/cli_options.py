@@ -53,8 +53,8 @@ HashSeed = Annotated[str | None, typer.Option(
 # Credentials (docs/security.md): the router token never reaches a worker.
 Token = Annotated[str | None, typer.Option(
     "--token", envvar="KVMESH_TOKEN",
-    help="Router token (the service's --token): Route/Stats need it; workers get only the "
-    "access token derived from it.")]
+    help="Router token (the service's --token): Route/Stats need it; each worker gets only "
+    "its own access token derived from it.")]
 AdminToken = Annotated[str | None, typer.Option(
     "--admin-token", envvar="KVMESH_ADMIN_TOKEN",
     help="Admin token (the service's --admin-token): PinPrefix/UnpinPrefix need it, the "
@@ -68,8 +68,10 @@ ServiceToken = Annotated[str | None, typer.Option(
     "shared --worker-token).")]
 AccessToken = Annotated[str | None, typer.Option(
     "--access-token", envvar="KVMESH_WORKER_ACCESS_TOKEN",
-    help="Token a worker's Generate/Stats require (clients derive it from their router "
-    "token); preferred over --token: the worker never sees the router token.")]
+    help="This worker's own access token, which its Generate/Stats require (`kvmesh "
+    "worker-access-token --worker-id ID`; clients derive it from their router token and the "
+    "worker's id); valid on this worker only. Preferred over --token: the worker never sees "
+    "the router token.")]
 WorkerSecret = Annotated[str | None, typer.Option(
     "--worker-secret", envvar="KVMESH_WORKER_SECRET",
     help="Secret of worker tokens bound to their worker id (mint them with `kvmesh "
@@ -98,7 +100,9 @@ DiskBlocks = Annotated[int, typer.Option(
     "--disk-blocks", min=0, help="Disk KV tier: blocks (0: off; needs --cpu-blocks and "
     "--disk-dir).")]
 DiskDir = Annotated[str | None, typer.Option(
-    "--disk-dir", help="Directory of the disk tier's block files (kept across restarts).")]
+    "--disk-dir", help="Directory of the disk tier's block files (kept across restarts): "
+    "yours alone (created 0700; one another user owns or others may write is refused). "
+    "Files are authenticated under <disk-dir>/disk.key, or under $KVMESH_DISK_KEY if set.")]
 Eviction = Annotated[Literal[EVICTIONS], typer.Option(
     "--eviction", metavar="ORDER",
     help=f"Device-pool eviction order: {choices(EVICTIONS)} (layered: decode-generated "

@@ -132,26 +132,42 @@ def encode_batch(batch: KVEventBatch) -> bytes:
     return _encoder.encode(batch)
 
 
+class MalformedBatch(ValueError):
+    """A payload that is not a KV event batch, whatever made it fail: msgspec's errors, and
+    also what crafted bytes raise besides them (``RecursionError`` for arrays nested
+    thousands deep, ``MemoryError``, ``OverflowError``, ...). The cause is chained."""
+
+
 def decode_batch(payload: bytes, packed: bool = False) -> KVEventBatch:
     """A payload in any known encoding, as the current structs.
 
-    Unknown fields and unknown event types are dropped. Raises ``msgspec.DecodeError`` or
-    ``msgspec.ValidationError`` (both ``ValueError``) for a payload that is not a batch.
+    Unknown fields and unknown event types are dropped. Raises ``MalformedBatch`` (a
+    ``ValueError``) for a payload that is not a batch, and only that: bytes from an engine's
+    socket are anyone's, so no exception of theirs may pass for a bug of the caller's.
 
     ``packed``: stored events of the current encoding come as ``PackedStored`` where
     ``kvmesh._chain`` is built (as ``BlockStored`` otherwise, and in the older encodings);
     the same batches decode, and the same ones raise.
     """
+    try:
+        return _decode(payload, packed)
+    except MalformedBatch:
+        raise
+    except Exception as e:  # noqa: BLE001 (the contract: every failure is a malformed batch)
+        raise MalformedBatch(f"not a KV event batch ({type(e).__name__}: {e!s:.200})") from e
+
+
+def _decode(payload: bytes, packed: bool) -> KVEventBatch:
     if packed and _msgpack_len is not None:
         try:
             batch = _packed.decode(payload)
         except msgspec.ValidationError:
-            return decode_batch(payload)
+            return _decode(payload, False)
         # a Raw takes any value: where one is not an int array, the typed decode's verdict
         if None not in map(_msgpack_len, [ev.token_ids for ev in batch.events
                                           if ev.__class__ is PackedStored]):
             return batch  # type: ignore[return-value]
-        return decode_batch(payload)
+        return _decode(payload, False)
     try:
         return _typed.decode(payload)  # the current encoding: one C call
     except msgspec.ValidationError:

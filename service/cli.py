@@ -102,6 +102,7 @@ def register(app: typer.Typer) -> None:
     """Add the ``service`` and ``worker-token`` commands to ``app``."""
     register_service(app)
     register_worker_token(app)
+    register_worker_access_token(app)
 
 
 def register_service(app: typer.Typer) -> None:
@@ -140,6 +141,26 @@ def register_worker_token(app: typer.Typer) -> None:
 
         try:
             typer.echo(worker_tokens.mint(secret, worker_id))
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from e
+
+
+def register_worker_access_token(app: typer.Typer) -> None:
+    """Add the ``worker-access-token`` command (mints the token one worker's WorkerService
+    requires, for ``kvmesh worker --access-token`` / ``KVMESH_WORKER_ACCESS_TOKEN``)."""
+
+    @app.command("worker-access-token")
+    def worker_access_token_cmd(
+        worker_id: str = typer.Option(..., help="The worker id the token is valid on."),
+        token: str = typer.Option(..., envvar="KVMESH_TOKEN",
+                                  help="The router token (the service's --token)."),
+    ) -> None:
+        """Print the token worker WORKER_ID (and only it) requires of its callers; clients,
+        the gateway and routers derive it from the router token by themselves."""
+        from kvmesh.auth import worker_access_token
+
+        try:
+            typer.echo(worker_access_token(token, worker_id))
         except ValueError as e:
             raise typer.BadParameter(str(e)) from e
 

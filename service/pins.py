@@ -13,14 +13,16 @@ Targets of a pin, among the live workers of the prefix's model:
 
 An unpin goes to every live worker of the model (cheap, and a worker may hold a pin the
 index no longer shows). Calls run concurrently, each bounded by ``pin_timeout_s``. The
-answer has one ``PinnedWorker`` per target: the blocks pinned (or unpinned) there, or an
-error string when that worker could not be reached or refused; the RPC itself succeeds.
+answer has one ``PinnedWorker`` per target: the blocks pinned (or unpinned) there, of the
+chain's blocks there, and ``cap_reached`` when that worker's pin cap cut the pin short (its
+explicit pins fill the cap: automatic pins always give way), or an error string when that
+worker could not be reached or refused; the RPC itself succeeds.
 
 Credentials: a worker's ``Pin`` requires ``kvmesh.auth.worker_pin_token`` of the
 credential that worker presents to the service. This service can compute it for every
 worker (it mints bound tokens from ``worker_secret``, or holds the shared
 ``worker_token``); routers cannot. Without any worker credential (an open cluster) the
-call carries the worker access token of the router token, if any.
+call carries that worker's own access token (of the router token and its id), if any.
 """
 from __future__ import annotations
 
@@ -82,7 +84,7 @@ def pin_credentials(cfg: ServiceConfig, worker_id: str) -> list[str | None]:
         creds.append(cfg.worker_token)
     if creds:
         return [worker_pin_token(c) for c in creds]
-    return [worker_access_token(cfg.token) if cfg.token else None]
+    return [worker_access_token(cfg.token, worker_id) if cfg.token else None]
 
 
 def worker_dialer(cfg: ServiceConfig) -> Dialer:
@@ -125,8 +127,9 @@ class PinService:
         ranked = [r.view for r in self.policy.rank(tokens, views, self.rng)]
         targets = choose(ranked, inp.max_workers, can_warm=inp.prefix.tokens is not None)
         results = await self._send(targets, inp.prefix, ttl_s=inp.ttl_s, unpin=False)
-        log.info("pinned a prefix of %d blocks (ttl %.0f s) on %d of %d targets", blocks,
-                 inp.ttl_s, sum(not r.error for r in results), len(results))
+        log.info("pinned a prefix of %d blocks (ttl %.0f s) on %d of %d targets (%d cut "
+                 "short by a pin cap)", blocks, inp.ttl_s, sum(not r.error for r in results),
+                 len(results), sum(r.cap_reached for r in results))
         return pb.PinPrefixResponse(chain_blocks=blocks, workers=results)
 
     async def unpin(self, prefix: PrefixInput) -> pb.UnpinPrefixResponse:
@@ -195,11 +198,16 @@ class PinService:
                     else:
                         out.error = ""
                         out.pinned_blocks = res.pinned_blocks
+                        out.chain_blocks = res.chain_blocks
+                        out.cap_reached = res.cap_reached
                         break
         except Exception as e:  # a worker's failure is its entry's, never the RPC's
             out.error = f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
         if out.error:
             log.warning("pin on worker %r failed: %s", target.worker_id, out.error)
+        elif out.cap_reached:
+            log.warning("pin on worker %r cut short by its pin cap: %d of %d blocks",
+                        target.worker_id, out.pinned_blocks, out.chain_blocks)
         return out
 
 

@@ -115,6 +115,7 @@ class AsyncEngine:
         while not self._stop:
             self._drain_inbox()
             if not self.engine.has_work():
+                self.engine.settle_copies()  # a disk write failed while idle: not announced
                 self._after_step()
                 self._wake.wait(0.05)
                 self._wake.clear()

@@ -39,7 +39,8 @@ def register(app: typer.Typer) -> None:
         max_batched_tokens: Annotated[int, typer.Option(
             help="token budget per engine step")] = _DEFAULTS.max_batched_tokens,
         metrics_port: Annotated[int | None, typer.Option(
-            help="serve Prometheus /metrics on this port")] = None,
+            help="serve Prometheus /metrics on this port (with --http-port, vLLM's names "
+            "too; a free port when only --http-port is given)")] = None,
         metrics_host: Annotated[str, typer.Option(
             help="interface of /metrics (no authentication: loopback unless you mean "
             "it)")] = _DEFAULTS.metrics_host,
@@ -59,15 +60,26 @@ def register(app: typer.Typer) -> None:
         auto_pin: opt.AutoPin = _DEFAULTS.auto_pin,
         vllm_events: Annotated[str | None, typer.Option(
             help="publish KV events on vLLM's ZMQ protocol at this PUB endpoint "
-            "(tcp://*:5557), for kvmesh bridge vllm, llm-d or Dynamo")] = None,
+            "(tcp://127.0.0.1:5557; any other interface needs --vllm-curve-key), for kvmesh "
+            "bridge vllm, llm-d or Dynamo")] = None,
         vllm_replay: Annotated[str | None, typer.Option(
-            help="vLLM's replay ROUTER endpoint (tcp://*:5558): the last 10,000 batches")] = None,
+            help="vLLM's replay ROUTER endpoint (tcp://127.0.0.1:5558): the last 10,000 "
+            "batches, a bounded share per caller")] = None,
+        vllm_curve_key: Annotated[str | None, typer.Option(
+            envvar="KVMESH_VLLM_CURVE_KEY",
+            help="CURVE for the event sockets: this worker's zmq.auth certificate with its "
+            "secret key (NAME.key_secret); needed off loopback and with an access token")] = None,
+        vllm_curve_clients: Annotated[str | None, typer.Option(
+            envvar="KVMESH_VLLM_CURVE_CLIENTS",
+            help="directory of the public certificates (*.key) of the consumers the event "
+            "sockets let in (with --vllm-curve-key)")] = None,
         vllm_hash_form: Annotated[str, typer.Option(
             help="block hashes on the wire: 'int' (vLLM's default: the digest's low 8 "
             "bytes) or 'bytes' (the digest)")] = _DEFAULTS.vllm_hash_form,
         http_port: Annotated[int | None, typer.Option(
-            help="serve vLLM's OpenAI API (/v1/completions, /v1/chat/completions, "
-            "/metrics in vLLM's names) on this port (0: a free one)")] = None,
+            help="serve vLLM's OpenAI API (/v1/completions, /v1/chat/completions) on this "
+            "port (0: a free one); its /metrics in vLLM's names are on --metrics-host:"
+            "--metrics-port, not here")] = None,
         served_model_name: Annotated[str | None, typer.Option(
             help="the model name of the HTTP API (default: --model)")] = None,
         tokenizer: Annotated[str | None, typer.Option(
@@ -83,7 +95,7 @@ def register(app: typer.Typer) -> None:
 
         from kvmesh.hashing import resolve_seed
         from kvmesh.tls import tls_files
-        from worker.main import access_token_of, check_tiers, check_vllm, serve
+        from worker.main import access_token_of, check_tiers, check_vllm, serve, vllm_curve
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         services = tuple(a.strip() for a in (service or "").split(",") if a.strip())
@@ -91,14 +103,15 @@ def register(app: typer.Typer) -> None:
             check_tiers(cpu_blocks, disk_blocks, disk_dir)
             tls = tls_files(tls_cert, tls_key, tls_ca, tls_client_auth)
             hash_seed = resolve_seed(hash_algo, hash_seed)
-            access_token = access_token_of(token, access_token)
+            if token and worker_id:  # else serve() derives it once the port names the id
+                access_token, token = access_token_of(token, access_token, worker_id), None
             loras = check_vllm(vllm_events, vllm_replay, vllm_hash_form, http_port, model,
                                tokenizer, lora_modules or [])
         except ValueError as e:
             raise typer.BadParameter(str(e)) from e
-        asyncio.run(serve(WorkerOptions(
+        options = WorkerOptions(
             port=port, host=host, model=model, block_size=block_size, num_blocks=num_blocks,
-            worker_id=worker_id, services=services, access_token=access_token,
+            worker_id=worker_id, services=services, token=token, access_token=access_token,
             service_token=service_token or None, hash_algo=hash_algo,
             hash_seed=hash_seed, device=device, heartbeat_s=heartbeat_s,
             max_batched_tokens=max_batched_tokens, metrics_port=metrics_port,
@@ -108,4 +121,10 @@ def register(app: typer.Typer) -> None:
             disk_blocks=disk_blocks, disk_dir=disk_dir, eviction=eviction,
             auto_pin=auto_pin, vllm_events=vllm_events, vllm_replay=vllm_replay,
             vllm_hash_form=vllm_hash_form, http_port=http_port,
-            served_model_name=served_model_name, tokenizer=tokenizer, lora_modules=loras)))
+            served_model_name=served_model_name, tokenizer=tokenizer, lora_modules=loras,
+            vllm_curve_key=vllm_curve_key, vllm_curve_clients=vllm_curve_clients)
+        try:
+            vllm_curve(options)  # refused here, before the model loads
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from e
+        asyncio.run(serve(options))

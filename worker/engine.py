@@ -20,6 +20,7 @@ asyncio).
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,14 +29,17 @@ import torch
 
 from kvmesh.hashing import DEFAULT_ALGO, Lora, MMItem, block_hashes, lora_key, none_hash
 from worker.costs import CostMeter, calibrate
-from worker.disk_store import DiskStore, model_fingerprint
-from worker.kv_cache import KVCacheManager, KVRequest
+from worker.disk_store import DiskStore
+from worker.kv_cache import KVCacheManager, KVRequest, Pinned
 from worker.kv_transfer import CopyExecutor
 from worker.model import AttentionMetadata, load_model
+from worker.model.fingerprint import model_fingerprint
 from worker.onboard_log import OnboardLog
 from worker.sampler import sample
 from worker.scheduler import Scheduled, Scheduler, SchedulerConfig
 from worker.sequence import SamplingParams, Seq, SeqStatus
+
+log = logging.getLogger("kvmesh.worker.engine")
 
 DEFAULT_KV_BYTES_CPU = 256 << 20
 GPU_MEMORY_FRACTION = 0.85
@@ -114,7 +118,12 @@ class Engine:
             calibrate(self.costs, model, self.kv_cache, self.copies,
                       (scheduler or SchedulerConfig()).max_batched_tokens)
             if store is not None:  # what an earlier run left on disk is announced again
-                store.keep_only(self.kv.restore_disk(store.scan()))
+                kept = self.kv.restore_disk(store.scan())
+                store.keep_only(kept)
+                if store.rejected:
+                    log.warning("disk tier: %d block files restored, %d unusable ones "
+                                "deleted (damaged, or not written by this worker)",
+                                len(kept), store.rejected)
         self.scheduler = Scheduler(self.kv, scheduler)
         self.eos = set(config.eos_token_ids)
         self._ids = itertools.count()
@@ -221,7 +230,10 @@ class Engine:
             with self.kv.step():
                 work = self.scheduler.schedule()
                 if self.copies is not None:
-                    self.copies.execute(self.kv.take_transfers())
+                    try:
+                        self.copies.execute(self.kv.take_transfers())
+                    finally:  # before the step's events go out: no entry without bytes
+                        self.settle_copies()
                 if work:
                     out = self._run(work)
         except Exception as exc:
@@ -236,9 +248,18 @@ class Engine:
             self.copies.wait(ONBOARD_WAIT_S)  # nothing runnable until a copy lands
         return out
 
+    def settle_copies(self) -> int:
+        """Hand the copies the data plane could not make (a failed offload, a refused or
+        failed disk write) to the manager, which drops their entries (``BlockRemoved``)
+        before they are spilled, onboarded or announced again; how many it dropped. Run in
+        every step and by an idle engine loop (a background write may fail meanwhile)."""
+        return 0 if self.copies is None else self.kv.copies_lost(self.copies.take_lost())
+
     def _finish_onboards(self) -> None:
-        """Hand the onboards that completed to the manager (their blocks become cached,
-        or, failed, are freed and the request recomputes) and time them."""
+        """Hand the disk writes that failed since the last step (their entries go) and the
+        onboards that completed to the manager (their blocks become cached, or, failed, are
+        freed and the request recomputes) and time them."""
+        self.settle_copies()
         for done in self.copies.poll():
             for tier, blocks in done.blocks.items():
                 self.costs.onboard(tier, blocks, done.seconds[tier])
@@ -319,18 +340,20 @@ class Engine:
 
     def pin(self, token_ids: list[int] | None = None, *, salt: str | None = None,
             lora: Lora | None = None, mm: tuple[MMItem, ...] = (),
-            block_hashes: list[bytes] | None = None, ttl_s: float, warm: bool = False) -> int:
+            block_hashes: list[bytes] | None = None, ttl_s: float,
+            warm: bool = False) -> Pinned:
         """Pin a prefix's cached device blocks for ``ttl_s`` seconds (refreshed by use): the
         prefix is ``token_ids`` (+ salt/LoRA/mm) or its chain ``block_hashes``. Returns the
         blocks pinned now (from block 0, as far as this worker holds the chain, within the
-        pin cap). ``warm`` (``token_ids`` only): if not all of it is held (and the cap has
-        room), prefill it as a request of its own, pinned at the first step after it is
+        pin cap, automatic pins giving way), of how many, and whether the cap cut it short.
+        ``warm`` (``token_ids`` only): if not all of it is held (and explicit pins leave the
+        cap room), prefill it as a request of its own, pinned at the first step after it is
         computed. Call between steps (engine thread). Raises ``RequestError`` on bad input."""
         if not ttl_s > 0:
             raise RequestError(f"ttl_s must be > 0, got {ttl_s}")
         chain = self._pin_chain(token_ids, salt, lora, mm, block_hashes)
         pinned = self.kv.pin(chain, ttl_s)
-        if warm and pinned < len(chain) and self.kv.num_pinned_blocks < self.kv.pins.cap:
+        if warm and pinned < len(chain) and self.kv.pins.num_explicit < self.kv.pins.cap:
             if token_ids is None:
                 raise RequestError("warm needs token_ids, not block hashes")
             seq = self.add_request(token_ids, SamplingParams(max_tokens=1), salt=salt,

@@ -2,10 +2,13 @@
 
 Routes: ``POST /v1/completions`` (token-id prompts, and text prompts through the worker's
 tokenizer, ``kvmesh.vllm_tokenizer``: vLLM's rules), ``POST /v1/chat/completions`` (when the
-tokenizer has a chat template), ``GET /v1/models``, ``GET /health`` and ``GET /metrics``
-(vLLM's names: ``worker.vllm_metrics``). A ``model`` naming one of the worker's LoRA adapters
-(``--lora-modules NAME=PATH``, vLLM's flag) runs the request under that adapter, whose
-(name, path) the engine hashes; ``cache_salt`` salts the prefix as vLLM does. Bodies:
+tokenizer has a chat template), ``GET /v1/models`` and ``GET /health``. Its Prometheus page
+(vLLM's names: ``worker.vllm_metrics``) is not served here: prefix-cache hits are every
+caller's, so the page is on the worker's metrics listener (``--metrics-host``, loopback by
+default; ``worker.main``), never next to this API. A ``model`` naming one of the worker's
+LoRA adapters (``--lora-modules NAME=PATH``, vLLM's flag) runs the request under that
+adapter, whose (name, path) the engine hashes; ``cache_salt`` salts the prefix as vLLM
+does. Bodies:
 ``worker.openai_bodies``.
 
 Errors: 400 for a request the engine can never serve, 401 without the worker's access token
@@ -32,7 +35,7 @@ from worker import openai_bodies as ob
 from worker.async_engine import AsyncEngine
 from worker.engine import RequestError, StepFailed, StepOutput
 from worker.sequence import SamplingParams
-from worker.vllm_metrics import CONTENT_TYPE, VllmMetrics
+from worker.vllm_metrics import VllmMetrics
 
 _STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -234,10 +237,6 @@ class HttpApi:
         @app.get("/health")
         async def health() -> Response:
             return Response(status_code=500 if self.runner.error is not None else 200)
-
-        @app.get("/metrics")
-        async def metrics() -> Response:
-            return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
         return app
 

@@ -15,6 +15,12 @@ Ordering contracts (what keeps a step from ever reading a block whose copy is no
 - :meth:`spill` copies a slot's bytes out at once (so the next offload may overwrite the
   slot) and writes the file on the background thread; with ``MAX_QUEUED`` jobs pending it
   first waits for the thread (memory stays bounded when the disk is slower than evictions).
+- Every copy that does not happen is reported (:meth:`take_lost`, a
+  ``worker.kv_cache.transfers.Lost`` each) for the engine to hand to
+  ``KVCacheManager.copies_lost``: an offload that raised (its slots are marked bad too, so
+  nothing reads them), a spill refused because its slot holds no good copy or failing
+  before its write was queued, a background write that failed (unless a later write of
+  that hash is still pending: that one will make the file).
 - :meth:`onboard` is asynchronous: the copies (host slot or disk file -> freshly allocated
   device blocks, which no request reads until the manager's ``finish_onboard``) run on the
   background thread; :meth:`poll` returns the finished ones. A copy that raises (a damaged
@@ -48,7 +54,7 @@ from dataclasses import dataclass, field
 import torch
 
 from worker.disk_store import DiskEntry, DiskStore
-from worker.kv_cache.transfers import Drop, Offload, Onboard, Spill, Transfer
+from worker.kv_cache.transfers import Drop, Lost, Offload, Onboard, Spill, Transfer
 
 log = logging.getLogger("kvmesh.worker.kv_transfer")
 
@@ -85,12 +91,13 @@ class CopyExecutor:
         self._bad: set[int] = set()  # host slots whose offload failed half-way
         self._slot_ready: dict[int, torch.cuda.Event] = {}  # CUDA: offload still copying
         self._staging: list[torch.Tensor] = []  # CUDA: pinned reads of in-flight copies
-        self._cv = threading.Condition()  # guards the lanes' counts, _done and _writing
+        self._cv = threading.Condition()  # guards the lanes' counts, _done, _writing, _lost
         self._reads = _Lane("kvmesh-kv-onboard", self._cv)
         self._writes = _Lane("kvmesh-kv-spill", self._cv)
         self._writing: dict[bytes, int] = {}  # hash -> its writes not finished yet
         self._done: deque[OnboardDone] = deque()
         self._onboarding: set[str] = set()  # request ids submitted, not yet polled
+        self._lost: list[Lost] = []  # copies that did not happen, not yet taken
 
     # --- orders ---------------------------------------------------------------------
 
@@ -136,6 +143,7 @@ class CopyExecutor:
             for _, slot, block_hash in copies:  # half-written: reading them must fail
                 self._slot_hash[slot] = block_hash  # (named, so the manager drops them)
                 self._bad.add(slot)
+            self._report([Lost("cpu", h, slot) for _, slot, h in copies])
             raise
         for _, slot, block_hash in copies:
             self._bad.discard(slot)
@@ -160,28 +168,37 @@ class CopyExecutor:
     def spill(self, slot: int, entry: DiskEntry) -> None:
         """Write host slot ``slot`` (holding ``entry``) to its disk file. The bytes are
         copied now; the file is written in the background."""
-        ev = self._slot_ready.pop(slot, None)
-        if ev is not None:
-            ev.synchronize()
-        if slot in self._bad or self._slot_hash.get(slot) != entry.block_hash:
-            # never written, so never read: an onboard of this hash finds no file and fails
-            log.warning("spill of host slot %d: it does not hold a good copy of %s; not "
-                        "written", slot, entry.block_hash.hex()[:16])
-            return
+        try:
+            ev = self._slot_ready.pop(slot, None)
+            if ev is not None:
+                ev.synchronize()
+            if slot in self._bad or self._slot_hash.get(slot) != entry.block_hash:
+                # never written: the manager drops the disk entry it announced (take_lost)
+                log.warning("spill of host slot %d: it does not hold a good copy of %s; "
+                            "not written", slot, entry.block_hash.hex()[:16])
+                self._report([Lost("disk", entry.block_hash)])
+                return
+            data = self.host[slot].clone()
+        except BaseException:  # no write queued: no file will exist
+            self._report([Lost("disk", entry.block_hash)])
+            raise
         with self._cv:  # a disk slower than the evictions: wait rather than pile copies up
             self._cv.wait_for(lambda: self._writes.queued < MAX_QUEUED)
             self._writing[entry.block_hash] = self._writing.get(entry.block_hash, 0) + 1
-        data = self.host[slot].clone()
         self._writes.submit(lambda: self._write(entry, data))
 
     def _write(self, entry: DiskEntry, data: torch.Tensor) -> None:
+        ok = False
         try:
             self.store.write(entry, _bytes(data))
+            ok = True
         finally:
             with self._cv:
                 n = self._writing.pop(entry.block_hash) - 1
                 if n:
                     self._writing[entry.block_hash] = n
+                elif not ok:  # no later write of this hash will make the file
+                    self._lost.append(Lost("disk", entry.block_hash))
                 self._cv.notify_all()
 
     def delete(self, block_hash: bytes) -> None:
@@ -199,6 +216,17 @@ class CopyExecutor:
         self._reads.submit(lambda: self._finished(self._onboard(request_id, copies)))
 
     # --- completion -----------------------------------------------------------------
+
+    def _report(self, lost: list[Lost]) -> None:
+        with self._cv:
+            self._lost += lost
+
+    def take_lost(self) -> list[Lost]:
+        """The copies that did not happen since the last call (for
+        ``KVCacheManager.copies_lost``), oldest first."""
+        with self._cv:
+            out, self._lost = self._lost, []
+        return out
 
     def poll(self) -> list[OnboardDone]:
         """Onboards finished since the last call, in the order they finished."""

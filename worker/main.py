@@ -6,8 +6,12 @@ import logging
 import signal
 import socket
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from kvmesh.tls import TlsFiles
+
+if TYPE_CHECKING:
+    from kvmesh.zmq_curve import CurveServer
 
 log = logging.getLogger("kvmesh.worker")
 
@@ -16,9 +20,12 @@ log = logging.getLogger("kvmesh.worker")
 class WorkerOptions:
     """Everything ``serve`` reads; ``kvmesh worker`` maps its flags onto it.
 
-    Clients authenticate to the worker with ``access_token``; given only the router
-    ``token``, the worker derives ``kvmesh.auth.worker_access_token(token)`` and drops the
-    router token (:func:`access_token_of`), so it never holds a credential of the service.
+    Clients authenticate to the worker with ``access_token``, this worker's own token
+    (``kvmesh.auth.worker_access_token(router token, worker_id)``; valid on no other
+    worker). Given only the router ``token``, the worker derives its own once its id is
+    known (the id may be ``<hostname>-<port>``) and drops the router token
+    (:func:`access_token_of`), so it never holds a credential of the service or of another
+    worker.
     """
 
     port: int = 0
@@ -29,7 +36,7 @@ class WorkerOptions:
     worker_id: str | None = None
     services: tuple[str, ...] = ()
     token: str | None = None          # router token (--token): only derives access_token
-    access_token: str | None = None   # what its WorkerService requires (--access-token)
+    access_token: str | None = None   # its own WorkerService token (--access-token)
     service_token: str | None = None  # what it presents to the service (--service-token)
     hash_algo: str = "sha256_cbor"
     hash_seed: str | None = None      # None: kvmesh.hashing.resolve_seed's default (as vLLM)
@@ -47,30 +54,40 @@ class WorkerOptions:
     eviction: str = "lru"             # device-pool eviction order (kvmesh.tiers.EVICTIONS)
     auto_pin: bool = False            # pin hot prefixes automatically
     # vLLM's protocols (none by default): KV events on ZMQ, an OpenAI HTTP server
-    vllm_events: str | None = None    # PUB endpoint, e.g. tcp://*:5557
-    vllm_replay: str | None = None    # replay ROUTER endpoint, e.g. tcp://*:5558
+    vllm_events: str | None = None    # PUB endpoint, e.g. tcp://127.0.0.1:5557
+    vllm_replay: str | None = None    # replay ROUTER endpoint, e.g. tcp://127.0.0.1:5558
     vllm_hash_form: str = "int"       # block hashes as vLLM's int form, or "bytes"
+    # CURVE for the event sockets (kvmesh.zmq_curve): needed for any non-loopback endpoint,
+    # and whenever the worker has an access token
+    vllm_curve_key: str | None = None      # its zmq.auth certificate, with the secret key
+    vllm_curve_clients: str | None = None  # directory of the consumers' public certificates
     http_port: int | None = None      # OpenAI-compatible HTTP server (0: a free port)
     served_model_name: str | None = None  # the HTTP model name (default: model)
     tokenizer: str | None = None      # the HTTP API's tokenizer dir (default: the model's)
     lora_modules: dict[str, str] = field(default_factory=dict)  # HTTP model name -> path
 
 
-def access_token_of(token: str | None, access_token: str | None) -> str | None:
-    """The access token a worker requires: ``access_token``, else the one derived from the
-    router ``token``, else None (open). Raises ``ValueError`` when both are given and
-    disagree (a worker that no client of this router token could call)."""
+def access_token_of(token: str | None, access_token: str | None,
+                    worker_id: str) -> str | None:
+    """The access token worker ``worker_id`` requires: ``access_token`` (its own, minted by
+    ``kvmesh worker-access-token``), else the one derived from the router ``token`` and
+    ``worker_id``, else None (open). Raises ``ValueError`` when both are given and disagree
+    (a worker that no client of this router token could call: e.g. another worker's)."""
     from kvmesh.auth import worker_access_token
 
-    derived = worker_access_token(token) if token else None
+    derived = worker_access_token(token, worker_id) if token else None
     if access_token and derived and access_token != derived:
-        raise ValueError("--access-token is not the access token of --token (it must be "
-                         "kvmesh.auth.worker_access_token(router token)); give only one")
+        raise ValueError(f"--access-token is not worker {worker_id!r}'s access token of "
+                         "--token (it must be `kvmesh worker-access-token --worker-id "
+                         f"{worker_id}`); give only one")
     return access_token or derived
 
 
 def check_tiers(cpu_blocks: int, disk_blocks: int, disk_dir: str | None) -> None:
-    """Raise ``ValueError`` for tier settings no engine accepts (before the model loads)."""
+    """Raise ``ValueError`` for tier settings no engine accepts (before the model loads),
+    a ``--disk-dir`` another user owns or others may write included."""
+    from kvmesh.file_perms import check_private_dir
+
     if cpu_blocks < 0 or disk_blocks < 0:
         raise ValueError("--cpu-blocks and --disk-blocks must be >= 0")
     if disk_blocks and not disk_dir:
@@ -78,12 +95,15 @@ def check_tiers(cpu_blocks: int, disk_blocks: int, disk_dir: str | None) -> None
     if disk_blocks and not cpu_blocks:
         raise ValueError("--disk-blocks needs --cpu-blocks (blocks reach disk through the "
                          "host tier)")
+    if disk_blocks:  # a directory others control is refused now, not after the model loads
+        check_private_dir(disk_dir, "--disk-dir")
 
 
 def check_vllm(events: str | None, replay: str | None, hash_form: str, http_port: int | None,
                model: str, tokenizer: str | None, loras: list[str]) -> dict[str, str]:
     """Raise ``ValueError`` for vLLM-protocol flags that cannot work (before the model
-    loads); returns the ``--lora-modules`` map."""
+    loads); returns the ``--lora-modules`` map. The event sockets' keys are checked by
+    ``vllm_curve``."""
     from pathlib import Path
 
     from worker.vllm_publisher import HASH_FORMS
@@ -107,6 +127,31 @@ def check_vllm(events: str | None, replay: str | None, hash_form: str, http_port
     return out
 
 
+def vllm_curve(opts: WorkerOptions) -> CurveServer | None:
+    """The CURVE identity of the event sockets (a ``kvmesh.zmq_curve.CurveServer``), or
+    None for plain ZMQ; ``ValueError`` when the settings leave the events open to callers
+    the worker's other APIs refuse: a non-loopback endpoint without keys
+    (``worker.vllm_publisher.check_endpoints``), or a worker requiring an access token whose
+    events any local process could read (they carry the prompts and salts the token guards).
+    """
+    from kvmesh.zmq_curve import CurveServer
+    from worker.vllm_publisher import check_endpoints
+
+    if not opts.vllm_events:
+        return None
+    if bool(opts.vllm_curve_key) != bool(opts.vllm_curve_clients):
+        raise ValueError("--vllm-curve-key and --vllm-curve-clients go together")
+    if opts.vllm_curve_key:
+        return CurveServer.load(opts.vllm_curve_key, opts.vllm_curve_clients or "")
+    check_endpoints(opts.vllm_events, opts.vllm_replay, None)
+    if opts.access_token or opts.token:
+        raise ValueError("--vllm-events: this worker requires an access token, but plain "
+                         "ZMQ would hand every tenant's prompt ids and salts to any local "
+                         "process; give --vllm-curve-key and --vllm-curve-clients "
+                         "(KVMESH_VLLM_CURVE_KEY, KVMESH_VLLM_CURVE_CLIENTS; docs/vllm.md)")
+    return None
+
+
 async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or SIGINT/SIGTERM). Prints one ``listening on`` line
     once the server accepts calls; launchers wait for it."""
@@ -118,8 +163,13 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     from worker.server import create_server
     from worker.service_link import ServiceLink
 
-    opts = replace(opts, hash_seed=resolve_seed(opts.hash_algo, opts.hash_seed),
-                   access_token=access_token_of(opts.token, opts.access_token), token=None)
+    curve = vllm_curve(opts)  # before the model loads (it reads --token/--access-token)
+    router_token = opts.token  # only derives this worker's own access token; not kept
+    opts = replace(opts, hash_seed=resolve_seed(opts.hash_algo, opts.hash_seed), token=None)
+    if router_token and opts.worker_id:  # refused before the model loads
+        opts = replace(opts, access_token=access_token_of(router_token, opts.access_token,
+                                                          opts.worker_id))
+        router_token = None
     tls = opts.tls
     # before the model loads: a certificate without a CA is refused here, not after start
     link_creds = tls.channel_credentials() if tls is not None and opts.services else None
@@ -136,31 +186,57 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
         from worker.vllm_publisher import VllmPublisher
 
         publisher = VllmPublisher(opts.vllm_events, opts.vllm_replay,
-                                  block_size=opts.block_size, hash_form=opts.vllm_hash_form)
+                                  block_size=opts.block_size, hash_form=opts.vllm_hash_form,
+                                  curve=curve)
         publisher.start()
         EventTap.install(runner).add(publisher.deliver)
     runner.start()
+    late_access: list[str | None] = [None]
     server, port, servicer = await create_server(
         f"{opts.host}:{opts.port}", runner, worker_id=opts.worker_id or "",
-        model_name=opts.model, access_token=opts.access_token,
+        model_name=opts.model,
+        # an id known only once the port is bound: the token is derived just below, and
+        # the server refuses every call until then (it is not started before either)
+        access_token=(lambda: late_access[0]) if router_token else opts.access_token,
         pin_token=worker_pin_token(opts.service_token) if opts.service_token else None,
         credentials=tls.server_credentials() if tls is not None else None,
         max_inflight_per_conn=opts.max_inflight_per_conn,
         max_message_bytes=opts.max_message_bytes)
     worker_id = opts.worker_id or f"{socket.gethostname()}-{port}"
     servicer.worker_id = worker_id  # known only once the port is bound (default host-port)
+    if router_token:
+        try:
+            late_access[0] = access_token_of(router_token, opts.access_token, worker_id)
+        except ValueError:
+            await server.stop(None)
+            if publisher is not None:
+                await publisher.close()
+            runner.stop()
+            raise
+        opts = replace(opts, access_token=late_access[0])
+        router_token = None
     metrics_note = ""
-    if opts.metrics_port is not None:
+    vllm_metrics = None
+    if opts.http_port is not None:
+        from worker.vllm_metrics import VllmMetrics
+
+        vllm_metrics = VllmMetrics(runner, opts.served_model_name or opts.model)
+    if opts.metrics_port is not None or vllm_metrics is not None:
+        # one unauthenticated listener on --metrics-host for every page: the HTTP API's
+        # vLLM page too (its prefix-cache hits are every caller's), on a free port when
+        # --http-port is given without --metrics-port
         from worker.metrics import WorkerMetrics
 
         servicer.metrics = WorkerMetrics(runner, worker_id, servicer.tier_precision)
-        mport = servicer.metrics.serve(opts.metrics_port, opts.metrics_host)
+        if vllm_metrics is not None:
+            servicer.metrics.include(vllm_metrics.registry)
+        mport = servicer.metrics.serve(opts.metrics_port or 0, opts.metrics_host)
         metrics_note = f", metrics on :{mport}"
     await server.start()
     address = f"{opts.host}:{port}"
     http = None
     if opts.http_port is not None:
-        http, http_port = await _start_http(opts, runner)
+        http, http_port = await _start_http(opts, runner, vllm_metrics)
         metrics_note += f", HTTP on :{http_port}"
     if publisher is not None:
         events, replay = publisher.bound
@@ -203,14 +279,15 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
 
 
 
-async def _start_http(opts: WorkerOptions, runner) -> tuple[tuple, int]:
-    """Serve the OpenAI HTTP API (``worker.http_api``); ((server, task), bound port)."""
+async def _start_http(opts: WorkerOptions, runner, metrics) -> tuple[tuple, int]:
+    """Serve the OpenAI HTTP API (``worker.http_api``; ``metrics``: the ``VllmMetrics`` it
+    counts into, served by the metrics listener); ((server, task), bound port)."""
     from kvmesh.vllm_tokenizer import TINY, VllmTokenizer
     from worker.http_api import HttpApi, serve_http
 
     source = opts.tokenizer or (None if opts.model == TINY else opts.model)
     api = HttpApi(runner, model_name=opts.served_model_name or opts.model,
                   tokenizer=VllmTokenizer.load(source), loras=opts.lora_modules,
-                  access_token=opts.access_token)
+                  access_token=opts.access_token, metrics=metrics)
     server, port, task = await serve_http(api, opts.host, opts.http_port or 0)
     return (server, task), port

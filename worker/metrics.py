@@ -9,13 +9,15 @@ enabled ones): capacity, cached blocks and their ratio (the load factor), hit to
 hit rate, evictions (dropped) and offloads (moved down) - ``rate()`` gives them per second -,
 onboarded blocks and bytes, the onboard latency histogram (one observation per onboard and
 tier), and the index's precision (tokens it promised on a tier, and those the worker no
-longer had there: ``worker.tier_precision``); plus pinned blocks and the mean matched
-prefix per admitted request.
+longer had there: ``worker.tier_precision``); plus pinned blocks, the mean matched
+prefix per admitted request and, with a disk tier, the block files it deleted as unusable
+(``disk_files_rejected``: damaged, or not written under this worker's key).
 """
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
 
 from worker.async_engine import AsyncEngine
 from worker.tier_precision import TierPrecision
@@ -68,6 +70,10 @@ class _EngineCollector:
         yield gauge("pinned_blocks", "Device blocks held by pins.", engine.kv.num_pinned_blocks)
         yield gauge("mean_matched_tokens", "Mean cached prefix per admitted request (tokens).",
                     stats.hits / stats.requests if stats.requests else 0.0)
+        store = engine.copies.store if engine.copies is not None else None
+        if store is not None:
+            yield counter("disk_files_rejected", "Disk-tier block files deleted as unusable "
+                          "(damaged, forged, or not written by this worker).", store.rejected)
         yield from self._tiers(engine, stats.queries)
 
     def _tiers(self, engine, queries: int):
@@ -112,6 +118,16 @@ class _EngineCollector:
         yield h
 
 
+class _Included(Collector):
+    """Another registry's metrics, collected at scrape time."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self):
+        return self.registry.collect()
+
+
 class WorkerMetrics:
     """One registry per worker (tests run several workers in one process)."""
 
@@ -125,6 +141,10 @@ class WorkerMetrics:
         self.ttft = Histogram("kvmesh_worker_time_to_first_token_seconds",
                               "Time to first token, measured on the worker.",
                               buckets=TTFT_BUCKETS, registry=self.registry)
+
+    def include(self, registry: CollectorRegistry) -> None:
+        """Serve ``registry``'s metrics on this page too (the HTTP API's vLLM page)."""
+        self.registry.register(_Included(registry))
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Expose ``/metrics`` over HTTP on ``host``; returns the bound port (``port=0``: a

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -23,6 +24,7 @@ from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 from worker.async_engine import AsyncEngine
 from worker.engine import RequestError, StepFailed
 from worker.internal_errors import InternalErrors
+from worker.kv_cache import Pinned
 from worker.metrics import WorkerMetrics
 from worker.pin_call import pin_call
 from worker.prompt_keys import prompt_keys
@@ -112,7 +114,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                                 "served here and may be retried on another worker")
 
     async def Pin(self, request: worker_pb2.PinRequest, context) -> worker_pb2.PinResponse:
-        """Pin (or, with ``unpin``, unpin) a prefix in the device tier: ``worker.pin``."""
+        """Pin (or, with ``unpin``, unpin) a prefix in the device tier: ``worker.pin``. A pin
+        answers the blocks pinned, of how many, and whether the pin cap cut it short."""
         try:
             pin = pin_call(request, self.max_mm_items)
             if pin.token_ids:  # the same checks as a prompt (vocabulary, context, pool)
@@ -128,7 +131,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except StepFailed as exc:  # the warming prefill failed: the worker's fault
             await context.abort(grpc.StatusCode.INTERNAL, f"worker {self.worker_id}: {exc}")
-        return worker_pb2.PinResponse(pinned_blocks=blocks)
+        if not isinstance(blocks, Pinned):  # an unpin: the blocks released
+            return worker_pb2.PinResponse(pinned_blocks=blocks)
+        return worker_pb2.PinResponse(pinned_blocks=blocks, chain_blocks=blocks.of,
+                                      cap_reached=blocks.capped)
 
     async def Stats(self, request, context) -> worker_pb2.WorkerStatsResponse:
         stats = await self.runner.call(lambda e: (
@@ -156,12 +162,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         yield  # pragma: no cover - makes this an async generator like the other stream
 
 
-def access_auth(access_token: str | None, pin_token: str | None = None) -> BearerAuth:
-    """The worker's access policy: every WorkerService call needs the worker access token
-    (``kvmesh.auth.worker_access_token`` of the cluster's router token, never the router
-    token itself), except ``Pin``, which needs ``pin_token`` when one is set (the
-    metadata service's credential, ``kvmesh.auth.worker_pin_token``: routers cannot pin
-    directly); a role without a token is open; gRPC health stays open."""
+def access_auth(access_token: str | Callable[[], str | None] | None,
+                pin_token: str | None = None) -> BearerAuth:
+    """The worker's access policy: every WorkerService call needs THIS worker's access token
+    (``kvmesh.auth.worker_access_token`` of the cluster's router token and this worker's
+    id: a token minted for another worker is refused, never the router token itself),
+    except ``Pin``, which needs ``pin_token`` when one is set (the metadata service's
+    credential, ``kvmesh.auth.worker_pin_token``: routers cannot pin directly); a role
+    without a token is open; gRPC health stays open. ``access_token`` may be a function
+    (``kvmesh.auth.shared_token``) for a token known only once the port is bound."""
     client = [shared_token("client", access_token)] if access_token else []
     pin = [shared_token("pin", pin_token)] if pin_token else []
     return BearerAuth(lambda method: "pin" if method == PIN_METHOD and pin else "client",
@@ -171,7 +180,7 @@ def access_auth(access_token: str | None, pin_token: str | None = None) -> Beare
 async def create_server(address: str, runner: AsyncEngine, *, worker_id: str,
                         model_name: str, interceptors=(),
                         credentials: grpc.ServerCredentials | None = None,
-                        access_token: str | None = None,
+                        access_token: str | Callable[[], str | None] | None = None,
                         pin_token: str | None = None,
                         max_inflight_per_conn: int = DEFAULT_MAX_INFLIGHT,
                         max_message_bytes: int = MAX_MESSAGE_BYTES,

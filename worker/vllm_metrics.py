@@ -1,4 +1,8 @@
-"""The ``/metrics`` page of ``kvmesh worker --http-port``, in vLLM's metric names.
+"""The vLLM metrics of ``kvmesh worker --http-port``, in vLLM's metric names.
+
+They are served on the worker's metrics listener (``--metrics-host:--metrics-port``, loopback
+by default, with the ``kvmesh_worker_*`` families; ``worker.main``), not on the HTTP API's
+port: the prefix-cache counters sum every caller's hits, and the API port faces callers.
 
 Whatever reads a vLLM engine's Prometheus page (``kvmesh bridge vllm``'s load, dashboards
 built for vLLM) reads a kvmesh worker's the same way. Every family carries vLLM's labels,

@@ -61,7 +61,9 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
                  shared_cache: bool = False, max_model_len: int | None = None,
                  limits: dict[str, int] | None = None, tokenizer_dir: Path | None = None,
                  loras: dict[str, str] | None = None,
-                 engine_api_key: str | None = None) -> GatewayConfig:
+                 engine_api_key: str | None = None, engine_allow: list[str] | None = None,
+                 engine_keys: Path | None = None,
+                 metrics_key: str | None = None) -> GatewayConfig:
     """The gateway's configuration from its flags.
 
     The model is ``model_dir`` if given, else ``model`` (``tiny`` or a directory); it is
@@ -70,10 +72,14 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
     ``max_model_len`` defaults to the model's own context; ``limits`` holds the other
     ``GatewayConfig`` limits by field name. ``tokenizer_dir`` (``--tokenizer``) tokenizes as
     vLLM does, chat template included (``kvmesh.vllm_tokenizer``), and is the model's
-    directory for the name and context when no model is given. Raises ``ValueError`` (or
-    ``OSError``) with a readable message for bad flags.
+    directory for the name and context when no model is given. ``engine_allow`` (addresses,
+    with ``engine_api_key``) and ``engine_keys`` (a file of per-engine keys) list the HTTP
+    engines requests may be forwarded to (``client.gateway.engines``); ``metrics_key`` opens
+    ``GET /metrics`` on the API port. Raises ``ValueError`` (or ``OSError``) with a readable
+    message for bad flags.
     """
     from client.gateway.app import GatewayConfig
+    from client.gateway.engines import EngineList
     from client.gateway.tenants import Tenancy
     from client.gateway.tokenizer import load_tokenizer
     from kvmesh.channel import parse_addresses
@@ -103,6 +109,11 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
         typer.echo("warning: --insecure-shared-cache: requests without cache_salt share one "
                    "cache, and each caller's latency shows what others asked (a timing "
                    "oracle); cached-token counts are hidden from them", err=True)
+    engines = EngineList.build(engine_allow or (), engine_api_key, engine_keys)
+    if engine_api_key and not engines:
+        typer.echo("warning: --engine-api-key but no --engine-allow or --engine-keys: no HTTP "
+                   "engine is listed, so the key is sent nowhere and HTTP engines are never "
+                   "forwarded to", err=True)
     context = max_model_len if max_model_len is not None else model_context(source)
     if context is None:
         raise ValueError(f"{source} has no readable config.json to take the model's context "
@@ -110,8 +121,8 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
     return GatewayConfig(service=addresses, model_name=name, tokenizer=tokenizer, token=token,
                          tenancy=tenancy, generate_timeout=generate_timeout, tls=tls,
                          shared_cache=shared_cache, max_model_len=context,
-                         loras=dict(loras or {}), engine_api_key=engine_api_key,
-                         **(limits or {}))
+                         loras=dict(loras or {}), engines=engines,
+                         metrics_key=metrics_key or None, **(limits or {}))
 
 
 def gateway_cmd(
@@ -161,8 +172,27 @@ def gateway_cmd(
         "adapter (the bridge's --lora map; repeatable).")] = None,
     engine_api_key: Annotated[str | None, typer.Option(
         "--engine-api-key", envvar="KVMESH_ENGINE_API_KEY",
-        help="Bearer key the gateway presents to HTTP engines (vLLM's --api-key); callers' "
-        "keys never reach engines.")] = None,
+        help="Bearer key the gateway presents to the HTTP engines of --engine-allow (and of "
+        "--engine-keys entries without a key of their own; vLLM's --api-key); callers' keys "
+        "never reach engines.")] = None,
+    engine_allow: Annotated[list[str] | None, typer.Option(
+        "--engine-allow", envvar="KVMESH_ENGINE_ALLOW",
+        help="http(s)://HOST:PORT of an HTTP engine requests may be forwarded to (repeatable "
+        "or comma-separated; the addresses of the bridge's engines). No other address a "
+        "worker registers is ever contacted.")] = None,
+    engine_keys: Annotated[Path | None, typer.Option(
+        "--engine-keys", help="File of HTTP engines and their own keys ('<address> [<key>]' "
+        "lines or a JSON object address -> key); each key goes only to its address.")] = None,
+    metrics_key: Annotated[str | None, typer.Option(
+        "--metrics-key", envvar="KVMESH_GATEWAY_METRICS_KEY",
+        help="Bearer key that opens GET /metrics on the API port (no tenant key does; "
+        "without it the API port serves no metrics).")] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", help="Serve Prometheus /metrics on a listener of its own (no "
+        "authentication) on this port.")] = None,
+    metrics_host: Annotated[str, typer.Option(
+        "--metrics-host", help="Interface of --metrics-port (no authentication: loopback "
+        "unless you mean it).")] = "127.0.0.1",
 ) -> None:
     """Serve an OpenAI-compatible API (completions, chat, streaming) routed by kvmesh."""
     try:
@@ -176,7 +206,8 @@ def gateway_cmd(
                                       "max_batch_prompts": max_batch_prompts,
                                       "max_concurrent": max_concurrent},
                               tokenizer_dir=tokenizer, loras=parse_loras(lora),
-                              engine_api_key=engine_api_key)
+                              engine_api_key=engine_api_key, engine_allow=engine_allow,
+                              engine_keys=engine_keys, metrics_key=metrics_key)
     except (OSError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -184,7 +215,15 @@ def gateway_cmd(
 
     from client.gateway.app import create_app
 
-    uvicorn.run(create_app(config), host=host, port=port, log_level=log_level)
+    app = create_app(config)
+    if metrics_port is not None:
+        try:
+            bound = app.state.gateway.metrics.serve(metrics_port, metrics_host)
+        except OSError as exc:
+            typer.echo(f"error: --metrics-port {metrics_port}: {exc}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(f"kvmesh gateway metrics on {metrics_host}:{bound}", err=True)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,11 +1,14 @@
 """Forward a request's original body to HTTP engines (vLLM servers), best candidate first.
 
 The gateway routes a request by its prompt tokens; when the chosen worker is an HTTP engine
-(its registered address is ``http(s)://host:port``, ``kvmesh.engine_address``), the request
-body goes to ``{address}{path}`` byte for byte (the only change the gateway may make is the
-``cache_salt`` its tenancy decides, see ``client.gateway.app``), and the engine's answer
-comes back unchanged: status, body, stream, and its own
-``usage.prompt_tokens_details.cached_tokens``.
+(its registered address is ``http(s)://host:port``, ``kvmesh.engine_address``) that the
+operator listed (``client.gateway.engines``), the request body goes to ``{address}{path}``
+(the address as the operator listed it) byte for byte (the only change the gateway may make
+is the ``cache_salt`` its tenancy decides, see ``client.gateway.app``), and the engine's
+answer comes back unchanged: status, body, stream, and its own
+``usage.prompt_tokens_details.cached_tokens`` - zeroed (``client.gateway.hidden_usage``) for
+a request whose cache hits may not be reported. A candidate that is not listed is never
+contacted: nothing is sent to an address only a worker's registration vouches for.
 
 Failover: an engine that cannot be reached (connect error, connection dropped, timeout)
 or answers 5xx is skipped for the next HTTP candidate, as long as nothing reached the
@@ -15,7 +18,8 @@ answer (the engine refused the request itself). Every failure is logged with the
 address; the caller's error says only that every engine failed.
 
 The caller's ``Authorization`` header (its gateway API key) never reaches an engine; the
-engine key (``--engine-api-key``) does, when set.
+engine's own key (``--engine-keys``, else ``--engine-api-key``) does, when set, and only the
+engine it was configured for.
 """
 from __future__ import annotations
 
@@ -26,6 +30,8 @@ from dataclasses import dataclass
 import httpx2
 from fastapi.responses import Response
 
+from client.gateway.engines import EngineList
+from client.gateway.hidden_usage import hide_in_body, hide_in_stream
 from client.gateway.slots import Lease, LeasedStream
 from client.results import Candidate
 
@@ -47,31 +53,39 @@ class Relayed:
 
 
 class Forwarder:
-    """One HTTP client (connection pool) for every engine; ``close`` when done."""
+    """One HTTP client (connection pool) for every listed engine; ``close`` when done."""
 
-    def __init__(self, timeout: float, api_key: str | None = None,
+    def __init__(self, timeout: float, engines: EngineList | None = None,
                  connect_timeout: float = 5.0) -> None:
-        self.api_key = api_key
+        self.engines = engines or EngineList()
         self._client = httpx2.AsyncClient(
             timeout=httpx2.Timeout(timeout, connect=connect_timeout), trust_env=False,
             limits=httpx2.Limits(max_connections=None, max_keepalive_connections=64))
 
-    def _headers(self, incoming: dict[str, str]) -> dict[str, str]:
+    def _headers(self, incoming: dict[str, str], key: str | None) -> dict[str, str]:
         out = {"content-type": "application/json", "accept-encoding": "identity"}
         out.update({k: v for k, v in incoming.items() if k in _FORWARDED_HEADERS})
-        if self.api_key:
-            out["authorization"] = f"Bearer {self.api_key}"
+        if key:
+            out["authorization"] = f"Bearer {key}"
         return out
 
     async def send(self, candidates: Sequence[Candidate], path: str, body: bytes, *,
-                   stream: bool, incoming: dict[str, str] | None = None
-                   ) -> tuple[Relayed | None, list[str]]:
-        """The first engine's answer that is not a failure, and the failures before it (one
-        line each, with the engine's address: for the log). ``None`` when all failed."""
+                   stream: bool, incoming: dict[str, str] | None = None,
+                   hide_cached: bool = False) -> tuple[Relayed | None, list[str]]:
+        """The first listed engine's answer that is not a failure, and the failures before
+        it (one line each, with the engine's address: for the log). ``None`` when all
+        failed. A candidate the engine list does not name is a failure that sent nothing
+        (callers filter them first: ``EngineList.allowed``). ``hide_cached``: the answer's
+        cached-token counts are zeroed."""
         failures: list[str] = []
-        headers = self._headers({k.lower(): v for k, v in (incoming or {}).items()})
+        incoming = {k.lower(): v for k, v in (incoming or {}).items()}
         for cand in candidates:
-            url = cand.address.rstrip("/") + path
+            listed = self.engines.allowed(cand.address)
+            if listed is None:
+                failures.append(f"{cand.address}: not in the gateway's engine list")
+                continue
+            headers = self._headers(incoming, self.engines.key(listed))
+            url = listed + path
             try:
                 resp = await self._client.send(
                     self._client.build_request("POST", url, content=body, headers=headers),
@@ -85,7 +99,10 @@ class Forwarder:
                 continue
             passed = {k: v for k, v in resp.headers.items() if k.lower() in _PASSED_HEADERS}
             if stream:
-                return Relayed(cand, resp.status_code, passed, chunks=_relay(resp)), failures
+                chunks = _relay(resp)
+                if hide_cached:
+                    chunks = hide_in_stream(chunks)
+                return Relayed(cand, resp.status_code, passed, chunks=chunks), failures
             try:
                 content = await resp.aread()
             except httpx2.HTTPError as exc:  # cut short: nothing reached the caller yet
@@ -93,6 +110,8 @@ class Forwarder:
                 continue
             finally:
                 await resp.aclose()
+            if hide_cached:
+                content = hide_in_body(content)
             return Relayed(cand, resp.status_code, passed, body=content), failures
         return None, failures
 

@@ -1,22 +1,40 @@
-"""The gateway's Prometheus metrics, served at ``GET /metrics`` on its own HTTP port.
+"""The gateway's Prometheus metrics: ``GET /metrics`` on the API port for the metrics key
+only, or a listener of their own (``--metrics-port`` on ``--metrics-host``, loopback by
+default, no authentication, as the service's and workers').
+
+The figures sum every tenant's requests (prompt and cached tokens: how much of whose prompts
+was cached, request by request for whoever polls), so no tenant key opens them: on the API
+port they need ``Authorization: Bearer <metrics key>`` (``--metrics-key``,
+``KVMESH_GATEWAY_METRICS_KEY``; 401 otherwise), and without a metrics key the API port
+serves none (404).
 
 ``kvmesh_gateway_requests_total{path,status}`` counts every HTTP answer (``path`` is one of
 the gateway's routes or ``other``, so a scanner cannot grow the label set);
 ``kvmesh_gateway_ttft_seconds`` is each generation's time to first token as the gateway's
 kvmesh client saw it; ``kvmesh_gateway_prompt_tokens_total`` and
 ``kvmesh_gateway_cached_tokens_total`` sum the prompt tokens and the cached ones *reported to
-callers*: a request whose cached count is hidden (``--insecure-shared-cache``) adds 0, so the
-unauthenticated endpoint is no better a timing oracle than the answers themselves (requests
-an HTTP engine answered are not in these: their usage is the engine's, relayed unread);
-``kvmesh_gateway_engine_forwards_total{outcome}`` counts what forwarding to HTTP engines did.
+callers*: a request whose cached count is hidden (``--insecure-shared-cache``) adds 0
+(requests an HTTP engine answered are not in these: their usage is the engine's, relayed);
+``kvmesh_gateway_engine_forwards_total{outcome}`` counts what forwarding to HTTP engines did,
+``refused`` being an HTTP engine a ``Route`` answer offered that is not in the engine list.
 
 Each app has its own registry, so several gateways in one process (tests) do not collide.
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+import hmac
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from client.gateway.errors import OpenAIError
 
 # Seconds: a cached prefix answers in milliseconds, a cold long prompt in seconds.
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -42,7 +60,8 @@ class GatewayMetrics:
         self.forwards = Counter("kvmesh_gateway_engine_forwards_total", "Requests forwarded "
                                 "to HTTP engines, by outcome: relayed (an engine answered), "
                                 "exhausted (every engine failed), failover (one engine "
-                                "failed, the next was tried)", ("outcome",),
+                                "failed, the next was tried), refused (an HTTP engine not "
+                                "in the engine list, never contacted)", ("outcome",),
                                 registry=self.registry)
 
     def generation(self, ttft_s: float | None, prompt_tokens: int,
@@ -56,6 +75,27 @@ class GatewayMetrics:
     def render(self) -> bytes:
         """The text exposition format of every metric."""
         return generate_latest(self.registry)
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Serve ``/metrics`` on a listener of its own (a daemon thread); returns the bound
+        port (``port=0``: a free one). No authentication: keep ``host`` on loopback unless
+        the network it faces may read every tenant's figures."""
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        return server.server_port
+
+
+def check_metrics_key(metrics_key: str | None, authorization: str | None) -> None:
+    """Raise ``OpenAIError`` unless ``authorization`` is ``Bearer <metrics_key>`` (404 when
+    the gateway has no metrics key: its API port serves no metrics)."""
+    if metrics_key is None:
+        raise OpenAIError(404, "metrics are not served on this port: start the gateway with "
+                          "--metrics-key (and send it as a Bearer key) or --metrics-port",
+                          code="metrics_not_served")
+    given = (authorization or "").encode()
+    if not hmac.compare_digest(given, f"Bearer {metrics_key}".encode()):
+        raise OpenAIError(401, "GET /metrics needs 'Authorization: Bearer <metrics key>' "
+                          "(the gateway's --metrics-key; tenant keys do not open it)",
+                          code="invalid_api_key", type_="invalid_request_error")
 
 
 class CountRequests:

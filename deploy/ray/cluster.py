@@ -23,8 +23,9 @@ Contract:
   replicas only); the replicas verify per-worker tokens minted from ``spec.worker_secret``
   (random when neither it nor ``spec.worker_token`` is given), so worker calls never accept
   the router token; each worker actor gets only its own minted token and
-  ``worker_access_token(spec.token)`` for its WorkerService, never the router token or the
-  secret. Actor arguments travel through Ray, not on any command line.
+  ``worker_access_token(spec.token, its worker id)`` for its WorkerService (valid on that
+  worker only), never the router token, the secret or another worker's token. Actor
+  arguments travel through Ray, not on any command line.
 - ``stop()`` asks every actor to stop, kills it, releases the placement groups and, if
   ``start()`` created the Ray connection, disconnects (a local Ray it started ends with it).
   Idempotent; safe after a failed start.
@@ -163,7 +164,7 @@ class RayCluster:
             config = WorkerConfig(
                 worker_id=worker_id, services=tuple(self.service_addresses), model=s.model,
                 block_size=s.block_size, num_blocks=s.num_blocks,
-                token=worker_access_token(s.token) if s.token else None,
+                access_token=worker_access_token(s.token, worker_id) if s.token else None,
                 service_token=self.service_token(worker_id),
                 hash_seed=resolve_seed(DEFAULT_ALGO, s.hash_seed),
                 heartbeat_s=s.heartbeat_s, max_batched_tokens=s.max_batched_tokens,

@@ -15,9 +15,11 @@ engine step that produced tokens, ``{"token_ids": [...]}``, and ends with one di
 ``worker.engine.RequestError`` to the caller; the replica keeps serving.
 
 Credentials: a replica's worker id is only known once it runs, so it is given the
-service's ``worker_secret`` and mints its own bound token from it at start (keeping only
-that token); its WorkerService requires ``worker_access_token(token)``, never the router
-token itself.
+service's ``worker_secret`` and the router token and mints its own tokens from them at
+start, keeping only those: its bound service token and its WorkerService's
+``worker_access_token(token, worker id)`` (valid on this replica only). A replica is thus
+as trusted as the deployment that hands it the secret (Ray actors of one cluster are one
+trust domain); workers started by ``kvmesh up`` or an operator never see either.
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ class KvmeshReplica:
         self._host = await WorkerHost(WorkerConfig(
             worker_id=self.worker_id, services=tuple(service_addresses), model=model,
             block_size=block_size, num_blocks=num_blocks,
-            token=worker_access_token(token) if token else None,
+            access_token=worker_access_token(token, self.worker_id) if token else None,
             service_token=service_token, hash_seed=hash_seed,
             heartbeat_s=heartbeat_s, max_batched_tokens=max_batched_tokens,
             warmup=warmup)).start()

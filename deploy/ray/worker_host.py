@@ -33,8 +33,9 @@ class WorkerConfig:
     model: str = "tiny"
     block_size: int = 16
     num_blocks: int | None = None
-    token: str | None = None          # what its WorkerService requires (None: open): launchers
-    #                                   give worker_access_token(router token), never that
+    access_token: str | None = None   # what its WorkerService requires (None: open): launchers
+    #                                   give worker_access_token(router token, worker_id),
+    #                                   valid on this worker only; never the router token
     service_token: str | None = None  # what it presents to the service (its minted token)
     hash_seed: str | None = None
     heartbeat_s: float = 1.0
@@ -75,7 +76,6 @@ class WorkerHost:
         """Build and serve; returns once the gRPC server is up (address known)."""
         import ray
 
-        from kvmesh.auth import worker_access_token
         from kvmesh.hashing import DEFAULT_ALGO, none_hash, resolve_seed
         from worker.async_engine import AsyncEngine
         from worker.engine import Engine
@@ -97,10 +97,9 @@ class WorkerHost:
                             salt="kvmesh-warmup")
         self.runner = AsyncEngine(engine).start()
         host = cfg.host or ray.util.get_node_ip_address()
-        auth = {"access_token": worker_access_token(cfg.token)} if cfg.token else {}
         self._server, port, _ = await create_server(
             f"{host}:{cfg.port}", self.runner, worker_id=cfg.worker_id, model_name=cfg.model,
-            **auth)
+            access_token=cfg.access_token)
         await self._server.start()
         self.address = f"{host}:{port}"
         if cfg.services:

@@ -270,14 +270,18 @@ class PinPrefixRequest(_message.Message):
     def __init__(self, prefix: _Optional[_Union[PrefixRef, _Mapping]] = ..., ttl_s: _Optional[float] = ..., max_workers: _Optional[int] = ...) -> None: ...
 
 class PinnedWorker(_message.Message):
-    __slots__ = ("worker_id", "pinned_blocks", "error")
+    __slots__ = ("worker_id", "pinned_blocks", "error", "chain_blocks", "cap_reached")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     PINNED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    CAP_REACHED_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     pinned_blocks: int
     error: str
-    def __init__(self, worker_id: _Optional[str] = ..., pinned_blocks: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    chain_blocks: int
+    cap_reached: bool
+    def __init__(self, worker_id: _Optional[str] = ..., pinned_blocks: _Optional[int] = ..., error: _Optional[str] = ..., chain_blocks: _Optional[int] = ..., cap_reached: _Optional[bool] = ...) -> None: ...
 
 class PinPrefixResponse(_message.Message):
     __slots__ = ("chain_blocks", "workers")

@@ -172,10 +172,14 @@ class PinRequest(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., salt: _Optional[str] = ..., lora: _Optional[_Union[_index_pb2.Lora, _Mapping]] = ..., mm: _Optional[_Iterable[_Union[_index_pb2.MultimodalItem, _Mapping]]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., ttl_s: _Optional[float] = ..., warm: _Optional[bool] = ..., unpin: _Optional[bool] = ...) -> None: ...
 
 class PinResponse(_message.Message):
-    __slots__ = ("pinned_blocks",)
+    __slots__ = ("pinned_blocks", "chain_blocks", "cap_reached")
     PINNED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    CAP_REACHED_FIELD_NUMBER: _ClassVar[int]
     pinned_blocks: int
-    def __init__(self, pinned_blocks: _Optional[int] = ...) -> None: ...
+    chain_blocks: int
+    cap_reached: bool
+    def __init__(self, pinned_blocks: _Optional[int] = ..., chain_blocks: _Optional[int] = ..., cap_reached: _Optional[bool] = ...) -> None: ...
 
 class FetchBlocksRequest(_message.Message):
     __slots__ = ("block_hashes", "tier")

@@ -20,7 +20,7 @@ write per node):
   event order; the orphan check was done here on the parents' values, since only this
   batch writes this worker's entries while ``pend`` is set), the end step (seq, ``n``).
 - snapshot (``SYNC``): 3, the same shape; provisional entries: 1 (the marker beside the
-  per-tag scripts); sweep, shard checks and recovery: ``cluster_upkeep.py``.
+  per-tag scripts); sweep, shard checks, recovery: ``cluster_upkeep.py``, ``handle_fence.py``.
 
 A step that fails midway (a shard down) raises ``IndexUnavailable`` and leaves ``pend``
 set: the worker's next batch is answered GAP (and its heartbeat, after
@@ -231,11 +231,11 @@ class ClusterBackend(RedisBackend):
                 break
         if int(begin[0]) != 1:
             return self._answer(worker_id, incarnation, int(begin[0]), begin)
-        last = int(begin[1])
-        hs = [int(h) for h in begin[2:]]
+        last, ticket = int(begin[1]), _b(begin[2])
+        hs = [int(h) for h in begin[3:]]
         hbs = [keys.handle_bytes(h) for h in hs]
         per_tag, applied = self._plan_writes(plan, last, hbs, pvals)
-        head = [_b(width), b"".join(hbs), _b(len(hs))]
+        head = [_b(width), b"".join(hbs), _b(len(hs)), ticket]
         busy = [f"{h}:{token}" for h in hs]
         async with self._guard():
             res = await self.wave([(SLOT_OF_BYTE[t], TAG_WRITE.call(a[3][:width], head + a))
@@ -262,7 +262,7 @@ class ClusterBackend(RedisBackend):
     def _plan_writes(plan: list[tuple[int, bytes, int, bytes | None, list[bytes]]], last: int,
                      hbs: list[bytes], pvals: dict[bytes, bytes | None],
                      ) -> tuple[dict[int, list[bytes]], int]:
-        """Each tag's part of the fresh events (``TAG_WRITE``'s ARGV[4..]), orphans left
+        """Each tag's part of the fresh events (``TAG_WRITE``'s ARGV[5..]), orphans left
         out, and how many events are fresh. The orphan check follows APPLY: a stored event
         whose parent this worker's current handle does not hold at that point of the batch
         is skipped; the parents' bits are tracked from the values read before the batch."""
@@ -317,7 +317,7 @@ class ClusterBackend(RedisBackend):
             raise StaleIncarnation(worker_id, incarnation)
         if n <= -3:
             raise OverCap(worker_id, -3 - n)
-        h, gen = int(begin[1]), begin[2]
+        h, gen, ticket = int(begin[1]), begin[2], _b(begin[3])
         by: dict[tuple[int, int], list[bytes]] = {}
         for hsh, (_, mask) in resolved.items():
             k = block_key(hsh)
@@ -326,7 +326,7 @@ class ClusterBackend(RedisBackend):
         for (t, mask), ks in by.items():
             per_tag.setdefault(t, []).extend((b"S", b"1", _b(mask), b"".join(ks)))
         width = len(block_key(next(iter(resolved)))) if resolved else 35
-        head = [_b(width), keys.handle_bytes(h), b"1"]
+        head = [_b(width), keys.handle_bytes(h), b"1", ticket]
         async with self._guard():
             await self.wave([(SLOT_OF_BYTE[t], TAG_WRITE.call(a[3][:width], head + a))
                              for t, a in per_tag.items()])
@@ -342,8 +342,8 @@ class ClusterBackend(RedisBackend):
         return n
 
     async def sweep(self, max_steps: int = 64) -> int:
-        """Check the shards (a lost one: every worker resyncs; a lost control slot:
-        recovery), then up to ``max_steps`` sweep steps (``cluster_upkeep.py``)."""
+        """Check the shards (one back empty or older: every worker resyncs; a lost control
+        slot: recovery), then up to ``max_steps`` sweep steps (``cluster_upkeep.py``)."""
         async with self._guard():
             await self.upkeep.check_shards()
             return await self.upkeep.sweep(max_steps)

@@ -3,23 +3,31 @@ janitor each second (``ClusterBackend.sweep``).
 
 Contract:
 
-- :meth:`Upkeep.check_shards`: one parallel round trip reads the control slot's generation
-  ``kvm:{ctl}:gen`` and whether every tag's sentinel ``{T}!`` exists. A sentinel gone means
-  its shard came back empty (restarted without persistence, or flushed): ``LOST`` moves
-  the generation, so every worker is asked for a snapshot (its next heartbeat or batch:
-  ``cluster_scripts.HEARTBEAT`` / ``APPLY_BEGIN``), and the sentinels are set again. Until
-  the snapshots land, lookups see the lost blocks as missing (a match cut short, never a
-  wrong one). A generation gone means the control slot was lost: :meth:`recover`.
+- :meth:`Upkeep.check_shards`: ``shard_identity.check``: one parallel round trip reads the
+  control slot's generation ``kvm:{ctl}:gen`` and compares each tag's sentinel ``{T}!``
+  with the identity of the primary serving its slot. A sentinel gone (its shard came back
+  empty) or naming another server process (a restart from an older dump, a promoted
+  replica: its data may be older) moves the generation (``LOST``), so every worker is
+  asked for a snapshot (its next heartbeat or batch: ``cluster_scripts.HEARTBEAT`` /
+  ``APPLY_BEGIN``), and the sentinels are stamped again. Until the snapshots land,
+  lookups may see the shard's older entries. A generation gone means the control slot
+  was lost: :meth:`recover`.
 - :meth:`Upkeep.recover` (also run by a registration that finds no generation): under a
   lock (one replica at a time), deletes every block and provisional key of every shard
-  (handles are counted from 1 again, so an old entry would count for a new worker), sets
-  the sentinels, then the generation; registrations are refused until then.
+  (handles are counted from 1 again, so an old entry would count for a new worker) and
+  every fence, starts the ticket counter and sets every tag's fence floor to its start
+  (``handle_fence.py``), stamps the sentinels, then sets the generation; registrations are
+  refused until then.
 - :meth:`Upkeep.sweep`: the sweep of ``sweep_script.py`` split per slot: ``SWEEP_BEGIN``
   (control slot) starts a cycle with the retired handles no writer still uses (busy
-  ones wait: ``cluster_scripts``), each step ``SCAN``s every primary from its cursor, the
-  keys found are cleaned per tag (``TAG_CLEAN``), and ``SWEEP_STEP`` stores each cursor; the
-  cycle's handles are free once every primary's scan came back to 0. Costs one command
-  when nothing was retired.
+  ones wait: ``cluster_scripts``); before its first scan step the cycle's handles are
+  fenced on every tag (``TAG_FENCE``, then ``SWEEP_FENCED``: a late wave of them is
+  refused, ``handle_fence.py``); each step ``SCAN``s every primary not done from its
+  cursor, between two layout samples (``sweep_layout.py``), the keys found are cleaned
+  per tag (``TAG_CLEAN``), and ``SWEEP_STEP`` stores the cursors (compare-and-set) or
+  starts over a node whose layout changed; the cycle's handles are free once every
+  primary's scan came back to 0 and a later step found no layout changed. Costs one
+  command when nothing was retired.
 """
 from __future__ import annotations
 
@@ -28,8 +36,10 @@ import secrets
 import time
 from typing import TYPE_CHECKING
 
-from service.index import keys, nodes, resp
+from service.index import keys, nodes, resp, shard_identity
 from service.index.base import IndexUnavailable
+from service.index.handle_fence import TICKET, TICKET_START, fence_key
+from service.index.sweep_layout import step_layout
 
 if TYPE_CHECKING:
     from service.index.cluster import ClusterBackend
@@ -41,7 +51,12 @@ log = logging.getLogger(__name__)
 GEN = keys.CTL + "gen"
 RECOVER = keys.CTL + "recover"
 RECOVER_MS = 60_000
-SENTINELS = [b"{" + bytes([t]) + b"}!" for t in keys.TAGS]  # by tag index
+SENTINELS = shard_identity.SENTINELS
+_NODES = resp.command(b"CLUSTER", b"NODES")
+
+
+def _b(x: object) -> bytes:
+    return x if isinstance(x, bytes) else str(x).encode()
 SCAN_COUNT = 1000
 _KEY_LENGTHS = (19, 35)  # '{T}' + a 16- or 32-byte hash
 
@@ -50,33 +65,14 @@ class Upkeep:
     """The janitor's work for one :class:`ClusterBackend` (see the module contract)."""
 
     def __init__(self, backend: ClusterBackend) -> None:
+        from service.index.cluster_scripts import SWEEP_FENCED
+
         self.b = backend
+        self._sweep_fenced = backend.client.register_script(SWEEP_FENCED)
 
     async def check_shards(self) -> None:
-        from service.index.cluster import CTL_SLOT, TAG_SLOTS
-
-        res = await self.b.wave(
-            [(CTL_SLOT, resp.command(b"GET", GEN.encode()))]
-            + [(TAG_SLOTS[i], resp.command(b"EXISTS", s)) for i, s in enumerate(SENTINELS)],
-            retry=True)
-        if res[0] is None:
+        if not await shard_identity.check(self.b):
             await self.recover()
-            return
-        lost = [i for i, r in enumerate(res[1:]) if not r]
-        if not lost:
-            return
-        if await self.b._lost([GEN], [res[0].decode()]) is None:
-            await self.recover()
-            return
-        await self._set_sentinels(lost)
-        log.warning("index: %d of %d block tags came back empty (a shard lost its data): "
-                    "every worker resyncs", len(lost), len(SENTINELS))
-
-    async def _set_sentinels(self, tags: list[int]) -> None:
-        from service.index.cluster import TAG_SLOTS
-
-        await self.b.wave([(TAG_SLOTS[i], resp.command(b"SET", SENTINELS[i], b"1"))
-                           for i in tags])
 
     async def recover(self) -> None:
         """See the module contract; raises ``IndexUnavailable`` while another replica
@@ -90,7 +86,8 @@ class Upkeep:
             dropped = 0
             for pattern in (keys.BLOCK_KEYS_MATCH, keys.PROV_KEYS_MATCH):
                 dropped += await self._delete_all(pattern)
-            await self._set_sentinels(list(range(len(SENTINELS))))
+            await self._restart_tickets()
+            await shard_identity.stamp_all(self.b)
             await client.set(GEN, f"{time.time_ns()}.{token}", nx=True)
             if dropped:
                 log.warning("index: the control slot was lost; %d block keys deleted, "
@@ -98,6 +95,16 @@ class Upkeep:
         finally:
             if await client.get(RECOVER) == token:
                 await client.delete(RECOVER)
+
+    async def _restart_tickets(self) -> None:
+        """The ticket counter started at the server time in microseconds, and every tag's
+        fence floor there (``handle_fence.py``: no ticket of the lost counter passes)."""
+        from service.index.cluster import TAG_SLOTS
+        from service.index.raw_scripts import TAG_FENCE
+
+        start = await self.b.client.eval(TICKET_START, 1, TICKET)
+        await self.b.wave([(TAG_SLOTS[i], TAG_FENCE.call(fence_key(i), [b"*", _b(start)]))
+                           for i in range(keys.N_TAGS)])
 
     async def _delete_all(self, pattern: bytes) -> int:
         """UNLINK every key matching ``pattern`` on every primary (per slot); the count."""
@@ -124,8 +131,8 @@ class Upkeep:
         return dropped
 
     async def sweep(self, max_steps: int) -> int:
-        from service.index.cluster import SLOT_OF_BYTE
-        from service.index.raw_scripts import TAG_CLEAN
+        from service.index.cluster import SLOT_OF_BYTE, TAG_SLOTS
+        from service.index.raw_scripts import TAG_CLEAN, TAG_FENCE
 
         await self.b.client.initialize()
         primaries = {n.name: n for n in self.b.client.get_primaries()}
@@ -137,27 +144,36 @@ class Upkeep:
                 break
             cycle_id, flat, cycle = st
             state = dict(zip(flat[::2], flat[1::2], strict=True))
-            todo = [n for n in names if state.get(n) not in (None, "done")]
-            if not todo:
-                break
-            scans = await nodes.on_nodes(
-                [(primaries[n], resp.command(b"SCAN", state[n].encode(), b"MATCH",
-                                             keys.BLOCK_KEYS_MATCH, b"COUNT",
-                                             str(SCAN_COUNT).encode())) for n in todo],
-                retry=True)
+            gone = b"".join(keys.handle_bytes(int(h)) for h in cycle)
+            if state.get("f") != "1":  # fence every tag before the first scan step
+                await self.b.wave([(TAG_SLOTS[i], TAG_FENCE.call(
+                    fence_key(i), [gone, state["tc"].encode()])) for i in range(keys.N_TAGS)])
+                await self._sweep_fenced([keys.SWEEP], [cycle_id])
+                continue
+            todo = {n for n in names if state.get(n) != "done"}
+            batch: list[tuple[object, bytes]] = []
+            for n in names:
+                batch.append((primaries[n], _NODES))
+                if n in todo:
+                    batch.append((primaries[n], resp.command(
+                        b"SCAN", state.get(n, "0").encode(), b"MATCH", keys.BLOCK_KEYS_MATCH,
+                        b"COUNT", str(SCAN_COUNT).encode())))
+                batch.append((primaries[n], _NODES))
+            replies = iter(await nodes.on_nodes(batch, retry=True))  # type: ignore[arg-type]
+            step: list[str] = []
             by: dict[int, list[bytes]] = {}
-            for _, found in scans:
-                for k in found:
+            for n in names:
+                before = next(replies)
+                cursor, found = next(replies) if n in todo else (b"", [])
+                lay = step_layout(before, next(replies), TAG_SLOTS)
+                step += [n, state.get(n, "0"), cursor.decode(), lay]
+                for k in found if lay else ():  # an unstable node's scan starts over
                     if len(k) in _KEY_LENGTHS and k[1] in SLOT_OF_BYTE and k[2] == 0x7D:
                         by.setdefault(k[1], []).append(k)
-            gone = b"".join(keys.handle_bytes(int(h)) for h in cycle)
             res = await self.b.wave([(SLOT_OF_BYTE[t], TAG_CLEAN.call(ks[0], [gone, *ks]))
                                      for t, ks in by.items()])
             dropped += sum(int(r) for r in res)
-            done = 0
-            for n, (cursor, _) in zip(todo, scans, strict=True):
-                done = max(done, int(await self.b._sweep_step(
-                    [keys.SWEEP], [cycle_id, n, cursor.decode()])))
-            if done == 2:
+            if int(await self.b._sweep_step([keys.SWEEP],
+                                            [cycle_id, state.get("c", ""), *step])) == 2:
                 break
         return dropped

@@ -23,8 +23,16 @@ holds no ``{``, ``}`` or ``|``; ``HASH`` is a block hash as raw bytes, 32 or 16 
 
 On a multi-shard Redis Cluster only (``cluster.py``, ``cluster_upkeep.py``)::
 
-    {T}!                     STRING  the tag's sentinel: gone = its shard came back empty
-    kvm:{ctl}:gen            STRING  the block shards' generation (moves when one is lost)
+    {T}!                     STRING  the tag's sentinel: the identity (run_id:master_replid)
+                                     of the primary serving the slot when last checked;
+                                     gone or another = back empty or older
+                                     (``shard_identity.py``)
+    {T}#                     HASH    the tag's fences: 3-byte handle (or '*': all) -> the
+                                     ticket at and below which its writes are refused
+                                     (``handle_fence.py``)
+    kvm:{ctl}:gen            STRING  the block shards' generation (moves when one is lost
+                                     or back older)
+    kvm:{ctl}:ticket         STRING  the begin steps' ticket counter (``handle_fence.py``)
     kvm:{ctl}:busy           ZSET    'handle:token' -> ms: handles a batch may still write
     kvm:{ctl}:recover        STRING  the lock of the control slot's recovery (TTL)
 

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 
 from service.index import cluster_scripts as cs
 from service.index import resp
+from service.index.shard_identity import TAG_IDENTITY_LUA
 
 __all__ = ["APPLY_BEGIN", "APPLY_END", "PROV_KEYS", "RAW_SCRIPTS", "SYNC_BEGIN", "SYNC_END",
-           "TAG_CLEAN", "TAG_WRITE", "RawScript"]
+           "TAG_CLEAN", "TAG_FENCE", "TAG_IDENTITY", "TAG_WRITE", "RawScript"]
 
 
 class RawScript:
@@ -32,4 +33,6 @@ class RawScript:
 TAG_WRITE, TAG_CLEAN, PROV_KEYS, APPLY_BEGIN, APPLY_END, SYNC_BEGIN, SYNC_END = (
     RawScript(s) for s in (cs.TAG_WRITE, cs.TAG_CLEAN, cs.PROVISIONAL_KEYS, cs.APPLY_BEGIN,
                            cs.APPLY_END, cs.SYNC_BEGIN, cs.SYNC_END))
-RAW_SCRIPTS = (TAG_WRITE, TAG_CLEAN, PROV_KEYS, APPLY_BEGIN, APPLY_END, SYNC_BEGIN, SYNC_END)
+TAG_FENCE, TAG_IDENTITY = RawScript(cs.TAG_FENCE), RawScript(TAG_IDENTITY_LUA)
+RAW_SCRIPTS = (TAG_WRITE, TAG_CLEAN, PROV_KEYS, APPLY_BEGIN, APPLY_END, SYNC_BEGIN, SYNC_END,
+               TAG_FENCE, TAG_IDENTITY)

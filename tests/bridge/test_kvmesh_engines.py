@@ -10,6 +10,7 @@ import asyncio
 
 import openai
 import pytest
+import zmq.auth
 
 from bridge.config import EngineSpec
 from kvmesh.v1 import index_pb2 as pb
@@ -23,7 +24,7 @@ WITHIN = 30.0
 
 def spec(w: HttpWorker, worker_id: str) -> EngineSpec:
     return EngineSpec(worker_id=worker_id, address=w.url, events=w.events, replay=w.replay,
-                      block_size=BS)
+                      block_size=BS, metrics_url=w.metrics_url)
 
 
 def complete(w: HttpWorker, ids: list[int], **body) -> None:
@@ -34,9 +35,9 @@ def complete(w: HttpWorker, ids: list[int], **body) -> None:
 def test_a_late_bridge_learns_the_cache_and_a_restart_leaves_nothing_stale(service: str):
     """The worker serves before the bridge exists (replay), then restarts on the same ports:
     what the old process held leaves the index, what the new one serves enters it."""
-    http, pub, rep = free_port(), free_port(), free_port()
+    http, pub, rep, mport = free_port(), free_port(), free_port(), free_port()
     flags = ("--vllm-events", f"tcp://127.0.0.1:{pub}", "--vllm-replay",
-             f"tcp://127.0.0.1:{rep}")
+             f"tcp://127.0.0.1:{rep}", "--metrics-port", str(mport))
     old = [5, 6, 7, 8] * (3 * BS // 4) + [9]
     new = [11, 12, 13, 14] * (3 * BS // 4) + [9]
     w = HttpWorker("chain-1", *flags, events=False, http_port=http).start()
@@ -76,6 +77,38 @@ def test_evicted_blocks_route_with_the_cpu_tier_and_salts_stay_apart(service: st
                     lambda m: m.get("kv-cpu", (0, 0))[0] == 2 * BS, within=WITHIN)
                 assert got["kv-cpu"][1] == pb.TIER_CPU
                 assert (await r.matched(first, "tiny"))["kv-cpu"] == 0  # unsalted: nothing
+        asyncio.run(main())
+    finally:
+        w.stop()
+
+
+def test_a_bridge_with_its_curve_key_indexes_a_worker_serving_curve(service: str, tmp_path):
+    """A worker with an access token serves its events over CURVE only (kvmesh.zmq_curve):
+    the bridge, given its certificate (``curve_key``) and the worker's public key
+    (``curve-server-key``), indexes the worker's blocks as over plain ZMQ."""
+    clients = tmp_path / "clients"
+    clients.mkdir()
+    _, worker_secret = zmq.auth.create_certificates(tmp_path, "worker")
+    bridge_public, bridge_secret = zmq.auth.create_certificates(tmp_path, "bridge")
+    (clients / "bridge.key").write_bytes(open(bridge_public, "rb").read())
+    access = "access-curve"
+    w = HttpWorker("chain-curve", env={"KVMESH_WORKER_ACCESS_TOKEN": access,
+                                       "KVMESH_VLLM_CURVE_KEY": worker_secret,
+                                       "KVMESH_VLLM_CURVE_CLIENTS": str(clients)}).start()
+    ids = list(range(40, 40 + 3 * BS)) + [1]
+    try:
+        openai.OpenAI(base_url=f"{w.url}/v1", api_key=access, max_retries=0).completions.create(
+            model="tiny", prompt=ids, max_tokens=1, temperature=0)
+        engine = EngineSpec(worker_id="kv-curve", address=w.url, events=w.events,
+                            replay=w.replay, block_size=BS, metrics_url=w.metrics_url,
+                            curve_server_key=str(tmp_path / "worker.key"))
+
+        async def main():
+            async with Running(service, [engine], curve_key=bridge_secret), \
+                    router(service) as r:
+                got = await r.until(lambda: r.matched(ids, "tiny"),
+                                    lambda m: m.get("kv-curve") == 3 * BS, within=WITHIN)
+                assert got["kv-curve"] == 3 * BS
         asyncio.run(main())
     finally:
         w.stop()

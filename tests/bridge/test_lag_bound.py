@@ -25,14 +25,14 @@ def publish_at(engine: FakeEngine, ts: float, *events: ve.Event) -> int:
 def slowed(b: Bridge, seconds: float) -> None:
     """Every batch the state ingests takes ``seconds`` more (the loop held, as a saturated
     bridge holds it)."""
-    ingest = b.state.ingest
+    ingest = b.state.ingest_parts
 
     def slow(seq: int, payload: bytes):
         until = time.perf_counter() + seconds
         while time.perf_counter() < until:
             pass
         return ingest(seq, payload)
-    b.state.ingest = slow
+    b.state.ingest_parts = slow
 
 
 def test_a_backlog_with_a_removal_past_the_bound_clears_and_resumes_from_the_newest() -> None:

@@ -66,12 +66,12 @@ def test_a_flood_past_capacity_never_over_claims_a_removal_longer_than_liveness(
             e.pub.publish(chain(tokens(0, 3)))  # engine hashes 1, 2, 3
             await r.until(lambda: r.matched(tokens(0, 3), "m-behind"),
                           lambda m: m.get("behind") == 12)
-            ingest = rank.state.ingest
+            ingest = rank.state.ingest_parts
 
             def slow(seq: int, payload: bytes):
                 spin(0.05)
                 return ingest(seq, payload)
-            rank.state.ingest = slow
+            rank.state.ingest_parts = slow
             claims = Claims(service, tokens(0, 3), "m-behind", "behind").start()
             watch = Watch(service, "behind").start()
             loop = asyncio.get_running_loop()
@@ -95,7 +95,7 @@ def test_a_flood_past_capacity_never_over_claims_a_removal_longer_than_liveness(
             assert claims.last_claimed() - dropped_at < link.liveness_s, (
                 claims.last_claimed() - dropped_at, sub.stats)
             assert sub.stats.lag_clears >= 1 and sub.stats.skipped > 0
-            rank.state.ingest = ingest
+            rank.state.ingest_parts = ingest
             # after the flood: a new chain is indexed (the first batch after a skip is FIRST)
             e.pub.publish(chain(tokens(9999, 3), first=50_000))
             await r.until(lambda: r.matched(tokens(9999, 3), "m-behind"),

@@ -87,18 +87,18 @@ def test_a_saturated_ingest_loop_keeps_the_engine_live(service: str) -> None:
             e.pub.publish(chain(tokens(0, 3)))
             await r.until(lambda: r.matched(tokens(0, 3), "m-busy"),
                           lambda m: m.get("busy") == 12)
-            ingest = rank.state.ingest
+            ingest = rank.state.ingest_parts
 
             def slow(seq: int, payload: bytes):
                 spin(1.2)
                 return ingest(seq, payload)
-            rank.state.ingest = slow
+            rank.state.ingest_parts = slow
             beats, watch = rank.link.counters["heartbeats"], Watch(service, "busy").start()
             for i in range(1, 8):
                 e.pub.publish(chain(tokens(i, 3), first=10 * i))
             await applied(rank, e.pub)
             watch.stop()
-            rank.state.ingest = ingest
+            rank.state.ingest_parts = ingest
             assert watch.dead == 0, (watch.dead, watch.samples)
             assert watch.samples >= 20
             assert rank.link.counters["heartbeats"] - beats >= 6

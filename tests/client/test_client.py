@@ -54,7 +54,7 @@ def test_route_converts_response_and_sends_request(cluster, make_client) -> None
 
 
 def test_router_token_to_the_service_access_token_to_workers(cluster, make_client) -> None:
-    access = worker_access_token("s3cret")
+    access = worker_access_token("s3cret", "w1")
     worker = FakeWorker("w1", token=access)
     worker_address = cluster.worker(worker)
     index = FakeIndex([candidate("w1", worker_address)], token="s3cret")
@@ -62,7 +62,7 @@ def test_router_token_to_the_service_access_token_to_workers(cluster, make_clien
     client.route([1])
     client.generate([1], max_tokens=2)
     client.stats()
-    client.worker_stats(worker_address)
+    client.worker_stats(worker_address, "w1")
     assert all(md["authorization"] == "Bearer s3cret" for md in index.metadata)
     assert all(md["authorization"] == f"Bearer {access}" for md in worker.metadata)
     assert len(index.metadata) == 3 and len(worker.metadata) == 2

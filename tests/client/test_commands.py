@@ -98,13 +98,32 @@ def test_pin_prints_each_worker_and_fails_when_one_did(cluster) -> None:
     assert result.exit_code == 1 and isinstance(index.pins[-1], index_pb2.UnpinPrefixRequest)
     out = json.loads(result.stdout)
     assert out["workers"][1] == {"worker_id": "w2", "pinned_blocks": 0,
-                                 "error": "UNAVAILABLE: down"}
+                                 "error": "UNAVAILABLE: down", "chain_blocks": 0,
+                                 "cap_reached": False}
     result = runner.invoke(app, args, env={"KVMESH_TOKEN": "router"})  # not the admin token
     assert result.exit_code == 1 and "UNAUTHENTICATED" in result.output
 
 
+def test_pin_cut_short_by_a_cap_is_reported_and_fails(cluster) -> None:
+    """Issue 22 item 8: a worker whose pin cap stopped the pin says so, and the verb exits
+    1, instead of a bare "0 blocks pinned" that reads as success."""
+    index = FakeIndex(token="adm")
+    index.pinned = [index_pb2.PinnedWorker(worker_id="w1", pinned_blocks=4, chain_blocks=10,
+                                           cap_reached=True),
+                    index_pb2.PinnedWorker(worker_id="w2", pinned_blocks=10, chain_blocks=10)]
+    address = cluster.index(index)
+    args = ["pin", "--service", address, "--text", "hello, kv!", "--admin-token", "adm"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert "w1: pinned 4 of 10 blocks: pin cap reached" in result.stdout
+    assert "w2: 10 blocks pinned" in result.stdout
+    result = runner.invoke(app, [*args, "--json"])
+    out = json.loads(result.stdout)
+    assert result.exit_code == 1 and out["workers"][0]["cap_reached"] is True
+
+
 def test_generate_text_json_with_env_token(cluster) -> None:
-    worker = FakeWorker("w1", token=worker_access_token("tok"))
+    worker = FakeWorker("w1", token=worker_access_token("tok", "w1"))
     index = FakeIndex([candidate("w1", cluster.worker(worker))], token="tok")
     result = runner.invoke(app, ["generate", "--service", cluster.index(index), "--text", "hi",
                                  "--max-tokens", "2", "--json"], env={"KVMESH_TOKEN": "tok"})

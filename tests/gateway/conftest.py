@@ -23,6 +23,7 @@ from tests.client.fake_servers import FakeIndex, FakeWorker, candidate, start_se
 
 TENANT_KEYS = {"key-acme": "acme", "key-globex": "globex"}
 SECRET = "test-secret"
+METRICS_KEY = "metrics-key-of-the-operator"
 W1_CACHED = 3
 
 
@@ -95,9 +96,11 @@ def _stack() -> Iterator[Stack]:
                                        worker_pb2_grpc.add_WorkerServiceServicer_to_server)
         servers.append(server)
         addresses.append(address)
-    plain = LiveGateway(GatewayConfig(service=index_address, generate_timeout=5))
+    plain = LiveGateway(GatewayConfig(service=index_address, generate_timeout=5,
+                                      metrics_key=METRICS_KEY))
     tenants = LiveGateway(GatewayConfig(service=index_address, generate_timeout=5,
-                                        tenancy=Tenancy(TENANT_KEYS, SECRET)))
+                                        tenancy=Tenancy(TENANT_KEYS, SECRET),
+                                        metrics_key=METRICS_KEY))
     stack = Stack(index, w1, w2, addresses[0], addresses[1], index_address, plain, tenants)
     yield stack
     plain.stop()

@@ -2,7 +2,10 @@
 ``kvmesh worker --http-port --vllm-events`` engines, indexed by ``kvmesh bridge vllm`` from
 their vLLM events into a service on Valkey, and the official ``openai`` package as the
 caller. A prefix goes to the engine holding it (salts, LoRA and chat templates included),
-answers pass through unchanged, and a failing or dead engine is skipped for the next one."""
+answers pass through unchanged (but for the cached-token counts of unsalted requests, which
+this ``--insecure-shared-cache`` gateway hides), and a failing or dead engine is skipped for
+the next one. The gateway forwards to the engines it lists (``--engine-allow``: the bridge
+config's addresses)."""
 from __future__ import annotations
 
 import json
@@ -43,13 +46,16 @@ class Fleet:
         cfg = tmp / "fleet.yaml"
         cfg.write_text(json.dumps({"engines": [
             {"worker-id": "ea", "address": self.front.url, "events": self.a.events,
-             "replay": self.a.replay, "block-size": BS, "lora": {LORA[0]: LORA[1]}},
+             "replay": self.a.replay, "block-size": BS, "lora": {LORA[0]: LORA[1]},
+             "metrics-url": self.a.metrics_url},
             {"worker-id": "eb", "address": self.b.url, "events": self.b.events,
-             "replay": self.b.replay, "block-size": BS, "lora": {LORA[0]: LORA[1]}}]}))
+             "replay": self.b.replay, "block-size": BS, "lora": {LORA[0]: LORA[1]},
+             "metrics-url": self.b.metrics_url}]}))
         self.bridge = BridgeProcess("--service", self.service.address, "--config", str(cfg))
         self.gateway = LiveGateway(build_config(
             self.service.address, tokenizer_dir=self.tok, served_model_name="tiny",
-            shared_cache=True, max_model_len=8192, loras={LORA[0]: LORA[1]}))
+            shared_cache=True, max_model_len=8192, loras={LORA[0]: LORA[1]},
+            engine_allow=[self.front.url, self.b.url], metrics_key="mk"))
         self.index = KvmeshClient(self.service.address)
         wait_until(lambda: {c.worker_id for c in self.route([1] * BS).candidates} == {
             "ea", "eb"}, WITHIN, what="both engines registered")
@@ -112,7 +118,8 @@ def test_a_prefix_goes_to_its_holder_and_the_answer_is_the_engines(fleet: Fleet)
     for ids, holder in ((pa, "ea"), (pb, "eb")):
         worker, answer = via_gateway(fleet, [*ids, 7, 8, 9])
         assert worker == holder
-        assert answer.usage.prompt_tokens_details.cached_tokens == len(ids)  # the engine's
+        # an unsalted request in a shared cache: the engine's hits are hidden from it
+        assert answer.usage.prompt_tokens_details.cached_tokens == 0
         direct = engine(fleet.a if holder == "ea" else fleet.b).completions.create(
             model="tiny", prompt=[*ids, 7, 8, 9], max_tokens=2, temperature=0)
         assert answer.choices[0].text == direct.choices[0].text
@@ -122,9 +129,11 @@ def test_salted_and_lora_prefixes_go_to_their_own_holder(fleet: Fleet) -> None:
     p = list(range(100, 100 + 5 * BS))
     warm(fleet, fleet.a, p, cache_salt="tenant-x")
     warm(fleet, fleet.b, p, model=LORA[0])
-    assert via_gateway(fleet, [*p, 1], extra_body={"cache_salt": "tenant-x"})[0] == "ea"
+    worker, answer = via_gateway(fleet, [*p, 1], extra_body={"cache_salt": "tenant-x"})
+    assert worker == "ea"  # its own salt: the engine's count is the caller's to see
+    assert answer.usage.prompt_tokens_details.cached_tokens == len(p)
     worker, answer = via_gateway(fleet, [*p, 1], model=LORA[0])
-    assert worker == "eb" and answer.usage.prompt_tokens_details.cached_tokens == len(p)
+    assert worker == "eb" and answer.usage.prompt_tokens_details.cached_tokens == 0
     assert answer.model == LORA[0]
 
 
@@ -151,7 +160,7 @@ def test_chat_is_tokenized_as_the_engine_does_and_streams_pass_through(fleet: Fl
         chunks = list(raw.parse())
         assert chunks[0].choices[0].delta.role == "assistant"
         assert chunks[-1].usage.prompt_tokens == len(ids)
-        assert chunks[-1].usage.prompt_tokens_details.cached_tokens == (len(ids) - 1) // BS * BS
+        assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 0  # unsalted: hidden
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
@@ -180,5 +189,7 @@ def test_a_dead_engine_is_skipped_for_the_next(fleet: Fleet) -> None:
     fleet.b.kill()
     worker, answer = via_gateway(fleet, [*p, 5])
     assert worker == "ea" and answer.usage.prompt_tokens_details.cached_tokens == 0
-    metrics = urllib.request.urlopen(f"{fleet.gateway.url}/metrics", timeout=5).read().decode()
+    metrics = urllib.request.urlopen(urllib.request.Request(
+        f"{fleet.gateway.url}/metrics", headers={"authorization": "Bearer mk"}),
+        timeout=5).read().decode()
     assert 'kvmesh_gateway_engine_forwards_total{outcome="failover"}' in metrics

@@ -1,4 +1,5 @@
-"""``GET /metrics`` on the gateway's own port: requests by status, TTFT, cached tokens."""
+"""``GET /metrics`` on the gateway's API port (for the metrics key only) and on its own
+listener: requests by status, TTFT, cached tokens."""
 from __future__ import annotations
 
 import urllib.error
@@ -6,11 +7,16 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.gateway.conftest import W1_CACHED, Stack
+from client.gateway.app import GatewayConfig
+from client.gateway.metrics import GatewayMetrics
+from tests.gateway.conftest import METRICS_KEY, W1_CACHED, LiveGateway, Stack
 
 
-def _samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+def _samples(url: str, key: str | None = METRICS_KEY
+             ) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    with urllib.request.urlopen(urllib.request.Request(f"{url}/metrics", headers=headers),
+                                timeout=5) as resp:
         assert resp.headers["content-type"].startswith("text/plain")
         text = resp.read().decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -58,3 +64,38 @@ def test_metrics_count_refused_requests(stack: Stack) -> None:
     assert _delta(before, after, "kvmesh_gateway_requests_total", path="/v1/completions",
                   status="401") == 1
     assert _delta(before, after, "kvmesh_gateway_ttft_seconds_count") == 0
+
+
+def _status(url: str, authorization: str | None = None) -> int:
+    headers = {"authorization": authorization} if authorization else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5):
+            return 200
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_metrics_on_the_api_port_need_the_metrics_key_not_a_tenant_key(stack: Stack) -> None:
+    """The counters sum every tenant's cache hits: a tenant key, or none, reads nothing."""
+    url = f"{stack.tenant_gateway.url}/metrics"
+    assert _status(url) == 401
+    assert _status(url, "Bearer key-acme") == 401  # a valid tenant key
+    assert _status(url, f"Bearer {METRICS_KEY}x") == 401
+    assert _status(url, f"Bearer {METRICS_KEY}") == 200
+
+
+def test_without_a_metrics_key_the_api_port_serves_no_metrics(stack: Stack) -> None:
+    gateway = LiveGateway(GatewayConfig(service=stack.index_address))
+    try:
+        assert _status(f"{gateway.url}/metrics") == 404
+        assert _status(f"{gateway.url}/metrics", "Bearer anything") == 404
+    finally:
+        gateway.stop()
+
+
+def test_metrics_on_their_own_loopback_listener(stack: Stack) -> None:
+    metrics = GatewayMetrics()
+    metrics.prompt_tokens.inc(5)
+    port = metrics.serve(0)
+    assert _samples(f"http://127.0.0.1:{port}", key=None)[
+        ("kvmesh_gateway_prompt_tokens_total", ())] == 5

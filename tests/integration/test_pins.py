@@ -34,12 +34,13 @@ def cluster():
 
 
 def pinned(cluster: LocalCluster, client) -> dict[str, int]:
-    return {w.name: client.worker_stats(w.address)["pinned_blocks"] for w in cluster.workers}
+    return {w.name: client.worker_stats(w.address, w.name)["pinned_blocks"]
+            for w in cluster.workers}
 
 
-def cached(address: str, tokens: list[int]) -> int:
+def cached(address: str, tokens: list[int], worker_id: str) -> int:
     """Prompt tokens a worker served from cache (generating directly, bypassing routing)."""
-    access = (("authorization", f"Bearer {worker_access_token(ROUTER)}"),)
+    access = (("authorization", f"Bearer {worker_access_token(ROUTER, worker_id)}"),)
     with grpc.insecure_channel(address) as ch:
         stub = worker_pb2_grpc.WorkerServiceStub(ch)
         req = worker_pb2.GenerateRequest(token_ids=tokens, sampling=worker_pb2.SamplingParams(
@@ -66,11 +67,11 @@ def test_pin_holders_then_warm_then_survive_pressure_then_unpin(cluster: LocalCl
         address = next(w.address for w in cluster.workers if w.name == holder)
         rng = random.Random(14)
         unpinned = [rng.randrange(256) for _ in range(3 * BS + 4)]
-        cached(address, unpinned)
+        cached(address, unpinned, holder)
         for _ in range(12):
-            cached(address, [rng.randrange(256) for _ in range(4 * BS + 1)])
-        assert cached(address, PREFIX + [3]) == 3 * BS  # pinned: still on the device
-        assert cached(address, unpinned) == 0            # the same size, unpinned: gone
+            cached(address, [rng.randrange(256) for _ in range(4 * BS + 1)], holder)
+        assert cached(address, PREFIX + [3], holder) == 3 * BS  # pinned: still on the device
+        assert cached(address, unpinned, holder) == 0            # the same size, unpinned: gone
         res = client.unpin(PREFIX)
         assert sorted((w.worker_id, w.pinned_blocks) for w in res.workers) == sorted(
             [(holder, 3), (other, 3)])
@@ -82,8 +83,8 @@ def test_routers_cannot_pin(cluster: LocalCluster) -> None:
         with pytest.raises(KvmeshError) as info:
             router.pin(PREFIX)
         assert info.value.code == grpc.StatusCode.UNAUTHENTICATED
-    access = (("authorization", f"Bearer {worker_access_token(ROUTER)}"),)
-    for w in cluster.workers:  # nor straight on a worker with the access token
+    for w in cluster.workers:  # nor straight on a worker with its access token
+        access = (("authorization", f"Bearer {worker_access_token(ROUTER, w.name)}"),)
         with grpc.insecure_channel(w.address) as ch:
             with pytest.raises(grpc.RpcError) as err:
                 worker_pb2_grpc.WorkerServiceStub(ch).Pin(

@@ -8,6 +8,7 @@ answers, never errors, and the index is whole again (by resync) once the shard i
 """
 from __future__ import annotations
 
+import random
 import threading
 
 import pytest
@@ -21,6 +22,7 @@ from deploy.waiting import wait_until
 from service.index.connect import is_cluster_url
 from tests.cluster_scenarios import (
     another_salt_never_matches,
+    generate_on,
     holder_match,
     question,
     replicas_agree,
@@ -147,3 +149,57 @@ def test_kvmesh_up_redis_shards_serves_routes() -> None:
         assert up.stop() == 0
     finally:
         up.kill()
+
+
+def _prompt_on_one_shard(shards, avoid: int, blocks: int, block_size: int) -> tuple[list[int], int]:
+    """Tokens whose first ``blocks`` blocks all live on one shard other than ``avoid``, and
+    that shard."""
+    from kvmesh.hashing import block_hashes
+    from service.index import keys
+    from service.index.cluster import TAG_SLOTS
+
+    def node(slot: int) -> int:
+        return next(i for i, (a, z) in enumerate(shards.ranges) if a <= slot <= z)
+
+    for seed in range(10_000):
+        tokens = [random.Random(7_000 + seed).randrange(256) for _ in range(200)]
+        where = {node(TAG_SLOTS[keys.tag(h)])
+                 for h in block_hashes(tokens, block_size)[:blocks]}
+        if len(where) == 1 and avoid not in where:
+            return tokens, where.pop()
+    raise AssertionError("no such prompt")
+
+
+@pytest.mark.cluster_layout
+def test_a_shard_back_older_is_resynced_and_claims_nothing_evicted(
+        sharded: LocalCluster, client, tmp_path) -> None:
+    """A block shard restarted from a dump taken before the worker evicted a prompt (what a
+    promoted replica or a restart from RDB/AOF serves): the service replicas' janitors see
+    another server process behind its slots, move the generation, the worker (its real
+    service link) resyncs, and the index stops claiming the evicted blocks."""
+    from tests.service.test_cluster_rollback import restart_from_dump, save_dump
+
+    shards = sharded.redis_cluster
+    assert shards is not None
+    ctl = next(i for i, (a, z) in enumerate(shards.ranges) if a <= key_slot(b"ctl") <= z)
+    tokens, victim = _prompt_on_one_shard(shards, ctl, 4, 16)
+    worker = sharded.workers[0]
+    generate_on(worker.address, tokens)
+    wait_until(lambda: holder_match(client, tokens, worker.name) >= 64, 15,
+               what="the prompt indexed")
+    save_dump(shards.node_urls[victim], tmp_path)  # the shard's last persist
+    for i in range(40):  # other prompts evict it from the worker's 64 blocks
+        if holder_match(client, tokens, worker.name) == 0:
+            break
+        generate_on(worker.address, [random.Random(9_000 + i).randrange(256)
+                                     for _ in range(200)])
+    wait_until(lambda: holder_match(client, tokens, worker.name) == 0, 15,
+               what="the eviction indexed")
+    restart_from_dump(shards, victim, tmp_path)  # back with the evicted prompt's entries
+
+    def claims_nothing() -> bool:
+        r = client.route(tokens, dry_run=True)
+        return not r.degraded and holder_match(client, tokens, worker.name) == 0
+
+    wait_until(claims_nothing, 30, interval=0.2, what="the evicted prompt claimed no more")
+    assert all(w["alive"] for w in client.stats()["workers"])

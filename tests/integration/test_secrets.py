@@ -80,7 +80,7 @@ def test_secrets_are_in_environments_never_on_command_lines_or_output(up: Up) ->
     assert len(secret) >= 32 and len(password) >= 16
     assert worker_token == mint(secret, "worker-0")
     # a worker holds only its own token and the derived access token
-    assert worker_env["KVMESH_WORKER_ACCESS_TOKEN"] == worker_access_token(TOKEN)
+    assert worker_env["KVMESH_WORKER_ACCESS_TOKEN"] == worker_access_token(TOKEN, "worker-0")
     assert not any(v and v in (TOKEN, secret, redis_url) for v in worker_env.values())
     assert service_env["KVMESH_TOKEN"] == TOKEN
     secrets = {"worker secret": secret, "worker token": worker_token,

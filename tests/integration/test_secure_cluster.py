@@ -64,7 +64,7 @@ def test_each_missing_credential_is_refused(secure: LocalCluster, certs: Certs) 
                 pytest.raises(KvmeshError) as err:
             client.stats()
         assert err.value.code == code, name
-    # the worker wants the access token derived from the router token (its env
+    # the worker wants its own access token (of the router token and its id; its env
     # KVMESH_WORKER_ACCESS_TOKEN, read by worker/cli.py), over TLS; never the router token
     worker = secure.worker_addresses[0]
     creds = TlsFiles(ca=str(certs.ca), cert=str(certs.client_cert),
@@ -76,7 +76,7 @@ def test_each_missing_credential_is_refused(secure: LocalCluster, certs: Certs) 
                 stub.Stats(worker_pb2.WorkerStatsRequest(), timeout=3, metadata=refused)
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
         stats = stub.Stats(worker_pb2.WorkerStatsRequest(), timeout=3, metadata=[
-            ("authorization", f"Bearer {worker_access_token(TOKEN)}")])
+            ("authorization", f"Bearer {worker_access_token(TOKEN, 'worker-0')}")])
         assert stats.worker_id == "worker-0"
 
 

@@ -6,8 +6,8 @@ from typer.core import TyperOption
 
 from client.cli import app
 
-COMMANDS = ("up", "service", "worker", "worker-token", "gateway", "route", "generate", "stats",
-            "pin", "demo", "bridge vllm")
+COMMANDS = ("up", "service", "worker", "worker-token", "worker-access-token", "gateway",
+            "route", "generate", "stats", "pin", "demo", "bridge vllm")
 
 
 def test_operations_doc_lists_every_flag():

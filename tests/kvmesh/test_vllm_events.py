@@ -209,6 +209,28 @@ def test_garbage_is_a_value_error(payload: bytes, packed: bool) -> None:
         ve.decode_batch(payload, packed)
 
 
+
+_TS = b"\xcb\x3f\xf0" + b"\x00" * 6  # the float 1.0
+_DEEP = 3000  # past the interpreter's recursion limit: msgspec raised RecursionError
+
+
+@pytest.mark.parametrize("payload", [
+    b"\x93" + _TS + b"\x91" * _DEEP + b"\x90\x00",          # events nested 3,000 deep
+    b"\x91" * _DEEP + b"\x90",                               # the batch itself
+    b"\x93" + _TS + b"\x91" + b"\x81\xa1k" * _DEEP + b"\xc0\x00",  # maps in an event
+    b"\x93" + _TS + b"\x91\x82\xa4type\xabBlockStored\xaaextra_keys"
+    + b"\x91" * _DEEP + b"\x90\x00",                         # a stored event's extra keys
+], ids=["events", "batch", "maps", "extra_keys"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_any_decode_failure_is_a_malformed_batch(payload: bytes, packed: bool) -> None:
+    """Issue 22 item 6: whatever crafted bytes make the decoder raise (here RecursionError,
+    which escaped the bridge's ``except ValueError`` and ended the process) is
+    ``MalformedBatch``, a ``ValueError``, with the cause chained."""
+    with pytest.raises(ve.MalformedBatch) as err:
+        ve.decode_batch(payload, packed)
+    assert isinstance(err.value, ValueError)
+    assert isinstance(err.value.__cause__, RecursionError)
+
 # A batch as vLLM 0.3x puts it on the wire, byte by byte. Never regenerate this from the
 # encoder: it pins the format independently of the code.
 PINNED = bytes.fromhex(

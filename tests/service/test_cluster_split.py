@@ -172,13 +172,14 @@ def test_the_sweep_waits_for_a_batch_still_writing_a_retired_handle(
         begin, _ = await b.ctl(cluster_mod.APPLY_BEGIN, rk, [NS, "w", 2, 2, "0", 0, 0, 6, "tok",
                                                            ""])
         assert int(begin[0]) == 1
-        h = int(begin[2])
+        ticket, h = begin[2], int(begin[3])
         await b.register(rec("w"))  # ... its handle is retired meanwhile ...
         assert await b.sweep() == 0  # busy: no cycle takes it, its entries stay
         assert str(h) in await c.smembers(keys.DEAD)
         hb = keys.handle_bytes(h)
         await b.wave([(TAG_SLOTS[keys.tag(x)], cluster_mod.TAG_WRITE.call(
-            keys.block_key(x), [b"35", hb, b"1", b"S", b"1", b"1", keys.block_key(x)]))
+            keys.block_key(x), [b"35", hb, b"1", str(ticket).encode(), b"S", b"1", b"1",
+                                keys.block_key(x)]))
             for x in chain[2:]])
         # ... its writes land late, then it ends: only now may the handle be freed
         end, _ = await b.ctl(cluster_mod.APPLY_END, rk, [NS, "w", "tok", "0", 2, 6, 0, 0,
@@ -201,7 +202,8 @@ async def _node_urls(b: ClusterBackend) -> list[str]:
 
 def test_the_cluster_keyspace(redis_cluster: RedisClusterServer,
                               redis_cluster_url: str) -> None:
-    """keys.py's keys, plus the generation and one sentinel per tag: nothing else, and
+    """keys.py's keys, plus the generation, the ticket counter and one sentinel and one
+    fence per tag: nothing else, and
     nothing of a batch's bookkeeping (pend, busy marks) left once it is done."""
     chain = _spread_chain(redis_cluster)
 
@@ -217,8 +219,9 @@ def test_the_cluster_keyspace(redis_cluster: RedisClusterServer,
                 got |= set(r.keys("*"))
         control = {k.encode() for k in (keys.REGISTRY, keys.HANDLES, keys.FREE,
                                         keys.live_key(NS), keys.prov_marker(NS),
-                                        keys.worker_key(NS, "a"), keys.CTL + "gen")}
-        sentinels = {b"{" + bytes([t]) + b"}!" for t in keys.TAGS}
+                                        keys.worker_key(NS, "a"), keys.CTL + "gen",
+                                        keys.CTL + "ticket")}
+        sentinels = {b"{" + bytes([t]) + b"}" + c for t in keys.TAGS for c in (b"!", b"#")}
         blocks = {keys.block_key(h) for h in chain[:3]}
         assert got == blocks | {keys.prov_key(NS, H(99)[0])} | control | sentinels
         rec_a = await b.client.hgetall(keys.worker_key(NS, "a"))

@@ -10,7 +10,7 @@ the attacker also holds), and an attacker's own gRPC worker server.
 (c) heartbeats and publishes for that id carrying any incarnation but the registered one
     are refused, so the refused attacker cannot feed the record either;
 (d) a fake worker that the index legitimately names (its own id, the best match) receives
-    no router token from a client: only the access token derived from it.
+    no router token from a client: only its own access token (derived from it and "fake").
 """
 from __future__ import annotations
 
@@ -173,14 +173,14 @@ def test_a_fake_worker_never_receives_the_router_token(cluster: LocalCluster) ->
                                                         tier=pb.TIER_GPU))]),
                 metadata=bearer(SHARED))
             res = client.generate(tokens, max_tokens=2)
-            client.worker_stats(fake_address)
+            client.worker_stats(fake_address)  # its id looked up at the service
         assert res.worker_id == "fake" and len(fake.metadata) == 2
         for md in fake.metadata:
             assert all(ROUTER not in str(v) for v in md.values()), md
         from kvmesh.auth import worker_access_token
 
         assert {md["authorization"] for md in fake.metadata} \
-            == {f"Bearer {worker_access_token(ROUTER)}"}
+            == {f"Bearer {worker_access_token(ROUTER, 'fake')}"}
     finally:
         server.stop(0)
 

@@ -47,10 +47,12 @@ def test_every_token_check_is_constant_time(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_the_access_token_is_the_agreed_one_way_derivation() -> None:
-    want = hmac.new(b"router-tok", b"kvmesh worker access v1", hashlib.sha256).hexdigest()
-    assert worker_access_token("router-tok") == want
-    assert worker_access_token("router-tok") != worker_access_token("router-tok2")
-    assert "router-tok" not in worker_access_token("router-tok")
+    key = hmac.new(b"router-tok", b"kvmesh worker access key v2", hashlib.sha256).digest()
+    want = hmac.new(key, b"kvmesh worker access v2\x00w1", hashlib.sha256).hexdigest()
+    assert worker_access_token("router-tok", "w1") == want
+    assert worker_access_token("router-tok", "w1") != worker_access_token("router-tok2", "w1")
+    assert worker_access_token("router-tok", "w1") != worker_access_token("router-tok", "w2")
+    assert "router-tok" not in worker_access_token("router-tok", "w1")
 
 
 def test_records_keep_a_fingerprint_never_the_token(redis_url: str) -> None:

@@ -245,4 +245,4 @@ def test_no_worker_credential_sends_the_access_token() -> None:
     assert pin_credentials(ServiceConfig(), "a") == [None]
     cfg = ServiceConfig(token="r", worker_secret=SECRET, worker_token="w-shared")
     assert pin_credentials(cfg, "a") == [pin_token("a"), worker_pin_token("w-shared")]
-    assert worker_access_token("r") not in pin_credentials(cfg, "a")
+    assert worker_access_token("r", "a") not in pin_credentials(cfg, "a")

@@ -131,7 +131,7 @@ def test_pin_needs_the_pin_token_not_the_access_token() -> None:
     """Routers hold the access token: it serves Generate but never Pin, which takes only
     the pin token derived from the worker's service credential (and that token is no
     Generate credential)."""
-    access = [("authorization", f"Bearer {worker_access_token('router-tok')}")]
+    access = [("authorization", f"Bearer {worker_access_token('router-tok', 'w')}")]
     pin = [("authorization", f"Bearer {worker_pin_token('w:minted-service-token')}")]
     unauth, ok = grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.OK
     req = worker_pb2.PinRequest(token_ids=PREFIX, ttl_s=60)
@@ -140,7 +140,7 @@ def test_pin_needs_the_pin_token_not_the_access_token() -> None:
         runner = _runner()
         server, port, _ = await create_server(
             "127.0.0.1:0", runner, worker_id="w", model_name="tiny",
-            access_token=worker_access_token("router-tok"),
+            access_token=worker_access_token("router-tok", "w"),
             pin_token=worker_pin_token("w:minted-service-token"))
         await server.start()
         try:

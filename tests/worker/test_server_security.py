@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the certs fixture skips where `cryptography` is missing
     from tests.certificates import Certs
 
 ROUTER = [("authorization", "Bearer router-tok")]
-TOKEN = [("authorization", f"Bearer {worker_access_token('router-tok')}")]
+TOKEN = [("authorization", f"Bearer {worker_access_token('router-tok', 'w')}")]
 
 
 def _req(tokens: list[int], max_tokens: int = 2) -> worker_pb2.GenerateRequest:
@@ -48,7 +48,7 @@ def test_access_token_and_tls_guard_every_worker_call(runner: AsyncEngine, certs
     tls = TlsFiles(cert=str(certs.server_cert), key=str(certs.server_key))
 
     async def main() -> None:
-        server, port = await _serve(runner, access_token=worker_access_token("router-tok"),
+        server, port = await _serve(runner, access_token=worker_access_token("router-tok", "w"),
                                     credentials=tls.server_credentials())
         target = f"127.0.0.1:{port}"
         ok, unauth = grpc.StatusCode.OK, grpc.StatusCode.UNAUTHENTICATED
@@ -140,14 +140,17 @@ def test_oversized_and_undecodable_requests(runner: AsyncEngine) -> None:
 
 
 def test_the_worker_keeps_only_the_access_token() -> None:
-    """``--token T`` derives the access token and drops T; ``--access-token`` must match T's
-    derivation when both are given (a worker no client of T could call is refused)."""
+    """``--token T`` derives this worker's access token and drops T; ``--access-token`` must
+    match T's derivation for THIS worker id when both are given (a worker no client of T
+    could call is refused, and so is another worker's token)."""
     from worker.main import access_token_of
 
-    access = worker_access_token("router-tok")
-    assert access_token_of("router-tok", None) == access
-    assert access_token_of(None, access) == access
-    assert access_token_of("router-tok", access) == access
-    assert access_token_of(None, None) is None
+    access = worker_access_token("router-tok", "w")
+    assert access_token_of("router-tok", None, "w") == access
+    assert access_token_of(None, access, "w") == access
+    assert access_token_of("router-tok", access, "w") == access
+    assert access_token_of(None, None, "w") is None
     with pytest.raises(ValueError, match="access token"):
-        access_token_of("router-tok", "something-else")
+        access_token_of("router-tok", "something-else", "w")
+    with pytest.raises(ValueError, match="access token"):  # worker x's token on worker w
+        access_token_of("router-tok", worker_access_token("router-tok", "x"), "w")

@@ -3,6 +3,7 @@ worker and ``kvmesh up`` flags, and the engine thread draining its copies when s
 from __future__ import annotations
 
 import asyncio
+import stat
 
 import pytest
 from typer.testing import CliRunner
@@ -73,7 +74,10 @@ def test_a_worker_process_takes_the_tier_flags(tmp_path):
     try:
         line = next(x for x in proc.lines if "listening on" in x)
         assert "16 blocks of 16, 8 cpu blocks, 32 disk blocks" in line, line
-        assert len(list(tmp_path.iterdir())) == 1  # the model fingerprint's directory
+        # the model fingerprint's directory and the MAC key, private to this user
+        found = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+        assert found.pop("disk.key") == 0o600
+        assert list(found.values()) == [0o700], found
     finally:
         proc.stop()
 

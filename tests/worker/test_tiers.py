@@ -137,6 +137,77 @@ def test_a_failed_offload_fails_its_step_and_its_blocks_are_never_used(tiny, wan
     assert e.kv.num_free_blocks == e.kv.num_blocks
 
 
+def disk_files(e: Engine) -> set[bytes]:
+    e.copies.flush(WAIT)
+    return {bytes.fromhex(f.name.split(".")[0]) for f in e.copies.store.dir.glob("*.kvb")}
+
+
+def test_a_failed_offload_never_announces_its_blocks_on_disk(tiny, want, tmp_path):
+    """Issue 22 item 14: the copy device -> host raises mid-step. The manager is told before
+    the step's events go out: every CPU entry of that batch is removed (``BlockRemoved
+    cpu`` in the same batch of events as its ``BlockStored cpu``; a spill of it in the same
+    step is refused and withdrawn likewise), so the pressure that follows never spills it,
+    and the index (events, snapshot) never holds a disk block with no file."""
+    from worker.kv_cache import BlockRemoved, BlockStored
+
+    e = engine(tiny, cpu_blocks=1, disk_blocks=16, disk_dir=tmp_path)
+    run(e, A)
+    e.kv.take_events()
+    real = e.copies._offload
+    e.copies._offload = lambda copies: (_ for _ in ()).throw(RuntimeError("DMA (injected)"))
+    with pytest.raises(StepFailed):
+        run(e, B)  # B's prefill evicts A's blocks: the offload fails
+    e.copies._offload = real
+    events = e.kv.take_events()
+    held: dict[str, set[bytes]] = {"gpu": set(), "cpu": set(), "disk": set()}
+    for ev in events:  # what an index holds after this step's batch: nothing below
+        if isinstance(ev, BlockStored):
+            held[ev.tier].update(ev.block_hashes)
+        elif isinstance(ev, BlockRemoved):
+            held[ev.tier].difference_update(ev.block_hashes)
+    assert any(isinstance(ev, BlockStored) and ev.tier == "cpu" for ev in events)
+    # The one host slot was spilled within the step, too: refused, withdrawn as well.
+    assert held["cpu"] == held["disk"] == set()
+    assert set(e.kv.cached_block_hashes().by_tier()) == {"gpu"}
+    for p in (C, D, E):  # more pressure: the CPU tier spills
+        run(e, p)
+    assert set(on_disk(e)) <= disk_files(e)
+    assert run(e, A).token_ids == want[tuple(A)]
+    assert e.kv.num_free_blocks == e.kv.num_blocks
+    e.close()
+
+
+def test_a_failed_disk_write_withdraws_its_disk_block(tiny, want, tmp_path):
+    """A spill's file write fails on the background thread: the next step (or the idle
+    loop: ``Engine.settle_copies``) drops the disk entry, so it is neither announced nor
+    onboarded; the prompt is recomputed, with the right output."""
+    from worker.kv_cache import BlockRemoved, BlockStored
+
+    spilled = False
+    e = engine(tiny, cpu_blocks=1, disk_blocks=16, disk_dir=tmp_path)
+    store = e.copies.store
+    real = store.write
+    store.write = lambda entry, data: (_ for _ in ()).throw(OSError(28, "disk full"))
+    e.kv.take_events()
+    evict_a(e)
+    e.copies.flush(WAIT)
+    late = set(on_disk(e))  # the last step's spills: their writes failed after it
+    assert e.settle_copies() == len(late) and not on_disk(e) and not disk_files(e)
+    disk: set[bytes] = set()
+    for ev in e.kv.take_events():
+        if isinstance(ev, BlockStored) and ev.tier == "disk":
+            disk.update(ev.block_hashes)
+            spilled = True
+        elif isinstance(ev, BlockRemoved) and ev.tier == "disk":
+            disk.difference_update(ev.block_hashes)
+    assert spilled and not disk  # every disk block announced was withdrawn
+    store.write = real
+    got = run(e, A)
+    assert got.token_ids == want[tuple(A)] and got.cached_tokens_by_tier["disk"] == 0
+    assert set(on_disk(e)) <= disk_files(e)
+    e.close()
+
+
 @pytest.mark.parametrize("damage", ["corrupt", "truncate"])
 def test_a_damaged_disk_file_is_recomputed_never_used(tiny, want, tmp_path, damage):
     e = engine(tiny, cpu_blocks=1, disk_blocks=64, disk_dir=tmp_path)
@@ -335,9 +406,10 @@ def test_tiered_output_equals_transformers(tmp_path):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_random_traffic_with_failing_copies_aborts_and_damaged_files(tiny, tmp_path, seed):
-    """Shared prefixes under a tiny pool, copies that fail at random, files damaged behind
-    the worker's back, requests aborted mid-flight: every finished output equals the
-    recomputed one, nothing leaks, and the disk tier's books match the files."""
+    """Shared prefixes under a tiny pool, copies that fail at random (onboards, offloads,
+    disk writes), files damaged behind the worker's back, requests aborted mid-flight:
+    every finished output equals the recomputed one, nothing leaks, the disk tier's books
+    match the files, and the index never hears of a disk block with no file."""
     rng = random.Random(seed)
     heads = prompts(10 + seed, 4, 16)
     e = engine(tiny, num_blocks=12, cpu_blocks=4, disk_blocks=24, disk_dir=tmp_path)
@@ -349,9 +421,23 @@ def test_random_traffic_with_failing_copies_aborts_and_damaged_files(tiny, tmp_p
         real(tier, src, block_id)
 
     e.copies.copy_in = flaky
+    real_offload, real_write = e.copies._offload, e.copies.store.write
+
+    def flaky_offload(copies):
+        if rng.random() < 0.05:
+            raise RuntimeError("offload failed (injected)")
+        real_offload(copies)
+
+    def flaky_write(entry, data):
+        if rng.random() < 0.1:
+            raise OSError(5, "write failed (injected)")
+        real_write(entry, data)
+
+    e.copies._offload, e.copies.store.write = flaky_offload, flaky_write
     ref = engine(tiny, num_blocks=64)
     want: dict[tuple[int, ...], list[int]] = {}
     live, done = [], []
+    failed_steps = 0
     for _ in range(400):
         if len(done) >= 30 and not live:
             break
@@ -366,12 +452,22 @@ def test_random_traffic_with_failing_copies_aborts_and_damaged_files(tiny, tmp_p
             if files:
                 f = rng.choice(files)
                 f.write_bytes(f.read_bytes()[:-1])
-        e.step()
+        try:
+            e.step()
+        except StepFailed as exc:  # a failed offload: its requests are aborted
+            failed_steps += 1
+            for s in exc.seqs:
+                if s in live:
+                    live.remove(s)
         for s in [s for s in live if s.status is SeqStatus.FINISHED]:
             live.remove(s)
             done.append(s)
+        e.copies.flush(WAIT)
+        e.settle_copies()
+        if not e.copies.onboarding():  # (a read refused a damaged file: told at the poll)
+            assert set(on_disk(e)) <= disk_files(e), "a disk block announced with no file"
     drain(e)
-    assert len(done) >= 20
+    assert len(done) >= 20 and failed_steps
     for s in done:
         key = tuple(s.req.token_ids[:s.num_prompt_tokens])
         if key not in want:
@@ -384,3 +480,38 @@ def test_random_traffic_with_failing_copies_aborts_and_damaged_files(tiny, tmp_p
     files = {bytes.fromhex(f.name.split(".")[0]) for f in e.copies.store.dir.glob("*.kvb")}
     assert set(on_disk(e)) == files  # a dropped block's file is deleted, and only then
     e.close()
+
+
+@pytest.mark.parametrize("edit", [
+    {"rope_theta": 500000.0},
+    {"rms_norm_eps": 1e-2},
+    {"max_position_embeddings": 16384},  # tiny's is 8192
+    {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+], ids=lambda e: next(iter(e)))
+def test_a_restart_with_an_edited_config_never_serves_the_old_disk_kv(tmp_path, edit):
+    """Issue 22 item 12: the same weights under another config.json (a context extension,
+    another RoPE base or norm epsilon) wrote other KV bytes; a restart on the same disk
+    directory must recompute, and its greedy output must be the uncached run's."""
+    from worker.model import loader
+    from worker.model.config import ModelConfig
+
+    def build(extra: dict):
+        cfg = ModelConfig.from_dict({**loader.TINY_CONFIG, **extra})
+        model = loader._empty_model(cfg, torch.device("cpu"), torch.float32)
+        loader.init_random(model, loader.TINY_SEED, loader.TINY_INIT_STD)  # the same weights
+        return model, cfg
+
+    old, new = build({}), build(edit)
+    first = engine(old, cpu_blocks=1, disk_blocks=64, disk_dir=tmp_path)
+    for p in (A, B, C, *prompts(7, 2, 24)):  # A's blocks leave the device and the host
+        run(first, p)
+    first.close()
+    same = engine(old, cpu_blocks=1, disk_blocks=64, disk_dir=tmp_path)
+    assert run(same, A).cached_tokens_by_tier["disk"] > 0  # the files were there to hit
+    same.close()
+    want = run(engine(new, num_blocks=64), A).token_ids  # uncached, the edited config
+    again = engine(new, cpu_blocks=1, disk_blocks=64, disk_dir=tmp_path)
+    got = run(again, A)
+    again.close()
+    assert got.cached_tokens_by_tier["disk"] == 0
+    assert got.token_ids == want

@@ -90,7 +90,7 @@ def test_text_streams_and_chat_use_the_tokenizer_as_vllm_does(worker, tmp_path: 
 def test_the_metrics_page_reads_as_a_vllm_engines(worker):
     def idle_load():
         # the worker is shared by this module's tests: one may still be finishing a request
-        page = urllib.request.urlopen(f"{worker.url}/metrics", timeout=10).read().decode()
+        page = urllib.request.urlopen(worker.metrics_url, timeout=10).read().decode()
         load = parse_load(page, 0, block_size=BS)
         return load if load is not None and load.running == 0 else None
 

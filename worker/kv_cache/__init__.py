@@ -11,10 +11,10 @@ from .block_pool import BlockPool
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, CacheSnapshot, KVEvent
 from .lower_tier import LowerTier, TierEntry
 from .manager import TIER_NAMES, KVCacheManager
-from .pins import PinTable
+from .pins import Pinned, PinTable
 from .request import KVRequest
 from .stats import CacheStats, TierCounters
-from .transfers import Drop, Offload, Onboard, Spill, Transfer
+from .transfers import Drop, Lost, Offload, Onboard, Spill, Transfer
 
 __all__ = [
     "TIER_NAMES",
@@ -32,10 +32,12 @@ __all__ = [
     "KVEvent",
     "KVRequest",
     "LayeredFreeQueue",
+    "Lost",
     "LowerTier",
     "Offload",
     "Onboard",
     "PinTable",
+    "Pinned",
     "Spill",
     "TierCounters",
     "TierEntry",

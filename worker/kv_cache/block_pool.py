@@ -46,12 +46,14 @@ MAX_PENDING_BLOCKS = 32_768
 
 
 class Evicted(NamedTuple):
-    """A hash whose last device block was just evicted, with what that block held."""
+    """A hash whose last device block was just evicted, with what that block held (its
+    eviction class included: a tier round trip must not change it)."""
 
     block_id: int
     block_hash: bytes
     parent_hash: bytes | None
     content: BlockContent
+    decoded: bool = False
 
 
 class BlockPool:
@@ -181,7 +183,8 @@ class BlockPool:
                 if gone is not None:
                     removed.append(gone)
                     assert content is not None
-                    evicted.append(Evicted(block.block_id, gone, parent_hash, content))
+                    evicted.append(Evicted(block.block_id, gone, parent_hash, content,
+                                           block.decoded))
             block.ref_cnt = 1
         if removed:
             if self.on_evict is not None:  # before BlockRemoved: never held nowhere

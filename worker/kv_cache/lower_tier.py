@@ -12,7 +12,8 @@ running requests:
   it) but keeps its slot until the last reader is done, so no copy ever reads a slot that
   was handed to another block;
 - each entry keeps the :class:`BlockContent` of the device block it came from, so a hit is
-  verified token for token across tiers exactly as in the device pool.
+  verified token for token across tiers exactly as in the device pool, and its eviction
+  class (``decoded``), so a block onboarded back is queued as it was before it left.
 
 Pure bookkeeping: the bytes are moved by the data plane following ``transfers`` orders.
 """
@@ -35,6 +36,7 @@ class TierEntry:
     slot: int
     readers: int = 0        # in-flight copies reading the slot
     dropped: bool = False   # left the tier while read: the slot frees at the last reader
+    decoded: bool = False   # the device block's ``decoded`` (layered eviction class)
 
 
 class LowerTier:
@@ -92,15 +94,16 @@ class LowerTier:
         """The least recently used entry nobody reads; ``None`` if every entry is read."""
         return next((e for e in self._entries.values() if e.readers == 0), None)
 
-    def add(self, block_hash: bytes, parent_hash: bytes | None,
-            content: BlockContent) -> TierEntry:
+    def add(self, block_hash: bytes, parent_hash: bytes | None, content: BlockContent,
+            decoded: bool = False) -> TierEntry:
         """Store a hash not held yet, as the most recently used, in a free slot. Raises
         ``ValueError`` when the hash is held or no slot is free (make room first)."""
         if block_hash in self._entries:
             raise ValueError(f"{self.name} tier already holds {block_hash.hex()[:8]}")
         if not self._free_slots:
             raise ValueError(f"{self.name} tier is full")
-        entry = TierEntry(block_hash, parent_hash, content, self._free_slots.pop())
+        entry = TierEntry(block_hash, parent_hash, content, self._free_slots.pop(),
+                          decoded=decoded)
         self._entries[block_hash] = entry
         self.stored += 1
         return entry

@@ -60,11 +60,11 @@ from .block import Extra, KVCacheBlock
 from .block_pool import BlockPool
 from .events import CacheSnapshot, KVEvent
 from .offload import DiskEntry
-from .pins import PinTable
+from .pins import Pinned, PinTable
 from .request import KVRequest
 from .stats import Admissions, CacheStats, TierCounters
 from .tiered import TIER_NAMES, Tiers
-from .transfers import Transfer
+from .transfers import Lost, Transfer
 
 __all__ = ["TIER_NAMES", "KVCacheManager"]  # TIER_NAMES: defined here before tiered.py
 
@@ -199,6 +199,11 @@ class KVCacheManager:
     def take_transfers(self) -> list[Transfer]:
         """Copy orders since the last call, oldest first (see :mod:`.transfers`)."""
         return self._tiers.take_transfers()
+
+    def copies_lost(self, lost: Iterable[Lost]) -> int:
+        """The data plane could not make these copies: their lower entries are dropped
+        (``BlockRemoved``) before anything spills, announces or onboards them; how many."""
+        return self._tiers.copies_lost(lost)
 
     def restore_disk(self, entries: Iterable[DiskEntry]) -> list[bytes]:
         """:meth:`Tiers.restore_disk`: the disk tier rebuilt at start; the hashes kept."""
@@ -354,13 +359,14 @@ class KVCacheManager:
 
     # --- pins -------------------------------------------------------------------------
 
-    def pin(self, block_hashes: Sequence[bytes], ttl_s: float) -> int:
+    def pin(self, block_hashes: Sequence[bytes], ttl_s: float) -> Pinned:
         """Pin the chain ``block_hashes`` (from block 0) on the device blocks holding it, as
-        far as the pool holds it and the pin cap allows, for ``ttl_s`` seconds refreshed by
-        each admission hitting it; blocks already pinned are refreshed. Returns the number
-        of the chain's blocks pinned now (0 with caching off)."""
+        far as the pool holds it and the pin cap allows (displacing automatic pins), for
+        ``ttl_s`` seconds refreshed by each admission hitting it; blocks already pinned are
+        refreshed. Returns the chain's blocks pinned now (0 with caching off) and whether
+        the cap cut it short (``Pinned.capped``)."""
         if not self.enable_caching:
-            return 0
+            return Pinned(0, len(block_hashes))
         return self.pins.pin(list(block_hashes), ttl_s, self.pins.clock())
 
     def pin_when_computed(self, req: KVRequest, ttl_s: float) -> None:
@@ -434,11 +440,4 @@ class KVCacheManager:
 
     @property
     def stats(self) -> CacheStats:
-        pool = self.pool
-        first, again = self._first, self._preempted
-        return CacheStats(first.requests, first.queries, first.hits, again.requests,
-                          again.queries, again.hits, evictions=pool.evictions,
-                          blocks_total=pool.num_blocks,
-                          blocks_used=pool.num_blocks - pool.num_free_blocks,
-                          blocks_cached=pool.num_cached_blocks,
-                          blocks_free=pool.num_free_blocks, hashes_cached=len(pool.cached))
+        return CacheStats.of(self.pool, self._first, self._preempted)

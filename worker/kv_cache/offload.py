@@ -10,6 +10,8 @@ device pool's evictions (``BlockPool.on_evict``) and records the copy orders
   already holds is only refreshed (same content) or skipped (a collision: other content).
 - An orphan (its parent held on no tier, and not block 0) is not offloaded: a lookup from
   block 0 can never reach it.
+- An entry keeps its device block's eviction class (``decoded``), refreshed on every tier
+  holding the block whenever the device evicts it again, and a spill carries it down.
 - Events go through the device pool's one seq stream, a block's arrival below before its
   departure above: ``BlockStored(cpu)`` then the pool's ``BlockRemoved(gpu)``;
   ``BlockStored(disk)`` then ``BlockRemoved(cpu)`` for a spill; ``BlockRemoved(<tier>)`` for
@@ -17,6 +19,11 @@ device pool's evictions (``BlockPool.on_evict``) and records the copy orders
 - Orders (see :mod:`.transfers`): a ``Spill`` of a slot precedes the ``Offload`` that reuses
   it; a disk hash dropped gets a ``Drop`` (delete its file), deferred while an in-flight
   copy still reads that file, and skipped if the hash is back on disk by then.
+- A copy the data plane reports lost (:meth:`Offloader.forget_lost`) takes its entry out at
+  once (``BlockRemoved(<tier>)``; a disk entry's ``Drop`` removes a partial file): an entry
+  whose bytes were never written is never spilled, announced on disk or onboarded. A CPU
+  entry spilled before the report was refused on its way (its slot was bad), so its disk
+  entry is reported lost too.
 """
 from __future__ import annotations
 
@@ -27,7 +34,7 @@ from kvmesh.hashing import hash_block, none_hash
 from .block import BlockContent, Extra
 from .block_pool import BlockPool, Evicted
 from .lower_tier import LowerTier, TierEntry
-from .transfers import Drop, Offload, Spill, Transfer
+from .transfers import Drop, Lost, Offload, Spill, Transfer
 
 # A block read back from a disk file at start: (block_hash, parent_hash, token_ids, extra_keys).
 DiskEntry = tuple[bytes, bytes | None, Sequence[int], Extra]
@@ -66,6 +73,7 @@ class Offloader:
         batch = {e.block_hash: e for e in evicted}
         reachable: dict[bytes, bool] = {}
         for e in evicted:
+            self._carry_class(e)
             if not self._reachable(e.block_hash, batch, reachable):
                 continue
             held = self.cpu.get(e.block_hash)
@@ -76,11 +84,19 @@ class Offloader:
                 continue
             if not self._make_room(self.cpu):
                 continue  # every CPU entry is being read: the block is dropped
-            entry = self.cpu.add(e.block_hash, e.parent_hash, e.content)
+            entry = self.cpu.add(e.block_hash, e.parent_hash, e.content, e.decoded)
             self.order(Offload(e.block_id, entry.slot, e.block_hash))
             self.pool.emit_stored([e.block_hash], e.parent_hash, list(e.content.token_ids),
                                   "cpu")
             self.device_offloads += 1
+
+    def _carry_class(self, e: Evicted) -> None:
+        """The device's latest eviction class (``decoded``: a hit inside a prompt may have
+        cleared it since the block came up) wins on every tier holding the same block."""
+        for tier in self.tiers:
+            held = tier.get(e.block_hash)
+            if held is not None and held.content.same_as(e.content):
+                held.decoded = e.decoded
 
     def _reachable(self, block_hash: bytes, batch: dict[bytes, Evicted],
                    memo: dict[bytes, bool]) -> bool:
@@ -130,10 +146,11 @@ class Offloader:
             if not held.content.same_as(entry.content):
                 return False
             disk.touch(held)
+            held.decoded = entry.decoded
             return True
         if not self._make_room(disk):
             return False
-        disk.add(entry.block_hash, entry.parent_hash, entry.content)
+        disk.add(entry.block_hash, entry.parent_hash, entry.content, entry.decoded)
         content = entry.content
         self.order(Spill(entry.slot, entry.block_hash, entry.parent_hash, content.token_ids,
                          content.extra_keys))
@@ -170,6 +187,20 @@ class Offloader:
         if tier.get(entry.block_hash) is entry:
             tier.evictions += 1
             self._remove(tier, entry)
+
+    def forget_lost(self, lost: Iterable[Lost]) -> int:
+        """Drop the entries these failed copies were to fill (see the module docstring);
+        an entry that already left its tier, or is another copy's now (a CPU hash in
+        another slot), is left alone. Returns how many entries were dropped."""
+        n = 0
+        for item in lost:
+            tier = self.cpu if item.tier == "cpu" else self.disk
+            entry = None if tier is None else tier.get(item.block_hash)
+            if entry is None or (item.slot is not None and entry.slot != item.slot):
+                continue
+            self.drop(tier, entry)
+            n += 1
+        return n
 
     def clear(self) -> None:
         """Forget every lower entry, without events (``AllBlocksCleared`` covers them)."""

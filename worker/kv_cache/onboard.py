@@ -7,9 +7,11 @@ Lifecycle of one onboard (one at most per admission of a request):
    lower entries are marked read (never evicted while read); an ``Onboard`` order is
    recorded. The fresh blocks are NOT cached: nobody can hit a block a copy is writing.
 2. ``finish`` (the copy ended): ok -> the fresh blocks are cached (``BlockStored(gpu)``; the
-   lower copies stay, the tiers are inclusive) and the hold stays until admission, so they
-   cannot be evicted before the request uses them. Not ok -> the fresh blocks are freed
-   uncached (to the head of the free queue), the failed lower entries are dropped
+   lower copies stay, the tiers are inclusive), each with the eviction class (``decoded``)
+   its lower entry kept, not whatever the destination block held before; the hold stays
+   until admission, so they cannot be evicted before the request uses them. Not ok -> the
+   fresh blocks are freed uncached (to the head of the free queue), the failed lower
+   entries are dropped
    (``BlockRemoved(<tier>)``), the hold is released and the request is never onboarded
    again: it recomputes.
 3. Admission (``admit``) releases the hold after the request referenced its blocks.
@@ -132,7 +134,9 @@ class Onboarder:
             self.pool.cache_full_blocks(hold.blocks, hold.block_hashes, hold.token_ids,
                                         hold.num_hits, len(hold.blocks), self.block_size,
                                         hold.extra_keys)
-            for tier, _ in hold.reads:
+            for (tier, entry), block in zip(hold.reads, hold.blocks[hold.num_hits:],
+                                            strict=True):
+                block.decoded = entry.decoded  # the pool caches without a class: carry it
                 tier.onboard_blocks += 1
         else:
             bad = set(failed)

@@ -8,7 +8,15 @@ free queue and is never evicted while pinned. The rules:
   "parent of" and every pinned block stays reachable by a lookup.
 - One pin per hash (on one of the blocks holding it, chained to its parent's pinned block);
   pinning a hash again refreshes it. ``cap`` bounds the pinned blocks (default 10% of the
-  pool); a chain is pinned as far as the cap and the cached prefix allow.
+  pool); a chain is pinned as far as the cap and the cached prefix allow, and the answer
+  (:class:`Pinned`) says when the cap cut it short, so the caller is told, not left to guess.
+- Explicit pins (asked for: an admin's ``PinPrefix``, a warm-up) outrank automatic ones: an
+  explicit pin that meets a full cap displaces automatic pins (soonest to expire first,
+  deepest first), so no amount of traffic, which is all an automatic pin stands for, can
+  hold the budget against the operator; automatic pins only take what explicit ones leave.
+  A block pinned both ways counts as explicit. Every ancestor of an explicit pin is
+  explicit (a chain is pinned from block 0, each block marked on the way), so releasing
+  an automatic pin with its descendants never releases an explicit one.
 - TTL: a pin expires ``ttl_s`` after it was made or last used; a use is an admission whose
   cache hits include the block (the whole hit prefix is refreshed, so a parent never expires
   before its child). :meth:`PinTable.tick` releases expired pins; the manager runs it at the
@@ -19,8 +27,8 @@ free queue and is never evicted while pinned. The rules:
 - Pins are only taken between steps (explicit calls, :meth:`PinTable.tick`), never inside
   one, so a pinned block's KV is always written: a failed step's blocks are never pinned.
 - Pins yield to a request that could never fit beside them (:meth:`PinTable.make_room`):
-  soonest to expire first, so a pool that pins take room in still serves every request
-  that fits the pool.
+  automatic ones first, then soonest to expire first, so a pool that pins take room in
+  still serves every request that fits the pool.
 
 Pinning changes no cached hash, so it emits no KV event.
 """
@@ -41,6 +49,21 @@ AUTO_PIN_WINDOW_S = 60.0  # the window, and an automatic pin's TTL
 PIN_CAP_FRACTION = 0.10   # default cap: this share of the device pool
 
 
+class Pinned(int):
+    """The blocks of a chain pinned now (an ``int``, as before), out of ``of`` asked for;
+    ``capped``: the pin cap stopped it although this pool holds the next block (explicit
+    pins fill the cap). Short and not capped: the pool holds no more of the chain."""
+
+    def __new__(cls, n: int, of: int, capped: bool = False) -> Pinned:
+        self = super().__new__(cls, n)
+        self.of = of
+        self.capped = capped
+        return self
+
+    def __reduce__(self) -> tuple:  # pickles and copies keep the reason
+        return (Pinned, (int(self), self.of, self.capped))
+
+
 @dataclass(slots=True)
 class Pin:
     """One pinned block: the chain position it holds and when it expires."""
@@ -50,7 +73,8 @@ class Pin:
     depth: int            # position in the chain (0 = first block)
     ttl_s: float          # refresh period: the longest TTL it was pinned with
     expires_at: float
-    auto: bool            # pinned because hot, not (only) on request
+    auto: bool            # pinned because hot
+    explicit: bool = True  # pinned on request (outranks automatic pins: see the module)
 
 
 @dataclass(slots=True)
@@ -97,10 +121,16 @@ class PinTable:
 
     # --- pinning ----------------------------------------------------------------------
 
+    @property
+    def num_explicit(self) -> int:
+        """Pins made on request (the cap's share automatic pins cannot take from them)."""
+        return sum(p.explicit for p in self._pins.values())
+
     def pin(self, chain: Sequence[bytes], ttl_s: float, now: float, *,
-            auto: bool = False) -> int:
-        """Pin ``chain`` from block 0 as far as the pool holds it and the cap allows, or
-        refresh the blocks already pinned; return how many of its blocks are pinned now."""
+            auto: bool = False) -> Pinned:
+        """Pin ``chain`` from block 0 as far as the pool holds it and the cap allows (an
+        explicit pin, ``auto=False``, displacing automatic ones at the cap), or refresh the
+        blocks already pinned; return how many of its blocks are pinned now."""
         if not ttl_s > 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
         parent: KVCacheBlock | None = None
@@ -108,20 +138,36 @@ class PinTable:
             pin = self._pins.get(block_hash)
             if pin is not None:
                 if not _extends(pin.block, parent):
-                    return depth  # the same hash on another prefix: a collision
+                    return Pinned(depth, len(chain))  # the hash on another prefix: a collision
                 pin.ttl_s = max(pin.ttl_s, ttl_s)
                 pin.expires_at = max(pin.expires_at, now + ttl_s)
                 pin.auto = pin.auto or auto
+                pin.explicit = pin.explicit or not auto
             else:
                 block = self._holder(block_hash, parent)
-                if block is None or len(self._pins) >= self.cap:
-                    return depth
+                if block is None:
+                    return Pinned(depth, len(chain))
+                while len(self._pins) >= self.cap:
+                    if auto or not self._displace_automatic():
+                        return Pinned(depth, len(chain), capped=True)
                 self.pool.touch((block,))
                 pin = self._pins[block_hash] = Pin(
-                    block, chain[depth - 1] if depth else None, depth, ttl_s, now + ttl_s, auto)
+                    block, chain[depth - 1] if depth else None, depth, ttl_s, now + ttl_s, auto,
+                    explicit=not auto)
                 self._next_expiry = min(self._next_expiry, pin.expires_at)
             parent = pin.block
-        return len(chain)
+        return Pinned(len(chain), len(chain))
+
+    def _displace_automatic(self) -> bool:
+        """Release the automatic-only pin least worth keeping (soonest to expire, deepest
+        first) with its descendants (automatic too: see the module docstring), for an
+        explicit pin at the cap. ``False`` if every pin is explicit."""
+        victims = [(p.expires_at, -p.depth, i, h)
+                   for i, (h, p) in enumerate(self._pins.items()) if not p.explicit]
+        if not victims:
+            return False
+        self._release({min(victims)[3]})
+        return True
 
     def _holder(self, block_hash: bytes, parent: KVCacheBlock | None) -> KVCacheBlock | None:
         for block in self.pool.cached.get(block_hash, {}).values():
@@ -238,11 +284,12 @@ class PinTable:
         return excess > 0 and self.make_room(mine, excess) > 0
 
     def make_room(self, mine: Collection[KVCacheBlock], excess: int) -> int:
-        """Release pins, soonest to expire first (deepest first on a tie, then pinning
-        order; each with its descendants), until ``excess`` pinned blocks outside ``mine``
-        (a request's blocks) are released or none is left. Returns the number released
-        outside ``mine``."""
-        order = sorted(self._pins.items(), key=lambda kv: (kv[1].expires_at, -kv[1].depth))
+        """Release pins, automatic-only ones first, then soonest to expire first (deepest
+        first on a tie, then pinning order; each with its descendants), until ``excess``
+        pinned blocks outside ``mine`` (a request's blocks) are released or none is left.
+        Returns the number released outside ``mine``."""
+        order = sorted(self._pins.items(),
+                       key=lambda kv: (kv[1].explicit, kv[1].expires_at, -kv[1].depth))
         freed = 0
         for block_hash, _ in order:
             if freed >= excess:

@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .block_pool import BlockPool
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +30,15 @@ class CacheStats:
     blocks_cached: int
     blocks_free: int
     hashes_cached: int = 0  # distinct hashes (duplicate blocks share one): the index's view
+
+    @classmethod
+    def of(cls, pool: BlockPool, first: Admissions, again: Admissions) -> CacheStats:
+        """The counters now: ``first`` / ``again`` admissions over ``pool``."""
+        return cls(first.requests, first.queries, first.hits, again.requests, again.queries,
+                   again.hits, evictions=pool.evictions, blocks_total=pool.num_blocks,
+                   blocks_used=pool.num_blocks - pool.num_free_blocks,
+                   blocks_cached=pool.num_cached_blocks, blocks_free=pool.num_free_blocks,
+                   hashes_cached=len(pool.cached))
 
     @property
     def hit_rate(self) -> float:

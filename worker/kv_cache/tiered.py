@@ -31,7 +31,7 @@ from .offload import DiskEntry, Offloader
 from .onboard import Onboarder, Read
 from .request import KVRequest
 from .stats import TierCounters
-from .transfers import Transfer
+from .transfers import Lost, Transfer
 
 TIER_NAMES = ("gpu", "cpu", "disk")
 
@@ -159,6 +159,11 @@ class Tiers:
     def take_transfers(self) -> list[Transfer]:
         """Copy orders since the last call, oldest first (see :mod:`.transfers`)."""
         return [] if self.offloader is None else self.offloader.take_transfers()
+
+    def copies_lost(self, lost: Iterable[Lost]) -> int:
+        """The data plane could not make these copies: ``Offloader.forget_lost`` (0 without
+        lower tiers)."""
+        return 0 if self.offloader is None else self.offloader.forget_lost(lost)
 
     def restore_disk(self, entries: Iterable[DiskEntry], hash_algo: str,
                      hash_seed: str | None) -> list[bytes]:

@@ -14,6 +14,12 @@ after scheduling and before the forward). Orders must run in the order given:
   the destinations are not handed out until then.
 - :class:`Drop`: the disk tier forgot ``block_hash`` and no ordered copy reads its file any
   more: delete the file (a missing file is fine).
+
+The other way, the data plane reports each copy it could not make as a :class:`Lost`
+(``KVCacheManager.copies_lost``): an ``Offload`` whose slot was not written, a ``Spill``
+whose file was not written (refused, or its background write failed). The manager then
+forgets the entry that copy was to fill (``BlockRemoved(<tier>)``), so nothing announces,
+spills or onboards a block whose bytes do not exist.
 """
 from __future__ import annotations
 
@@ -55,3 +61,13 @@ class Drop:
 
 
 Transfer = Offload | Spill | Onboard | Drop
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """A copy that did not happen: ``tier`` "cpu" for an ``Offload`` into ``slot``, "disk"
+    for a ``Spill`` of ``block_hash`` (``slot`` None: the disk tier has no slots)."""
+
+    tier: str
+    block_hash: bytes
+    slot: int | None = None

@@ -5,6 +5,13 @@ from (salt/extra keys and every token of the chain up to it). The plane executes
 manager's transfer orders in order, as the real one must, and tests compare what each
 place holds with what the manager's books say it holds: a wrong slot, an order run too
 late or a slot reused while a copy reads it shows up as a wrong key.
+
+Failures, as the real executor (worker/kv_transfer.py) has them: ``fail("offload")`` makes
+the next batch of consecutive offloads fail (their slots hold garbage and are bad),
+``fail("write")`` the next spill's file write (a partial file is left). A spill of a bad slot
+writes nothing; an onboard reading a bad slot or a missing/partial file fails. Each copy
+that did not happen is reported to the manager (``copies_lost``) at the end of :meth:`run`,
+as the engine does after executing a step's orders.
 """
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ from worker.kv_cache import (
     Drop,
     KVCacheManager,
     KVRequest,
+    Lost,
     Offload,
     Onboard,
     Spill,
@@ -41,6 +49,15 @@ class FakePlane:
         self.disk: dict[bytes, tuple] = {}
         self.onboards: dict[str, list[tuple]] = {}  # request id -> what the copies read
         self.orders: list = []
+        self.failing: set[str] = set()  # "offload" / "write": the next one fails
+        self.bad: set[int] = set()       # CPU slots whose offload failed
+        self.slot_hash: dict[int, bytes] = {}
+        self.lost: list[Lost] = []       # every copy reported lost, in order
+
+    def fail(self, kind: str) -> None:
+        """Make the next offload batch (``"offload"``) or file write (``"write"``) fail."""
+        assert kind in ("offload", "write")
+        self.failing.add(kind)
 
     def prefix_keys(self, req: KVRequest, num_blocks: int) -> list[tuple]:
         """The content key of each of the first ``num_blocks`` blocks of ``req``."""
@@ -68,21 +85,54 @@ class FakePlane:
         assert [self.device.get(b.block_id) for b in hits] == want
 
     def run(self) -> list:
-        """Execute the manager's pending orders; the onboards' sources are read now."""
+        """Execute the manager's pending orders; the onboards' sources are read now. Copies
+        that failed are reported to the manager at the end (and the orders that causes,
+        the ``Drop`` of a lost disk entry, run too)."""
         orders = self.m.take_transfers()
-        for order in orders:
+        lost: list[Lost] = []
+        batch_fails = False  # the current run of consecutive offloads fails as one
+        for k, order in enumerate(orders):
             if isinstance(order, Offload):
-                self.cpu[order.slot] = self.device.get(order.block_id, ("garbage",))
+                if k == 0 or not isinstance(orders[k - 1], Offload):
+                    batch_fails = "offload" in self.failing
+                    self.failing.discard("offload")
+                self.slot_hash[order.slot] = order.block_hash
+                if batch_fails:
+                    self.cpu[order.slot] = ("garbage",)
+                    self.bad.add(order.slot)
+                    lost.append(Lost("cpu", order.block_hash, order.slot))
+                else:
+                    self.cpu[order.slot] = self.device.get(order.block_id, ("garbage",))
+                    self.bad.discard(order.slot)
             elif isinstance(order, Spill):
-                self.disk[order.block_hash] = self.cpu.get(order.cpu_slot, ("garbage",))
+                good = (order.cpu_slot not in self.bad
+                        and self.slot_hash.get(order.cpu_slot) == order.block_hash)
+                if good and "write" in self.failing:
+                    self.failing.discard("write")
+                    self.disk[order.block_hash] = ("garbage",)  # a partial file
+                    good = False
+                if good:
+                    self.disk[order.block_hash] = self.cpu.get(order.cpu_slot, ("garbage",))
+                else:
+                    lost.append(Lost("disk", order.block_hash))
             elif isinstance(order, Drop):
                 self.disk.pop(order.block_hash, None)
             else:
                 assert isinstance(order, Onboard)
                 self.onboards[order.request_id] = [
-                    (block_id, self._read(tier, src)) for tier, src, block_id in order.copies]
+                    (block_id, self._read(tier, src), self._readable(tier, src))
+                    for tier, src, block_id in order.copies]
         self.orders += orders
+        if lost:
+            self.lost += lost
+            self.m.copies_lost(lost)
+            orders += self.run()
         return orders
+
+    def _readable(self, tier: str, src: int | bytes) -> bool:
+        if tier == "cpu":
+            return src not in self.bad
+        return self.disk.get(src, ("garbage",)) != ("garbage",)
 
     def _read(self, tier: str, src: int | bytes) -> tuple:
         if tier == "cpu":
@@ -93,12 +143,19 @@ class FakePlane:
 
     def finish(self, request_id: str, ok: bool = True, failed=()) -> None:
         """The copy of ``request_id`` ends: its sources are read again (a source reused
-        meanwhile would differ) and written to the device blocks."""
+        meanwhile would differ) and written to the device blocks. A copy whose source was
+        unreadable when read fails the onboard (named in ``failed``), whatever ``ok``."""
         order = next(o for o in reversed(self.orders)
                      if isinstance(o, Onboard) and o.request_id == request_id)
         copies = self.onboards.pop(request_id)
+        failed = set(failed)
+        for (tier, src, _), (_, _, readable) in zip(order.copies, copies, strict=True):
+            if not readable:  # the real copy stops at the first that raises
+                ok = False
+                failed.add((tier, self.slot_hash[src] if tier == "cpu" else src))
+                break
         if ok:
-            for (tier, src, block_id), (_, first) in zip(order.copies, copies, strict=True):
+            for (tier, src, block_id), (_, first, _) in zip(order.copies, copies, strict=True):
                 assert self._read(tier, src) == first, "a source changed during its copy"
                 self.device[block_id] = first
         self.m.finish_onboard(request_id, ok, failed)

@@ -46,6 +46,7 @@ class PinModel:
         self.seen: set[str] = set()
         self.evictions = 0
         self.pins: dict[tuple, dict] = {}
+        self.capped = False  # the last pin stopped at the cap
         self.hits: dict[tuple, deque] = {}
         self.hot: list[list[tuple]] = []
 
@@ -163,20 +164,31 @@ class PinModel:
     # --- pins -------------------------------------------------------------------------
 
     def pin(self, chain, ttl, now, auto=False) -> int:
+        """Explicit pins (``auto`` False) displace automatic-only ones at the cap: soonest
+        to expire, deepest, first pinned first, each with its descendants."""
         for depth, k in enumerate(chain):
             p = self.pins.get(k)
             if p is not None:
                 p["ttl"], p["exp"] = max(p["ttl"], ttl), max(p["exp"], now + ttl)
+                p["explicit"] = p["explicit"] or not auto
                 continue
             holders = self.cached.get(k)
-            if not holders or len(self.pins) >= CAP:
+            if not holders:
                 return depth
+            while len(self.pins) >= CAP:
+                autos = [(p["exp"], -p["depth"], i, key)
+                         for i, (key, p) in enumerate(self.pins.items()) if not p["explicit"]]
+                if auto or not autos:
+                    self.capped = True
+                    return depth
+                self._release({min(autos)[3]})
             b = holders[0]
             if self.ref[b] == 0:
                 self._take(b)
             self.ref[b] += 1
             self.pins[k] = {"block": b, "parent": chain[depth - 1] if depth else None,
-                            "depth": depth, "ttl": ttl, "exp": now + ttl}
+                            "depth": depth, "ttl": ttl, "exp": now + ttl,
+                            "explicit": not auto}
         return len(chain)
 
     def _release(self, roots) -> list[dict]:
@@ -198,7 +210,7 @@ class PinModel:
         n = len(self._release({k for k, p in self.pins.items() if p["exp"] <= now}))
         hot, self.hot = self.hot, []
         for chain in hot:
-            self.pin(chain, WINDOW, now)
+            self.pin(chain, WINDOW, now, auto=True)
         return n
 
     def _yield_to(self, mine, new_n) -> bool:
@@ -209,7 +221,9 @@ class PinModel:
         if excess <= 0:
             return False
         freed = 0
-        for k, _ in sorted(self.pins.items(), key=lambda kv: (kv[1]["exp"], -kv[1]["depth"])):
+        order = sorted(self.pins.items(),
+                       key=lambda kv: (kv[1]["explicit"], kv[1]["exp"], -kv[1]["depth"]))
+        for k, _ in order:
             if freed >= excess:
                 break
             if k in self.pins:
@@ -254,7 +268,10 @@ class EvictionMachine(KVCacheMachine):
     def _pin(self, tokens, salt, ttl, data):
         hashes, keys = self._chain(tokens, salt)
         cut = len(keys) - data.draw(st.integers(0, len(keys)))  # mostly the whole chain
-        assert self.m.pin(hashes[:cut], ttl) == self.model.pin(keys[:cut], ttl, self.now)
+        self.model.capped = False
+        pinned = self.m.pin(hashes[:cut], ttl)
+        assert pinned == self.model.pin(keys[:cut], ttl, self.now)
+        assert (pinned.of, pinned.capped) == (cut, self.model.capped)  # a short pin says why
 
     @precondition(lambda self: self.model.cached)
     @rule(data=st.data(), ttl=st.sampled_from([2.0, 5.0, 30.0]))
@@ -291,6 +308,10 @@ class EvictionMachine(KVCacheMachine):
         assert self.m.num_pinned_blocks == len(self.model.pins) <= CAP
         assert {self._hash(k): p["block"] for k, p in self.model.pins.items()} == {
             h: pins.get(h).block.block_id for h in pins._pins}
+        assert {self._hash(k) for k, p in self.model.pins.items() if p["explicit"]} == {
+            h for h, p in pins._pins.items() if p.explicit}
+        for pin in pins._pins.values():  # an explicit pin hangs from explicit pins only
+            assert not pin.explicit or pin.parent is None or pins.get(pin.parent).explicit
         for pin in pins._pins.values():
             assert pin.block.ref_cnt >= 1 and pin.block.block_hash is not None
             assert pin.parent is None or pin.parent in pins._pins  # closed: from block 0

@@ -95,3 +95,41 @@ def test_without_prompt_length_every_block_is_a_prompt_block():
 def test_unknown_eviction_is_refused():
     with pytest.raises(ValueError, match="eviction"):
         KVCacheManager(4, BS, eviction="fifo")
+
+
+@pytest.mark.parametrize("cpu,disk", [(4, 0), (1, 4)])
+def test_a_block_keeps_its_class_across_a_tier_round_trip(cpu, disk):
+    """Issue 22 item 15: a decode block of a preempted request, offloaded (to host memory,
+    or on to disk) and onboarded back, is still a decode block: evicted first when freed,
+    exactly as without tiers (the onboard's destination had the other class)."""
+
+    def run(cpu_blocks, disk_blocks):
+        m = KVCacheManager(4, BS, cpu_blocks=cpu_blocks, disk_blocks=disk_blocks,
+                           eviction="layered")
+        r = KVRequest("r", [1, 2, 3, 4, 5], num_prompt_tokens=3)  # block 1 = [3, 4]: decoded
+        m.allocate_slots(r, 5)
+        m.preempt(r)
+        if cpu_blocks:
+            # pressure: every block handed out, so both go down; the destinations the
+            # onboard takes next hold the prefill class (stale: they are uncached)
+            blocks = m.pool.get_new_blocks(m.pool.num_free_blocks)
+            for b in blocks:
+                b.decoded = False
+            m.take_transfers()
+            m.pool.free_blocks(blocks)
+            if disk_blocks:  # more pressure: the CPU tier's one slot spills to disk
+                lower = {e.block_hash for t in m.offloader.tiers for e in t}
+                assert len(lower) == 2 and len(m.offloader.disk) == 1
+        hits, n = m.get_computed_blocks(r)
+        if m.start_onboard(r, hits):
+            m.take_transfers()
+            m.finish_onboard("r", True)
+            hits, n = m.get_computed_blocks(r)
+        assert n == 4
+        m.allocate_slots(r, 1, hits, n)
+        blocks = list(m._blocks["r"])
+        m.free(r)
+        return [(b.decoded, b.layer) for b in blocks[:2]]
+
+    assert run(0, 0) == [(False, 1), (True, 0)]
+    assert run(cpu, disk) == run(0, 0)

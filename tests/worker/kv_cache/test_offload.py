@@ -173,3 +173,63 @@ def test_reset_clears_every_tier_and_deletes_disk_files():
     assert r.plane.run() == [Drop(r.chain("a", [1, 2])[0])]
     assert r.m.cached_block_hashes().block_hashes == []
     assert r.m.take_events() == [] and isinstance(AllBlocksCleared(1), AllBlocksCleared)
+
+
+def test_a_failed_offload_drops_its_cpu_entries_before_they_spill_or_are_announced():
+    """Issue 22 item 14: the offload batch fails (the plane reports it lost, as the engine
+    does after executing a step's orders): the CPU entries go at once, ``BlockRemoved(cpu)``
+    after their ``BlockStored(cpu)``, so the pressure that follows spills and announces
+    nothing of them on disk, and the snapshot does not list them."""
+    r = Run(gpu=3, cpu=2, disk=4)
+    r.run([1, 2, 3, 4, 5], "a")
+    r.events()
+    r.plane.fail("offload")
+    r.run([5, 6, 7, 8, 9], "b")  # evicts a1, a0: their copy to host memory fails
+    assert r.events() == [("stored", "cpu", ["a1"]), ("stored", "cpu", ["a0"]),
+                          ("removed", "gpu", ["a1", "a0"]), ("stored", "gpu", ["b0", "b1"]),
+                          ("removed", "cpu", ["a1"]), ("removed", "cpu", ["a0"])]
+    assert r.lower("cpu") == [] and r.m.tier_stats()["cpu"].evictions == 2
+    for i in range(4):  # pressure: the CPU tier fills and spills
+        r.run([20 + i, 30 + i, 40 + i], f"c{i}")
+    events = r.events()
+    assert not any(e[0] == "stored" and e[1] == "disk" and {"a0", "a1"} & set(e[2])
+                   for e in events)
+    snap = r.m.cached_block_hashes()
+    a = set(r.chain("a", [1, 2, 3, 4]))
+    assert not a & set(snap.block_hashes)
+    r.plane.check()
+
+
+def test_a_spill_lost_in_the_same_step_drops_the_disk_entry_and_its_file():
+    """The failed slot was spilled in the same batch (a CPU of one slot): the spill is
+    refused, reported lost, and the disk entry it announced goes with a ``Drop``."""
+    r = Run(gpu=2, cpu=1, disk=2)
+    r.run([1, 2, 3], "a")
+    r.plane.fail("offload")
+    r.run([4, 5, 6], "b")  # a0 -> cpu (lost)
+    r.run([7, 8, 9], "c")  # b0 -> cpu: a0 never reaches disk (already dropped)
+    a0 = r.chain("a", [1, 2])[0]
+    assert not any(isinstance(o, Spill) and o.block_hash == a0 for o in r.plane.orders)
+    r.plane.fail("write")
+    r.run([1, 1, 1], "d")  # c0 -> cpu: b0 spills, its file write fails
+    b0 = r.chain("b", [4, 5])[0]
+    assert any(isinstance(o, Spill) and o.block_hash == b0 for o in r.plane.orders)
+    events = r.events()
+    assert events.index(("stored", "disk", ["b0"])) < events.index(("removed", "disk", ["b0"]))
+    assert r.lower("disk") == [] and Drop(b0) in r.plane.orders and b0 not in r.plane.disk
+    r.plane.check()
+
+
+def test_a_lost_copy_of_an_entry_that_moved_on_changes_nothing():
+    from worker.kv_cache import Lost
+
+    r = Run(gpu=2, cpu=2)
+    r.run([1, 2, 3], "a")
+    r.run([4, 5, 6], "b")  # a0 -> cpu slot 0
+    a0 = r.chain("a", [1, 2])[0]
+    r.events()
+    assert r.m.copies_lost([Lost("cpu", a0, 1), Lost("disk", a0),
+                            Lost("cpu", b"\0" * 32, 0)]) == 0  # another slot, no disk tier
+    assert r.events() == [] and r.lower("cpu") == ["a0"]
+    assert r.m.copies_lost([Lost("cpu", a0, 0)]) == 1 and r.lower("cpu") == []
+    assert KVCacheManager(4, BS).copies_lost([Lost("cpu", a0, 0)]) == 0  # no tiers

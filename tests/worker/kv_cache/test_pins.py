@@ -1,8 +1,10 @@
 """Pins on the KV manager: chains from block 0, cap, TTL (a manual clock), refresh by use,
 unpin, automatic pins, reset, preemption, failed steps, warm-up pins."""
+import pickle
+
 import pytest
 
-from worker.kv_cache import BlockRemoved, KVCacheManager, KVRequest
+from worker.kv_cache import BlockRemoved, KVCacheManager, KVRequest, Pinned
 
 BS = 2
 ALGO = "xxhash_cbor"
@@ -301,3 +303,64 @@ def test_an_unpinned_hot_chain_needs_k_new_hits_to_come_back():
     run(m, SYS + [40])
     m.expire_pins()
     assert m.num_pinned_blocks == 3
+
+
+def hot(m, tokens, salt=None, hits=9):
+    """Make ``tokens``'s chain hot (first admissions hitting it) and tick: auto-pinned."""
+    for i in range(hits):
+        run(m, tokens + [50 + i], salt=salt)
+    m.expire_pins()
+
+
+def test_an_explicit_pin_displaces_automatic_pins_at_the_cap():
+    """Issue 22 item 8: hot traffic (any caller's own salted prefix) fills the cap with
+    automatic pins; the admin's pin still takes the cap, and is told when the cap cut it."""
+    m, _ = manager(auto_pin=True)  # cap 3
+    hot(m, SYS, salt="attacker")
+    assert m.num_pinned_blocks == 3 and m.pins.num_explicit == 0
+    sys2 = [7, 8, 9, 10, 11, 12, 13, 14]  # four full blocks
+    run(m, sys2 + [1])
+    got = m.pin(hashes(m, sys2), ttl_s=600)
+    assert (got, got.of, got.capped) == (3, 4, True)  # the cap stopped it: said so
+    assert {h for h, p in m.pins._pins.items() if p.explicit} == set(hashes(m, sys2)[:3])
+    assert m.num_pinned_blocks == 3  # the automatic pins gave way, deepest first
+    hot(m, SYS, salt="attacker")  # and hot traffic cannot take the cap back
+    assert m.pins.num_explicit == 3 and m.num_pinned_blocks == 3
+    assert m.pin(hashes(m, sys2), ttl_s=600) == 3  # a refresh, still capped
+    full = m.pin(hashes(m, SYS, salt="attacker"), ttl_s=60)
+    assert (full, full.capped) == (0, True)  # explicit pins fill the cap: reported
+
+
+def test_a_short_pin_says_whether_the_cap_or_the_cache_stopped_it():
+    m, _ = manager(auto_pin=True)
+    run(m, SYS + [9])
+    h = hashes(m, SYS + [7, 8])
+    got = m.pin(h, ttl_s=60)  # block 3 is not cached: not the cap's doing
+    assert (got, got.of, got.capped) == (3, 4, False)
+    again = pickle.loads(pickle.dumps(Pinned(2, 5, True)))  # across a process, the reason too
+    assert (again, again.of, again.capped) == (2, 5, True)
+    assert m.pin(hashes(m, [5, 6]), ttl_s=60).capped is False
+    off = KVCacheManager(20, BS, hash_algo=ALGO, enable_caching=False)
+    assert (off.pin(h, ttl_s=60), off.pin(h, ttl_s=60).of) == (0, 4)
+
+
+def test_a_block_pinned_both_ways_counts_as_explicit_and_is_kept():
+    m, _ = manager(auto_pin=True)
+    hot(m, SYS)  # automatic, then the admin pins the same chain: explicit now
+    assert m.pin(hashes(m, SYS), ttl_s=600) == 3 and m.pins.num_explicit == 3
+    run(m, [7, 8, 9, 10, 11])
+    assert m.pin(hashes(m, [7, 8, 9, 10]), ttl_s=600).capped  # nothing to displace
+    assert set(m.pins._pins) == set(hashes(m, SYS))
+
+
+def test_pins_yield_automatic_ones_first():
+    m, _ = manager(num_blocks=10, pin_cap=5, auto_pin=True)
+    run(m, [1, 2, 3, 4, 5])
+    m.pin(hashes(m, [1, 2, 3, 4]), ttl_s=10)  # explicit, expires soonest
+    hot(m, [7, 8, 9, 9], hits=9)             # automatic, 60 s
+    auto = [h for h, p in m.pins._pins.items() if not p.explicit]
+    assert auto and m.pins.num_explicit == 2
+    big = KVRequest("big", list(range(100, 114)), num_prompt_tokens=14)  # 7 blocks
+    assert m.allocate_slots(big, 14) is not None  # 7 + 4 pinned > 10: one must go
+    assert m.pins.num_explicit == 2 and set(m.pins._pins) == {*hashes(m, [1, 2, 3, 4]),
+                                                              auto[0]}  # not the explicit

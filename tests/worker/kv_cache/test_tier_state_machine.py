@@ -10,7 +10,13 @@ Checked after every step:
   gets is its own prefix; no copy's source changes while it is read;
 - the references: every block's ``ref_cnt`` is the number of block tables and holds that
   contain it; lower entries are read exactly by the in-flight onboards; slots are unique;
-- the snapshot covers every tier; cached tokens per tier add up to the cached tokens.
+- the snapshot covers every tier; cached tokens per tier add up to the cached tokens;
+- failed copies (an offload batch, a disk write: ``fail``): the manager, told by the plane
+  as the engine tells it, holds no entry whose bytes were not written (the data check), and
+  an onboard that read one fails and recomputes;
+- eviction classes (``decoded``, under ``eviction="layered"``): a lower entry of a block
+  the device no longer holds has the class the device last gave it, and an onboarded
+  block takes its entry's class, not its destination's.
 """
 import random
 from collections import Counter
@@ -43,11 +49,14 @@ TOKENS = st.integers(0, 1)  # a tiny vocabulary: prefixes are shared all the tim
 class TierMachine(RuleBasedStateMachine):
     cpu_blocks = 4
     disk_blocks = 3
+    eviction = "lru"
 
     def __init__(self) -> None:
         super().__init__()
         self.m = KVCacheManager(NUM_BLOCKS, BS, hash_algo="xxhash_cbor",
-                                cpu_blocks=self.cpu_blocks, disk_blocks=self.disk_blocks)
+                                cpu_blocks=self.cpu_blocks, disk_blocks=self.disk_blocks,
+                                eviction=self.eviction)
+        self.cls: dict[bytes, bool | None] = {}  # the device's last class of each hash
         self.plane = FakePlane(self.m)
         self.waiting: list[KVRequest] = []
         self.running: list[KVRequest] = []
@@ -67,7 +76,8 @@ class TierMachine(RuleBasedStateMachine):
     @rule(prompt=st.lists(TOKENS, min_size=1, max_size=MAX_LEN - 2),
           salt=st.sampled_from([None, "s"]))
     def arrive(self, prompt, salt):
-        self.waiting.append(KVRequest(f"r{self.n}", prompt, salt=salt))
+        self.waiting.append(KVRequest(f"r{self.n}", prompt, salt=salt,
+                                      num_prompt_tokens=len(prompt)))
         self.past.append((prompt, salt))
         self.n += 1
 
@@ -76,7 +86,9 @@ class TierMachine(RuleBasedStateMachine):
     def arrive_again(self, data, more):
         """A returning conversation: an earlier prompt, maybe extended."""
         prompt, salt = self.pick(data, self.past)
-        self.waiting.append(KVRequest(f"r{self.n}", (prompt + more)[:MAX_LEN - 2], salt=salt))
+        prompt = (prompt + more)[:MAX_LEN - 2]
+        self.waiting.append(KVRequest(f"r{self.n}", prompt, salt=salt,
+                                      num_prompt_tokens=len(prompt)))
         self.n += 1
 
     @precondition(lambda self: self.waiting)
@@ -166,8 +178,18 @@ class TierMachine(RuleBasedStateMachine):
         hold = self.pick(data, holds)
         sources = [(tier.name, entry.block_hash) for tier, entry in hold.reads]
         failed = set() if ok else self.pick_some(data, sources)
+        want = {entry.block_hash: entry.decoded for _, entry in hold.reads}
+        dests = hold.blocks[hold.num_hits:]
         self.plane.finish(hold.request_id, ok, failed)
         self.plane.run()  # Drop orders of failed disk entries
+        for block in dests:  # cached now (the copy landed): the entry's class, carried
+            if block.block_hash in want:
+                assert block.decoded == want[block.block_hash], "class lost on onboard"
+
+    @rule(kind=st.sampled_from(["offload", "write"]))
+    def fail(self, kind):
+        """The next offload batch or disk write fails (the plane reports it lost)."""
+        self.plane.fail(kind)
 
     @rule()
     def release_holds(self):
@@ -251,6 +273,18 @@ class TierMachine(RuleBasedStateMachine):
             assert len(busy) + len(free) + tier._num_dropped_read == tier.num_slots
 
     @invariant()
+    def classes_survive_the_tiers(self):
+        pool = self.m.pool
+        for h, holders in pool.cached.items():
+            flags = {b.decoded for b in holders.values()}
+            self.cls[h] = flags.pop() if len(flags) == 1 else None  # None: duplicates differ
+        for tier in self.m.offloader.tiers:
+            for entry in tier:
+                want = self.cls.get(entry.block_hash)
+                if entry.block_hash not in pool.cached and want is not None:
+                    assert entry.decoded == want, f"{tier.name} entry lost its class"
+
+    @invariant()
     def tier_stats_match(self):
         stats = self.m.tier_stats()
         truth = self.truth()
@@ -266,19 +300,25 @@ class CpuOnlyMachine(TierMachine):
     disk_blocks = 0
 
 
-for machine in (TierMachine, CpuOnlyMachine):
+class LayeredTierMachine(TierMachine):
+    eviction = "layered"
+
+
+for machine in (TierMachine, CpuOnlyMachine, LayeredTierMachine):
     machine.TestCase.settings = settings(max_examples=60, stateful_step_count=100,
                                          deadline=None)
 TestTierStateMachine = TierMachine.TestCase
 TestCpuOnlyStateMachine = CpuOnlyMachine.TestCase
+TestLayeredTierStateMachine = LayeredTierMachine.TestCase
 
 
 class RandomDriver(TierMachine):
     """The same rules and checks, driven by a seeded RNG for long runs: hypothesis explores
     short sequences well, long ones (a chain evicted twice, copies overlapping) less so."""
 
-    def __init__(self, seed: int, cpu_blocks: int, disk_blocks: int) -> None:
-        self.cpu_blocks, self.disk_blocks = cpu_blocks, disk_blocks
+    def __init__(self, seed: int, cpu_blocks: int, disk_blocks: int,
+                 eviction: str = "lru") -> None:
+        self.cpu_blocks, self.disk_blocks, self.eviction = cpu_blocks, disk_blocks, eviction
         super().__init__()
         self.rng = random.Random(seed)
 
@@ -295,7 +335,7 @@ class RandomDriver(TierMachine):
         rng = self.rng
         ops = [("arrive", 3), ("again", 4), ("admit", 8), ("churn", 3), ("step", 4),
                ("finish", 3), ("preempt", 1), ("abort", 1), ("copy", 5), ("release", 1),
-               ("reset", 0.05)]
+               ("reset", 0.05), ("fail", 0.3)]
         op = rng.choices([o for o, _ in ops], [w for _, w in ops])[0]
         if op == "arrive":
             self.arrive(self.tokens(rng.randint(1, MAX_LEN - 2)), rng.choice([None, "s"]))
@@ -319,25 +359,30 @@ class RandomDriver(TierMachine):
             self.release_holds()
         elif op == "reset":
             self.reset(0)
+        elif op == "fail":
+            self.fail(rng.choice(["offload", "write"]))
 
     def check(self) -> None:
         self.events_replay_to_every_tier()
         self.the_data_is_what_the_books_say()
         self.references_and_readers()
+        self.classes_survive_the_tiers()
         self.tier_stats_match()
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_long_random_runs(seed):
     cpu, disk = [(4, 3), (3, 0), (1, 1), (6, 6), (2, 5), (5, 1)][seed]
-    d = RandomDriver(seed, cpu, disk)
+    d = RandomDriver(seed, cpu, disk, eviction="layered" if seed % 2 else "lru")
     for _ in range(1500):
         d.one_step()
         d.check()
     d.count = Counter(type(o).__name__ for o in d.plane.orders)
     assert d.count["Onboard"] > 20 and d.count["Offload"] > 100
+    lost = Counter(x.tier for x in d.plane.lost)
+    assert lost["cpu"] > 2  # failed offloads happened, and were checked
     if disk:
-        assert d.count["Spill"] > 10
+        assert d.count["Spill"] > 10 and lost["disk"] > 0
 
 
 class DeviceUnchangedMachine(KVCacheMachine):
