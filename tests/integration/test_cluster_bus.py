@@ -200,11 +200,18 @@ def _attack(victim: RedisClusterServer) -> None:
     assert asyncio.run(service_side()) == b"address=10.0.0.7:50051"
 
 
-def test_no_process_without_the_credential_takes_the_cluster_over() -> None:
+# `make install` unpacks Debian's TLS build here when apt can fetch it (tools/tls_redis.sh)
+_TLS_REDIS = Path(__file__).resolve().parents[2] / ".venv" / "redis-tls" / "redis-server"
+
+
+def test_no_process_without_the_credential_takes_the_cluster_over(monkeypatch) -> None:
     """What ``kvmesh up --redis-shards 3`` would start (``LocalCluster``'s call, no opt-in):
     refused when the binary has no TLS; else a rogue node (plaintext, or TLS under its own
     CA) that MEETs a shard's bus takes no slot, and clients without the cluster's client
-    certificate are refused even with the password, while the service's client works."""
+    certificate are refused even with the password, while the service's client works.
+    The TLS build ``make install`` unpacked is used when no other is configured."""
+    if not os.environ.get("KVMESH_REDIS_SERVER") and _TLS_REDIS.exists():
+        monkeypatch.setenv("KVMESH_REDIS_SERVER", str(_TLS_REDIS))
     try:
         victim = start_redis_cluster(3)
     except InsecureClusterBus:
