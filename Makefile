@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml setup.py kvmesh/_chain.c
 	# resolution never pulls a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[dev,ray]"
+	# best effort: a Redis built with TLS for the cluster-bus tests (the embedded one has none)
+	bash tools/tls_redis.sh $(abspath $(VENV))/redis-tls
 	touch $(STAMP)
 
 test: install

@@ -190,6 +190,9 @@ def register(app: typer.Typer) -> None:
         """Replay a multi-tenant prefix-sharing workload under each policy and compare."""
         from rich.console import Console
 
+        from deploy.stopping import guard_command
+
+        guard = guard_command()  # SIGTERM: its clusters stop within the deadline, nothing left
         console = Console()
         names = [p.strip() for p in policies.split(",") if p.strip()]
         try:
@@ -199,4 +202,7 @@ def register(app: typer.Typer) -> None:
         except Exception as exc:  # the cluster failed: say so and exit non-zero
             console.print(f"[red]demo failed:[/red] {exc}")
             raise typer.Exit(1) from None
+        finally:
+            if guard is not None:  # run in-process (a test): the process is put back
+                guard.uninstall()
         console.print(verdict(results))

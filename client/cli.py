@@ -74,3 +74,14 @@ app = typer.Typer(cls=_lazy(VERBS), no_args_is_help=True, add_completion=False,
 bench = typer.Typer(cls=_lazy(BENCH_VERBS), no_args_is_help=True,
                     help="Benchmarks that compare side by side in one run.")
 app.add_typer(bench, name="bench")
+
+
+@bench.callback()
+def _bench_runs(ctx: typer.Context) -> None:
+    """Every bench run stops within the deadline on SIGTERM/SIGINT and leaves no process
+    (deploy.stopping.guard_command: benches start clusters without a stop loop of their own)."""
+    from deploy.stopping import guard_command
+
+    guard = guard_command()
+    if guard is not None:  # run in-process (a test): the process is put back afterwards
+        ctx.call_on_close(guard.uninstall)

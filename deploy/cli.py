@@ -1,7 +1,7 @@
 """`kvmesh up`: a whole cluster in the foreground (`kvmesh demo` lives in ``bench/demo.py``)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
@@ -19,6 +19,7 @@ def register(app: typer.Typer) -> None:
         redis_url: opt.RedisUrl = None,
         redis_shards: int = typer.Option(1, help="embedded Valkey: above 1, a Redis Cluster "
                                          "of this many primaries (slots split evenly)"),
+        insecure_cluster_bus: opt.InsecureClusterBus = False,
         model: str = typer.Option("tiny", help="'tiny' or a Hugging Face model directory"),
         block_size: int = typer.Option(16),
         num_blocks: int = typer.Option(None, help="KV blocks per worker (default: memory)"),
@@ -44,8 +45,9 @@ def register(app: typer.Typer) -> None:
         verbose: bool = typer.Option(False, help="echo every child's output"),
     ) -> None:
         """Start Redis/Valkey, the service and N workers; Ctrl-C or SIGTERM stops them all."""
-        import signal
-        import threading
+        import sys
+        import time
+        import traceback
 
         from kvmesh.redact import redact_url
         from kvmesh.tls import tls_files
@@ -67,6 +69,7 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("--redis-shards starts an embedded cluster with --backend "
                                      "local; for your own cluster give --redis-url "
                                      "redis+cluster://HOST:PORT")
+        bus_warning = _cluster_bus_check(redis_shards, insecure_cluster_bus)
         if worker_secret and len(worker_secret.encode()) < MIN_SECRET_BYTES:
             raise typer.BadParameter(f"--worker-secret needs at least {MIN_SECRET_BYTES} bytes")
         if tls is not None and (tls.cert is None or tls.ca is None):
@@ -80,21 +83,33 @@ def register(app: typer.Typer) -> None:
                    service_replicas=service_replicas, block_size=block_size,
                    num_blocks=num_blocks, token=token, worker_secret=worker_secret or None,
                    **tiers)
-            return
+            _exit_now(0)
         from deploy.local import ClusterSpec, LocalCluster
+        from deploy.stopping import StopDeadline, end_descendants
 
-        stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+        # one deadline from the first signal to nothing left (deploy.stopping)
+        deadline = StopDeadline(on_kill=_say_killed).install()
         cluster = LocalCluster(ClusterSpec(
             workers=workers, port=port, redis_url=redis_url, model=model,
             block_size=block_size, num_blocks=num_blocks, token=token,
             service_replicas=service_replicas, echo=verbose,
             worker_secret=worker_secret or None, tls=tls, redis_shards=redis_shards,
-            **tiers))
+            insecure_cluster_bus=insecure_cluster_bus, **tiers))
+        if bus_warning:
+            print(f"WARNING: {bus_warning}", flush=True)
+        code = 1
         try:
-            cluster.start()
+            try:
+                cluster.start()
+            except KeyboardInterrupt:
+                print("interrupted during start; stopping", flush=True)
+                code = 0
+                return
+            deadline.ready()
             shards = f", {redis_shards} shards" if redis_shards > 1 else ""
+            if cluster.redis_cluster is not None:
+                shards += (", mutual TLS" if cluster.redis_cluster.secure
+                           else ", PLAINTEXT bus")
             print(f"redis    {redact_url(cluster.redis_url or '')}"
                   + ("" if redis_url else f" (embedded{shards})"))
             for s in cluster.services:
@@ -103,14 +118,59 @@ def register(app: typer.Typer) -> None:
                 print(f"worker   {w.address}  ({w.name})")
             print(f"ready: kvmesh stats --service {','.join(cluster.service_addresses)}"
                   + _tls_hint(tls), flush=True)
-            while not stop.wait(0.5):
+            while not deadline.stop.wait(0.5):
                 dead = [p.name for p in cluster.services + cluster.workers if not p.alive]
                 if dead:
                     print(f"child process(es) exited: {', '.join(dead)}; stopping")
-                    raise typer.Exit(1)
+                    break
+            else:
+                code = 0
         finally:
-            cluster.stop(timeout=10.0)
+            failure = sys.exc_info()[1]
+            if failure is not None and not isinstance(failure, KeyboardInterrupt):
+                traceback.print_exc()  # _exit_now would lose it
+            deadline.ready()  # a signal now only hurries the stop, never cuts it
+            cluster.stop(timeout=max(1.0, deadline.remaining(reserve_s=2.5)))
+            end_descendants(deadline=time.monotonic() + deadline.remaining(reserve_s=0.5))
             print("stopped", flush=True)
+            _exit_now(code)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End the process now that every child is gone: the interpreter's own exit would run
+    gRPC's (and Ray's) finalizers, which on a loaded host take seconds (15 s and more with
+    Ray), past the stop deadline and out of its watchdog's reach (no thread runs then)."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _say_killed(count: int) -> None:
+    print(f"stop deadline passed: killed {count} process(es)", flush=True)
+
+
+def _cluster_bus_check(shards: int, allow_plaintext: bool) -> str | None:
+    """For ``--redis-shards`` above 1: None when the cluster's bus will be TLS, the warning
+    to print when it will be plaintext and ``--insecure-cluster-bus`` allows it; refuses
+    (``BadParameter``) a plaintext bus without that flag (see ``deploy.redis_cluster``)."""
+    if shards <= 1:
+        return None
+    from deploy.redis_cluster import PLAINTEXT_BUS_WARNING, cluster_bus_secure
+
+    try:
+        secure, exe = cluster_bus_secure()
+    except FileNotFoundError as e:
+        raise typer.BadParameter(str(e)) from e
+    if secure:
+        return None
+    warning = PLAINTEXT_BUS_WARNING.format(exe=exe)
+    if not allow_plaintext:
+        raise typer.BadParameter(f"--redis-shards: {warning}. Pass --insecure-cluster-bus "
+                                 "to start it anyway.")
+    return warning
 
 
 def _tls_hint(tls: TlsFiles | None) -> str:

@@ -9,7 +9,9 @@ service`` and ``python -m worker`` children on free loopback ports. ``LocalClust
 Credentials (who holds what):
 
 - the embedded Valkey requires a random password; its URL (``redis://:PW@...``) goes to the
-  service replicas only, in ``KVMESH_REDIS_URL``;
+  service replicas only, in ``KVMESH_REDIS_URL``; an embedded cluster is mutual TLS under a
+  CA made at start (its URL names the service's client certificate), or refused when the
+  Valkey binary has no TLS unless ``insecure_cluster_bus`` (``deploy.redis_cluster``);
 - the service replicas get the router token (``KVMESH_TOKEN``) and the worker secret
   (``KVMESH_WORKER_SECRET``; generated when the spec has neither a secret nor a shared
   worker token, so worker calls never accept the router token);
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from deploy.process import ServerProcess, wait_all
 from deploy.redis_cluster import RedisClusterServer, start_redis_cluster
 from deploy.redis_server import RedisServer, start_redis
+from deploy.stopping import budget
 from deploy.waiting import wait_until
 from kvmesh.auth import worker_access_token
 
@@ -52,6 +55,8 @@ class ClusterSpec:
     service_replicas: int = 1
     redis_url: str | None = None  # None: start an embedded Valkey
     redis_shards: int = 1         # embedded Valkey: > 1 starts a cluster of that many primaries
+    insecure_cluster_bus: bool = False  # that cluster without TLS: a plaintext bus allowed
+    #                                     (deploy.redis_cluster: anyone local can take it)
     model: str = "tiny"
     block_size: int = 16
     num_blocks: int | None = None
@@ -106,8 +111,9 @@ class LocalCluster:
         """Start everything; returns once every worker is registered and alive."""
         try:
             if self.redis_url is None and self.spec.redis_shards > 1:
-                self.redis_cluster = start_redis_cluster(self.spec.redis_shards,
-                                                         host=self.spec.host)
+                self.redis_cluster = start_redis_cluster(
+                    self.spec.redis_shards, host=self.spec.host,
+                    allow_plaintext_bus=self.spec.insecure_cluster_bus)
                 self.redis_url = self.redis_cluster.url  # redis+cluster://
             elif self.redis_url is None:
                 self.redis = start_redis(host=self.spec.host)
@@ -120,7 +126,7 @@ class LocalCluster:
                 w.start(timeout)
             self.wait_ready(timeout)
         except BaseException:
-            self.stop()
+            self.stop(timeout=5.0)  # an interrupted start must end in time too
             raise
         return self
 
@@ -216,14 +222,20 @@ class LocalCluster:
             raise RuntimeError(f"{outcome[0].name} exited:\n{outcome[0].tail()}")
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop workers, then services, then Redis; everything is gone within ``timeout``."""
-        deadline = time.monotonic() + timeout
-        wait_all(self.workers, max(1.0, (deadline - time.monotonic()) * 0.6))
-        wait_all(self.services, max(1.0, (deadline - time.monotonic()) * 0.7))
+        """Stop workers, then services, then Redis; everything is gone within ``timeout``
+        (each step gets a share of what is left, SIGKILL past it: one deadline, however
+        slowly a loaded host lets the children end)."""
+        deadline = time.monotonic() + budget(timeout)  # a signal's deadline, if sooner
+
+        def share(part: float) -> float:
+            return max(0.1, (deadline - time.monotonic()) * part)
+
+        wait_all(self.workers, share(0.6))
+        wait_all(self.services, share(0.7))
         if self.redis is not None:
-            self.redis.stop(max(0.5, deadline - time.monotonic()))
+            self.redis.stop(share(1.0))
         if self.redis_cluster is not None:
-            self.redis_cluster.stop(max(0.5, deadline - time.monotonic()))
+            self.redis_cluster.stop(share(1.0))
 
     def __enter__(self) -> LocalCluster:
         return self.start()

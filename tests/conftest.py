@@ -73,7 +73,8 @@ def redis_url(redis_server: RedisServer) -> str:
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[RedisClusterServer]:
     """A real Redis Cluster of 3 primaries (embedded Valkey) shared by the whole session."""
-    cluster = start_redis_cluster(CLUSTER_SHARDS)
+    # mutual TLS when the Valkey binary has it; else the plaintext bus a test host allows
+    cluster = start_redis_cluster(CLUSTER_SHARDS, allow_plaintext_bus=True)
     yield cluster
     cluster.stop()
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import typer
 
+from kvmesh import cli_options as opt
+
 __all__ = ["print_report", "register"]
 
 
@@ -74,18 +76,20 @@ def register(bench: typer.Typer) -> None:
                                    "where every prompt shares its first chunk)"),
         limit: int = typer.Option(2000, min=1, help="trace requests read"),
         as_json: bool = typer.Option(False, "--json", help="one JSON object"),
+        insecure_cluster_bus: opt.InsecureClusterBus = False,
     ) -> None:
         """Simulated workers publish real KV events while routes arrive: event lag, route
         p50/p99, Redis time per entry and per route, per shard."""
         from bench.fleet.run import FleetConfig, run
+        from deploy.redis_cluster import InsecureClusterBus
 
         cfg = FleetConfig(workers=workers, shards=shards, tokens_per_s=tokens_per_s,
                           routes_per_s=routes_per_s, phase_s=phase_s, warmup_s=warmup_s,
                           num_blocks=num_blocks, service_replicas=service_replicas,
-                          trace=trace, limit=limit)
+                          trace=trace, limit=limit, insecure_cluster_bus=insecure_cluster_bus)
         try:
             res = run(cfg)
-        except RuntimeError as e:
+        except (RuntimeError, InsecureClusterBus) as e:
             typer.echo(f"fleet: {e}", err=True)
             raise typer.Exit(1) from e
         if as_json:

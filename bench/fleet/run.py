@@ -57,6 +57,7 @@ class FleetConfig:
     limit: int = 2000               # trace requests read
     register_timeout_s: float = 30.0
     seed: int = 0
+    insecure_cluster_bus: bool = False  # shards > 1 on a Valkey without TLS (deploy.redis_cluster)
 
 
 def synthetic_trace(n: int, seed: int = 0) -> list[TraceRequest]:
@@ -272,6 +273,7 @@ def run(cfg: FleetConfig) -> dict[str, Any]:
             else synthetic_trace(cfg.limit, cfg.seed))
     cluster = LocalCluster(ClusterSpec(workers=0, service_replicas=cfg.service_replicas,
                                        redis_shards=cfg.shards,
+                                       insecure_cluster_bus=cfg.insecure_cluster_bus,
                                        block_size=cfg.block_size)).start()
     try:
         urls = (cluster.redis_cluster.node_urls if cluster.redis_cluster is not None

@@ -25,7 +25,6 @@ never reaches the worker), while an unlisted address receives nothing.
 """
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from client.gateway.key_file import key_file_pairs
 from client.results import Candidate
 from kvmesh.engine_address import is_http
 from kvmesh.file_perms import warn_if_readable_by_others
@@ -116,22 +116,8 @@ def parse_engine_keys(text: str) -> dict[str, str | None]:
 
     Raises ``EngineListError`` on malformed input or an address listed twice.
     """
-    if text.lstrip().startswith("{"):
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise EngineListError(f"engine keys: invalid JSON ({exc})") from None
-        pairs = list(data.items())
-    else:
-        pairs = []
-        for n, raw in enumerate(text.splitlines(), 1):
-            line = raw.split("#", 1)[0].strip()
-            if not line:
-                continue
-            parts = line.split()
-            if len(parts) > 2:
-                raise EngineListError(f"engine keys line {n}: expected '<address> [<key>]'")
-            pairs.append((parts[0], parts[1] if len(parts) == 2 else None))
+    pairs = key_file_pairs(text, "engine keys", "<address> [<key>]", second_optional=True,
+                           error=EngineListError)
     out: dict[str, str | None] = {}
     for n, (address, key) in enumerate(pairs, 1):
         if key is not None and (not isinstance(key, str) or not key):

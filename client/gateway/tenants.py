@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from client.gateway.key_file import key_file_pairs
 from kvmesh.file_perms import warn_if_readable_by_others
 
 SALT_CONTEXT = b"kvmesh-tenant\0"
@@ -79,22 +79,8 @@ def parse_tenant_keys(text: str) -> dict[str, str]:
 
     Raises ``TenantKeyError`` on malformed input, empty keys or tenants, or a key given twice.
     """
-    if text.lstrip().startswith("{"):
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise TenantKeyError(f"tenant keys: invalid JSON ({exc})") from None
-        pairs = list(data.items())
-    else:
-        pairs = []
-        for n, raw in enumerate(text.splitlines(), 1):
-            line = raw.split("#", 1)[0].strip()
-            if not line:
-                continue
-            parts = line.split()
-            if len(parts) != 2:
-                raise TenantKeyError(f"tenant keys line {n}: expected '<api key> <tenant>'")
-            pairs.append((parts[0], parts[1]))
+    pairs = key_file_pairs(text, "tenant keys", "<api key> <tenant>", second_optional=False,
+                           error=TenantKeyError)
     out: dict[str, str] = {}
     for n, (key, tenant) in enumerate(pairs, 1):  # messages never quote a key
         if not isinstance(tenant, str) or not key or not tenant or "\0" in tenant:

@@ -7,23 +7,21 @@ Contract:
   (``service  host:port``) and per worker, then ``ready: ...``.
 - Runs until SIGINT/SIGTERM, then removes every actor and placement group it created and
   prints ``stopped``. A signal during start-up aborts the start and cleans up the same way.
+  Either way the process is gone within ``deploy.stopping.DEADLINE_S`` of the signal and
+  leaves no process behind: with a Ray of its own, its GCS, raylet and Ray workers (and
+  their children) are this process's descendants, which it ends last.
 - While running it reports workers leaving routing and coming back (``worker ... left`` /
   ``worker ... alive``), checked every 2 s.
 """
 from __future__ import annotations
 
-import signal
 import threading
-from typing import Any
+import time
 
 from deploy.ray.cluster import NAMESPACE, RayCluster
 from deploy.ray.spec import RaySpec
+from deploy.stopping import StopDeadline, end_descendants
 from kvmesh.redact import redact_url
-
-
-def _install(handler: Any) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, handler)
 
 
 def _watch(cluster: RayCluster, stop: threading.Event, every_s: float = 2.0) -> None:
@@ -48,16 +46,11 @@ def run_up(workers: int, port: int, redis_url: str | None, model: str, *,
            name: str | None = None, cpu_blocks: int = 0, disk_blocks: int = 0,
            disk_dir: str | None = None, eviction: str = "lru", auto_pin: bool = False,
            stop: threading.Event | None = None) -> None:
-    """Run kvmesh on Ray until a signal (or ``stop``) arrives; always cleans up."""
-    stop = stop or threading.Event()
-    ready = False
-
-    def on_signal(*_: object) -> None:
-        if ready:
-            stop.set()
-        else:
-            raise KeyboardInterrupt
-
+    """Run kvmesh on Ray until a signal (or ``stop``) arrives; always cleans up, within
+    ``deploy.stopping``'s deadline of the signal, its own Ray's processes included."""
+    deadline = StopDeadline(on_kill=_say_killed)
+    if stop is not None:  # a caller's event stops it as a signal would
+        deadline.stop = stop
     spec = RaySpec(workers=workers, service_replicas=service_replicas, redis_url=redis_url,
                    ray_address=ray_address, model=model, block_size=block_size,
                    num_blocks=num_blocks, gpus_per_worker=gpus_per_worker, port=port,
@@ -65,15 +58,15 @@ def run_up(workers: int, port: int, redis_url: str | None, model: str, *,
                    disk_blocks=disk_blocks, disk_dir=disk_dir, eviction=eviction,
                    auto_pin=auto_pin, **({"name": name} if name else {}))
     cluster = RayCluster(spec)
-    _install(on_signal)
+    deadline.install()
     try:
         try:
             cluster.start()
         except KeyboardInterrupt:
             print("interrupted during start; removed what was created", flush=True)
             return
-        _install(on_signal)  # ray.init may have replaced the handlers
-        ready = True
+        deadline.install()  # ray.init may have replaced the handlers
+        deadline.ready()
         import ray
 
         print(f"ray      {ray.get_runtime_context().gcs_address}", flush=True)
@@ -89,10 +82,16 @@ def run_up(workers: int, port: int, redis_url: str | None, model: str, *,
                   flush=True)
         print(f"ready: kvmesh stats --service {','.join(cluster.service_addresses)}",
               flush=True)
-        _watch(cluster, stop)
+        # the watch calls the service, which a loaded host may answer slowly: off the main
+        # thread, so a signal is acted on at once
+        threading.Thread(target=_watch, args=(cluster, deadline.stop), daemon=True).start()
+        deadline.stop.wait()
     finally:
-        ready = False
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        cluster.stop()
+        deadline.ready()  # a signal now only hurries the stop, never cuts it
+        cluster.stop(timeout=max(1.0, deadline.remaining(reserve_s=2.5)))
+        end_descendants(deadline=time.monotonic() + deadline.remaining(reserve_s=0.5))
         print("stopped", flush=True)
+
+
+def _say_killed(count: int) -> None:
+    print(f"stop deadline passed: killed {count} process(es)", flush=True)

@@ -53,6 +53,7 @@ from deploy.ray.service_actor import ServiceActor
 from deploy.ray.spec import RaySpec, worker_bundle
 from deploy.ray.worker_actor import WorkerActor
 from deploy.ray.worker_host import WorkerConfig
+from deploy.stopping import budget
 from deploy.waiting import wait_until
 from kvmesh.auth import worker_access_token
 from kvmesh.hashing import DEFAULT_ALGO, resolve_seed
@@ -210,11 +211,14 @@ class RayCluster:
                    what=f"workers {sorted(want)} alive")  # a replica may still be starting
 
     def stop(self, timeout: float = 15.0) -> None:
-        """Stop and remove every actor and placement group this cluster created."""
+        """Stop and remove every actor and placement group this cluster created; the
+        graceful ``stop()`` calls get half of ``timeout`` (on a loaded host an actor may
+        not answer in time: it is killed anyway), then kills, releases, disconnects."""
+        timeout = budget(timeout)  # a signal's deadline (deploy.stopping), if sooner
         actors = [*self.workers, *self.services] + ([self._redis] if self._redis else [])
         if ray.is_initialized() and actors:
             pending = [a.stop.remote() for a in actors]
-            ray.wait(pending, num_returns=len(pending), timeout=timeout)
+            ray.wait(pending, num_returns=len(pending), timeout=timeout / 2)
             for actor in actors:
                 ray.kill(actor, no_restart=True)
             for group in self._groups:

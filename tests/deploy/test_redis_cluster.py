@@ -44,7 +44,9 @@ def test_every_node_is_ok_and_agrees_on_the_slot_map(redis_cluster: RedisCluster
             assert info["cluster_state"] == "ok" and int(info["cluster_known_nodes"]) == 3
             assert c.config_get("cluster-require-full-coverage") == {
                 "cluster-require-full-coverage": "no"}
-    assert redis_cluster_url.startswith("redis+cluster://:")
+    # rediss+cluster:// (mutual TLS) when the Valkey binary has TLS (deploy.redis_cluster)
+    assert redis_cluster_url.startswith("rediss+cluster://:" if redis_cluster.secure
+                                        else "redis+cluster://:")
     # a cluster client reaches every shard through the URL of one node
     with RedisCluster.from_url(plain_url(redis_cluster_url)) as rc:
         for i in range(60):
@@ -58,9 +60,11 @@ def test_every_node_is_ok_and_agrees_on_the_slot_map(redis_cluster: RedisCluster
 
 def test_every_node_refuses_a_client_without_the_password(
         redis_cluster: RedisClusterServer) -> None:
+    # TLS-only nodes refuse a plaintext client before it can even try (tests/integration/
+    # test_cluster_bus.py); a plaintext cluster refuses it the password
+    refused = redis.ConnectionError if redis_cluster.secure else redis.AuthenticationError
     for node in redis_cluster.nodes:
-        with redis.Redis(host=node.host, port=node.port) as anyone, \
-                pytest.raises(redis.AuthenticationError):
+        with redis.Redis(host=node.host, port=node.port) as anyone, pytest.raises(refused):
             anyone.set("x", "attacker")
         cmdline = Path(f"/proc/{node.pid}/cmdline").read_bytes().decode()
         assert redis_cluster.password not in cmdline

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from client.cli import app
 from deploy.local import ClusterSpec, LocalCluster
 from deploy.waiting import wait_until
+from service.index.connect import is_cluster_url
 from tests.cluster_scenarios import (
     another_salt_never_matches,
     generate_on,
@@ -36,7 +37,7 @@ START_S = 45.0  # a tiny cluster is ready in ~10 s; failing, this is what a test
 @pytest.fixture(scope="module")
 def sharded():
     c = LocalCluster(ClusterSpec(workers=2, service_replicas=2, num_blocks=64, block_size=16,
-                                 redis_shards=SHARDS))
+                                 redis_shards=SHARDS, insecure_cluster_bus=True))
     c.start(timeout=START_S)
     yield c
     c.stop()
@@ -83,7 +84,7 @@ def _keys(url: str) -> int:
 def test_a_lost_primary_degrades_routes_never_fails_them_and_resync_refills_it(
         sharded: LocalCluster, client, lost: str) -> None:
     shards = sharded.redis_cluster
-    assert shards is not None and sharded.redis_url.startswith("redis+cluster://")
+    assert shards is not None and is_cluster_url(sharded.redis_url)
     holder = client.generate(question(20), max_tokens=2).worker_id
     wait_until(lambda: holder_match(client, question(21), holder) >= 192, 10,
                what="the shared prefix indexed")
@@ -134,12 +135,12 @@ def test_a_lost_primary_degrades_routes_never_fails_them_and_resync_refills_it(
 @pytest.mark.cluster_layout
 def test_kvmesh_up_redis_shards_serves_routes() -> None:
     up = Up("--redis-shards", str(SHARDS), "--workers", "1", "--port", "0",
-            "--num-blocks", "64")
+            "--num-blocks", "64", "--insecure-cluster-bus")
     try:
         ready = up.wait_ready(60)
         assert ready, up.tail()
         redis_line = next(ln for ln in up.lines if ln.startswith("redis "))
-        assert "redis+cluster://:***@" in redis_line and f"{SHARDS} shards" in redis_line
+        assert "+cluster://:***@" in redis_line and f"{SHARDS} shards" in redis_line
         from client import KvmeshClient
 
         with KvmeshClient(up.field("service")) as c:
