@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import urllib.request
+from pathlib import Path
 
 import pytest
 import zmq
@@ -24,7 +26,8 @@ ACCESS = "access-" + os.urandom(8).hex()
 
 def _kvmesh_worker(*flags: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["kvmesh", "worker", "--model", "tiny", "--device", "cpu", "--block-size", str(BS),
+        [str(Path(sys.executable).with_name("kvmesh")), "worker", "--model", "tiny",
+         "--device", "cpu", "--block-size", str(BS),
          "--num-blocks", "16", "--port", "0", *flags],
         env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
 
