@@ -19,20 +19,22 @@ BACKENDS = ("memory", "redis")
 
 @dataclass(frozen=True)
 class CostWeights:
-    """Weights of the ``kvmesh`` cost model (units: prefill-token equivalents).
+    """Weights of the ``kvmesh`` cost model (units: prefill-token equivalents); the terms
+    are documented in ``service.policy.cost``:
 
     cost = prefill_weight * (prompt - credited matched tokens)
+         + saturation_weight * (share of the prompt recomputed) * least queued prefill
          + queue_weight * prefill tokens already queued on the worker
          + decode_weight * context tokens of its running sequences
          + running_weight * its running sequences
+         + wait_weight * blocks it must free first * block_size (``service.policy.room``)
 
     A GPU-tier match is credited fully; a CPU- or disk-tier match a fraction of its tokens
     (loading them back is cheaper than recomputing, not free): what onboarding saves on that
     worker, from the costs it measures (``service.credits``). ``cpu_credit`` / ``disk_credit``,
     when set, override the measurement for every worker; ``*_credit_fallback`` is the credit
-    of a worker that has not measured its costs (yet).
-    ``free_block_guard``: a worker without enough free blocks for the request's uncached part
-    ranks after every worker that has them.
+    of a worker that has not measured its costs (yet). ``saturation_weight`` 0 and
+    ``wait_weight`` 0 turn those terms off.
     """
 
     # Recomputing a prefix costs the worker now AND evicts other sessions' blocks later, so
@@ -46,9 +48,17 @@ class CostWeights:
     disk_credit: float | None = None
     cpu_credit_fallback: float = 0.5
     disk_credit_fallback: float = 0.25
-    free_block_guard: bool = True
+    # At saturation a recompute costs capacity every queued request waits for; weighing
+    # it by the fleet's backlog floor keeps prefixes on their holders (kvmesh bench e2e
+    # --rate 40, docs/benchmarks.md).
+    saturation_weight: float = 1.0
+    wait_weight: float = 1.0
 
     def __post_init__(self) -> None:
+        for name in ("prefill_weight", "queue_weight", "decode_weight", "running_weight",
+                     "saturation_weight", "wait_weight"):
+            if not getattr(self, name) >= 0.0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("cpu_credit", "disk_credit", "cpu_credit_fallback",
                      "disk_credit_fallback"):
             value = getattr(self, name)

@@ -81,7 +81,9 @@ def pb_load(load: WorkerLoad) -> pb.WorkerLoad:
                          decode_tokens=load.decode_tokens,
                          prefill_us_per_token=load.prefill_us_per_token,
                          onboard_us_per_block_cpu=load.onboard_us_per_block_cpu,
-                         onboard_us_per_block_disk=load.onboard_us_per_block_disk)
+                         onboard_us_per_block_disk=load.onboard_us_per_block_disk,
+                         tier_blocks=load.tier_blocks,
+                         free_empty_blocks=load.free_empty_blocks)
 
 
 @functools.lru_cache(maxsize=4096)

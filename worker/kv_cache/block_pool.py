@@ -75,6 +75,10 @@ class BlockPool:
             LayeredFreeQueue if eviction == "layered" else FreeBlockQueue)(self.blocks)
         self.cached: dict[bytes, dict[int, KVCacheBlock]] = {}
         self.num_cached_blocks = 0
+        # Free blocks that hold a hash (cached, ref_cnt 0): the router's room check needs
+        # the free blocks that hold none (num_free_empty_blocks); kept at every transition
+        # (touch, free, pop, drop) so a heartbeat never walks the queue.
+        self.num_free_cached = 0
         self.evictions = 0
         self._events: list[KVEvent] = []
         self._seq = 0
@@ -163,6 +167,11 @@ class BlockPool:
         return self.free_queue.num_free_blocks
 
     @property
+    def num_free_empty_blocks(self) -> int:
+        """Free blocks that hold no hash (taking one evicts nothing)."""
+        return self.num_free_blocks - self.num_free_cached
+
+    @property
     def usage(self) -> float:
         """Fraction of blocks referenced by running requests (0.0 to 1.0)."""
         return 1.0 - self.num_free_blocks / self.num_blocks
@@ -206,6 +215,8 @@ class BlockPool:
         block.block_hash = None
         block.content = None
         self.num_cached_blocks -= 1
+        if block.ref_cnt == 0:
+            self.num_free_cached -= 1
         if holders:
             return None
         del self.cached[block_hash]
@@ -240,6 +251,8 @@ class BlockPool:
         for block in blocks:
             if block.ref_cnt == 0:
                 self.free_queue.remove(block)
+                if block.block_hash is not None:
+                    self.num_free_cached -= 1
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
@@ -261,6 +274,7 @@ class BlockPool:
                     unhashed.append(block)
                 else:
                     self.free_queue.append(block)
+                    self.num_free_cached += 1
         for block in reversed(unhashed):
             self.free_queue.appendleft(block)
 
@@ -276,6 +290,7 @@ class BlockPool:
                 block.content = None
         self.cached.clear()
         self.num_cached_blocks = 0
+        self.num_free_cached = 0
         self._emit(AllBlocksCleared(self._seq + 1))
         return True
 

@@ -118,6 +118,11 @@ class KVCacheManager:
         return self.pool.num_free_blocks
 
     @property
+    def num_free_empty_blocks(self) -> int:
+        """Free device blocks that hold no hash (the router's room check)."""
+        return self.pool.num_free_empty_blocks
+
+    @property
     def usage(self) -> float:
         return self.pool.usage
 
