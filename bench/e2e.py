@@ -50,6 +50,7 @@ from typing import Any
 import typer
 
 from bench.workload import Request, WorkloadSpec, stream
+from kvmesh.policies import POLICIES as ALL_POLICIES
 
 POLICIES = ("kvmesh", "round_robin")
 
@@ -252,7 +253,8 @@ def register(bench: typer.Typer) -> None:
             cpu_blocks: int = typer.Option(
                 d.cpu_blocks, min=0, help="CPU-tier blocks per worker: run each policy "
                 "without and with this CPU tier (0: no CPU tier)"),
-            policies: str = typer.Option(None, help="each on a fresh cluster (default: "
+            policies: str = typer.Option(None, help="comma-separated, each on a fresh cluster: "
+                                         f"{', '.join(ALL_POLICIES)} (default: "
                                          f"{','.join(POLICIES)}; with --cpu-blocks: kvmesh)"),
             seed: int = typer.Option(w.seed),
             as_json: bool = typer.Option(False, "--json")) -> None:
@@ -266,6 +268,10 @@ def register(bench: typer.Typer) -> None:
         if policies is None:
             policies = "kvmesh" if cpu_blocks else ",".join(POLICIES)
         names = tuple(p.strip() for p in policies.split(",") if p.strip())
+        bad = [p for p in names if p not in ALL_POLICIES]
+        if bad:  # before any cluster starts
+            raise typer.BadParameter(f"unknown policy {bad[0]!r}; valid: "
+                                     f"{', '.join(ALL_POLICIES)}", param_hint="--policies")
         with Progress(transient=True, disable=as_json) as bar:
             def progress(policy: str, total: int) -> Any:
                 task = bar.add_task(policy, total=total)

@@ -57,7 +57,15 @@ from service.liveness import WorkerTable
 from service.metrics import ServiceMetrics
 from service.pins import PinService
 from service.policy import Policy, Ranked, WorkerView, make_policies
-from service.route import cap_match, hash_in_thread, live_groups, pb_load, response, usable_blocks
+from service.route import (
+    cap_match,
+    hash_in_thread,
+    live_groups,
+    pb_load,
+    prefix_key,
+    response,
+    usable_blocks,
+)
 from service.validate import RequestError
 
 log = logging.getLogger("kvmesh.service")
@@ -212,7 +220,9 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
             views, chains, held = await self._views(inp, groups, now)
         except IndexUnavailable:
             return self._degraded(inp, now)
-        ranked = self.policies[inp.policy].rank(len(inp.tokens), views, self.rng)
+        policy = self.policies[inp.policy]
+        key = prefix_key(inp) if policy.reads_key else b""  # a few us: only for its readers
+        ranked = policy.rank(len(inp.tokens), views, self.rng, key=key)
         if not inp.dry_run:
             best = ranked[0].view
             await self._provisional(best, chains[best.ns], held[best.ns, best.worker_id], now)

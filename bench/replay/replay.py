@@ -9,8 +9,9 @@ For each request, in arrival order, at simulated time ``t = timestamp``:
    the service's ``Route``: a lookup of the prompt's usable chain (the last token is always
    computed) through ``IndexBackend.lookup``, each worker's live load, then provisional
    entries for the chosen worker; the peers (:mod:`bench.replay.peers`) use their own trees.
-   ``least_loaded``, ``round_robin`` and ``random`` never read matches, so they skip steps 2
-   and 3's index calls (their choices cannot differ);
+   ``consistent_hash``, ``least_loaded``, ``round_robin`` and ``random`` never read matches,
+   so they skip steps 2 and 3's index calls (their choices cannot differ); ``consistent_hash``
+   gets the service's key (``service.route.prompt_key`` of the synthesized prompt);
 4. the request is queued on that worker.
 
 ``oracle`` is the same workers sharing ONE pooled manager of all their blocks (a global KV
@@ -49,6 +50,7 @@ from service.index.base import (
     namespace,
 )
 from service.policy import Policy, WorkerView, make_policies
+from service.route import prompt_key
 from worker.kv_cache import BlockRemoved, BlockStored, KVCacheManager, KVEvent, KVRequest
 
 from . import INDEX_POLICIES, POLICIES
@@ -59,7 +61,7 @@ from .trace import TokenSynth, TraceRequest
 
 # Policies whose ranking never reads the matches: the index cannot change their choices, so
 # their replay skips it (same results, half the time).
-MATCH_BLIND = frozenset({"least_loaded", "round_robin", "random"})
+MATCH_BLIND = frozenset({"consistent_hash", "least_loaded", "round_robin", "random"})
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,9 @@ class IndexRouter:
         views = [WorkerView(w.worker_id, f"sim://{w.worker_id}", w.load(now),
                             matches.get(w.worker_id, BlockMatch()), bs, self.ns)
                  for w in workers]
-        best = self.policy.rank(req.prompt_tokens, views, self.rng)[0].view
+        key = (prompt_key(req.kv.token_ids, req.trace.salt, req.trace.lora)
+               if self.policy.reads_key else b"")
+        best = self.policy.rank(req.prompt_tokens, views, self.rng, key=key)[0].view
         if best.match.blocks < len(chain) and self.uses_index:
             await self.backend.add_provisional(self.ns, chain, best.worker_id,
                                                best.match.blocks, now_ms,

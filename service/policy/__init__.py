@@ -19,14 +19,16 @@ from service.policy.baselines import (
     RandomPolicy,
     RoundRobinPolicy,
 )
+from service.policy.consistent_hash import ConsistentHashPolicy
 from service.policy.cost import KvmeshPolicy
 
-__all__ = ["KvmeshPolicy", "LeastLoadedPolicy", "Policy", "PrefixOnlyPolicy", "RandomPolicy",
-           "Ranked", "RoundRobinPolicy", "WorkerView", "make_policies"]
+__all__ = ["ConsistentHashPolicy", "KvmeshPolicy", "LeastLoadedPolicy", "Policy",
+           "PrefixOnlyPolicy", "RandomPolicy", "Ranked", "RoundRobinPolicy", "WorkerView",
+           "make_policies"]
 
 
 def make_policies(weights: CostWeights | None = None) -> dict[str, Policy]:
     """One instance of every policy, by name."""
-    policies: list[Policy] = [KvmeshPolicy(weights), PrefixOnlyPolicy(), LeastLoadedPolicy(),
-                              RoundRobinPolicy(), RandomPolicy()]
+    policies: list[Policy] = [KvmeshPolicy(weights), PrefixOnlyPolicy(), ConsistentHashPolicy(),
+                              LeastLoadedPolicy(), RoundRobinPolicy(), RandomPolicy()]
     return {p.name: p for p in policies}

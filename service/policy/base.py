@@ -4,9 +4,11 @@
 EVERY worker it was given (callers fail over down the list), best first, each with a
 ``cost`` (lower is better; its unit depends on the policy) and the matched tokens it
 credited. Ties are broken with ``rng`` so that a miss never lands on the same replica every
-time. ``key`` is a digest of the prompt's first tokens and its salt (``service.route.
-prefix_key``); only ``consistent_hash`` reads it. Policies are pure apart from counters
-(``round_robin``'s position); the service keeps one instance per replica.
+time. ``key`` is a digest of the prompt's salt, LoRA and first tokens (``service.route.
+prefix_key``); only a policy with ``reads_key`` set (``consistent_hash``) reads it, and
+callers compute it for those only (the others get ``b""``). Policies are pure apart from
+counters and caches (``round_robin``'s position, ``consistent_hash``'s rings); the service
+keeps one instance per replica.
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ class Policy(abc.ABC):
     """Ranks workers for one request; see the module docstring for the contract."""
 
     name: ClassVar[str]
+    reads_key: ClassVar[bool] = False  # whether ``rank`` reads ``key`` (callers skip it if not)
 
     @abc.abstractmethod
     def rank(self, prompt_tokens: int, workers: Sequence[WorkerView],
