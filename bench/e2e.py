@@ -273,8 +273,8 @@ def register(bench: typer.Typer) -> None:
                 d.cpu_blocks, min=0, help="CPU-tier blocks per worker: run each policy "
                 "without and with this CPU tier (0: no CPU tier)"),
             policies: str = typer.Option(
-                None, help="each on a fresh cluster; kvmesh[weight=value,...] runs kvmesh "
-                "with those cost weights (default: "
+                None, help="each on a fresh cluster; kvmesh\\[weight=value,...] runs "
+                "kvmesh with those cost weights (default: "
                 f"{','.join(POLICIES)}; with --cpu-blocks: kvmesh)"),
             against: str = typer.Option(
                 None, metavar="REV", help="add a row kvmesh@REV: a cluster running git "
