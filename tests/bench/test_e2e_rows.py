@@ -107,3 +107,26 @@ def test_the_table_names_variant_rows_as_they_are() -> None:
     text = console.export_text()
     assert "kvmesh[saturation_weight=0]" in text and "tenant-0 takes 50%" in text
     assert "kvmesh / kvmesh[saturation_weight=0]" in text
+
+
+def test_the_command_hands_its_flags_to_the_run(monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Path) -> None:
+    import typer
+
+    seen: dict = {}
+
+    def fake_run(spec, variants, progress, against=None, route_log=None) -> dict:
+        seen.update(spec=spec, variants=variants, against=against, route_log=route_log)
+        return {"spec": {}, "rows": []}
+
+    monkeypatch.setattr(e2e, "run", fake_run)
+    app = typer.Typer()
+    e2e.register(app)
+    app.command("other")(lambda: None)
+    res = CliRunner().invoke(app, [
+        "e2e", "--hot-share", "0.5", "--policies", "kvmesh,kvmesh[saturation_weight=0]",
+        "--against", "HEAD", "--route-log", str(tmp_path), "--json"])
+    assert res.exit_code == 0, res.output
+    assert seen["spec"].workload.hot_share == 0.5
+    assert [v.label for v in seen["variants"]] == ["kvmesh", "kvmesh[saturation_weight=0]"]
+    assert (seen["against"], seen["route_log"]) == ("HEAD", str(tmp_path))
