@@ -12,7 +12,9 @@ never share KV, even for identical text. The generators give the shapes the benc
   are RAG (the tenant's template prefix, a popular document among ``docs_per_tenant``, one
   question).
 - ``stream(spec)`` (``kvmesh bench e2e``): ``requests`` single requests, each one tenant's
-  system prompt plus a fresh question, Poisson arrivals at ``rate_per_s`` requests/s.
+  system prompt plus a fresh question, Poisson arrivals at ``rate_per_s`` requests/s; the
+  tenant is uniform, or with ``hot_share`` > 0 ``tenant-0`` with that probability and else
+  uniform over the others (skewed load).
 - ``text_rounds(spec)`` (``kvmesh bench serve``): every tenant holds ``chats_per_tenant``
   chats over ``system_prompts`` app prompts shared by all tenants; round ``k`` holds turn
   ``k`` (of ``turns_per_chat``) of every chat in a seeded shuffled order, and each turn
@@ -54,7 +56,12 @@ class WorkloadSpec:
     docs_per_tenant: int = 3      # sessions
     system_prompts: int = 2       # text_rounds: app prompts shared by every tenant
     chats_per_tenant: int = 3     # text_rounds
+    hot_share: float = 0.0        # stream: tenant-0's share of the requests (0: uniform)
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.hot_share <= 1.0:
+            raise ValueError(f"hot_share must be in [0, 1], got {self.hot_share}")
 
 
 @dataclass
@@ -116,16 +123,29 @@ def sessions(spec: WorkloadSpec) -> list[Session]:
 
 
 def stream(spec: WorkloadSpec) -> list[Request]:
-    """``spec.requests`` requests, the first at time 0, each a system prompt + question."""
+    """``spec.requests`` requests, the first at time 0, each a system prompt + question.
+
+    With ``hot_share`` 0 the rng draws exactly what it drew before the field existed, so
+    a seed gives the same requests as in earlier results."""
     rng = random.Random(spec.seed)
     systems = [_tokens(rng, spec.system_tokens) for _ in range(spec.tenants)]
     out, clock = [], 0.0
     for _ in range(spec.requests):
-        t = rng.randrange(spec.tenants)
+        t = _tenant(rng, spec.tenants, spec.hot_share)
         question = _tokens(rng, spec.question_tokens)
         out.append(Request(clock, f"tenant-{t}", systems[t] + question, spec.max_tokens))
         clock += rng.expovariate(spec.rate_per_s)
     return out
+
+
+def _tenant(rng: random.Random, tenants: int, hot_share: float) -> int:
+    """The index of a request's tenant: uniform, or 0 with probability ``hot_share`` and
+    uniform over the others otherwise (one tenant: always 0)."""
+    if not hot_share:
+        return rng.randrange(tenants)  # the draw of the uniform stream, unchanged
+    if tenants == 1 or rng.random() < hot_share:
+        return 0
+    return 1 + rng.randrange(tenants - 1)
 
 
 def _text(rng: random.Random, chars: int) -> str:

@@ -27,6 +27,7 @@ when unused, so nothing leaks in from the launcher's own environment.
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -77,6 +78,14 @@ class ClusterSpec:
     host: str = "127.0.0.1"
     echo: bool = False
     extra_service_args: list[str] = field(default_factory=list)
+    # Every service replica's --cost-weight NAME=VALUE (service.config.CostWeights); empty:
+    # no flag at all, so a service that predates the flag still starts.
+    cost_weights: dict[str, float] = field(default_factory=dict)
+    route_log_dir: str | None = None  # replica i logs its routes to <dir>/service-<i>.jsonl
+    # Run the service replicas and workers from this source tree (a git revision's, for
+    # `kvmesh bench e2e --against`): first on their PYTHONPATH and their working directory.
+    # None: this installation's code.
+    code_dir: str | None = None
 
 
 class LocalCluster:
@@ -130,13 +139,32 @@ class LocalCluster:
             raise
         return self
 
-    def _service_args(self, port: int) -> list[str]:
+    def _service_args(self, port: int, i: int) -> list[str]:
         s = self.spec
         args = ["--host", s.host, "--port", str(port), "--policy", s.policy,
                 *s.extra_service_args]
         if s.hash_seed:
             args += ["--hash-seed", s.hash_seed]
+        for name, value in s.cost_weights.items():
+            args += ["--cost-weight", f"{name}={value!r}"]
+        if s.route_log_dir:
+            args += ["--route-log", str(self.route_log_path(i))]
         return args + _tls_args(s.tls)
+
+    def route_log_path(self, i: int) -> Path:
+        """Where service replica ``i`` logs its routes (with ``route_log_dir``)."""
+        if self.spec.route_log_dir is None:
+            raise ValueError("the cluster has no route_log_dir")
+        return Path(os.path.abspath(self.spec.route_log_dir)) / f"service-{i}.jsonl"
+
+    def _child(self, name: str, module: str, args: list[str],
+               env: dict[str, str]) -> ServerProcess:
+        """A child process, of ``spec.code_dir``'s tree when set (see ``ClusterSpec``)."""
+        code = self.spec.code_dir
+        if code is not None:
+            code = os.path.abspath(code)
+            env = {**env, "PYTHONPATH": code}
+        return ServerProcess(name, module, args, echo=self.spec.echo, env=env, cwd=code)
 
     def _service_env(self) -> dict[str, str]:
         """A replica's secrets (see the module docstring)."""
@@ -152,10 +180,14 @@ class LocalCluster:
             port = (self.spec.port + i) if self.spec.port else 0
         if i < len(self.services):
             proc = self.services[i]
-            proc.cmd[3:] = self._service_args(port)
+            proc.cmd[3:] = self._service_args(port, i)
         else:
-            proc = ServerProcess(f"service-{i}", "service", self._service_args(port),
-                                 echo=self.spec.echo, env=self._service_env())
+            if self.spec.route_log_dir:
+                from kvmesh.file_perms import private_dir
+
+                private_dir(self.spec.route_log_dir, "route_log_dir")
+            proc = self._child(f"service-{i}", "service", self._service_args(port, i),
+                               self._service_env())
             self.services.append(proc)
         return proc.start()
 
@@ -177,7 +209,7 @@ class LocalCluster:
                "KVMESH_WORKER_ACCESS_TOKEN": (worker_access_token(s.token, worker_id)
                                               if s.token else ""),
                "KVMESH_TOKEN": "", "KVMESH_WORKER_SECRET": "", "KVMESH_REDIS_URL": ""}
-        proc = ServerProcess(worker_id, "worker", args, echo=s.echo, env=env)
+        proc = self._child(worker_id, "worker", args, env)
         self.workers.append(proc)
         if start:
             proc.start()
@@ -251,8 +283,8 @@ def tier_args(s: ClusterSpec, worker_id: str) -> list[str]:
         args += ["--cpu-blocks", str(s.cpu_blocks)]
     if s.disk_blocks:
         args += ["--disk-blocks", str(s.disk_blocks)]
-    if s.disk_dir:
-        args += ["--disk-dir", str(Path(s.disk_dir) / worker_id)]
+    if s.disk_dir:  # absolute: a worker of another tree (code_dir) runs from there
+        args += ["--disk-dir", str(Path(os.path.abspath(s.disk_dir)) / worker_id)]
     if s.eviction != "lru":
         args += ["--eviction", s.eviction]
     if s.auto_pin:

@@ -23,9 +23,13 @@ class ServerProcess:
     """One child: ``python -m <module> <args>``; ``.address`` once :meth:`start` returns."""
 
     def __init__(self, name: str, module: str, args: list[str], *, echo: bool = False,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, cwd: str | None = None) -> None:
+        """``env``: added to this process's environment; ``cwd``: the child's working
+        directory (``-m`` puts it FIRST on the child's ``sys.path``, before ``PYTHONPATH``:
+        a child meant to import another source tree must run from that tree)."""
         self.name = name
         self.cmd = [sys.executable, "-m", module, *args]
+        self.cwd = cwd
         self.echo = echo
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1",
                     "KVMESH_PARENT_PID": str(os.getpid()), **(env or {})}
@@ -39,7 +43,7 @@ class ServerProcess:
         self.address = None
         self.proc = subprocess.Popen(
             self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            text=True, bufsize=1, env=self.env, start_new_session=True)
+            text=True, bufsize=1, env=self.env, cwd=self.cwd, start_new_session=True)
         threading.Thread(target=self._drain, args=(self.proc,), daemon=True).start()
         if not self._ready.wait(timeout) or self.address is None:
             tail = self.tail()

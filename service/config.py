@@ -5,6 +5,8 @@ hash check at registration enforces it) and should share the liveness settings.
 """
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -64,6 +66,32 @@ class CostWeights:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
+
+
+def cost_weight_names() -> tuple[str, ...]:
+    """The fields of ``CostWeights``: what ``--cost-weight NAME=VALUE`` may set."""
+    return tuple(f.name for f in dataclasses.fields(CostWeights))
+
+
+def parse_cost_weights(items: Iterable[str]) -> dict[str, float]:
+    """``["saturation_weight=0", "wait_weight=0.5"]`` -> ``{name: value}`` (a name given
+    twice: the last wins). Raises ``ValueError`` naming the valid names for an item that is
+    not ``NAME=VALUE`` with ``NAME`` a ``CostWeights`` field, and saying so for a value that
+    is not a number; the values' ranges are ``CostWeights``' to check."""
+    names = cost_weight_names()
+    out: dict[str, float] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        name = name.strip()
+        if not eq or name not in names:
+            raise ValueError(f"cost weight {item!r}: expected NAME=VALUE with NAME one of "
+                             f"{', '.join(names)}")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise ValueError(f"cost weight {item!r}: {value.strip()!r} is not a number"
+                             ) from None
+    return out
 
 
 @dataclass(frozen=True)
@@ -127,6 +155,8 @@ class ServiceConfig:
     tls_key_file: str | None = None
     tls_ca_file: str | None = None        # with tls_client_auth: CA of client certificates
     tls_client_auth: bool = False         # require client certificates (mutual TLS)
+    route_log: str | None = None          # a JSON line per routing decision (service.
+                                          # route_log); None: off, and nothing is paid
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

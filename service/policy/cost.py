@@ -52,15 +52,28 @@ class KvmeshPolicy(Policy):
 
     def cost(self, prompt_tokens: int, v: WorkerView, backlog: float = 0.0) -> float:
         """The cost of sending the request to ``v`` while the least loaded candidate has
-        ``backlog`` prefill tokens queued (``Q_min``)."""
+        ``backlog`` prefill tokens queued (``Q_min``): the sum of :meth:`terms`, added in
+        their order."""
+        total = 0.0
+        for value in self.terms(prompt_tokens, v, backlog).values():
+            total += value
+        return total
+
+    def terms(self, prompt_tokens: int, v: WorkerView, backlog: float = 0.0
+              ) -> dict[str, float]:
+        """The cost's weighted terms, by name (``prefill``, ``saturation``, ``queue``,
+        ``decode``, ``running``, ``wait``: the module docstring's lines), in the order
+        :meth:`cost` adds them; the route log records them to say why a worker won."""
         w, load = self.w, v.load
         prefill = max(prompt_tokens - self.credited_tokens(v), 0.0)
         share = prefill / prompt_tokens if prompt_tokens > 0 else 0.0
         wait = room.deficit(prompt_tokens, v) * v.block_size if w.wait_weight else 0
-        return (w.prefill_weight * prefill + w.saturation_weight * share * backlog
-                + w.queue_weight * load.queued_prefill_tokens
-                + w.decode_weight * load.decode_tokens + w.running_weight * load.running
-                + w.wait_weight * wait)
+        return {"prefill": w.prefill_weight * prefill,
+                "saturation": w.saturation_weight * share * backlog,
+                "queue": w.queue_weight * load.queued_prefill_tokens,
+                "decode": w.decode_weight * load.decode_tokens,
+                "running": w.running_weight * load.running,
+                "wait": w.wait_weight * wait}
 
     @staticmethod
     def backlog(workers: Sequence[WorkerView]) -> int:
