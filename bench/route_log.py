@@ -10,6 +10,7 @@ of terms whose excess over the chosen worker's is the largest:
 - ``queue``: prefill queued on the holder (the ``queue`` term);
 - ``load``: its decode load (``decode`` + ``running``);
 - ``wait``: its wait for room (``wait``);
+- ``evict``: the cached blocks admitting it there evicts (``evict``);
 - ``tie``: equal costs, the coin chose;
 - ``other``: no load term in excess (e.g. a lower-tier match credited less, a pool too
   small for the prompt);
@@ -29,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 STALE_MS = 100
-REASONS = ("queue", "load", "wait", "tie", "other", "no terms")
-_GROUPS = {"queue": ("queue",), "load": ("decode", "running"), "wait": ("wait",)}
+REASONS = ("queue", "load", "wait", "evict", "tie", "other", "no terms")
+_GROUPS = {"queue": ("queue",), "load": ("decode", "running"), "wait": ("wait",),
+           "evict": ("evict",)}
 
 
 def read(directory: str | Path) -> list[dict[str, Any]]:
@@ -55,7 +57,7 @@ def reason(holder: dict[str, Any], chosen: dict[str, Any]) -> str:
         return "no terms"
     if math.isclose(holder["cost"], chosen["cost"], rel_tol=1e-9, abs_tol=1e-9):
         return "tie"
-    excess = {g: sum(holder["terms"][t] - chosen["terms"][t] for t in names)
+    excess = {g: sum(holder["terms"].get(t, 0.0) - chosen["terms"].get(t, 0.0) for t in names)
               for g, names in _GROUPS.items()}
     group, most = max(excess.items(), key=lambda kv: kv[1])
     return group if most > 0 else "other"

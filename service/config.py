@@ -30,6 +30,7 @@ class CostWeights:
          + decode_weight * context tokens of its running sequences
          + running_weight * its running sequences
          + wait_weight * blocks it must free first * block_size (``service.policy.room``)
+         + evict_weight * cached blocks it evicts * block_size (``service.policy.room``)
 
     A GPU-tier match is credited fully; a CPU- or disk-tier match a fraction of its tokens
     (loading them back is cheaper than recomputing, not free): what onboarding saves on that
@@ -55,10 +56,11 @@ class CostWeights:
     # --rate 40, docs/benchmarks.md).
     saturation_weight: float = 1.0
     wait_weight: float = 1.0
+    evict_weight: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("prefill_weight", "queue_weight", "decode_weight", "running_weight",
-                     "saturation_weight", "wait_weight"):
+                     "saturation_weight", "wait_weight", "evict_weight"):
             if not getattr(self, name) >= 0.0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("cpu_credit", "disk_credit", "cpu_credit_fallback",

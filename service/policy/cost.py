@@ -8,6 +8,7 @@ For a request of ``P`` prompt tokens and each live worker ``w``::
          + queue_weight      * Q_w              (prefill already queued on w)
          + decode_weight     * D_w + running_weight * R_w   (w's decode load)
          + wait_weight       * deficit_w * block_size       (waiting for room, room.py)
+         + evict_weight      * evicted_w * block_size       (cached blocks it evicts, room.py)
 
 and the cheapest worker wins (ties at random). A worker whose whole pool cannot hold the
 prompt ranks after every other.
@@ -32,6 +33,9 @@ from service.credits import tier_credits
 from service.policy import room
 from service.policy.base import Policy, Ranked, WorkerView
 
+# The names of the cost's terms, in the order cost() adds them.
+TERMS = ("prefill", "saturation", "queue", "decode", "running", "wait", "evict")
+
 
 class KvmeshPolicy(Policy):
     """Minimum estimated work (see the module docstring). A CPU/disk match counts as the
@@ -55,25 +59,28 @@ class KvmeshPolicy(Policy):
         ``backlog`` prefill tokens queued (``Q_min``): the sum of :meth:`terms`, added in
         their order."""
         total = 0.0
-        for value in self.terms(prompt_tokens, v, backlog).values():
+        for value in self._parts(prompt_tokens, v, backlog):
             total += value
         return total
 
     def terms(self, prompt_tokens: int, v: WorkerView, backlog: float = 0.0
               ) -> dict[str, float]:
-        """The cost's weighted terms, by name (``prefill``, ``saturation``, ``queue``,
-        ``decode``, ``running``, ``wait``: the module docstring's lines), in the order
+        """The cost's weighted terms, by name (the module docstring's lines), in the order
         :meth:`cost` adds them; the route log records them to say why a worker won."""
+        return dict(zip(TERMS, self._parts(prompt_tokens, v, backlog), strict=True))
+
+    def _parts(self, prompt_tokens: int, v: WorkerView, backlog: float
+               ) -> tuple[float, ...]:
+        # a tuple, not a dict: cost() runs once per worker per Route
         w, load = self.w, v.load
         prefill = max(prompt_tokens - self.credited_tokens(v), 0.0)
         share = prefill / prompt_tokens if prompt_tokens > 0 else 0.0
         wait = room.deficit(prompt_tokens, v) * v.block_size if w.wait_weight else 0
-        return {"prefill": w.prefill_weight * prefill,
-                "saturation": w.saturation_weight * share * backlog,
-                "queue": w.queue_weight * load.queued_prefill_tokens,
-                "decode": w.decode_weight * load.decode_tokens,
-                "running": w.running_weight * load.running,
-                "wait": w.wait_weight * wait}
+        evict = room.evictions(prompt_tokens, v) * v.block_size if w.evict_weight else 0
+        return (w.prefill_weight * prefill, w.saturation_weight * share * backlog,
+                w.queue_weight * load.queued_prefill_tokens,
+                w.decode_weight * load.decode_tokens, w.running_weight * load.running,
+                w.wait_weight * wait, w.evict_weight * evict)
 
     @staticmethod
     def backlog(workers: Sequence[WorkerView]) -> int:

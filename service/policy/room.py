@@ -52,6 +52,17 @@ def deficit(prompt_tokens: int, v: WorkerView) -> int:
     return max(new - sure_room(v), 0)
 
 
+def evictions(prompt_tokens: int, v: WorkerView) -> int:
+    """Cached blocks ``v`` evicts to admit the request: its new blocks beyond the free
+    blocks that hold no hash (those are handed out first; the rest come off the LRU end of
+    the cached ones, now or as running requests free them). 0 for a worker that reports no
+    capacity."""
+    if v.load.total_blocks == 0:
+        return 0
+    new = blocks_needed(prompt_tokens, v.block_size) - v.match.gpu
+    return max(new - v.load.free_empty_blocks, 0)
+
+
 def can_ever_fit(prompt_tokens: int, v: WorkerView) -> bool:
     """Whether ``v``'s whole pool can hold the prompt (unknown capacity: yes)."""
     total = v.load.total_blocks

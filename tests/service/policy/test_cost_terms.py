@@ -15,10 +15,11 @@ def _cost_as_one_expression(p: KvmeshPolicy, prompt: int, v, backlog: float) -> 
     prefill = max(prompt - p.credited_tokens(v), 0.0)
     share = prefill / prompt if prompt > 0 else 0.0
     wait = room.deficit(prompt, v) * v.block_size if w.wait_weight else 0
+    evict = room.evictions(prompt, v) * v.block_size if w.evict_weight else 0
     return (w.prefill_weight * prefill + w.saturation_weight * share * backlog
             + w.queue_weight * load.queued_prefill_tokens
             + w.decode_weight * load.decode_tokens + w.running_weight * load.running
-            + w.wait_weight * wait)
+            + w.wait_weight * wait + w.evict_weight * evict)
 
 
 def test_the_terms_add_up_to_the_cost_exactly() -> None:
@@ -26,7 +27,8 @@ def test_the_terms_add_up_to_the_cost_exactly() -> None:
     for _ in range(2000):
         weights = CostWeights(prefill_weight=rng.choice((2.0, 1.3)),
                               saturation_weight=rng.choice((0.0, 1.0, 0.7)),
-                              wait_weight=rng.choice((0.0, 1.0)), cpu_credit=rng.random())
+                              wait_weight=rng.choice((0.0, 1.0)),
+                              evict_weight=rng.choice((0.0, 0.5, 1.0)), cpu_credit=rng.random())
         p = KvmeshPolicy(weights)
         blocks = rng.randrange(80)
         free = rng.randrange(120)
@@ -36,7 +38,8 @@ def test_the_terms_add_up_to_the_cost_exactly() -> None:
                  free_empty_blocks=rng.randrange(free + 1), total_blocks=120)
         prompt, backlog = rng.randrange(1, 1500), float(rng.randrange(8000))
         terms = p.terms(prompt, v, backlog)
-        assert list(terms) == ["prefill", "saturation", "queue", "decode", "running", "wait"]
+        assert list(terms) == ["prefill", "saturation", "queue", "decode", "running", "wait",
+                               "evict"]
         assert p.cost(prompt, v, backlog) == _cost_as_one_expression(p, prompt, v, backlog)
 
 
@@ -45,4 +48,4 @@ def test_each_term_is_its_line_of_the_model() -> None:
              free_blocks=2, free_empty_blocks=2, total_blocks=100)
     t = KvmeshPolicy().terms(1000, v, backlog=500.0)
     assert t == {"prefill": 2.0 * 200, "saturation": 200 / 1000 * 500.0, "queue": 300.0,
-                 "decode": 0.1 * 1000, "running": 16.0 * 2, "wait": 11 * 16}
+                 "decode": 0.1 * 1000, "running": 16.0 * 2, "wait": 11 * 16, "evict": 0.0}
