@@ -207,11 +207,13 @@ class ChatTraceSpec:
     turn arrives once the answer has streamed (``answer_s_per_token``) and the user has
     thought for ``think_s`` seconds.
 
-    The defaults (about 4,800 requests over 6.5 minutes, 12 a second) keep ``kvmesh bench
-    replay --workers 8 --capacity-blocks 2000`` (256K pooled tokens) busy about 70% of the
-    time, against a working set of 1.6M tokens (6.4x the pool; most of it live at once, as
-    sessions last minutes): routing decides both the hit rate (about 0.55-0.6) and the
-    TTFT (a router blind to load piles the popular tenants on few workers).
+    The defaults (about 4,900 requests over 6 minutes, 13 a second) saturate ``kvmesh bench
+    replay --workers 8 --capacity-blocks 2000`` (256K pooled tokens): busy about 2/3 of the
+    time, a working set of 1.65M tokens (6.5x the pool, most of it live at once: sessions
+    last minutes), and running requests often leave a worker short of free blocks. Routing
+    decides both the hit rate (about 0.5-0.55) and the TTFT (a router blind to load piles
+    the popular tenants on few workers); one session a second less and the free-block room
+    stops mattering (docs/benchmarks.md).
     """
 
     tenants: int = 40
@@ -223,7 +225,7 @@ class ChatTraceSpec:
     answer_tokens: tuple[int, int] = (40, 600)
     think_s: tuple[float, float] = (2.0, 30.0)
     answer_s_per_token: float = 0.02             # answers stream at 50 tokens/s
-    session_rate_per_s: float = 3.0
+    session_rate_per_s: float = 4.0
     zipf: float = 1.1
     seed: int = 0
 
