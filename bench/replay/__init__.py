@@ -28,8 +28,11 @@ POLICIES = (*INDEX_POLICIES, *PEERS)
 
 def _policies(policy: str | None, all_policies: bool, against: list[str]) -> list[str]:
     """The rows' labels: the policies (or variants) asked for, each ``kvmesh@REV`` right
-    after the plain ``kvmesh`` row (at the end without one)."""
+    after the plain ``kvmesh`` row (at the end without one). REV's code is loaded here, so a
+    revision that cannot run is refused before any replay."""
     from bench.variants import parse_list
+
+    from .rows import parse_row
 
     if all_policies:
         labels = list(POLICIES)
@@ -40,6 +43,11 @@ def _policies(policy: str | None, all_policies: bool, against: list[str]) -> lis
             raise typer.BadParameter(str(e), param_hint="--policy") from e
     at = labels.index("kvmesh") + 1 if "kvmesh" in labels else len(labels)
     revs = [f"kvmesh@{rev.strip()}" for rev in against]
+    for label in revs:
+        try:
+            parse_row(label).index_policy()
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--against") from e
     return labels[:at] + revs + labels[at:]
 
 
@@ -102,15 +110,6 @@ def register(bench: typer.Typer) -> None:
         if index not in ("memory", "redis"):
             raise typer.BadParameter("valid: memory, redis", param_hint="--index")
         names = _policies(policy, all_policies, against)
-        from .rows import parse_row
-
-        for name in names:
-            try:
-                row = parse_row(name)
-                if row.revision is not None:
-                    row.index_policy()  # REV's code loads (or the reason it cannot) first
-            except ValueError as e:
-                raise typer.BadParameter(str(e), param_hint="--against") from e
         try:
             reqs = load_trace(trace, limit)
         except ValueError as e:
