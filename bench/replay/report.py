@@ -4,7 +4,8 @@ The targets (issue 7) compare ``kvmesh`` with the others from ONE run: token hit
 ``round_robin``'s, >= 1.1x ``approx_tree``'s and ``ray_prefix_tree``'s, >= 90% of
 ``oracle``'s; load imbalance <= 1.3; the lowest p90 TTFT of all policies (``oracle`` is a
 bound, not a policy, and is left out of that comparison). Checks whose policies did not run
-are skipped.
+are skipped. Rows of the ``kvmesh`` policy other than the plain one (variants
+``kvmesh[...]``, revisions ``kvmesh@REV``: :mod:`.rows`) are shown, never targets nor rivals.
 """
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .replay import PolicyResult
+from .rows import base_policy
 
 BOUND = "oracle"
 
@@ -43,7 +46,7 @@ def targets(results: Sequence[PolicyResult]) -> list[tuple[str, bool, str]]:
         out.append((f"hit rate >= {factor:g}x {other}", ratio >= factor,
                     f"{hit:.4f} / {r.token_hit_rate:.4f} = {ratio:.2f}x"))
     out.append(("load imbalance <= 1.3", k.load_imbalance <= 1.3, f"{k.load_imbalance:.3f}"))
-    rivals = [r for r in results if r.policy not in ("kvmesh", BOUND)]
+    rivals = [r for r in results if base_policy(r.policy) not in ("kvmesh", BOUND)]
     if rivals:
         p90 = k.ttft_s(90)
         best = min(rivals, key=lambda r: r.ttft_s(90))
@@ -59,9 +62,13 @@ def print_table(results: Sequence[PolicyResult], title: str, console: Console) -
     table = Table(title=title)
     for col in ("policy", "requests", "hit rate", "x rr", "imbalance", "prefill tok",
                 "mean TTFT s", "p90 TTFT s", "p99 TTFT s", "util", "evictions", "wall s"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
+        if col == "policy":  # labels of variants differ at their end: fold, never cut
+            table.add_column(col, justify="left", overflow="fold")
+        else:
+            table.add_column(col, justify="right")
     for r in results:
-        name = f"{r.policy} (bound)" if r.policy == BOUND else r.policy
+        # a variant's "[weight=value]" is text, not rich markup
+        name = f"{r.policy} (bound)" if r.policy == BOUND else escape(r.policy)
         util = r.summary()["utilization"]
         table.add_row(name, f"{r.requests:,}" + (f" (-{r.rejected})" if r.rejected else ""),
                       f"{r.token_hit_rate:.2%}",
