@@ -26,9 +26,11 @@ SECRET = "ray-cli-worker-secret-0123456789"
 
 def test_up_prints_service_addresses_and_sigterm_removes_every_actor(ray_cluster):
     """Also: ``--worker-secret`` (here from its env var) reaches the Ray backend, and the
-    embedded Redis wants its password, which is printed only redacted."""
+    embedded Redis wants its password, which is printed only redacted; ``KVMESH_POLICY``,
+    read by the driver (actors see none of its environment), is the replicas' policy."""
     up = Up("--backend", "ray", "--ray-address", ray_cluster.address, "--workers", "1",
-            "--port", "0", "--num-blocks", "32", env={"KVMESH_WORKER_SECRET": SECRET})
+            "--port", "0", "--num-blocks", "32",
+            env={"KVMESH_WORKER_SECRET": SECRET, "KVMESH_POLICY": "round_robin"})
     try:
         assert up.wait_ready(150), up.tail()
         services = up.field("service")
@@ -37,8 +39,10 @@ def test_up_prints_service_addresses_and_sigterm_removes_every_actor(ray_cluster
         assert len(services) == 1
         assert kvmesh_actors(name) == [f"{name}-redis", f"{name}-service-0",
                                        f"{name}-worker-0"]
+        assert f"service  {services[0]}  (policy round_robin)" in up.lines, up.tail()
         with KvmeshClient(services) as client:
             assert client.generate(list(range(40)), max_tokens=2).worker_id == f"{name}-w0"
+            assert client.route(list(range(40))).policy == "round_robin"
         printed = up.field("redis")[0]
         assert printed.startswith("redis://:***@"), printed
         host, _, port = printed.rpartition("@")[2].partition("/")[0].rpartition(":")
