@@ -120,7 +120,9 @@ class LocalCluster:
     # --- life cycle -----------------------------------------------------------------
 
     def start(self, timeout: float = 120.0) -> LocalCluster:
-        """Start everything; returns once every worker is registered and alive."""
+        """Start everything; returns once every worker is registered and alive. A failure
+        the user can fix raises ``LaunchError`` (see the module docstring), after what was
+        started is stopped."""
         try:
             check_model(self.spec.model)
             if self.redis_url is None and self.spec.redis_shards > 1:

@@ -62,7 +62,7 @@ from deploy.stopping import budget
 from deploy.waiting import wait_until
 from kvmesh.auth import worker_access_token
 from kvmesh.hashing import DEFAULT_ALGO, resolve_seed
-from kvmesh.policies import DEFAULT_POLICY
+from kvmesh.policies import DEFAULT_POLICY, POLICIES
 
 NAMESPACE = "kvmesh"
 
@@ -146,14 +146,19 @@ class RayCluster:
         # Resolved once on the driver (vLLM's rule) so that every replica and worker actor
         # runs with the driver's seed, whatever environment Ray gives the actors.
         out["hash_seed"] = resolve_seed(None, s.hash_seed)
-        if s.policy:  # else ServiceConfig's own default
-            out["policy"] = s.policy
+        # The same for the policy: a replica started by the local backend reads
+        # KVMESH_POLICY, an actor sees none of the driver's environment.
+        out["policy"] = self.policy
         return out
 
     @property
     def policy(self) -> str:
-        """The routing policy the service replicas run when a request names none."""
-        return self.spec.policy or DEFAULT_POLICY
+        """The routing policy the service replicas run when a request names none: the
+        spec's, else the driver's ``KVMESH_POLICY``, else ``kvmesh``."""
+        chosen = self.spec.policy or os.environ.get("KVMESH_POLICY") or DEFAULT_POLICY
+        if chosen not in POLICIES:
+            raise ValueError(f"KVMESH_POLICY={chosen}: not one of {', '.join(POLICIES)}")
+        return chosen
 
     def _start_services(self, timeout: float) -> None:
         s = self.spec

@@ -70,8 +70,8 @@ class RaySpec:
     disk_dir: str | None = None           # on each worker's node: <disk_dir>/<worker id>
     eviction: str = "lru"
     auto_pin: bool = False
-    policy: str | None = None             # the replicas' default routing policy (None: kvmesh;
-    #                                       actors read no environment: resolve it first)
+    policy: str | None = None             # the replicas' default routing policy (None: the
+    #                                       driver's KVMESH_POLICY, else kvmesh)
     # local Ray only (ignored when connecting to an existing cluster)
     local_num_cpus: int | None = None
     local_object_store_bytes: int | None = None

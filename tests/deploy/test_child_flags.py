@@ -7,6 +7,7 @@ from the CLI itself, so a flag added later falls under the rule too.
 """
 from __future__ import annotations
 
+import pytest
 import typer
 
 from client.cli import app
@@ -52,14 +53,18 @@ def test_the_flags_a_user_set_are_passed():
     assert service[service.index("--policy") + 1] == "round_robin"
 
 
-def test_the_ray_replicas_run_the_policy_of_the_spec():
-    """Ray actors read no environment: the driver resolves the policy (``kvmesh up`` reads
-    ``--policy`` / ``KVMESH_POLICY``) and hands it to every replica."""
-    default = RayCluster(RaySpec())
-    assert "policy" not in default._service_settings()  # ServiceConfig's own default
-    assert default.policy == "kvmesh"
+def test_the_ray_replicas_run_the_policy_the_driver_resolves(monkeypatch):
+    """Ray actors see none of the driver's environment: the driver resolves the policy as a
+    local replica would (the spec's, else ``KVMESH_POLICY``, else kvmesh) and hands it on."""
+    monkeypatch.delenv("KVMESH_POLICY", raising=False)
+    assert RayCluster(RaySpec())._service_settings()["policy"] == "kvmesh"
+    monkeypatch.setenv("KVMESH_POLICY", "random")
+    assert RayCluster(RaySpec())._service_settings()["policy"] == "random"
     chosen = RayCluster(RaySpec(policy="round_robin"))
     assert chosen._service_settings()["policy"] == chosen.policy == "round_robin"
+    monkeypatch.setenv("KVMESH_POLICY", "fastest")
+    with pytest.raises(ValueError, match="KVMESH_POLICY=fastest"):
+        RayCluster(RaySpec())._service_settings()
 
 
 def test_up_reads_the_policy_from_its_environment_as_the_service_does():
