@@ -42,7 +42,7 @@ from typing import Any
 
 import ray
 
-from deploy.launch_error import LaunchError
+from deploy.launch_error import LaunchError, cause_of
 from deploy.ray.address import check_ray_address
 from deploy.ray.placement import (
     ON_HEAD,
@@ -232,10 +232,20 @@ class RayCluster:
                 if w["alive"] and w["worker_id"] in mine}
 
     def wait_ready(self, timeout: float = 120.0, worker_ids: list[str] | None = None) -> None:
-        """Block until the service counts ``worker_ids`` (default: all) alive."""
+        """Block until the service counts ``worker_ids`` (default: all) alive. A worker
+        actor whose constructor failed (a model path its node lacks, say) raises
+        ``LaunchError`` with its cause at once: Ray does not restart it, so waiting on
+        could only end in a timeout."""
         want = set(self.worker_ids if worker_ids is None else worker_ids)
-        wait_until(lambda: want <= set(self.alive_workers()), timeout, interval=0.2,
-                   what=f"workers {sorted(want)} alive")  # a replica may still be starting
+        started = {wid: self.workers[self.worker_ids.index(wid)].info.remote() for wid in want}
+
+        def settled() -> bool | LaunchError:
+            return (_failed_start(started) or want <= set(self.alive_workers()))
+
+        outcome = wait_until(settled, timeout, interval=0.2,  # a replica may still be starting
+                             what=f"workers {sorted(want)} alive")
+        if isinstance(outcome, LaunchError):
+            raise outcome
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop and remove every actor and placement group this cluster created; the
@@ -260,3 +270,19 @@ class RayCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _failed_start(started: dict[str, Any]) -> LaunchError | None:
+    """The failure of the first worker whose constructor raised, among ``started`` (worker
+    id -> the ref of an ``info()`` call made once it was created); None while none did."""
+    done, _ = ray.wait(list(started.values()), num_returns=len(started), timeout=0)
+    for worker_id, ref in started.items():
+        if ref not in done:
+            continue
+        try:
+            ray.get(ref, timeout=0)
+        except ray.exceptions.RayActorError as e:
+            return LaunchError(f"worker {worker_id} could not start: "
+                               f"{cause_of(str(e).splitlines())} (check --model and the "
+                               "worker flags: the model path must exist on every worker node)")
+    return None

@@ -8,6 +8,7 @@ serves, and on SIGTERM removes every actor it created.
 from __future__ import annotations
 
 import re
+import time
 
 import grpc
 import pytest
@@ -70,3 +71,25 @@ def test_up_prints_service_addresses_and_sigterm_removes_every_actor(ray_cluster
         assert groups and all(g["state"] == "REMOVED" for g in groups)
     finally:
         up.kill()
+
+
+def test_a_model_the_worker_nodes_cannot_load_ends_in_one_line(ray_cluster, tmp_path):
+    """On a Ray cluster the model path is the nodes' (the driver may lack it), so it is not
+    checked before start; the worker actor's failed constructor is the cause, said at once
+    (it used to wait out the 180 s start timeout) in the last line (issue 24, item 7)."""
+    missing = tmp_path / "no-such-model"
+    start = time.monotonic()
+    up = Up("--backend", "ray", "--ray-address", ray_cluster.address, "--workers", "1",
+            "--port", "0", "--model", str(missing))
+    try:
+        code = up.proc.wait(150)
+        up.reader.join(10)
+    finally:
+        up.kill()
+    out = "\n".join(up.lines)
+    assert code == 1 and up.lines[-1].startswith("error: worker "), out
+    assert str(missing) in up.lines[-1] and "--model" in up.lines[-1], out
+    # Ray forwards the actor's own traceback (lines prefixed "(WorkerActor pid=...)"); the
+    # launcher adds none
+    own = [ln for ln in up.lines if "WorkerActor" not in ln]
+    assert not any("Traceback" in ln for ln in own) and time.monotonic() - start < 120, out
