@@ -23,6 +23,15 @@ Credentials (who holds what):
 Every secret travels in the child's environment, never on its command line (``ps`` and
 ``/proc/PID/cmdline`` show that to every local user); every secret variable is set, empty
 when unused, so nothing leaks in from the launcher's own environment.
+
+Settings a child reads from its environment (``KVMESH_POLICY``, ``KVMESH_HASH_SEED``...) are
+passed as flags only when the spec sets them: a spec default never overrides what the
+child would have read (``policy=None`` runs the service's own default, its
+``KVMESH_POLICY`` if set, else ``kvmesh``).
+
+Start failures a user can fix raise ``deploy.launch_error.LaunchError``, one line naming the
+flag: ``model`` not a model directory, no Redis server to start, a ``redis_url`` that does
+not answer, a service ``port`` already taken, a child that exits while starting.
 """
 from __future__ import annotations
 
@@ -34,9 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from deploy.launch_error import ChildExited
 from deploy.process import ServerProcess, wait_all
 from deploy.redis_cluster import RedisClusterServer, start_redis_cluster
-from deploy.redis_server import RedisServer, start_redis
+from deploy.redis_server import RedisServer
+from deploy.start_checks import check_model, check_redis_url, embedded_redis, port_taken
 from deploy.stopping import budget
 from deploy.waiting import wait_until
 from kvmesh.auth import worker_access_token
@@ -74,7 +85,8 @@ class ClusterSpec:
     disk_dir: str | None = None       # each worker's files go to <disk_dir>/<worker id>
     eviction: str = "lru"
     auto_pin: bool = False
-    policy: str = "kvmesh"
+    policy: str | None = None         # None: the service's default (its KVMESH_POLICY, else
+    #                                   kvmesh)
     host: str = "127.0.0.1"
     echo: bool = False
     extra_service_args: list[str] = field(default_factory=list)
@@ -117,16 +129,21 @@ class LocalCluster:
     # --- life cycle -----------------------------------------------------------------
 
     def start(self, timeout: float = 120.0) -> LocalCluster:
-        """Start everything; returns once every worker is registered and alive."""
+        """Start everything; returns once every worker is registered and alive. A failure
+        the user can fix raises ``LaunchError`` (see the module docstring), after what was
+        started is stopped."""
         try:
+            check_model(self.spec.model)
             if self.redis_url is None and self.spec.redis_shards > 1:
                 self.redis_cluster = start_redis_cluster(
                     self.spec.redis_shards, host=self.spec.host,
                     allow_plaintext_bus=self.spec.insecure_cluster_bus)
                 self.redis_url = self.redis_cluster.url  # redis+cluster://
             elif self.redis_url is None:
-                self.redis = start_redis(host=self.spec.host)
+                self.redis = embedded_redis(self.spec.host)
                 self.redis_url = self.redis.url
+            else:
+                check_redis_url(self.redis_url)
             for i in range(self.spec.service_replicas):
                 self.start_service(i)
             for i in range(self.spec.workers):
@@ -141,8 +158,9 @@ class LocalCluster:
 
     def _service_args(self, port: int, i: int) -> list[str]:
         s = self.spec
-        args = ["--host", s.host, "--port", str(port), "--policy", s.policy,
-                *s.extra_service_args]
+        args = ["--host", s.host, "--port", str(port), *s.extra_service_args]
+        if s.policy:  # else the service's own default, KVMESH_POLICY included
+            args += ["--policy", s.policy]
         if s.hash_seed:
             args += ["--hash-seed", s.hash_seed]
         for name, value in s.cost_weights.items():
@@ -189,7 +207,12 @@ class LocalCluster:
             proc = self._child(f"service-{i}", "service", self._service_args(port, i),
                                self._service_env())
             self.services.append(proc)
-        return proc.start()
+        try:
+            return proc.start()
+        except ChildExited as e:
+            if port and "cannot bind" in e.cause:
+                raise port_taken(self.spec.host, port, e) from e
+            raise
 
     def add_worker(self, worker_id: str, *, start: bool = True,
                    port: int = 0) -> ServerProcess:
@@ -251,7 +274,7 @@ class LocalCluster:
             outcome = wait_until(lambda: settled(client), timeout, interval=0.1,
                                  what=f"{want} workers registered")
         if outcome is not True:
-            raise RuntimeError(f"{outcome[0].name} exited:\n{outcome[0].tail()}")
+            raise outcome[0].exited()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop workers, then services, then Redis; everything is gone within ``timeout``
