@@ -39,7 +39,7 @@ def passed(args: list[str], flags: dict[str, str], own: dict[str, str]) -> list[
 
 def test_a_default_cluster_passes_no_flag_its_children_read_from_the_environment():
     cluster = LocalCluster(ClusterSpec(workers=1))
-    service = cluster._service_args(0)
+    service = cluster._service_args(0, 0)
     assert passed(service, env_flags("service"), {}) == [], service
     worker = cluster.add_worker("w0", start=False).cmd
     assert passed(worker, env_flags("worker"), OWN["worker"]) == [], worker
@@ -48,7 +48,7 @@ def test_a_default_cluster_passes_no_flag_its_children_read_from_the_environment
 def test_the_flags_a_user_set_are_passed():
     """... and the audit above would see them: it can fail."""
     cluster = LocalCluster(ClusterSpec(policy="round_robin", hash_seed="s1"))
-    service = cluster._service_args(0)
+    service = cluster._service_args(0, 0)
     assert passed(service, env_flags("service"), {}) == ["--policy", "--hash-seed"]
     assert service[service.index("--policy") + 1] == "round_robin"
 
