@@ -45,7 +45,8 @@ def test_a_busy_holder_short_of_free_blocks_keeps_its_prefix(redis_url: str) -> 
                                    total_blocks=200)
             res = await route(r.stub, SYSTEM + QUESTION, dry_run=True)
             assert res.candidates[0].worker_id == "w0"
-            assert res.candidates[0].cost == 2.0 * 4 * BS + 4 * BS  # prefill + the wait
+            # prefill + the wait for 4 blocks + the 4 cached blocks it evicts
+            assert res.candidates[0].cost == 2.0 * 4 * BS + 4 * BS + 4 * BS
 
     asyncio.run(main())
 

@@ -47,14 +47,32 @@ def test_a_holder_short_of_room_waits_instead_of_being_dropped() -> None:
     # tokens, far less than recomputing 800 matched tokens on the roomy worker.
     full = view("full", 50, free_blocks=2, free_empty_blocks=2, total_blocks=100)
     roomy = view("roomy", 0, free_blocks=100, free_empty_blocks=100, total_blocks=100)
-    p = KvmeshPolicy()
+    p = KvmeshPolicy(CostWeights(evict_weight=0))  # the wait alone
     assert p.cost(1000, full) == 2.0 * 200 + 11 * 16
     assert rank([full, roomy]) == ["full", "roomy"]
     # with a small hit, waiting costs more than the recompute it saves
     short = view("short", 2, free_blocks=0, total_blocks=100)
     assert rank([short, roomy]) == ["roomy", "short"]
     # the wait term off: room no longer matters
-    assert KvmeshPolicy(CostWeights(wait_weight=0)).cost(1000, short) == 2.0 * 968
+    off = CostWeights(wait_weight=0, evict_weight=0)
+    assert KvmeshPolicy(off).cost(1000, short) == 2.0 * 968
+
+
+def test_a_full_pool_pays_for_the_cached_blocks_it_evicts() -> None:
+    # Both workers idle and cold for this prompt; one has 63 empty free blocks, the other's
+    # free blocks all hold other prefixes: admitting the 63 new blocks there evicts them.
+    empty = view("empty", 0, free_blocks=100, free_empty_blocks=63, total_blocks=100)
+    full = view("full", 0, free_blocks=100, free_empty_blocks=0, total_blocks=100)
+    p = KvmeshPolicy()
+    assert p.terms(1000, full)["evict"] == 63 * 16 and p.terms(1000, empty)["evict"] == 0
+    assert rank([full, empty]) == ["empty", "full"]
+    # a holder needs few new blocks: it evicts little even in a full pool, so moving its
+    # tenant to the cold worker costs the recompute AND the evictions there
+    holder = view("holder", 60, queued_prefill_tokens=2500, free_blocks=100,
+                  total_blocks=100)
+    cold = view("cold", 0, free_blocks=100, total_blocks=100)
+    assert rank([holder, cold]) == ["holder", "cold"]
+    assert rank([holder, cold], weights=CostWeights(evict_weight=0)) == ["cold", "holder"]
 
 
 def test_a_pool_smaller_than_the_prompt_ranks_last_even_with_the_prefix() -> None:

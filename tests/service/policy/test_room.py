@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from service.index.base import BlockMatch, WorkerLoad
 from service.policy import WorkerView
-from service.policy.room import can_ever_fit, deficit, sure_room
+from service.policy.room import can_ever_fit, deficit, evictions, sure_room
 from worker.kv_cache import KVCacheManager, KVRequest
 
 from .views import view
@@ -42,6 +42,14 @@ def test_the_deficit_never_exceeds_the_requests_new_blocks() -> None:
         for free in (0, 5, 40, 200):
             v = view("w", hits, free_blocks=free, total_blocks=1000)
             assert 0 <= deficit(1000, v) <= 63 - hits
+
+
+def test_new_blocks_beyond_the_empty_ones_evict_cached_blocks() -> None:
+    assert evictions(1000, view("w", 50, free_blocks=40, free_empty_blocks=5,
+                                total_blocks=100)) == 13 - 5
+    assert evictions(1000, view("w", 50, free_blocks=40, free_empty_blocks=20,
+                                total_blocks=100)) == 0
+    assert evictions(1000, view("unknown", 0)) == 0   # no capacity reported
 
 
 def test_unknown_capacity_has_room_and_a_too_small_pool_never_fits() -> None:
