@@ -7,16 +7,15 @@ import sys
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from bench.replay import register
 from bench.replay.replay import PolicyResult, ReplayConfig, make_router, run
 from bench.replay.report import targets
 from bench.replay.revision_policy import PolicyAtRevision, load, resolve
 from bench.replay.rows import parse_row
 from bench.replay.trace import TokenSynth, TraceRequest, load_trace
 from service.config import CostWeights
+from tests.bench.test_replay import cli
 
 CFG = ReplayConfig(workers=4, block_size=16, capacity_blocks=2000)
 # The last commit before the routing branch: service/policy.py, one module, whose kvmesh
@@ -110,14 +109,6 @@ def test_against_an_older_revision_shows_where_the_code_differs() -> None:
     assert old.hit_tokens == 0 and sorted(old.per_worker_prefill) == [2048, 2560]
     assert old.ttft_s(100) < now.ttft_s(100)  # B did not wait for A's decode
     assert same_figures(now, head)
-
-
-def cli() -> typer.Typer:
-    app = typer.Typer()
-    bench = typer.Typer()
-    app.add_typer(bench, name="bench")
-    register(bench)
-    return app
 
 
 def test_cli_variants_and_against_rows(small_trace: Path) -> None:
