@@ -58,6 +58,8 @@ class Scheduler:
         # ahead in the queue computes counts as cached too: a burst of requests sharing a
         # new prefix prefills it once, not once each.
         cached = sum(self.kv.match_by_tier(seq.req).values())
+        # ... and the admissions ahead of it must not evict what it will hit while it waits
+        self.kv.keep_warm(seq.req)
         bs = self.kv.block_size
         full = seq.req.block_hashes[:seq.num_prompt_tokens // bs]  # cached once computed
         usable = min(max(seq.num_prompt_tokens - 1, 0) // bs, len(full))

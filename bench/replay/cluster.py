@@ -7,9 +7,12 @@ KV events are the real ones; only the time a step takes comes from :class:`CostM
 
 Scheduling, per worker (vLLM-like, prefill first, FIFO):
 
-- A routed request waits in FIFO order. The head is admitted when the pool has free blocks
-  for its whole sequence (prompt + output: decode space is reserved at admission, so a
-  request never needs preemption) and fewer than ``max_running`` requests run. Admission
+- A routed request waits in FIFO order; as it joins the queue its cached prefix moves to the
+  most recently used end of the free queue (``KVCacheManager.keep_warm``, as the engine's
+  scheduler does), so the admissions ahead of it evict other blocks first. The head is
+  admitted when the pool has free blocks for its whole sequence (prompt + output: decode
+  space is reserved at admission, so a request never needs preemption) and fewer than
+  ``max_running`` requests run. Admission
   looks up the cache, allocates the prompt (caching its full blocks at once, as vLLM does at
   scheduling time), then the output slots; the hit is counted here.
 - Its prefill then runs alone for ``prefill_s_per_token * uncached tokens``; running
@@ -220,6 +223,7 @@ class SimWorker:
             ahead += 1
         cached = max(sum(self.kv.match_by_tier(req.kv).values()), ahead * self.kv.block_size)
         req.expected_prefill = req.prompt_tokens - cached
+        self.kv.keep_warm(req.kv)  # as the engine's scheduler does when a request queues
         self._promised.update(full)
         self.waiting.append(req)
         self._waiting_tokens += req.expected_prefill

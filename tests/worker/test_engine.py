@@ -164,6 +164,21 @@ def test_a_burst_sharing_a_new_prefix_counts_its_prefill_once():
     assert not engine.scheduler._promised  # every promise left with its sequence
 
 
+def test_a_waiting_request_keeps_its_prefix_through_the_admissions_ahead_of_it():
+    # P was cached first (older), A after it: LRU would evict P first. X, queued ahead of
+    # R (which hits P), needs more blocks than are empty; R's place in the queue keeps P
+    # warm, so X evicts A and R still hits all of P.
+    engine = Engine.from_pretrained("tiny", block_size=BS, num_blocks=24)
+    p_prompt, a_prompt = list(range(10, 50)), list(range(60, 100))
+    engine.generate([p_prompt + [1]], max_tokens=1)
+    engine.generate([a_prompt + [2]], max_tokens=1)
+    x = [7] * 35
+    got = engine.generate([x, p_prompt + [3]], max_tokens=1)
+    assert got[1].num_cached_tokens == 40
+    again = engine.generate([a_prompt + [4]], max_tokens=1)
+    assert again[0].num_cached_tokens < 40  # A paid for X's blocks instead
+
+
 def test_the_reported_free_empty_blocks_are_the_free_blocks_without_a_hash():
     engine = Engine.from_pretrained("tiny", block_size=BS, num_blocks=64)
     assert engine.load()["free_empty_blocks"] == 64

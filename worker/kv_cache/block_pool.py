@@ -255,6 +255,17 @@ class BlockPool:
                     self.num_free_cached -= 1
             block.ref_cnt += 1
 
+    def refresh(self, chain: Sequence[KVCacheBlock]) -> None:
+        """Move the free blocks of ``chain`` (a request's hits, in chain order) to the tail
+        of the free queue, the chain's tail nearest the head, as if just freed: the LRU
+        order then evicts them after every block no waiting request will hit. References,
+        hashes and events are unchanged; the engine calls it as a request joins the queue
+        (vLLM has no such step: its order is the same as long as nobody calls this)."""
+        for block in reversed(chain):
+            if block.ref_cnt == 0 and block.block_hash is not None:
+                self.free_queue.remove(block)
+                self.free_queue.append(block)
+
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference on each block. Blocks reaching zero become free: hashed ones
         are appended to the tail in the given order (pass a request's blocks in reverse so
