@@ -41,10 +41,15 @@ plain ``kvmesh`` over ``round_robin`` (``ratios``, with the goals) and over ever
 ``--hot-share S``: skewed load, tenant-0 sends a share ``S`` of the requests (the rest
 uniform over the others), where affinity alone overloads one worker.
 
+``--rounds N`` (``bench.e2e_rounds``): every row N times, each round in a rotated order, each
+row the median of its rounds, with each round's figures and how many rounds kvmesh won
+against each other row: what to quote from a shared, noisy host.
+
 ``--route-log DIR``: each row's service replicas log their routing decisions
-(``service.route_log``) to ``DIR/<row>/``; after the run, per row, how often the router left
-the worker holding the longest prefix, why, and how old the loads it judged were
-(``bench.route_log``), printed and under ``route_logs`` in the JSON.
+(``service.route_log``) to ``DIR/<row>/`` (``DIR/<row>/round-<i>/`` with rounds); after the
+run, per row (its rounds pooled), how often the router left the worker holding the longest
+prefix, why, and how old the loads it judged were (``bench.route_log``), printed and under
+``route_logs`` in the JSON.
 
 ``--cpu-blocks M`` (the tiered cache, issue 14): each policy runs twice, on a cluster
 without and with a CPU tier of ``M`` blocks per worker (rows ``kvmesh`` and
@@ -61,14 +66,18 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import typer
 
-from bench import route_log
+from bench.e2e_rounds import median_row, rotated
 from bench.e2e_rows import Setup, preflight, revision_setups, setups
 from bench.revision import service_flags, source_tree
+from bench.route_log import read as read_routes
+from bench.route_log import summarize as summarize_routes
 from bench.variants import Variant, parse, parse_list
 from bench.workload import Request, WorkloadSpec, stream
 from kvmesh.policies import POLICIES as ALL_POLICIES
@@ -175,7 +184,7 @@ def summarize(policy: str, outcomes: list[Outcome], makespan: float,
 def run_setup(spec: E2ESpec, setup: Setup, reqs: list[Request], progress: Any = None,
               model: str = "tiny") -> dict[str, Any]:
     """One row: ``reqs`` through a fresh cluster of ``setup``; with a route log, the row
-    carries its analysis (``bench.route_log``) under ``route_log``."""
+    carries its records (``bench.route_log.read``) under ``route_log``."""
     from deploy.local import ClusterSpec, LocalCluster
 
     v = setup.variant
@@ -193,34 +202,44 @@ def run_setup(spec: E2ESpec, setup: Setup, reqs: list[Request], progress: Any = 
         cluster.stop()
     row = summarize(setup.label, outcomes, makespan, by_tier)
     if setup.route_log_dir:
-        row["route_log"] = route_log.summarize(route_log.read(setup.route_log_dir))
+        row["route_log"] = read_routes(setup.route_log_dir)  # summarized by run()
     return row
 
 
 def run(spec: E2ESpec, policies: Sequence[str | Variant] = POLICIES, progress: Any = None,
         model: str = "tiny", against: str | None = None,
-        route_log: str | None = None) -> dict[str, Any]:
+        route_log: str | None = None, rounds: int = 1) -> dict[str, Any]:
     """Each policy (a name or a ``bench.variants.Variant``) on a fresh cluster (twice,
     without and with the CPU tier, when ``spec.cpu_blocks``), then ``kvmesh@against`` (its
     cluster runs git revision ``against``) when given; rows plus ratios: ``ratios``, kvmesh
     over round robin (or with the CPU tier over without), and ``ratios_over``, kvmesh over
     every other row. ``route_log``: each row's cluster logs its routes to
     ``route_log/<label>/`` (which must hold no logs yet) and ``route_logs`` holds their
-    analyses."""
+    analyses. ``rounds``: every row that many times, in a rotated order, reported as the
+    median of its rounds (``bench.e2e_rounds``)."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, not {rounds}")
     variants = [p if isinstance(p, Variant) else parse(p, ALL_POLICIES) for p in policies]
     preflight(variants, spec.cpu_blocks, against, route_log)
     reqs = stream(spec.workload)
-    rows = [run_setup(spec, s, reqs, progress, model)
-            for s in setups(variants, spec.cpu_blocks, route_log)]
-    if against:
-        with source_tree(against) as tree:
-            rows += [run_setup(spec, s, reqs, progress, model) for s in revision_setups(
-                against, tree, service_flags(tree), spec.cpu_blocks, route_log)]
+    todo = setups(variants, spec.cpu_blocks, route_log)
+    with source_tree(against) if against else nullcontext(None) as tree:
+        if against:
+            todo += revision_setups(against, tree, service_flags(tree), spec.cpu_blocks,
+                                    route_log)
+        done: dict[str, list[dict[str, Any]]] = {s.label: [] for s in todo}
+        for i in range(rounds):
+            for s in rotated(todo, i):
+                if rounds > 1 and s.route_log_dir:
+                    s = replace(s, route_log_dir=str(Path(s.route_log_dir) / f"round-{i}"))
+                done[s.label].append(run_setup(spec, s, reqs, progress, model))
+    logs = {label: summarize_routes([rec for r in rs for rec in r.pop("route_log")])
+            for label, rs in done.items() if "route_log" in rs[0]}
+    rows = [median_row(rs) for rs in done.values()]
     offered = sum(len(r.tokens) + r.max_tokens for r in reqs) / max(reqs[-1].arrival_s, 1e-9)
     cpu = bool(spec.cpu_blocks)
-    logs = {r["policy"]: r.pop("route_log") for r in rows if "route_log" in r}
     return {"spec": asdict(spec), "against": against, "offered_tokens_per_s": offered,
-            "rows": rows, "ratios": _ratios(rows, cpu=cpu),
+            "rounds": rounds, "rows": rows, "ratios": _ratios(rows, cpu=cpu),
             "ratios_over": _ratios_over(rows, cpu=cpu), "route_logs": logs}
 
 
@@ -283,6 +302,10 @@ def register(bench: typer.Typer) -> None:
             route_log_dir: str = typer.Option(
                 None, "--route-log", metavar="DIR", help="each row's services log their "
                 "routes to DIR/<row>/ (an empty directory); print their analysis"),
+            rounds: int = typer.Option(
+                1, min=1, help="run every row this many times, each round in a rotated "
+                "order, and report each row's median (a noisy host ranks close policies "
+                "by luck in one run)"),
             seed: int = typer.Option(w.seed),
             as_json: bool = typer.Option(False, "--json")) -> None:
         """kvmesh vs the other policies on a real local cluster: throughput, TTFT, hit
@@ -308,7 +331,8 @@ def register(bench: typer.Typer) -> None:
                 task = bar.add_task(policy, total=total)
                 return lambda: bar.advance(task)
 
-            res = run(spec, variants, progress, against=against, route_log=route_log_dir)
+            res = run(spec, variants, progress, against=against, route_log=route_log_dir,
+                      rounds=rounds)
         if as_json:
             print(json.dumps(res))
         else:

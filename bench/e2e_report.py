@@ -9,16 +9,19 @@ from rich.markup import escape
 from rich.table import Table
 
 from bench import route_log
+from bench.e2e_rounds import wins
 
 
 def _title(res: dict[str, Any]) -> str:
     s = {**res["spec"], **res["spec"]["workload"]}
     cpu_note = f" (+{s['cpu_blocks']} CPU-tier blocks)" if s.get("cpu_blocks") else ""
     hot = (f"; tenant-0 takes {s['hot_share']:.0%} of them" if s.get("hot_share") else "")
+    n = res.get("rounds", 1)
+    rounds = f"; each row the median of {n} rounds" if n > 1 else ""
     return (f"e2e: {s['workers']} tiny-model workers x {s['num_blocks']} blocks{cpu_note}, "
             f"{s['requests']} requests at {s['rate_per_s']}/s (Poisson), {s['tenants']} "
             f"tenants x {s['system_tokens']}-token system prompt + "
-            f"{s['question_tokens']}-token question, {s['max_tokens']} out{hot}")
+            f"{s['question_tokens']}-token question, {s['max_tokens']} out{hot}{rounds}")
 
 
 def _ratio_row(t: Table, name: str, ra: dict[str, float]) -> None:
@@ -82,11 +85,32 @@ def goals(res: dict[str, Any]) -> list[tuple[str, bool]]:
     return out
 
 
+def spread(res: dict[str, Any]) -> list[str]:
+    """With rounds: each row's figures per round, then in how many rounds plain kvmesh (or
+    ``kvmesh+cpu``) beat each other row. Nothing for a single round."""
+    if res.get("rounds", 1) < 2:
+        return []
+    out = [f"{r['policy']} by round: " + ", ".join(
+        f"{x['tokens_per_s']:,.0f} tok/s {x['mean_ttft_s'] * 1e3:,.0f} ms "
+        f"{x['token_hit_rate']:.1%}" for x in r["rounds"]) for r in res["rows"]]
+    base = "kvmesh+cpu" if res["spec"].get("cpu_blocks") else "kvmesh"
+    rows = {r["policy"]: r for r in res["rows"]}
+    if base in rows:
+        for name, r in rows.items():
+            if name != base:
+                w = wins(rows[base], r)
+                out.append(f"{base} beat {name} in throughput in {w['throughput']} of "
+                           f"{w['rounds']} rounds, in mean TTFT in {w['mean_ttft']}")
+    return out
+
+
 def show(res: dict[str, Any]) -> None:
     """Print :func:`table`, the offered load, CPU-tier shares, goals and route logs."""
     console = Console(width=max(Console().width, 160))  # wide tables, even in a pipe
     console.print(table(res))
     console.print(f"offered load: {res['offered_tokens_per_s']:,.0f} tokens/s")
+    for line in spread(res):
+        console.print(line, markup=False, soft_wrap=True)
     for r in res["rows"]:
         if r["hit_rate_by_tier"].get("cpu"):
             console.print(f"{r['policy']}: {r['hit_rate_by_tier']['cpu']:.1%} of prompt tokens "

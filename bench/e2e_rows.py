@@ -69,6 +69,6 @@ def preflight(variants: list[Variant], cpu_blocks: int = 0, against: str | None 
         todo += revision_setups(against, None, frozenset({"--route-log"}), cpu_blocks,
                                 route_log)
     for s in todo:
-        if s.route_log_dir and any(Path(s.route_log_dir).glob("*.jsonl")):
+        if s.route_log_dir and any(Path(s.route_log_dir).rglob("*.jsonl")):
             raise ValueError(f"{s.route_log_dir} holds route logs of an earlier run: give "
                              "--route-log an empty directory")

@@ -115,8 +115,9 @@ def test_the_command_hands_its_flags_to_the_run(monkeypatch: pytest.MonkeyPatch,
 
     seen: dict = {}
 
-    def fake_run(spec, variants, progress, against=None, route_log=None) -> dict:
-        seen.update(spec=spec, variants=variants, against=against, route_log=route_log)
+    def fake_run(spec, variants, progress, against=None, route_log=None, rounds=1) -> dict:
+        seen.update(spec=spec, variants=variants, against=against, route_log=route_log,
+                    rounds=rounds)
         return {"spec": {}, "rows": []}
 
     monkeypatch.setattr(e2e, "run", fake_run)
@@ -125,8 +126,9 @@ def test_the_command_hands_its_flags_to_the_run(monkeypatch: pytest.MonkeyPatch,
     app.command("other")(lambda: None)
     res = CliRunner().invoke(app, [
         "e2e", "--hot-share", "0.5", "--policies", "kvmesh,kvmesh[saturation_weight=0]",
-        "--against", "HEAD", "--route-log", str(tmp_path), "--json"])
+        "--against", "HEAD", "--route-log", str(tmp_path), "--rounds", "3", "--json"])
     assert res.exit_code == 0, res.output
     assert seen["spec"].workload.hot_share == 0.5
     assert [v.label for v in seen["variants"]] == ["kvmesh", "kvmesh[saturation_weight=0]"]
     assert (seen["against"], seen["route_log"]) == ("HEAD", str(tmp_path))
+    assert seen["rounds"] == 3
