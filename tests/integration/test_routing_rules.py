@@ -60,7 +60,7 @@ def test_at_saturation_the_holder_keeps_the_tenant_and_an_idle_worker_takes_it(
         for weights, busy_fleet_moves in (({}, False), ({"saturation_weight": 0.0}, True)):
             async with serve(config(redis_url, **weights)) as r:
                 holder, cold = await _fleet(r)
-                await holder.heartbeat(queued_prefill_tokens=2600, running=4,
+                await holder.heartbeat(queued_prefill_tokens=4000, running=4,
                                        free_blocks=100, free_empty_blocks=100,
                                        total_blocks=200)
                 await cold.heartbeat(queued_prefill_tokens=2000, running=4, free_blocks=100,

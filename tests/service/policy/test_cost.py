@@ -68,7 +68,7 @@ def test_a_full_pool_pays_for_the_cached_blocks_it_evicts() -> None:
     assert rank([full, empty]) == ["empty", "full"]
     # a holder needs few new blocks: it evicts little even in a full pool, so moving its
     # tenant to the cold worker costs the recompute AND the evictions there
-    holder = view("holder", 60, queued_prefill_tokens=2500, free_blocks=100,
+    holder = view("holder", 60, queued_prefill_tokens=5000, free_blocks=100,
                   total_blocks=100)
     cold = view("cold", 0, free_blocks=100, total_blocks=100)
     assert rank([holder, cold]) == ["holder", "cold"]
@@ -92,13 +92,13 @@ def test_an_idle_worker_takes_a_busy_holders_request() -> None:
 
 def test_at_saturation_the_holder_keeps_its_prefix() -> None:
     # Every worker has a backlog: the fleet's floor (4,000 tokens) is charged to each token
-    # recomputed, so the cold worker now costs 2*1000 + 4000 + 4000 against the holder's
-    # 2*8 + 4000*8/1000 + 6000.
-    holder = view("holder", 62, queued_prefill_tokens=6000)
+    # recomputed, so the cold worker now costs 2*1000 + 4000 + 0.5*4000 against the
+    # holder's 2*8 + 4000*8/1000 + 0.5*12000.
+    holder = view("holder", 62, queued_prefill_tokens=12_000)
     cold = view("cold", 0, queued_prefill_tokens=4000)
     p = KvmeshPolicy()
     assert p.backlog([holder, cold]) == 4000
-    assert p.cost(1000, cold, 4000) == 2.0 * 1000 + 4000 + 4000
+    assert p.cost(1000, cold, 4000) == 2.0 * 1000 + 4000 + 0.5 * 4000
     assert rank([holder, cold]) == ["holder", "cold"]
     assert rank([holder, cold], weights=CostWeights(saturation_weight=0)) == ["cold", "holder"]
 

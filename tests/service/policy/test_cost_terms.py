@@ -47,5 +47,5 @@ def test_each_term_is_its_line_of_the_model() -> None:
     v = view("w", 50, queued_prefill_tokens=300, decode_tokens=1000, running=2,
              free_blocks=2, free_empty_blocks=2, total_blocks=100)
     t = KvmeshPolicy().terms(1000, v, backlog=500.0)
-    assert t == {"prefill": 2.0 * 200, "saturation": 200 / 1000 * 500.0, "queue": 300.0,
+    assert t == {"prefill": 2.0 * 200, "saturation": 200 / 1000 * 500.0, "queue": 0.5 * 300,
                  "decode": 0.1 * 1000, "running": 16.0 * 2, "wait": 11 * 16, "evict": 11 * 16}
