@@ -50,7 +50,8 @@ def targets(results: Sequence[PolicyResult]) -> list[tuple[str, bool, str]]:
     if bound is not None:
         gap = bound.token_hit_rate - hit
         out.append(("hit rate within 0.01 of oracle", gap <= 0.01,
-                    f"{hit:.4f} vs {bound.token_hit_rate:.4f} ({gap:+.4f} below)"))
+                    f"{hit:.4f} vs {bound.token_hit_rate:.4f} ({abs(gap):.4f} "
+                    f"{'below' if gap > 0 else 'above'})"))
     for r in results:
         if "@" in r.policy and base_policy(r.policy) == "kvmesh":
             out.append((f"hit rate >= {r.policy}", hit >= r.token_hit_rate,

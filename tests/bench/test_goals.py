@@ -37,8 +37,14 @@ def test_replay_targets_hold_kvmesh_to_the_peers_the_oracle_and_its_past() -> No
            _result("ray_prefix_tree", 0.55, 2.0), _result("oracle", 0.535, 0.2),
            _result("round_robin", 0.2, 3.0)]
     got = {name: met for name, met, _ in targets(res)}
+    said = {name: text for name, _, text in targets(res)}
     assert got["hit rate >= 1x ray_prefix_tree"] is False
     assert got["hit rate within 0.01 of oracle"] is True
+    assert said["hit rate within 0.01 of oracle"].endswith("(0.0050 below)")
+    above = [dataclasses.replace(r, hit_tokens=5_400) if r.policy == "kvmesh" else r
+             for r in res]
+    said = {name: text for name, _, text in targets(above)}
+    assert said["hit rate within 0.01 of oracle"].endswith("(0.0050 above)")
     assert got["hit rate >= kvmesh@abc"] and got["p99 TTFT <= kvmesh@abc"]
     assert got["hit rate >= 2x round_robin"] and got["lowest p90 TTFT"]
     res[1] = dataclasses.replace(res[1], ttfts=[0.1] * 10)
