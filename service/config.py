@@ -47,8 +47,8 @@ class CostWeights:
     # A queued token is mostly a cache hit's cheap suffix or a prefill the worker does
     # anyway, while a recompute elsewhere also evicts: 0.5 (leave a holder only for a queue
     # over 4x the recompute) raised the hit rate on all three replay traces (synthetic
-    # 32.44 -> 33.40%, conversation 14.15 -> 14.49%, chat 53.91 -> 54.12%) and kept up with
-    # the saturated e2e load in 3 of 4 runs against 1 of 5 at 1.0 (docs/benchmarks.md).
+    # 32.44 -> 33.40%, conversation 14.15 -> 14.49%, chat 53.91 -> 54.12%); the saturated
+    # e2e runs do not tell 0.5 from 1.0 apart (docs/benchmarks.md, "The cost model's terms").
     queue_weight: float = 0.5
     decode_weight: float = 0.1
     running_weight: float = 16.0
