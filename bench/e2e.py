@@ -30,6 +30,27 @@ difference; ``--rate 24 --requests 300`` overloads round robin only, which is wh
 throughput ratio means something (and needs a quiet machine). A run of both policies takes
 about two minutes, cluster starts included.
 
+Rows (``bench.e2e_rows``): ``--policies`` names policies of ``kvmesh.policies.POLICIES``
+or variants ``kvmesh[weight=value,...]`` (``bench.variants``: every service replica of that
+row's cluster runs with those cost weights; the row is named by the variant's label);
+``--against REV`` adds ``kvmesh@REV``, a cluster whose service replicas and workers run git
+revision ``REV``'s code while this bench and client drive it (``bench.revision``). Ratios:
+plain ``kvmesh`` over ``round_robin`` (``ratios``, with the goals) and over every other row
+(``ratios_over``: the baselines, the variants, ``kvmesh@REV``).
+
+``--hot-share S``: skewed load, tenant-0 sends a share ``S`` of the requests (the rest
+uniform over the others), where affinity alone overloads one worker.
+
+``--rounds N`` (``bench.e2e_rounds``): every row N times, each round in a rotated order, each
+row the median of its rounds, with each round's figures and how many rounds kvmesh won
+against each other row: what to quote from a shared, noisy host.
+
+``--route-log DIR``: each row's service replicas log their routing decisions
+(``service.route_log``) to ``DIR/<row>/`` (``DIR/<row>/round-<i>/`` with rounds); after the
+run, per row (its rounds pooled), how often the router left the worker holding the longest
+prefix, why, and how old the loads it judged were (``bench.route_log``), printed and under
+``route_logs`` in the JSON.
+
 ``--cpu-blocks M`` (the tiered cache, issue 14): each policy runs twice, on a cluster
 without and with a CPU tier of ``M`` blocks per worker (rows ``kvmesh`` and
 ``kvmesh+cpu``), and the ratios compare the two: mean and p90 TTFT, hit rate (the share of
@@ -44,12 +65,22 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import typer
 
+from bench.e2e_rounds import median_row, rotated
+from bench.e2e_rows import Setup, preflight, revision_setups, setups
+from bench.revision import service_flags, source_tree
+from bench.route_log import read as read_routes
+from bench.route_log import summarize as summarize_routes
+from bench.variants import Variant, parse, parse_list
 from bench.workload import Request, WorkloadSpec, stream
+from kvmesh.policies import POLICIES as ALL_POLICIES
 
 POLICIES = ("kvmesh", "round_robin")
 
@@ -150,35 +181,75 @@ def summarize(policy: str, outcomes: list[Outcome], makespan: float,
     }
 
 
-def run(spec: E2ESpec, policies: tuple[str, ...] = POLICIES, progress: Any = None,
-        model: str = "tiny") -> dict[str, Any]:
-    """Each policy on a fresh cluster (twice, without and with the CPU tier, when
-    ``spec.cpu_blocks``); rows plus ratios: kvmesh over round robin, or with the CPU tier over
-    without."""
+def run_setup(spec: E2ESpec, setup: Setup, reqs: list[Request], progress: Any = None,
+              model: str = "tiny") -> dict[str, Any]:
+    """One row: ``reqs`` through a fresh cluster of ``setup``; with a route log, the row
+    carries its records (``bench.route_log.read``) under ``route_log``."""
     from deploy.local import ClusterSpec, LocalCluster
 
+    v = setup.variant
+    cluster = LocalCluster(ClusterSpec(
+        workers=spec.workers, num_blocks=spec.num_blocks, cpu_blocks=setup.cpu_blocks,
+        policy=v.policy, model=model, cost_weights=dict(v.overrides),
+        route_log_dir=setup.route_log_dir, code_dir=setup.code_dir))
+    try:
+        cluster.start()
+        tick = None if progress is None else progress(setup.label, len(reqs))
+        outcomes, makespan = asyncio.run(drive(cluster.service_addresses, reqs, v.policy,
+                                               tick))
+        by_tier = asyncio.run(tier_hits(cluster.worker_addresses))
+    finally:
+        cluster.stop()
+    row = summarize(setup.label, outcomes, makespan, by_tier)
+    if setup.route_log_dir:
+        row["route_log"] = read_routes(setup.route_log_dir)  # summarized by run()
+    return row
+
+
+def run(spec: E2ESpec, policies: Sequence[str | Variant] = POLICIES, progress: Any = None,
+        model: str = "tiny", against: str | None = None,
+        route_log: str | None = None, rounds: int = 1) -> dict[str, Any]:
+    """Each policy (a name or a ``bench.variants.Variant``) on a fresh cluster (twice,
+    without and with the CPU tier, when ``spec.cpu_blocks``), then ``kvmesh@against`` (its
+    cluster runs git revision ``against``) when given; rows plus ratios: ``ratios``, kvmesh
+    over round robin (or with the CPU tier over without), and ``ratios_over``, kvmesh over
+    every other row. ``route_log``: each row's cluster logs its routes to
+    ``route_log/<label>/`` (which must hold no logs yet) and ``route_logs`` holds their
+    analyses. ``rounds``: every row that many times, in a rotated order, reported as the
+    median of its rounds (``bench.e2e_rounds``)."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, not {rounds}")
+    variants = [p if isinstance(p, Variant) else parse(p, ALL_POLICIES) for p in policies]
+    preflight(variants, spec.cpu_blocks, against, route_log)
     reqs = stream(spec.workload)
-    rows = []
-    tiers = (0, spec.cpu_blocks) if spec.cpu_blocks else (0,)
-    for policy in policies:
-        for cpu_blocks in tiers:
-            name = f"{policy}+cpu" if cpu_blocks else policy
-            cluster = LocalCluster(ClusterSpec(workers=spec.workers,
-                                               num_blocks=spec.num_blocks,
-                                               cpu_blocks=cpu_blocks, policy=policy,
-                                               model=model))
-            try:
-                cluster.start()
-                tick = None if progress is None else progress(name, len(reqs))
-                outcomes, makespan = asyncio.run(drive(cluster.service_addresses, reqs,
-                                                       policy, tick))
-                by_tier = asyncio.run(tier_hits(cluster.worker_addresses))
-            finally:
-                cluster.stop()
-            rows.append(summarize(name, outcomes, makespan, by_tier))
+    todo = setups(variants, spec.cpu_blocks, route_log)
+    with source_tree(against) if against else nullcontext(None) as tree:
+        if against:
+            todo += revision_setups(against, tree, service_flags(tree), spec.cpu_blocks,
+                                    route_log)
+        done: dict[str, list[dict[str, Any]]] = {s.label: [] for s in todo}
+        for i in range(rounds):
+            for s in rotated(todo, i):
+                if rounds > 1 and s.route_log_dir:
+                    s = replace(s, route_log_dir=str(Path(s.route_log_dir) / f"round-{i}"))
+                done[s.label].append(run_setup(spec, s, reqs, progress, model))
+    logs = {label: summarize_routes([rec for r in rs for rec in r.pop("route_log")])
+            for label, rs in done.items() if "route_log" in rs[0]}
+    rows = [median_row(rs) for rs in done.values()]
     offered = sum(len(r.tokens) + r.max_tokens for r in reqs) / max(reqs[-1].arrival_s, 1e-9)
-    return {"spec": asdict(spec), "offered_tokens_per_s": offered, "rows": rows,
-            "ratios": _ratios(rows, cpu=bool(spec.cpu_blocks))}
+    cpu = bool(spec.cpu_blocks)
+    return {"spec": asdict(spec), "against": against, "offered_tokens_per_s": offered,
+            "rounds": rounds, "rows": rows, "ratios": _ratios(rows, cpu=cpu),
+            "ratios_over": _ratios_over(rows, cpu=cpu), "route_logs": logs}
+
+
+def _ratio(k: dict[str, Any], other: dict[str, Any]) -> dict[str, float]:
+    """Row ``k`` over row ``other``: throughput, TTFT (how many times lower), hit rate."""
+    return {"throughput": k["tokens_per_s"] / other["tokens_per_s"],
+            "mean_ttft_lower": other["mean_ttft_s"] / k["mean_ttft_s"],
+            "p90_ttft_lower": other["p90_ttft_s"] / k["p90_ttft_s"],
+            "token_hit_rate": (k["token_hit_rate"] / other["token_hit_rate"]
+                               if other["token_hit_rate"] else math.inf)}
 
 
 def _ratios(rows: list[dict[str, Any]], cpu: bool = False) -> dict[str, float]:
@@ -188,54 +259,19 @@ def _ratios(rows: list[dict[str, Any]], cpu: bool = False) -> dict[str, float]:
                                                                    by.get("round_robin"))
     if k is None or rr is None:
         return {}
-    return {"throughput": k["tokens_per_s"] / rr["tokens_per_s"],
-            "mean_ttft_lower": rr["mean_ttft_s"] / k["mean_ttft_s"],
-            "p90_ttft_lower": rr["p90_ttft_s"] / k["p90_ttft_s"],
-            "token_hit_rate": (k["token_hit_rate"] / rr["token_hit_rate"]
-                               if rr["token_hit_rate"] else math.inf)}
+    return _ratio(k, rr)
 
 
-def _print(res: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    s = {**res["spec"], **res["spec"]["workload"]}
-    cpu_note = f" (+{s['cpu_blocks']} CPU-tier blocks)" if s.get("cpu_blocks") else ""
-    t = Table(title=f"e2e: {s['workers']} tiny-model workers x {s['num_blocks']} blocks"
-                    f"{cpu_note}, "
-                    f"{s['requests']} requests at {s['rate_per_s']}/s (Poisson), {s['tenants']} "
-                    f"tenants x {s['system_tokens']}-token system prompt + "
-                    f"{s['question_tokens']}-token question, {s['max_tokens']} out")
-    cols = ("policy", "tokens/s", "out tok/s", "req/s", "mean TTFT ms", "p90 TTFT ms",
-            "token hit rate", "makespan s", "errors", "requests per worker")
-    for c in cols:
-        t.add_column(c, justify="right")
-    for r in res["rows"]:
-        t.add_row(r["policy"], f"{r['tokens_per_s']:,.0f}", f"{r['output_tokens_per_s']:,.0f}",
-                  f"{r['requests_per_s']:.2f}", f"{r['mean_ttft_s'] * 1e3:,.0f}",
-                  f"{r['p90_ttft_s'] * 1e3:,.0f}", f"{r['token_hit_rate']:.1%}",
-                  f"{r['makespan_s']:.1f}", str(r["errors"]),
-                  " ".join(str(n) for n in r["per_worker"].values()))
-    ra = res["ratios"]
-    cpu = bool(res["spec"].get("cpu_blocks"))
-    if ra:
-        t.add_row("+cpu / without" if cpu else "kvmesh / rr", f"{ra['throughput']:.2f}x", "", "",
-                  f"{ra['mean_ttft_lower']:.2f}x lower", f"{ra['p90_ttft_lower']:.2f}x lower",
-                  f"{ra['token_hit_rate']:.2f}x", "", "", "")
-    console = Console(width=max(Console().width, 160))  # wide tables, even in a pipe
-    console.print(t)
-    console.print(f"offered load: {res['offered_tokens_per_s']:,.0f} tokens/s")
-    for r in res["rows"]:
-        if r["hit_rate_by_tier"].get("cpu"):
-            console.print(f"{r['policy']}: {r['hit_rate_by_tier']['cpu']:.1%} of prompt tokens "
-                          "came from the CPU tier")
-    if ra and cpu:
-        console.print(f"CPU tier: mean TTFT {ra['mean_ttft_lower']:.2f}x lower, p90 "
-                      f"{ra['p90_ttft_lower']:.2f}x lower, hit rate {ra['token_hit_rate']:.2f}x")
-    elif ra:
-        console.print(f"goals: throughput >= 1.5x: {'met' if ra['throughput'] >= 1.5 else 'MISSED'}"
-                      f"; mean TTFT >= 2x lower: "
-                      f"{'met' if ra['mean_ttft_lower'] >= 2 else 'MISSED'}")
+def _ratios_over(rows: list[dict[str, Any]], cpu: bool = False
+                 ) -> dict[str, dict[str, float]]:
+    """Plain kvmesh over every other row of the same setup (with ``cpu``: the ``+cpu``
+    rows), by that row's label: the baselines, the variants, ``kvmesh@REV``."""
+    base = "kvmesh+cpu" if cpu else "kvmesh"
+    by = {r["policy"]: r for r in rows}
+    if base not in by:
+        return {}
+    return {name: _ratio(by[base], r) for name, r in by.items()
+            if name != base and name.endswith("+cpu") == cpu}
 
 
 def register(bench: typer.Typer) -> None:
@@ -248,31 +284,58 @@ def register(bench: typer.Typer) -> None:
             max_tokens: int = typer.Option(w.max_tokens),
             rate: float = typer.Option(w.rate_per_s, help="arrivals per second (Poisson)"),
             requests: int = typer.Option(w.requests),
+            hot_share: float = typer.Option(
+                w.hot_share, min=0.0, max=1.0, help="tenant-0's share of the requests, the "
+                "rest uniform over the others (skewed load; 0: every tenant alike)"),
             num_blocks: int = typer.Option(d.num_blocks, help="KV blocks per worker"),
             cpu_blocks: int = typer.Option(
                 d.cpu_blocks, min=0, help="CPU-tier blocks per worker: run each policy "
                 "without and with this CPU tier (0: no CPU tier)"),
-            policies: str = typer.Option(None, help="each on a fresh cluster (default: "
-                                         f"{','.join(POLICIES)}; with --cpu-blocks: kvmesh)"),
+            policies: str = typer.Option(
+                None, help="comma-separated, each on a fresh cluster: "
+                f"{', '.join(ALL_POLICIES)}; kvmesh\\[weight=value,...] runs kvmesh with "
+                "those cost weights (default: "
+                f"{','.join(POLICIES)}; with --cpu-blocks: kvmesh)"),
+            against: str = typer.Option(
+                None, metavar="REV", help="add a row kvmesh@REV: a cluster running git "
+                "revision REV's service and workers, under this bench and client"),
+            route_log_dir: str = typer.Option(
+                None, "--route-log", metavar="DIR", help="each row's services log their "
+                "routes to DIR/<row>/ (an empty directory); print their analysis"),
+            rounds: int = typer.Option(
+                1, min=1, help="run every row this many times, each round in a rotated "
+                "order, and report each row's median (a noisy host ranks close policies "
+                "by luck in one run)"),
             seed: int = typer.Option(w.seed),
             as_json: bool = typer.Option(False, "--json")) -> None:
-        """kvmesh vs round robin on a real local cluster: throughput, TTFT, hit rate."""
+        """kvmesh vs the other policies on a real local cluster: throughput, TTFT, hit
+        rate."""
         from rich.progress import Progress
 
         load = replace(w, tenants=tenants, system_tokens=system_tokens,
                        question_tokens=question_tokens, max_tokens=max_tokens,
-                       rate_per_s=rate, requests=requests, seed=seed)
+                       rate_per_s=rate, requests=requests, hot_share=hot_share, seed=seed)
         spec = E2ESpec(workers, num_blocks, cpu_blocks, load)
         if policies is None:
             policies = "kvmesh" if cpu_blocks else ",".join(POLICIES)
-        names = tuple(p.strip() for p in policies.split(",") if p.strip())
+        try:
+            variants = parse_list(policies, ALL_POLICIES)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--policies") from e
+        try:
+            preflight(variants, cpu_blocks, against, route_log_dir)
+        except ValueError as e:  # a revision git does not know, a used log directory
+            raise typer.BadParameter(str(e)) from e
         with Progress(transient=True, disable=as_json) as bar:
             def progress(policy: str, total: int) -> Any:
                 task = bar.add_task(policy, total=total)
                 return lambda: bar.advance(task)
 
-            res = run(spec, names, progress)
+            res = run(spec, variants, progress, against=against, route_log=route_log_dir,
+                      rounds=rounds)
         if as_json:
             print(json.dumps(res))
         else:
-            _print(res)
+            from bench.e2e_report import show
+
+            show(res)

@@ -12,7 +12,9 @@ never share KV, even for identical text. The generators give the shapes the benc
   are RAG (the tenant's template prefix, a popular document among ``docs_per_tenant``, one
   question).
 - ``stream(spec)`` (``kvmesh bench e2e``): ``requests`` single requests, each one tenant's
-  system prompt plus a fresh question, Poisson arrivals at ``rate_per_s`` requests/s.
+  system prompt plus a fresh question, Poisson arrivals at ``rate_per_s`` requests/s; the
+  tenant is uniform, or with ``hot_share`` > 0 ``tenant-0`` with that probability and else
+  uniform over the others (skewed load).
 - ``text_rounds(spec)`` (``kvmesh bench serve``): every tenant holds ``chats_per_tenant``
   chats over ``system_prompts`` app prompts shared by all tenants; round ``k`` holds turn
   ``k`` (of ``turns_per_chat``) of every chat in a seeded shuffled order, and each turn
@@ -20,10 +22,14 @@ never share KV, even for identical text. The generators give the shapes the benc
   (a character per token): a text-based router (Ray's ``PrefixCacheAffinityRouter``) and a
   token-based one see the same prefixes.
 
+- ``chat_trace(spec)`` (``kvmesh bench trace chat``, then ``kvmesh bench replay``): a
+  multi-tenant chat service as a Mooncake-format trace (``ChatTraceSpec``; see its docstring).
+
 ``ceiling_tokens(rounds, block_size)`` scores rounds against a perfect router.
 """
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -54,7 +60,12 @@ class WorkloadSpec:
     docs_per_tenant: int = 3      # sessions
     system_prompts: int = 2       # text_rounds: app prompts shared by every tenant
     chats_per_tenant: int = 3     # text_rounds
+    hot_share: float = 0.0        # stream: tenant-0's share of the requests (0: uniform)
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.hot_share <= 1.0:
+            raise ValueError(f"hot_share must be in [0, 1], got {self.hot_share}")
 
 
 @dataclass
@@ -116,16 +127,29 @@ def sessions(spec: WorkloadSpec) -> list[Session]:
 
 
 def stream(spec: WorkloadSpec) -> list[Request]:
-    """``spec.requests`` requests, the first at time 0, each a system prompt + question."""
+    """``spec.requests`` requests, the first at time 0, each a system prompt + question.
+
+    With ``hot_share`` 0 the rng draws exactly what it drew before the field existed, so
+    a seed gives the same requests as in earlier results."""
     rng = random.Random(spec.seed)
     systems = [_tokens(rng, spec.system_tokens) for _ in range(spec.tenants)]
     out, clock = [], 0.0
     for _ in range(spec.requests):
-        t = rng.randrange(spec.tenants)
+        t = _tenant(rng, spec.tenants, spec.hot_share)
         question = _tokens(rng, spec.question_tokens)
         out.append(Request(clock, f"tenant-{t}", systems[t] + question, spec.max_tokens))
         clock += rng.expovariate(spec.rate_per_s)
     return out
+
+
+def _tenant(rng: random.Random, tenants: int, hot_share: float) -> int:
+    """The index of a request's tenant: uniform, or 0 with probability ``hot_share`` and
+    uniform over the others otherwise (one tenant: always 0)."""
+    if not hot_share:
+        return rng.randrange(tenants)  # the draw of the uniform stream, unchanged
+    if tenants == 1 or rng.random() < hot_share:
+        return 0
+    return 1 + rng.randrange(tenants - 1)
 
 
 def _text(rng: random.Random, chars: int) -> str:
@@ -182,3 +206,152 @@ def ceiling_tokens(rounds: list[list[ServeRequest]], block_size: int) -> int:
             total += best // block_size * block_size
             seen.setdefault(req.salt, []).append(req.token_ids)
     return total
+
+
+# --- the multi-tenant chat trace (Mooncake format) ---------------------------------------
+
+CHUNK = 512  # tokens a Mooncake hash id names (bench.replay.trace.CHUNK_TOKENS)
+
+
+@dataclass(frozen=True)
+class ChatTraceSpec:
+    """A multi-tenant chat service; ranges are inclusive ``(low, high)``, drawn log-uniform
+    (many short ones, a few long ones) except counts, drawn uniform.
+
+    Each tenant (cache salt ``tenant-<i>``) has ``system_prompts`` system prompts of
+    ``system_chunks`` chunks of 512 tokens; its chats share them. Sessions start open loop
+    (Poisson, ``session_rate_per_s``) at a tenant drawn with Zipf weights ``1 / rank**zipf``
+    and use one of its prompts. A session is ``turns`` turns; turn ``k``'s prompt is the
+    system prompt, the whole history (every earlier user message and answer), then a new user
+    message of ``user_tokens``; its answer of ``answer_tokens`` joins the history. The next
+    turn arrives once the answer has streamed (``answer_s_per_token``) and the user has
+    thought for ``think_s`` seconds.
+
+    The defaults (about 4,900 requests over 6 minutes, 13 a second) saturate ``kvmesh bench
+    replay --workers 8 --capacity-blocks 2000`` (256K pooled tokens): busy about 2/3 of the
+    time, a working set of 1.65M tokens (6.5x the pool, most of it live at once: sessions
+    last minutes), and running requests often leave a worker short of free blocks. Routing
+    decides both the hit rate (about 0.5-0.55) and the TTFT (a router blind to load piles
+    the popular tenants on few workers); one session a second less and the free-block room
+    stops mattering (docs/benchmarks.md).
+    """
+
+    tenants: int = 40
+    sessions: int = 600
+    system_prompts: tuple[int, int] = (1, 3)
+    system_chunks: tuple[int, int] = (2, 6)      # 1K-3K tokens
+    turns: tuple[int, int] = (4, 12)
+    user_tokens: tuple[int, int] = (20, 400)
+    answer_tokens: tuple[int, int] = (40, 600)
+    think_s: tuple[float, float] = (2.0, 30.0)
+    answer_s_per_token: float = 0.02             # answers stream at 50 tokens/s
+    session_rate_per_s: float = 4.0
+    zipf: float = 1.1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("system_prompts", "system_chunks", "turns", "user_tokens",
+                     "answer_tokens", "think_s"):
+            low, high = getattr(self, name)
+            if not 0 < low <= high:
+                raise ValueError(f"{name} must be (low, high) with 0 < low <= high, "
+                                 f"got {(low, high)}")
+        if self.tenants < 1 or self.sessions < 0:
+            raise ValueError("tenants must be >= 1 and sessions >= 0")
+        if not (self.session_rate_per_s > 0 and self.answer_s_per_token >= 0
+                and self.zipf >= 0):
+            raise ValueError("session_rate_per_s must be > 0, answer_s_per_token and zipf "
+                             ">= 0")
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    arrival_s: float
+    user_tokens: int
+    answer_tokens: int
+
+
+@dataclass(frozen=True)
+class ChatSession:
+    """One chat: its tenant's system prompt chunks, then its own chunks (``ids``).
+
+    The session's text is ONE token stream: the system prompt, then chunk ``ids[j]`` at
+    position ``j``. Turn ``k``'s prompt is the stream's first ``input_length(k)`` tokens, and
+    the answer of turn ``k`` is what the stream holds after it. So a chunk a turn fills only
+    in part keeps its id when the history grows past it, and every id follows one prefix
+    (Mooncake's prefix-dependence): the replay builds each chunk's tokens from its id alone.
+    """
+
+    index: int
+    tenant: int
+    system_ids: tuple[int, ...]
+    ids: tuple[int, ...]
+    turns: tuple[ChatTurn, ...]
+
+    @property
+    def salt(self) -> str:
+        return f"tenant-{self.tenant}"
+
+    def input_length(self, k: int) -> int:
+        """Prompt tokens of turn ``k``: system prompt + history + the new user message."""
+        history = sum(t.user_tokens + t.answer_tokens for t in self.turns[:k])
+        return len(self.system_ids) * CHUNK + history + self.turns[k].user_tokens
+
+    def records(self) -> list[dict[str, object]]:
+        """The session's turns as Mooncake trace records, in order."""
+        out: list[dict[str, object]] = []
+        for k, turn in enumerate(self.turns):
+            n = self.input_length(k)
+            own = -(-(n - len(self.system_ids) * CHUNK) // CHUNK)
+            out.append({"timestamp": round(turn.arrival_s * 1000), "input_length": n,
+                        "output_length": turn.answer_tokens,
+                        "hash_ids": [*self.system_ids, *self.ids[:own]], "salt": self.salt})
+        return out
+
+
+def _log_uniform(rng: random.Random, low: float, high: float) -> float:
+    return math.exp(rng.uniform(math.log(low), math.log(high)))
+
+
+def chat_sessions(spec: ChatTraceSpec) -> list[ChatSession]:
+    """The sessions of ``spec``, in start order (deterministic in ``spec``). Hash ids are
+    unique across tenants and sessions: the system prompts' first, then each session's."""
+    rng = random.Random(spec.seed)
+    next_id = 0
+    prompts: list[list[tuple[int, ...]]] = []
+    for _ in range(spec.tenants):
+        mine = []
+        for _ in range(rng.randint(*spec.system_prompts)):
+            n = rng.randint(*spec.system_chunks)
+            mine.append(tuple(range(next_id, next_id + n)))
+            next_id += n
+        prompts.append(mine)
+    weights = [1.0 / (rank + 1) ** spec.zipf for rank in range(spec.tenants)]
+    out: list[ChatSession] = []
+    clock = 0.0
+    for index in range(spec.sessions):
+        clock += rng.expovariate(spec.session_rate_per_s)
+        tenant = rng.choices(range(spec.tenants), weights)[0]
+        system = rng.choice(prompts[tenant])
+        turns, at = [], clock
+        for _ in range(rng.randint(*spec.turns)):
+            user = round(_log_uniform(rng, *spec.user_tokens))
+            answer = round(_log_uniform(rng, *spec.answer_tokens))
+            turns.append(ChatTurn(at, user, answer))
+            at += answer * spec.answer_s_per_token + _log_uniform(rng, *spec.think_s)
+        said = sum(t.user_tokens + t.answer_tokens for t in turns) - turns[-1].answer_tokens
+        own = -(-said // CHUNK)  # chunks of the last prompt past the system prompt
+        out.append(ChatSession(index, tenant, system, tuple(range(next_id, next_id + own)),
+                               tuple(turns)))
+        next_id += own
+    return out
+
+
+def chat_trace(spec: ChatTraceSpec) -> list[dict[str, object]]:
+    """Every turn of ``chat_sessions(spec)`` as a Mooncake record (``timestamp`` ms,
+    ``input_length``, ``output_length``, ``hash_ids``, ``salt``), in arrival order (ties:
+    session start order, so a session's turns stay in order)."""
+    keyed = [(rec["timestamp"], s.index, k, rec)
+             for s in chat_sessions(spec) for k, rec in enumerate(s.records())]
+    keyed.sort(key=lambda x: x[:3])
+    return [rec for *_, rec in keyed]

@@ -36,6 +36,7 @@ BENCH_VERBS = {
     "bridge": "bench.bridge",
     "fleet": "bench.fleet",  # simulated workers + routes over one Redis or a cluster
     "serve": "bench.ray_serve",  # Ray Serve routers side by side
+    "trace": "bench.traces",  # synthetic Mooncake-format traces for replay
 }
 
 

@@ -1,6 +1,13 @@
-"""`kvmesh up`: a whole cluster in the foreground (`kvmesh demo` lives in ``bench/demo.py``)."""
+"""`kvmesh up`: a whole cluster in the foreground (`kvmesh demo` lives in ``bench/demo.py``).
+
+Every failure a user can cause ends the command with one line on stderr, ``error: ...``,
+naming the cause and the flag to change: flags that cannot work (exit 2, before anything
+starts) and ``deploy.launch_error.LaunchError`` from the start (exit 1, after what was
+started is stopped). Anything else is a bug and prints its traceback.
+"""
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, NoReturn
 
 import typer
@@ -24,6 +31,7 @@ def register(app: typer.Typer) -> None:
         block_size: int = typer.Option(16),
         num_blocks: int = typer.Option(None, help="KV blocks per worker (default: memory)"),
         token: opt.Token = None,
+        policy: opt.Policy = None,  # None: the service's default (KVMESH_POLICY, else kvmesh)
         service_replicas: int = typer.Option(1, help="service replicas over one Redis"),
         backend: str = typer.Option("local", help="local (processes) or ray"),
         ray_address: str = typer.Option(None, help="ray backend: an existing Ray cluster "
@@ -45,7 +53,6 @@ def register(app: typer.Typer) -> None:
         verbose: bool = typer.Option(False, help="echo every child's output"),
     ) -> None:
         """Start Redis/Valkey, the service and N workers; Ctrl-C or SIGTERM stops them all."""
-        import sys
         import time
         import traceback
 
@@ -60,30 +67,37 @@ def register(app: typer.Typer) -> None:
             check_tiers(cpu_blocks, disk_blocks, disk_dir)
             tls = tls_files(tls_cert, tls_key, tls_ca, tls_client_auth)
         except ValueError as e:
-            raise typer.BadParameter(str(e)) from e
+            _refuse(str(e))
+        if backend not in ("local", "ray"):
+            _refuse(f"--backend {backend}: choose local or ray")
         if backend == "ray" and tls is not None:
-            raise typer.BadParameter("TLS needs --backend local")
+            _refuse("TLS needs --backend local")
         if redis_shards < 1:
-            raise typer.BadParameter("--redis-shards must be at least 1")
+            _refuse("--redis-shards must be at least 1")
         if redis_shards > 1 and (redis_url or backend == "ray"):
-            raise typer.BadParameter("--redis-shards starts an embedded cluster with --backend "
-                                     "local; for your own cluster give --redis-url "
-                                     "redis+cluster://HOST:PORT")
+            _refuse("--redis-shards starts an embedded cluster with --backend local; for your "
+                    "own cluster give --redis-url redis+cluster://HOST:PORT")
         bus_warning = _cluster_bus_check(redis_shards, insecure_cluster_bus)
         if worker_secret and len(worker_secret.encode()) < MIN_SECRET_BYTES:
-            raise typer.BadParameter(f"--worker-secret needs at least {MIN_SECRET_BYTES} bytes")
+            _refuse(f"--worker-secret needs at least {MIN_SECRET_BYTES} bytes")
         if tls is not None and (tls.cert is None or tls.ca is None):
             # every process serves with the certificate and dials its peers with the CA
-            raise typer.BadParameter("TLS needs --tls-cert, --tls-key and --tls-ca")
+            _refuse("TLS needs --tls-cert, --tls-key and --tls-ca")
         if backend == "ray":
+            from deploy.launch_error import LaunchError
             from deploy.ray.cli import run_up  # issue: Ray backend
 
-            run_up(workers=workers, port=port, redis_url=redis_url, model=model,
-                   ray_address=ray_address, gpus_per_worker=gpus_per_worker,
-                   service_replicas=service_replicas, block_size=block_size,
-                   num_blocks=num_blocks, token=token, worker_secret=worker_secret or None,
-                   **tiers)
+            try:
+                run_up(workers=workers, port=port, redis_url=redis_url, model=model,
+                       ray_address=ray_address, gpus_per_worker=gpus_per_worker,
+                       service_replicas=service_replicas, block_size=block_size,
+                       num_blocks=num_blocks, token=token, worker_secret=worker_secret or None,
+                       policy=policy, **tiers)
+            except LaunchError as e:
+                _say_error(str(e))
+                _exit_now(1)
             _exit_now(0)
+        from deploy.launch_error import LaunchError
         from deploy.local import ClusterSpec, LocalCluster
         from deploy.stopping import StopDeadline, end_descendants
 
@@ -91,7 +105,7 @@ def register(app: typer.Typer) -> None:
         deadline = StopDeadline(on_kill=_say_killed).install()
         cluster = LocalCluster(ClusterSpec(
             workers=workers, port=port, redis_url=redis_url, model=model,
-            block_size=block_size, num_blocks=num_blocks, token=token,
+            block_size=block_size, num_blocks=num_blocks, token=token, policy=policy,
             service_replicas=service_replicas, echo=verbose,
             worker_secret=worker_secret or None, tls=tls, redis_shards=redis_shards,
             insecure_cluster_bus=insecure_cluster_bus, **tiers))
@@ -113,7 +127,7 @@ def register(app: typer.Typer) -> None:
             print(f"redis    {redact_url(cluster.redis_url or '')}"
                   + ("" if redis_url else f" (embedded{shards})"))
             for s in cluster.services:
-                print(f"service  {s.address}")
+                print(f"service  {s.address}  (policy {_policy_of(s.ready_line)})")
             for w in cluster.workers:
                 print(f"worker   {w.address}  ({w.name})")
             print(f"ready: kvmesh stats --service {','.join(cluster.service_addresses)}"
@@ -127,13 +141,35 @@ def register(app: typer.Typer) -> None:
                 code = 0
         finally:
             failure = sys.exc_info()[1]
-            if failure is not None and not isinstance(failure, KeyboardInterrupt):
+            if failure is not None and not isinstance(failure, KeyboardInterrupt | LaunchError):
                 traceback.print_exc()  # _exit_now would lose it
             deadline.ready()  # a signal now only hurries the stop, never cuts it
             cluster.stop(timeout=max(1.0, deadline.remaining(reserve_s=2.5)))
             end_descendants(deadline=time.monotonic() + deadline.remaining(reserve_s=0.5))
-            print("stopped", flush=True)
+            if isinstance(failure, LaunchError):
+                _say_error(str(failure))  # the last line: what to change
+            else:
+                print("stopped", flush=True)
             _exit_now(code)
+
+
+def _say_error(line: str) -> None:
+    print(f"error: {line}", file=sys.stderr, flush=True)
+
+
+def _refuse(line: str) -> NoReturn:
+    """Refuse flags that cannot work: one ``error:`` line, exit 2, nothing started."""
+    _say_error(line)
+    raise typer.Exit(2)
+
+
+def _policy_of(ready_line: str | None) -> str:
+    """The policy a service replica runs, from its ``listening on`` line (its own word, so
+    a ``KVMESH_POLICY`` it read shows too)."""
+    import re
+
+    found = re.search(r"policy (\w+)", ready_line or "")
+    return found.group(1) if found else "?"
 
 
 def _exit_now(code: int) -> NoReturn:
@@ -155,7 +191,7 @@ def _say_killed(count: int) -> None:
 def _cluster_bus_check(shards: int, allow_plaintext: bool) -> str | None:
     """For ``--redis-shards`` above 1: None when the cluster's bus will be TLS, the warning
     to print when it will be plaintext and ``--insecure-cluster-bus`` allows it; refuses
-    (``BadParameter``) a plaintext bus without that flag (see ``deploy.redis_cluster``)."""
+    (an ``error:`` line, exit 2) a plaintext bus without that flag (``deploy.redis_cluster``)."""
     if shards <= 1:
         return None
     from deploy.redis_cluster import PLAINTEXT_BUS_WARNING, cluster_bus_secure
@@ -163,13 +199,12 @@ def _cluster_bus_check(shards: int, allow_plaintext: bool) -> str | None:
     try:
         secure, exe = cluster_bus_secure()
     except FileNotFoundError as e:
-        raise typer.BadParameter(str(e)) from e
+        _refuse(f"--redis-shards: {e}")
     if secure:
         return None
     warning = PLAINTEXT_BUS_WARNING.format(exe=exe)
     if not allow_plaintext:
-        raise typer.BadParameter(f"--redis-shards: {warning}. Pass --insecure-cluster-bus "
-                                 "to start it anyway.")
+        _refuse(f"--redis-shards: {warning}. Pass --insecure-cluster-bus to start it anyway.")
     return warning
 
 

@@ -23,19 +23,31 @@ Credentials (who holds what):
 Every secret travels in the child's environment, never on its command line (``ps`` and
 ``/proc/PID/cmdline`` show that to every local user); every secret variable is set, empty
 when unused, so nothing leaks in from the launcher's own environment.
+
+Settings a child reads from its environment (``KVMESH_POLICY``, ``KVMESH_HASH_SEED``...) are
+passed as flags only when the spec sets them: a spec default never overrides what the
+child would have read (``policy=None`` runs the service's own default, its
+``KVMESH_POLICY`` if set, else ``kvmesh``).
+
+Start failures a user can fix raise ``deploy.launch_error.LaunchError``, one line naming the
+flag: ``model`` not a model directory, no Redis server to start, a ``redis_url`` that does
+not answer, a service ``port`` already taken, a child that exits while starting.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from deploy.launch_error import ChildExited
 from deploy.process import ServerProcess, wait_all
 from deploy.redis_cluster import RedisClusterServer, start_redis_cluster
-from deploy.redis_server import RedisServer, start_redis
+from deploy.redis_server import RedisServer
+from deploy.start_checks import check_model, check_redis_url, embedded_redis, port_taken
 from deploy.stopping import budget
 from deploy.waiting import wait_until
 from kvmesh.auth import worker_access_token
@@ -73,10 +85,19 @@ class ClusterSpec:
     disk_dir: str | None = None       # each worker's files go to <disk_dir>/<worker id>
     eviction: str = "lru"
     auto_pin: bool = False
-    policy: str = "kvmesh"
+    policy: str | None = None         # None: the service's default (its KVMESH_POLICY, else
+    #                                   kvmesh)
     host: str = "127.0.0.1"
     echo: bool = False
     extra_service_args: list[str] = field(default_factory=list)
+    # Every service replica's --cost-weight NAME=VALUE (service.config.CostWeights); empty:
+    # no flag at all, so a service that predates the flag still starts.
+    cost_weights: dict[str, float] = field(default_factory=dict)
+    route_log_dir: str | None = None  # replica i logs its routes to <dir>/service-<i>.jsonl
+    # Run the service replicas and workers from this source tree (a git revision's, for
+    # `kvmesh bench e2e --against`): first on their PYTHONPATH and their working directory.
+    # None: this installation's code.
+    code_dir: str | None = None
 
 
 class LocalCluster:
@@ -108,16 +129,21 @@ class LocalCluster:
     # --- life cycle -----------------------------------------------------------------
 
     def start(self, timeout: float = 120.0) -> LocalCluster:
-        """Start everything; returns once every worker is registered and alive."""
+        """Start everything; returns once every worker is registered and alive. A failure
+        the user can fix raises ``LaunchError`` (see the module docstring), after what was
+        started is stopped."""
         try:
+            check_model(self.spec.model)
             if self.redis_url is None and self.spec.redis_shards > 1:
                 self.redis_cluster = start_redis_cluster(
                     self.spec.redis_shards, host=self.spec.host,
                     allow_plaintext_bus=self.spec.insecure_cluster_bus)
                 self.redis_url = self.redis_cluster.url  # redis+cluster://
             elif self.redis_url is None:
-                self.redis = start_redis(host=self.spec.host)
+                self.redis = embedded_redis(self.spec.host)
                 self.redis_url = self.redis.url
+            else:
+                check_redis_url(self.redis_url)
             for i in range(self.spec.service_replicas):
                 self.start_service(i)
             for i in range(self.spec.workers):
@@ -130,13 +156,33 @@ class LocalCluster:
             raise
         return self
 
-    def _service_args(self, port: int) -> list[str]:
+    def _service_args(self, port: int, i: int) -> list[str]:
         s = self.spec
-        args = ["--host", s.host, "--port", str(port), "--policy", s.policy,
-                *s.extra_service_args]
+        args = ["--host", s.host, "--port", str(port), *s.extra_service_args]
+        if s.policy:  # else the service's own default, KVMESH_POLICY included
+            args += ["--policy", s.policy]
         if s.hash_seed:
             args += ["--hash-seed", s.hash_seed]
+        for name, value in s.cost_weights.items():
+            args += ["--cost-weight", f"{name}={value!r}"]
+        if s.route_log_dir:
+            args += ["--route-log", str(self.route_log_path(i))]
         return args + _tls_args(s.tls)
+
+    def route_log_path(self, i: int) -> Path:
+        """Where service replica ``i`` logs its routes (with ``route_log_dir``)."""
+        if self.spec.route_log_dir is None:
+            raise ValueError("the cluster has no route_log_dir")
+        return Path(os.path.abspath(self.spec.route_log_dir)) / f"service-{i}.jsonl"
+
+    def _child(self, name: str, module: str, args: list[str],
+               env: dict[str, str]) -> ServerProcess:
+        """A child process, of ``spec.code_dir``'s tree when set (see ``ClusterSpec``)."""
+        code = self.spec.code_dir
+        if code is not None:
+            code = os.path.abspath(code)
+            env = {**env, "PYTHONPATH": code}
+        return ServerProcess(name, module, args, echo=self.spec.echo, env=env, cwd=code)
 
     def _service_env(self) -> dict[str, str]:
         """A replica's secrets (see the module docstring)."""
@@ -152,12 +198,21 @@ class LocalCluster:
             port = (self.spec.port + i) if self.spec.port else 0
         if i < len(self.services):
             proc = self.services[i]
-            proc.cmd[3:] = self._service_args(port)
+            proc.cmd[3:] = self._service_args(port, i)
         else:
-            proc = ServerProcess(f"service-{i}", "service", self._service_args(port),
-                                 echo=self.spec.echo, env=self._service_env())
+            if self.spec.route_log_dir:
+                from kvmesh.file_perms import private_dir
+
+                private_dir(self.spec.route_log_dir, "route_log_dir")
+            proc = self._child(f"service-{i}", "service", self._service_args(port, i),
+                               self._service_env())
             self.services.append(proc)
-        return proc.start()
+        try:
+            return proc.start()
+        except ChildExited as e:
+            if port and "cannot bind" in e.cause:
+                raise port_taken(self.spec.host, port, e) from e
+            raise
 
     def add_worker(self, worker_id: str, *, start: bool = True,
                    port: int = 0) -> ServerProcess:
@@ -177,7 +232,7 @@ class LocalCluster:
                "KVMESH_WORKER_ACCESS_TOKEN": (worker_access_token(s.token, worker_id)
                                               if s.token else ""),
                "KVMESH_TOKEN": "", "KVMESH_WORKER_SECRET": "", "KVMESH_REDIS_URL": ""}
-        proc = ServerProcess(worker_id, "worker", args, echo=s.echo, env=env)
+        proc = self._child(worker_id, "worker", args, env)
         self.workers.append(proc)
         if start:
             proc.start()
@@ -219,7 +274,7 @@ class LocalCluster:
             outcome = wait_until(lambda: settled(client), timeout, interval=0.1,
                                  what=f"{want} workers registered")
         if outcome is not True:
-            raise RuntimeError(f"{outcome[0].name} exited:\n{outcome[0].tail()}")
+            raise outcome[0].exited()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop workers, then services, then Redis; everything is gone within ``timeout``
@@ -251,8 +306,8 @@ def tier_args(s: ClusterSpec, worker_id: str) -> list[str]:
         args += ["--cpu-blocks", str(s.cpu_blocks)]
     if s.disk_blocks:
         args += ["--disk-blocks", str(s.disk_blocks)]
-    if s.disk_dir:
-        args += ["--disk-dir", str(Path(s.disk_dir) / worker_id)]
+    if s.disk_dir:  # absolute: a worker of another tree (code_dir) runs from there
+        args += ["--disk-dir", str(Path(os.path.abspath(s.disk_dir)) / worker_id)]
     if s.eviction != "lru":
         args += ["--eviction", s.eviction]
     if s.auto_pin:

@@ -121,3 +121,36 @@ def create_private_file(path: str | Path, *chunks: bytes | memoryview) -> None:
         Path(path).unlink(missing_ok=True)
         raise
     os.close(fd)
+
+
+def open_to_others(fd: int, path: str | Path, what: str) -> bool:
+    """Whether the open file ``fd`` (at ``path``) grants other users any access, after
+    checking it is a regular file of this process's user (else :class:`UnsafePath` naming
+    ``what``). The caller decides: narrow it, or refuse a secret that may have leaked."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePath(f"{what} {str(path)!r} exists and is not a regular file")
+    if os.name == "nt":
+        return False
+    if st.st_uid != os.geteuid():
+        raise UnsafePath(f"{what} {str(path)!r} is owned by uid {st.st_uid}, not by this "
+                         f"process's uid {os.geteuid()}")
+    return bool(stat.S_IMODE(st.st_mode) & 0o077)
+
+
+def open_private_append(path: str | Path, what: str) -> int:
+    """A file descriptor appending to ``path`` (``O_APPEND``: each write lands whole at the
+    end), the file created mode 0600 when missing. A symlink at ``path`` is refused
+    (``O_NOFOLLOW``: ``OSError``); an existing file must be a regular file of this
+    process's user (else :class:`UnsafePath` naming ``what``) and is narrowed to 0600. The
+    caller closes the descriptor."""
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK  # a FIFO must not block
+             | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(path, flags, 0o600)
+    try:
+        if open_to_others(fd, path, what):
+            os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

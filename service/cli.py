@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, get_type_hints
 import typer
 
 from kvmesh import cli_options as opt
-from service.config import BACKENDS, ServiceConfig
+from service.config import BACKENDS, ServiceConfig, cost_weight_names
 
 # ServiceConfig fields the command exposes, with their help. Each flag is the field's name
 # (``--max-prompt-tokens``) and takes the field's type and default, so a setting is declared
@@ -40,6 +40,9 @@ _HELP = {
     "pin_ttl_s": "TTL of a pinned prefix when PinPrefix gives none, seconds (refreshed by use).",
     "max_pin_ttl_s": "Longest TTL a PinPrefix may ask for, seconds.",
     "pin_timeout_s": "Deadline of one worker's Pin call (a warm one prefills first), seconds.",
+    "route_log": "Append one JSON line per routing decision to this file (created 0600; no "
+                 "prompt content or salt): candidates, their costs and the load they were "
+                 "judged on (service.route_log). Default: off.",
 }
 _LEVELS = ("debug", "info", "warning", "error")
 SECRETS = ("token", "worker_token", "worker_secret", "admin_token")
@@ -62,6 +65,10 @@ _OWN = [
     ("disk_credit", Annotated[float | None, typer.Option(
         help="Credit of a disk-tier match for every worker, 0-1 (default: "
         "measured per worker, 0.25 until measured).")], None),
+    ("cost_weight", Annotated[list[str] | None, typer.Option(
+        "--cost-weight", metavar="NAME=VALUE",
+        help="Set one weight of the kvmesh cost model (repeatable); NAME is a field of "
+        "service.config.CostWeights: " + ", ".join(cost_weight_names()) + ".")], None),
 ]
 
 
@@ -83,17 +90,26 @@ def _params() -> list[inspect.Parameter]:
 
 
 def config_of(backend: str, hash_seed: str | None, cpu_credit: float | None = None,
-              disk_credit: float | None = None, **fields: Any) -> ServiceConfig:
+              disk_credit: float | None = None, cost_weight: list[str] | None = None,
+              **fields: Any) -> ServiceConfig:
     """The ServiceConfig of the command's flags: ``backend`` auto resolved, the seed resolved
-    as vLLM does, empty secrets as none, explicit credits into the cost weights. Raises
-    ``ValueError`` for inconsistent flags."""
+    as vLLM does, empty secrets as none, explicit credits and ``--cost-weight NAME=VALUE``
+    items into the cost weights. Raises ``ValueError`` for inconsistent flags (a credit set
+    by both its flag and ``--cost-weight``, a bad weight name or value)."""
     from kvmesh.hashing import resolve_seed
-    from service.config import CostWeights
+    from service.config import CostWeights, parse_cost_weights
 
     kind = backend if backend != "auto" else ("redis" if fields.get("redis_url") else "memory")
     for secret in SECRETS:
         fields[secret] = fields.get(secret) or None
-    weights = CostWeights(cpu_credit=cpu_credit, disk_credit=disk_credit)
+    overrides = parse_cost_weights(cost_weight or ())
+    for name, value in (("cpu_credit", cpu_credit), ("disk_credit", disk_credit)):
+        if value is not None:
+            if name in overrides:
+                raise ValueError(f"--{name.replace('_', '-')} and --cost-weight {name}= are "
+                                 "both set: give one")
+            overrides[name] = value
+    weights = CostWeights(**overrides)
     return ServiceConfig(backend=kind, hash_seed=resolve_seed(None, hash_seed),
                          weights=weights, **fields)
 

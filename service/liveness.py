@@ -108,6 +108,14 @@ class WorkerTable:
         return replace(rec.load, waiting=rec.load.waiting + p.requests,
                        queued_prefill_tokens=rec.load.queued_prefill_tokens + p.tokens)
 
+    def routed_since_heartbeat(self, rec: WorkerRecord) -> tuple[int, int]:
+        """``(requests, prefill tokens)`` this replica routed to ``rec``'s worker since its
+        last heartbeat: what :meth:`load` adds to the reported load."""
+        p = self._pending.get(rec.worker_id)
+        if p is None or p.heartbeat_ms != rec.heartbeat_ms:
+            return 0, 0
+        return p.requests, p.tokens
+
     def add_work(self, worker_id: str, prefill_tokens: int) -> None:
         """Count a request just routed to ``worker_id`` until its next heartbeat."""
         rec = self._records.get(worker_id)

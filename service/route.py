@@ -4,7 +4,8 @@
    hashes per namespace: block size and hash algo differ between them);
 2. ``hash_in_thread`` decides where a chain is hashed;
 3. ``cap_match``: a worker's match, capped at the blocks the request can use from cache;
-4. (the policy ranks the views; the servicer records provisional entries and routed load);
+4. (the policy ranks the views, given ``prefix_key`` when it reads one; the servicer records
+   provisional entries and routed load);
 5. ``response``: the answer, cut to ``max_candidates``.
 
 None of these touch the backend, the clock or the metrics: the servicer does, between them.
@@ -12,14 +13,46 @@ None of these touch the backend, the clock or the metrics: the servicer does, be
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import grpc
+import numpy as np
+import xxhash
 
+from kvmesh.hashing import Lora
 from kvmesh.v1 import index_pb2 as pb
 from service import validate
 from service.index.base import BlockMatch, WorkerLoad, WorkerRecord
 from service.policy import Ranked
 from service.validate import RequestError
+
+KEY_TOKENS = 256
+"""Tokens of a prompt that name it for ``consistent_hash``: 16 blocks of 16. A prompt's first
+tokens are its system prompt or template, what requests that can share a cache have in
+common; 256 reach past a chat template's fixed header (the same in every request, a single
+hot key) and stay inside a typical system prompt (so the user's turn, different in every
+request, does not split one prompt's requests). Counted in tokens, not blocks: one key for
+every namespace's block size and hash algorithm, so a request names the same arc of the ring
+whichever namespaces serve its model."""
+
+
+def prompt_key(tokens: Sequence[int] | np.ndarray, salt: str | None, lora: Lora | None) -> bytes:
+    """xxh3-128 of the salt, the LoRA name and the first :data:`KEY_TOKENS` token ids: what
+    requests must share to share a cache (a salt or a LoRA changes every block hash). Each
+    field is length-prefixed (no two inputs give the same bytes); an empty salt is no salt,
+    as in validation; the ids are hashed as little-endian uint64 whatever their array type.
+    The service (:func:`prefix_key`) and ``kvmesh bench replay`` both key through here."""
+    h = xxhash.xxh3_128()
+    for field in ((salt or "").encode(), (lora[0] if lora else "").encode()):
+        h.update(len(field).to_bytes(4, "little"))
+        h.update(field)
+    h.update(np.asarray(tokens[:KEY_TOKENS], dtype="<u8").tobytes())
+    return h.digest()
+
+
+def prefix_key(inp: validate.RouteInput) -> bytes:
+    """The key of a validated Route for the policies that read one (:func:`prompt_key`)."""
+    return prompt_key(inp.tokens, inp.salt, inp.lora)
 
 
 def hash_work(n_tokens: int, block_size: int, n_mm: int) -> int:
@@ -81,7 +114,9 @@ def pb_load(load: WorkerLoad) -> pb.WorkerLoad:
                          decode_tokens=load.decode_tokens,
                          prefill_us_per_token=load.prefill_us_per_token,
                          onboard_us_per_block_cpu=load.onboard_us_per_block_cpu,
-                         onboard_us_per_block_disk=load.onboard_us_per_block_disk)
+                         onboard_us_per_block_disk=load.onboard_us_per_block_disk,
+                         tier_blocks=load.tier_blocks,
+                         free_empty_blocks=load.free_empty_blocks)
 
 
 @functools.lru_cache(maxsize=4096)

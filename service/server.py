@@ -96,6 +96,7 @@ class IndexServer:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
             self._metrics_http = None
+        self.servicer.close()
         await self.backend.close()
 
     async def wait_for_termination(self, timeout: float | None = None) -> bool:

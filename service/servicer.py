@@ -57,7 +57,16 @@ from service.liveness import WorkerTable
 from service.metrics import ServiceMetrics
 from service.pins import PinService
 from service.policy import Policy, Ranked, WorkerView, make_policies
-from service.route import cap_match, hash_in_thread, live_groups, pb_load, response, usable_blocks
+from service.route import (
+    cap_match,
+    hash_in_thread,
+    live_groups,
+    pb_load,
+    prefix_key,
+    response,
+    usable_blocks,
+)
+from service.route_log import RouteLog, decision
 from service.validate import RequestError
 
 log = logging.getLogger("kvmesh.service")
@@ -116,6 +125,13 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
                                self.policies["kvmesh"], self.rng, self.clock)
         self.feed = WorkerFeed(config, backend, self.table, self.block_cap, self.metrics,
                                self.clock)
+        # None (the default): no record is even built (service.route_log)
+        self.route_log = RouteLog(config.route_log) if config.route_log else None
+
+    def close(self) -> None:
+        """Release what the servicer holds open (the route log)."""
+        if self.route_log is not None:
+            self.route_log.close()
 
     # --- backend health -----------------------------------------------------------------
 
@@ -191,6 +207,9 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         views = [WorkerView(r.worker_id, r.address, self.table.load(r), BlockMatch(),
                             r.block_size, r.ns) for recs in groups.values() for r in recs]
         ranked = self.policies["least_loaded"].rank(len(inp.tokens), views, self.rng)
+        if self.route_log is not None and not inp.dry_run:
+            self.route_log.write(decision(self.clock(), self.policies["least_loaded"],
+                                          len(inp.tokens), ranked, self.table, degraded=True))
         return self._answer(inp, ranked, "least_loaded", degraded=True)
 
     @_rpc
@@ -212,7 +231,12 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
             views, chains, held = await self._views(inp, groups, now)
         except IndexUnavailable:
             return self._degraded(inp, now)
-        ranked = self.policies[inp.policy].rank(len(inp.tokens), views, self.rng)
+        policy = self.policies[inp.policy]
+        key = prefix_key(inp) if policy.reads_key else b""  # a few us: only for its readers
+        ranked = policy.rank(len(inp.tokens), views, self.rng, key=key)
+        if self.route_log is not None and not inp.dry_run:
+            self.route_log.write(decision(self.clock(), policy, len(inp.tokens), ranked,
+                                          self.table))
         if not inp.dry_run:
             best = ranked[0].view
             await self._provisional(best, chains[best.ns], held[best.ns, best.worker_id], now)

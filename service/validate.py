@@ -68,6 +68,9 @@ def load(msg: pb.WorkerLoad) -> WorkerLoad:
     if msg.total_blocks and msg.free_blocks > msg.total_blocks:
         raise RequestError(INVALID, f"load.free_blocks ({msg.free_blocks}) exceeds "
                            f"load.total_blocks ({msg.total_blocks})")
+    if msg.free_empty_blocks > msg.free_blocks:
+        raise RequestError(INVALID, f"load.free_empty_blocks ({msg.free_empty_blocks}) "
+                           f"exceeds load.free_blocks ({msg.free_blocks})")
     for name in _COSTS:
         value = getattr(msg, name)
         if not (math.isfinite(value) and value >= 0.0):
@@ -76,7 +79,7 @@ def load(msg: pb.WorkerLoad) -> WorkerLoad:
     return WorkerLoad(msg.running, msg.waiting, msg.queued_prefill_tokens, msg.free_blocks,
                       msg.total_blocks, msg.decode_tokens, msg.prefill_us_per_token,
                       msg.onboard_us_per_block_cpu, msg.onboard_us_per_block_disk,
-                      msg.tier_blocks)
+                      msg.tier_blocks, msg.free_empty_blocks)
 
 
 def address(value: str) -> str:

@@ -24,7 +24,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from kvmesh.file_perms import UnsafePath, create_private_file
+from kvmesh.file_perms import UnsafePath, create_private_file, open_to_others
 
 KEY_ENV = "KVMESH_DISK_KEY"
 KEY_FILE = "disk.key"
@@ -69,17 +69,11 @@ def _read_key(path: Path) -> bytes:
             raise UnsafePath(f"disk tier key {str(path)!r} is a symlink: refusing it") from e
         raise
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafePath(f"disk tier key {str(path)!r} is not a regular file")
-        if os.name != "nt":
-            if st.st_uid != os.geteuid():
-                raise UnsafePath(f"disk tier key {str(path)!r} is owned by uid {st.st_uid}, "
-                                 f"not by this process's uid {os.geteuid()}")
-            if stat.S_IMODE(st.st_mode) & 0o077:
-                raise UnsafePath(f"disk tier key {str(path)!r} is open to other users (mode "
-                                 f"{stat.S_IMODE(st.st_mode):04o}): it may have leaked; "
-                                 f"delete it (the disk blocks are then recomputed)")
+        if open_to_others(fd, path, "disk tier key"):
+            mode = stat.S_IMODE(os.fstat(fd).st_mode)
+            raise UnsafePath(f"disk tier key {str(path)!r} is open to other users (mode "
+                             f"{mode:04o}): it may have leaked; delete it (the disk blocks "
+                             f"are then recomputed)")
         key = os.read(fd, KEY_BYTES + 1)
     finally:
         os.close(fd)

@@ -388,6 +388,7 @@ class Engine:
         return {"running": len(sched.running), "waiting": len(sched.waiting),
                 "queued_prefill_tokens": sched.queued_prefill_tokens,
                 "free_blocks": self.kv.num_free_blocks, "total_blocks": self.kv.num_blocks,
+                "free_empty_blocks": self.kv.num_free_empty_blocks,
                 "decode_tokens": sum(s.num_tokens for s in sched.running),
                 "tier_blocks": sum(t.capacity_blocks for name, t in self.kv.tier_stats().items()
                                    if name != "gpu"),

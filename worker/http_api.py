@@ -2,7 +2,10 @@
 
 Routes: ``POST /v1/completions`` (token-id prompts, and text prompts through the worker's
 tokenizer, ``kvmesh.vllm_tokenizer``: vLLM's rules), ``POST /v1/chat/completions`` (when the
-tokenizer has a chat template), ``GET /v1/models`` and ``GET /health``. Its Prometheus page
+tokenizer has a chat template), ``GET /v1/models``, ``GET /v1/models/{id}`` and
+``GET /health``. As vLLM, a chat without ``max_tokens`` generates until EOS or the context
+limit (the model's context, or the KV pool when that holds less: vLLM's ``max_model_len``
+never exceeds its KV cache). Its Prometheus page
 (vLLM's names: ``worker.vllm_metrics``) is not served here: prefix-cache hits are every
 caller's, so the page is on the worker's metrics listener (``--metrics-host``, loopback by
 default; ``worker.main``), never next to this API. A ``model`` naming one of the worker's
@@ -98,6 +101,16 @@ class HttpApi:
             return self.tokenizer.encode(prompt, add_special_tokens)
         return list(prompt)
 
+    def _room(self, ids: list[int]) -> int:
+        """What the context leaves after the prompt ``ids`` (vLLM's chat default)."""
+        engine = self.runner.engine
+        pool = engine.kv.num_blocks * engine.kv.block_size
+        room = min(engine.config.max_position_embeddings, pool) - len(ids)
+        if room < 1:
+            raise HttpError(400, f"the prompt has {len(ids)} tokens: nothing is left of the "
+                            f"context of {room + len(ids)} to generate", "messages")
+        return room
+
     def _params(self, body: ob._Common, max_tokens: int | None) -> SamplingParams:
         return SamplingParams(max_tokens=max_tokens or ob.DEFAULT_MAX_TOKENS,
                               temperature=1.0 if body.temperature is None else body.temperature,
@@ -166,7 +179,8 @@ class HttpApi:
                 chat_template_kwargs=body.chat_template_kwargs)
         except ChatTemplateError as exc:
             raise HttpError(400, str(exc), "messages") from None
-        params = self._params(body, body.max_completion_tokens or body.max_tokens)
+        params = self._params(body, body.max_completion_tokens or body.max_tokens
+                              or self._room(ids))
         shape = ob.Shape(True, body.model)
         if body.stream:
             return await self._stream(shape, ids, params, body, lora)
@@ -181,20 +195,25 @@ class HttpApi:
 
         async def events() -> AsyncIterator[str]:
             text, out, count = _Text(self.tokenizer), first, 0
+
+            def so_far() -> dict[str, Any] | None:  # vLLM's continuous_usage_stats
+                return ob.usage(len(ids), count, None) if body.continuous_usage else None
+
             try:
                 if shape.chat:
-                    yield shape.chunk("", role=True)
+                    yield shape.chunk("", role=True, use=so_far())
                 while True:
                     count += len(out.new_token_ids)
                     delta = text.push(out.new_token_ids, final=out.finished)
                     if delta:
-                        yield shape.chunk(delta)
+                        yield shape.chunk(delta, use=so_far())
                     if out.finished:
                         break
                     out = await anext(stream)
                 seq = out.seq
                 self.metrics.finished(seq.num_prompt_tokens, count)
-                yield shape.chunk(None if shape.chat else "", _finish(seq.finish_reason))
+                yield shape.chunk(None if shape.chat else "", _finish(seq.finish_reason),
+                                  use=so_far())
                 if body.include_usage:
                     yield shape.usage_chunk(ob.usage(len(ids), count,
                                                      max(seq.num_cached_tokens, 0)))
@@ -233,6 +252,14 @@ class HttpApi:
         async def models(request: Request) -> dict[str, Any]:
             self._auth(request)
             return self.models()
+
+        @app.get("/v1/models/{model_id:path}")
+        async def model(model_id: str, request: Request) -> dict[str, Any]:
+            self._auth(request)
+            for card in self.models()["data"]:
+                if card["id"] == model_id:
+                    return card
+            raise HttpError(404, f"The model `{model_id}` does not exist.", "model")
 
         @app.get("/health")
         async def health() -> Response:

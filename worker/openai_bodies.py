@@ -1,8 +1,10 @@
 """OpenAI request and response bodies of ``kvmesh worker --http-port``, shaped as vLLM's.
 
 Requests: the fields the engine honours (``model``, ``prompt`` or ``messages``,
-``max_tokens`` / ``max_completion_tokens`` (default 16), ``temperature`` (default 1.0),
-``seed``, ``stream``, ``stream_options.include_usage``, and vLLM's own ``cache_salt``,
+``max_tokens`` / ``max_completion_tokens`` (default, as vLLM's: 16 for completions, and for
+chat what the context leaves after the prompt), ``temperature`` (default 1.0), ``seed``,
+``stream``, ``stream_options.include_usage`` and ``continuous_usage_stats`` (with it, usage
+so far on every chunk), and vLLM's own ``cache_salt``,
 ``ignore_eos``, ``add_special_tokens``, ``return_token_ids``, ``add_generation_prompt``,
 ``continue_final_message``, ``chat_template_kwargs``, ``tools``); fields it cannot honour
 (``n`` > 1, ``best_of`` > 1, ``logprobs``, ``echo``, ``stop``, ``suffix``) are refused with
@@ -34,6 +36,7 @@ class BodyError(ValueError):
 class _Options(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class _Common(BaseModel):
@@ -72,6 +75,12 @@ class _Common(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's ``continuous_usage_stats``: usage on every chunk (with ``include_usage``)."""
+        return self.include_usage and bool(self.stream_options
+                                           and self.stream_options.continuous_usage_stats)
 
 
 class Completion(_Common):
@@ -118,10 +127,14 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
-def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
-            "completion_tokens": completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+def usage(prompt: int, completion: int, cached: int | None) -> dict[str, Any]:
+    """vLLM's usage object (``cached`` None: the counts so far of a stream chunk, which carry
+    no ``prompt_tokens_details``)."""
+    out: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                           "completion_tokens": completion}
+    if cached is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out
 
 
 class Shape:
@@ -153,7 +166,7 @@ class Shape:
         return {**self._head(self.object), "choices": choices, "usage": use}
 
     def chunk(self, text: str | None, finish: str | None = None, *,
-              role: bool = False) -> str:
+              role: bool = False, use: dict[str, Any] | None = None) -> str:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish,
                                   "stop_reason": None}
@@ -164,7 +177,8 @@ class Shape:
             choice["delta"] = delta
         else:
             choice["text"] = text or ""
-        return sse({**self._head(obj), "choices": [choice]})
+        extra = {} if use is None else {"usage": use}
+        return sse({**self._head(obj), "choices": [choice], **extra})
 
     def usage_chunk(self, use: dict[str, Any]) -> str:
         obj = "chat.completion.chunk" if self.chat else "text_completion"

@@ -17,7 +17,7 @@ sequences behind it may be admitted. Once the copy is done its blocks are device
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from worker.kv_cache import KVCacheManager
@@ -46,12 +46,29 @@ class Scheduler:
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self.num_preemptions = 0
+        # Hashes of the full prompt blocks of every queued (waiting or running) sequence:
+        # blocks that will be cached before a sequence added now runs.
+        self._promised: Counter[bytes] = Counter()
+        self._promises: dict[str, list[bytes]] = {}  # seq id -> its hashes in _promised
 
     def add(self, seq: Seq) -> None:
         # Look the prompt up now (no side effects) so the load this worker reports counts
         # only the prefill it will really do: the router must not see a worker that holds
-        # a hot prefix as busier than one that would recompute it.
-        seq.expected_cached = sum(self.kv.match_by_tier(seq.req).values())
+        # a hot prefix as busier than one that would recompute it. A prefix that a sequence
+        # ahead in the queue computes counts as cached too: a burst of requests sharing a
+        # new prefix prefills it once, not once each.
+        cached = sum(self.kv.match_by_tier(seq.req).values())
+        # ... and the admissions ahead of it must not evict what it will hit while it waits
+        self.kv.keep_warm(seq.req)
+        bs = self.kv.block_size
+        full = seq.req.block_hashes[:seq.num_prompt_tokens // bs]  # cached once computed
+        usable = min(max(seq.num_prompt_tokens - 1, 0) // bs, len(full))
+        ahead = 0
+        while ahead < usable and full[ahead] in self._promised:
+            ahead += 1
+        seq.expected_cached = max(cached, ahead * bs)
+        self._promised.update(full)
+        self._promises[seq.seq_id] = full
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
@@ -123,6 +140,12 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        for h in self._promises.pop(seq.seq_id, ()):
+            left = self._promised[h] - 1
+            if left:
+                self._promised[h] = left
+            else:
+                del self._promised[h]
         self.kv.free(seq.req)
 
     @property

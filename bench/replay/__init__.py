@@ -5,7 +5,9 @@ time.
 Parts: :mod:`.trace` (loading, token synthesis, memoized hash chains), :mod:`.cluster`
 (simulated workers and the prefill/decode cost model), :mod:`.peers` (SGLang-style
 approximate tree, Ray Serve's PrefixTree), :mod:`.replay` (the loop), :mod:`.report` (JSON,
-table, targets, plot). ``client/cli.py`` calls :func:`register`.
+table, targets, plot), :mod:`.rows` (what a row runs: a policy, a variant
+``kvmesh[weight=value,...]``, or ``kvmesh@REV`` for ``--against REV``). ``client/cli.py``
+calls :func:`register`.
 """
 from __future__ import annotations
 
@@ -24,15 +26,29 @@ PEERS = ("approx_tree", "ray_prefix_tree", "oracle")
 POLICIES = (*INDEX_POLICIES, *PEERS)
 
 
-def _policies(policy: str | None, all_policies: bool) -> list[str]:
+def _policies(policy: str | None, all_policies: bool, against: list[str]) -> list[str]:
+    """The rows' labels: the policies (or variants) asked for, each ``kvmesh@REV`` right
+    after the plain ``kvmesh`` row (at the end without one). REV's code is loaded here, so a
+    revision that cannot run is refused before any replay."""
+    from bench.variants import parse_list
+
+    from .rows import parse_row
+
     if all_policies:
-        return list(POLICIES)
-    names = [p.strip() for p in (policy or "kvmesh").split(",") if p.strip()]
-    bad = [p for p in names if p not in POLICIES]
-    if bad:
-        raise typer.BadParameter(f"unknown policy {bad[0]!r}; valid: {', '.join(POLICIES)}",
-                                 param_hint="--policy")
-    return names
+        labels = list(POLICIES)
+    else:
+        try:
+            labels = [v.label for v in parse_list(policy or "kvmesh", POLICIES)]
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--policy") from e
+    at = labels.index("kvmesh") + 1 if "kvmesh" in labels else len(labels)
+    revs = [f"kvmesh@{rev.strip()}" for rev in against]
+    for label in revs:
+        try:
+            parse_row(label).index_policy()
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--against") from e
+    return labels[:at] + revs + labels[at:]
 
 
 def register(bench: typer.Typer) -> None:
@@ -48,7 +64,11 @@ def register(bench: typer.Typer) -> None:
             25_000, min=1, help="KV blocks per worker (default: 400k tokens, the KV space of "
             "an 80 GB GPU serving an 8B model; far below either trace's working set)"),
         policy: str = typer.Option(None, help="policy, or several comma-separated: "
-                                   f"{', '.join(POLICIES)} (default: kvmesh)"),
+                                   f"{', '.join(POLICIES)} (default: kvmesh); a variant "
+                                   "kvmesh[weight=value,...] changes CostWeights fields"),
+        against: list[str] = typer.Option([], "--against", metavar="REV",
+                                          help="also run the kvmesh policy of git revision "
+                                          "REV (row kvmesh@REV) in this simulator; repeatable"),
         all_policies: bool = typer.Option(False, "--all-policies",
                                           help="run every policy and write a comparison PNG"),
         index: str = typer.Option("memory", help=f"index backend: {' or '.join(BACKENDS)}"),
@@ -89,7 +109,7 @@ def register(bench: typer.Typer) -> None:
 
         if index not in ("memory", "redis"):
             raise typer.BadParameter("valid: memory, redis", param_hint="--index")
-        names = _policies(policy, all_policies)
+        names = _policies(policy, all_policies, against)
         try:
             reqs = load_trace(trace, limit)
         except ValueError as e:

@@ -7,9 +7,12 @@ KV events are the real ones; only the time a step takes comes from :class:`CostM
 
 Scheduling, per worker (vLLM-like, prefill first, FIFO):
 
-- A routed request waits in FIFO order. The head is admitted when the pool has free blocks
-  for its whole sequence (prompt + output: decode space is reserved at admission, so a
-  request never needs preemption) and fewer than ``max_running`` requests run. Admission
+- A routed request waits in FIFO order; as it joins the queue its cached prefix moves to the
+  most recently used end of the free queue (``KVCacheManager.keep_warm``, as the engine's
+  scheduler does), so the admissions ahead of it evict other blocks first. The head is
+  admitted when the pool has free blocks for its whole sequence (prompt + output: decode
+  space is reserved at admission, so a request never needs preemption) and fewer than
+  ``max_running`` requests run. Admission
   looks up the cache, allocates the prompt (caching its full blocks at once, as vLLM does at
   scheduling time), then the output slots; the hit is counted here.
 - Its prefill then runs alone for ``prefill_s_per_token * uncached tokens``; running
@@ -38,7 +41,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from service.index.base import WorkerLoad
@@ -131,6 +134,7 @@ class SimRequest:
     ttft_s: float = math.nan
     finish_step: int = 0
     copy_s: float = 0.0  # synchronous copies its admission ordered (offloads, spills)
+    expected_prefill: int = 0  # its prefill as the worker's load counts it while it waits
     hit_by_tier: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -169,7 +173,10 @@ class SimWorker:
         self.totals = WorkerTotals()
         self._tie = itertools.count()
         self._prefill: tuple[float, float, int] | None = None  # start, end, tokens
-        self._waiting_tokens = 0  # prompt tokens of the waiting requests
+        # The prefill the waiting requests will do, counted as the engine's scheduler counts
+        # it (worker/scheduler.py): what is cached at submit, or computed by a request ahead.
+        self._waiting_tokens = 0
+        self._promised: Counter[bytes] = Counter()  # full blocks of the waiting requests
         self._lower = len(manager.tier_stats()) > 1  # a CPU or disk tier to onboard from
         self._pins = manager.pins.auto
         self._onboard_end: float | None = None  # the head's onboard completes then
@@ -179,8 +186,8 @@ class SimWorker:
     # --- what a router sees -----------------------------------------------------------
 
     def load(self, now: float) -> WorkerLoad:
-        """The engine's ``load()`` at ``now``: queued prefill = prompts of waiting requests
-        plus what is left of a prefill in progress."""
+        """The engine's ``load()`` at ``now``: queued prefill = what the waiting requests
+        will prefill (as the engine counts it) plus what is left of a prefill in progress."""
         queued = self._waiting_tokens
         running = len(self.running)
         if self._prefill is not None and self._prefill[1] > now:
@@ -188,7 +195,8 @@ class SimWorker:
             queued += int(tokens * (end - max(now, start)) / max(end - start, 1e-12))
         return WorkerLoad(running=running, waiting=len(self.waiting),
                           queued_prefill_tokens=queued, free_blocks=self.kv.num_free_blocks,
-                          total_blocks=self.kv.num_blocks, decode_tokens=self.ctx_tokens)
+                          total_blocks=self.kv.num_blocks, decode_tokens=self.ctx_tokens,
+                          free_empty_blocks=self.kv.num_free_empty_blocks)
 
     @property
     def in_flight(self) -> int:
@@ -208,8 +216,21 @@ class SimWorker:
         req.worker = self.index
         if not self.running and not self.waiting:
             self.clock = max(self.clock, now)
+        full = self._full(req)
+        usable = (req.prompt_tokens - 1) // self.kv.block_size
+        ahead = 0
+        while ahead < usable and full[ahead] in self._promised:
+            ahead += 1
+        cached = max(sum(self.kv.match_by_tier(req.kv).values()), ahead * self.kv.block_size)
+        req.expected_prefill = req.prompt_tokens - cached
+        self.kv.keep_warm(req.kv)  # as the engine's scheduler does when a request queues
+        self._promised.update(full)
         self.waiting.append(req)
-        self._waiting_tokens += req.prompt_tokens
+        self._waiting_tokens += req.expected_prefill
+
+    def _full(self, req: SimRequest) -> list[bytes]:
+        """The hashes of ``req``'s full prompt blocks (cached once it is admitted)."""
+        return req.kv.block_hashes[:req.prompt_tokens // self.kv.block_size]
 
     def _try_admit(self) -> SimRequest | None:
         if not self.waiting or len(self.running) >= self.cost.max_running:
@@ -237,7 +258,13 @@ class SimWorker:
             return None
         self.waiting.popleft()
         prompt = req.prompt_tokens
-        self._waiting_tokens -= prompt
+        self._waiting_tokens -= req.expected_prefill
+        for h in self._full(req):
+            left = self._promised[h] - 1
+            if left:
+                self._promised[h] = left
+            else:
+                del self._promised[h]
         if kv.allocate_slots(req.kv, prompt - n, hits, n) is None:
             raise AssertionError("admission was checked against the free blocks")
         req.kv.num_computed_tokens = prompt

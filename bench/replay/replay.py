@@ -9,9 +9,14 @@ For each request, in arrival order, at simulated time ``t = timestamp``:
    the service's ``Route``: a lookup of the prompt's usable chain (the last token is always
    computed) through ``IndexBackend.lookup``, each worker's live load, then provisional
    entries for the chosen worker; the peers (:mod:`bench.replay.peers`) use their own trees.
-   ``least_loaded``, ``round_robin`` and ``random`` never read matches, so they skip steps 2
-   and 3's index calls (their choices cannot differ);
+   ``consistent_hash``, ``least_loaded``, ``round_robin`` and ``random`` never read matches,
+   so they skip steps 2 and 3's index calls (their choices cannot differ); ``consistent_hash``
+   gets the service's key (``service.route.prompt_key`` of the synthesized prompt);
 4. the request is queued on that worker.
+
+Rows are named by labels (:mod:`.rows`): a policy, a variant ``kvmesh[weight=value,...]``, or
+``kvmesh@REV`` (the policy of a git revision); each row gets fresh workers, router and index
+namespace.
 
 ``oracle`` is the same workers sharing ONE pooled manager of all their blocks (a global KV
 cache every worker reads at no cost, nothing duplicated), each request going to the worker
@@ -48,18 +53,20 @@ from service.index.base import (
     WorkerRecord,
     namespace,
 )
-from service.policy import Policy, WorkerView, make_policies
+from service.policy import Policy, WorkerView
+from service.route import prompt_key
 from worker.kv_cache import BlockRemoved, BlockStored, KVCacheManager, KVEvent, KVRequest
 
 from . import INDEX_POLICIES, POLICIES
 from .cluster import CostModel, SimRequest, SimWorker
 from .copies import CopyTotals
 from .peers import ApproxTreeRouter, RayPrefixTreeRouter
+from .rows import parse_row
 from .trace import TokenSynth, TraceRequest
 
 # Policies whose ranking never reads the matches: the index cannot change their choices, so
 # their replay skips it (same results, half the time).
-MATCH_BLIND = frozenset({"least_loaded", "round_robin", "random"})
+MATCH_BLIND = frozenset({"consistent_hash", "least_loaded", "round_robin", "random"})
 
 
 @dataclass(frozen=True)
@@ -152,14 +159,15 @@ def to_index_event(ev: KVEvent) -> KvEvent:
 
 
 class IndexRouter:
-    """A real ``service.policy`` policy over a real index backend (see the module doc)."""
+    """A real ``service.policy`` policy over a real index backend (see the module doc);
+    ``label`` names its row and its namespace (default: the policy's name)."""
 
     def __init__(self, policy: Policy, backend: IndexBackend, cfg: ReplayConfig,
-                 rng: random.Random) -> None:
+                 rng: random.Random, label: str | None = None) -> None:
         self.policy, self.backend, self.cfg, self.rng = policy, backend, cfg, rng
-        self.name = policy.name
+        self.name = label or policy.name
         self.uses_index = policy.name not in MATCH_BLIND
-        self.ns = namespace(f"replay/{policy.name}", cfg.block_size, cfg.hash_algo)
+        self.ns = namespace(f"replay/{self.name}", cfg.block_size, cfg.hash_algo)
 
     async def start(self, workers: Sequence[SimWorker]) -> None:
         for w in workers if self.uses_index else ():
@@ -186,7 +194,9 @@ class IndexRouter:
         views = [WorkerView(w.worker_id, f"sim://{w.worker_id}", w.load(now),
                             matches.get(w.worker_id, BlockMatch()), bs, self.ns)
                  for w in workers]
-        best = self.policy.rank(req.prompt_tokens, views, self.rng)[0].view
+        key = (prompt_key(req.kv.token_ids, req.trace.salt, req.trace.lora)
+               if self.policy.reads_key else b"")
+        best = self.policy.rank(req.prompt_tokens, views, self.rng, key=key)[0].view
         if best.match.blocks < len(chain) and self.uses_index:
             await self.backend.add_provisional(self.ns, chain, best.worker_id,
                                                best.match.blocks, now_ms,
@@ -224,7 +234,7 @@ class PeerRouter:
 
 
 def make_cluster(name: str, cfg: ReplayConfig) -> list[SimWorker]:
-    """The workers a policy runs on: one pool each, or one shared pool for ``oracle``."""
+    """The workers row ``name`` runs on: one pool each, or one shared pool for ``oracle``."""
     workers: list[SimWorker] = []
 
     def pool(blocks: int, i: int = 0) -> KVCacheManager:
@@ -238,7 +248,7 @@ def make_cluster(name: str, cfg: ReplayConfig) -> list[SimWorker]:
         kv.pool.max_pending_blocks = sys.maxsize
         return kv
 
-    if name == "oracle":
+    if parse_row(name).policy == "oracle":
         if cfg.cpu_blocks or cfg.disk_blocks:
             raise ValueError("oracle pools device blocks only; no lower tiers")
         shared = pool(cfg.capacity_blocks * cfg.workers)
@@ -251,15 +261,16 @@ def make_cluster(name: str, cfg: ReplayConfig) -> list[SimWorker]:
 
 def make_router(name: str, cfg: ReplayConfig, synth: TokenSynth,
                 backend: Callable[[], IndexBackend]) -> IndexRouter | PeerRouter:
-    """The router of policy ``name`` (a fresh instance, seeded by ``cfg.seed``)."""
+    """The router of row ``name`` (a fresh instance, seeded by ``cfg.seed``)."""
     rng = random.Random(cfg.seed)
-    if name in INDEX_POLICIES:
-        return IndexRouter(make_policies(cfg.weights)[name], backend(), cfg, rng)
-    if name == "approx_tree":
+    row = parse_row(name)
+    if row.policy in INDEX_POLICIES:
+        return IndexRouter(row.index_policy(cfg.weights), backend(), cfg, rng, row.label)
+    if row.policy == "approx_tree":
         return PeerRouter(name, ApproxTreeRouter(cfg.workers, rng))
-    if name == "ray_prefix_tree":
+    if row.policy == "ray_prefix_tree":
         return PeerRouter(name, RayPrefixTreeRouter(cfg.workers, rng, synth))
-    if name == "oracle":
+    if row.policy == "oracle":
         return PeerRouter(name, None)
     raise ValueError(f"unknown policy {name!r}; valid: {', '.join(POLICIES)}")
 
@@ -267,8 +278,9 @@ def make_router(name: str, cfg: ReplayConfig, synth: TokenSynth,
 async def replay_policy(name: str, reqs: Sequence[TraceRequest], synth: TokenSynth,
                         cfg: ReplayConfig, backend: Callable[[], IndexBackend],
                         tick: Callable[[], None] = lambda: None) -> PolicyResult:
-    """Replay ``reqs`` under policy ``name``; ``backend()`` gives the index to use (only the
-    index policies call it); ``tick()`` is called once per request (progress)."""
+    """Replay ``reqs`` under row ``name`` (a label, :mod:`.rows`); ``backend()`` gives the
+    index to use (only the index policies call it); ``tick()`` is called once per request
+    (progress)."""
     t0 = time.perf_counter()
     workers = make_cluster(name, cfg)
     router = make_router(name, cfg, synth, backend)
@@ -323,16 +335,18 @@ async def replay_policy(name: str, reqs: Sequence[TraceRequest], synth: TokenSyn
 def run(reqs: Sequence[TraceRequest], policies: Sequence[str], cfg: ReplayConfig, *,
         index: str = "memory", redis_url: str | None = None,
         progress: Callable[[str, int], Callable[[], None]] | None = None) -> list[PolicyResult]:
-    """Replay ``reqs`` under each of ``policies`` in turn, on one asyncio loop.
+    """Replay ``reqs`` under each of ``policies`` (row labels, :mod:`.rows`) in turn, on one
+    asyncio loop; raises ``ValueError`` for a label it cannot run before replaying any.
 
     ``index``: ``memory`` (a fresh in-process backend per policy) or ``redis`` (the server at
     ``redis_url``, or a private Valkey started for the run and stopped after it; each policy
     uses its own namespace and purges its workers at the end). ``progress(policy, total)``
     returns the per-request tick. The token/hash memo is shared by all policies.
     """
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown:
-        raise ValueError(f"unknown policy {unknown[0]!r}; valid: {', '.join(POLICIES)}")
+    rows = [parse_row(p) for p in policies]
+    for row in rows:
+        if row.revision is not None:
+            row.index_policy()  # load the revision's code now, not after the other rows
     if index not in ("memory", "redis"):
         raise ValueError(f"unknown index backend {index!r}; valid: memory, redis")
     return asyncio.run(_run_all(reqs, policies, cfg, index, redis_url, progress))
@@ -343,7 +357,8 @@ async def _run_all(reqs: Sequence[TraceRequest], policies: Sequence[str], cfg: R
                    progress: Callable[[str, int], Callable[[], None]] | None
                    ) -> list[PolicyResult]:
     server = None
-    if index == "redis" and redis_url is None and any(p in INDEX_POLICIES for p in policies):
+    if index == "redis" and redis_url is None and any(parse_row(p).policy in INDEX_POLICIES
+                                                      for p in policies):
         from deploy.redis_server import start_redis
 
         server = start_redis()

@@ -1,5 +1,7 @@
 """The ``kvmesh gateway`` command: flags -> ``GatewayConfig`` -> uvicorn.
 
+At start it says once how callers are isolated and what to change (``client.gateway.notice``).
+
 Bad flags (unreadable tenant keys, a model directory without ``tokenizer.json``) print one
 ``error: ...`` line and exit 2 before anything listens.
 """
@@ -105,10 +107,6 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
         typer.echo("warning: no --salt-secret (KVMESH_GATEWAY_SECRET): tenant salts are random "
                    "for this process, so they change on restart and differ between gateway "
                    "replicas", err=True)
-    if tenancy is None and shared_cache:
-        typer.echo("warning: --insecure-shared-cache: requests without cache_salt share one "
-                   "cache, and each caller's latency shows what others asked (a timing "
-                   "oracle); cached-token counts are hidden from them", err=True)
     engines = EngineList.build(engine_allow or (), engine_api_key, engine_keys)
     if engine_api_key and not engines:
         typer.echo("warning: --engine-api-key but no --engine-allow or --engine-keys: no HTTP "
@@ -214,8 +212,10 @@ def gateway_cmd(
     import uvicorn
 
     from client.gateway.app import create_app
+    from client.gateway.notice import startup_notice
 
     app = create_app(config)
+    typer.echo(startup_notice(config), err=True)  # once: how callers are isolated, and why
     if metrics_port is not None:
         try:
             bound = app.state.gateway.metrics.serve(metrics_port, metrics_host)

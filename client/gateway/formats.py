@@ -4,7 +4,9 @@
 server-sent-event chunk, the usage chunk) with one id and creation time. kvmesh's facts ride
 in ``usage``: ``prompt_tokens_details.cached_tokens`` is what the worker really served from
 its prefix cache (``null`` when unknown, e.g. a stream cut short by a stop string), and
-``prompt_tokens_details.cached_tokens_by_tier`` the same split by KV tier.
+``prompt_tokens_details.cached_tokens_by_tier`` the same split by KV tier. A stream with
+vLLM's ``continuous_usage_stats`` carries ``usage`` on every chunk: the counts so far, without
+``prompt_tokens_details`` (as vLLM); the cached count comes in the last, usage-only chunk.
 """
 from __future__ import annotations
 
@@ -92,9 +94,10 @@ class ResponseShape:
         return out
 
     def chunk(self, text: str | None, finish_reason: str | None = None,
-              role: bool = False) -> dict[str, Any]:
+              role: bool = False, usage: Usage | None = None) -> dict[str, Any]:
         """One stream chunk: new ``text`` (chat: in ``delta``; ``role`` adds the assistant
-        role, as the first chat chunk does) and, on the last one, ``finish_reason``."""
+        role, as the first chat chunk does), on the last one ``finish_reason``, and the
+        ``usage`` so far when given (``continuous_usage_stats``)."""
         out = self._head("chat.completion.chunk" if self.chat else "text_completion")
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
@@ -106,6 +109,8 @@ class ResponseShape:
         choice["logprobs"] = None
         choice["finish_reason"] = finish_reason
         out["choices"] = [choice]
+        if usage is not None:
+            out["usage"] = usage.as_dict()
         return out
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:

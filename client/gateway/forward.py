@@ -132,9 +132,10 @@ async def _relay(resp: httpx2.Response) -> AsyncIterator[bytes]:
 
 
 def relay(relayed: Relayed, lease: Lease, worker_header: str,
-          stream_headers: dict[str, str]) -> Response:
-    """An engine's answer as the caller's (``lease`` released when it is complete)."""
-    headers = {**relayed.headers, worker_header: relayed.candidate.worker_id}
+          stream_headers: dict[str, str], extra: dict[str, str] | None = None) -> Response:
+    """An engine's answer as the caller's, with ``extra`` headers (the gateway's own, e.g.
+    the cache scope); ``lease`` is released when it is complete."""
+    headers = {**relayed.headers, **(extra or {}), worker_header: relayed.candidate.worker_id}
     if relayed.chunks is None:
         lease.release()
         return Response(relayed.body, status_code=relayed.status, headers=headers)

@@ -3,13 +3,15 @@
 ``generate_text`` waits for the whole generation (the client fails over between candidate
 workers even mid-generation); ``start_stream`` waits only for the first tokens, so a request
 that cannot be served at all still fails with a proper HTTP status, and then yields text
-deltas as the worker produces them. Stop strings end a stream early and cancel the worker's
+deltas as the worker produces them (each with the completion tokens so far, for vLLM's
+``continuous_usage_stats``). Stop strings end a stream early and cancel the worker's
 request.
 """
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from client.async_client import AsyncKvmeshClient, TokenChunk
 from client.gateway.formats import Usage
@@ -39,13 +41,25 @@ class Job:
 
 @dataclass(frozen=True)
 class Outcome:
-    """A finished choice: its text, OpenAI finish reason, usage and the serving worker."""
+    """A finished choice: its text, OpenAI finish reason, usage and the serving worker.
+
+    ``hidden_cached``: the cached prompt tokens the worker served that ``usage`` does not
+    report (``Job.report_cached`` False), for the operator's metrics only.
+    """
 
     text: str
     finish_reason: str
     usage: Usage
     worker_id: str
     ttft_s: float | None = None  # the worker's time to first token; None: not measured
+    hidden_cached: int = 0
+
+
+class Delta(NamedTuple):
+    """Text a stream may emit now, and the completion tokens generated so far."""
+
+    text: str
+    completion_tokens: int
 
 
 def _finish_reason(result: GenerateResult) -> str:
@@ -58,8 +72,9 @@ def _outcome(job: Job, text: str, stream: TextStream, result: GenerateResult) ->
     cached = result.num_cached_tokens if job.report_cached else 0
     by_tier = (result.cached_tokens_by_tier or None) if job.report_cached else {}
     usage = Usage(result.prompt_tokens or len(job.token_ids), completion, cached, by_tier)
+    hidden = 0 if job.report_cached else result.num_cached_tokens
     return Outcome(text, "stop" if stream.stopped else _finish_reason(result), usage,
-                   result.worker_id, result.ttft_s)
+                   result.worker_id, result.ttft_s, hidden)
 
 
 async def generate_text(client: AsyncKvmeshClient, tokenizer: Tokenizer, job: Job) -> Outcome:
@@ -75,11 +90,11 @@ async def generate_text(client: AsyncKvmeshClient, tokenizer: Tokenizer, job: Jo
 
 @dataclass
 class TextDeltas:
-    """A started stream: the worker serving it and an iterator of ``str`` deltas that ends
-    with one ``Outcome`` (its ``text`` empty: the deltas are the text)."""
+    """A started stream: the worker serving it and an iterator of ``Delta`` that ends with
+    one ``Outcome`` (its ``text`` empty: the deltas are the text)."""
 
     worker_id: str
-    events: AsyncGenerator[str | Outcome, None]
+    events: AsyncGenerator[Delta | Outcome, None]
 
 
 async def start_stream(client: AsyncKvmeshClient, tokenizer: Tokenizer, job: Job) -> TextDeltas:
@@ -98,7 +113,7 @@ async def start_stream(client: AsyncKvmeshClient, tokenizer: Tokenizer, job: Job
 
 async def _deltas(job: Job, tokenizer: Tokenizer, first: TokenChunk | GenerateResult,
                   chunks: AsyncGenerator[TokenChunk | GenerateResult, None],
-                  ) -> AsyncGenerator[str | Outcome, None]:
+                  ) -> AsyncGenerator[Delta | Outcome, None]:
     stream = TextStream(tokenizer, job.stop)
     item = first
     try:
@@ -106,12 +121,12 @@ async def _deltas(job: Job, tokenizer: Tokenizer, first: TokenChunk | GenerateRe
             if isinstance(item, GenerateResult):
                 tail = stream.finish()
                 if tail:
-                    yield tail
+                    yield Delta(tail, stream.num_tokens)
                 yield _outcome(job, "", stream, item)
                 return
             text = stream.push(item.token_ids)
             if text:
-                yield text
+                yield Delta(text, stream.num_tokens)
             if stream.stopped:
                 usage = Usage(len(job.token_ids), stream.num_tokens, None)
                 yield Outcome("", "stop", usage, item.worker_id)

@@ -9,12 +9,16 @@ port they need ``Authorization: Bearer <metrics key>`` (``--metrics-key``,
 serves none (404).
 
 ``kvmesh_gateway_requests_total{path,status}`` counts every HTTP answer (``path`` is one of
-the gateway's routes or ``other``, so a scanner cannot grow the label set);
+the gateway's routes, ``/v1/models/{id}`` for any model, or ``other``, so a scanner cannot
+grow the label set);
 ``kvmesh_gateway_ttft_seconds`` is each generation's time to first token as the gateway's
 kvmesh client saw it; ``kvmesh_gateway_prompt_tokens_total`` and
 ``kvmesh_gateway_cached_tokens_total`` sum the prompt tokens and the cached ones *reported to
-callers*: a request whose cached count is hidden (``--insecure-shared-cache``) adds 0
-(requests an HTTP engine answered are not in these: their usage is the engine's, relayed);
+callers*: a request whose cached count is hidden (``--insecure-shared-cache``) adds 0 there
+and its real count to ``kvmesh_gateway_shared_cache_cached_tokens_total`` instead, so the
+operator, who alone reads these, sees the shared cache work (the two sum to every cached
+token the workers served; requests an HTTP engine answered are in none of these: their usage
+is the engine's, relayed);
 ``kvmesh_gateway_engine_forwards_total{outcome}`` counts what forwarding to HTTP engines did,
 ``refused`` being an HTTP engine a ``Route`` answer offered that is not in the engine list.
 
@@ -24,6 +28,8 @@ from __future__ import annotations
 
 import hmac
 
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -39,7 +45,8 @@ from client.gateway.errors import OpenAIError
 # Seconds: a cached prefix answers in milliseconds, a cold long prompt in seconds.
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
-                   "/metrics"})
+                   "/ping", "/metrics"})
+_MODEL_PATH = "/v1/models/"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
@@ -57,6 +64,11 @@ class GatewayMetrics:
         self.cached_tokens = Counter("kvmesh_gateway_cached_tokens_total", "Prompt tokens "
                                      "served from a worker's prefix cache (as reported to "
                                      "callers)", registry=self.registry)
+        self.shared_cached_tokens = Counter(
+            "kvmesh_gateway_shared_cache_cached_tokens_total", "Prompt tokens served from a "
+            "worker's prefix cache to requests in the shared cache of --insecure-shared-cache "
+            "(hidden from those callers; not in kvmesh_gateway_cached_tokens_total)",
+            registry=self.registry)
         self.forwards = Counter("kvmesh_gateway_engine_forwards_total", "Requests forwarded "
                                 "to HTTP engines, by outcome: relayed (an engine answered), "
                                 "exhausted (every engine failed), failover (one engine "
@@ -65,12 +77,14 @@ class GatewayMetrics:
                                 registry=self.registry)
 
     def generation(self, ttft_s: float | None, prompt_tokens: int,
-                   cached_tokens: int | None) -> None:
-        """Record one finished generation (``ttft_s`` None: not measured)."""
+                   cached_tokens: int | None, hidden_cached: int = 0) -> None:
+        """Record one finished generation (``ttft_s`` None: not measured): its cached
+        tokens as reported to the caller, and those hidden from it (shared cache)."""
         if ttft_s is not None:
             self.ttft.observe(ttft_s)
         self.prompt_tokens.inc(prompt_tokens)
         self.cached_tokens.inc(cached_tokens or 0)
+        self.shared_cached_tokens.inc(hidden_cached)
 
     def render(self) -> bytes:
         """The text exposition format of every metric."""
@@ -98,6 +112,23 @@ def check_metrics_key(metrics_key: str | None, authorization: str | None) -> Non
                           code="invalid_api_key", type_="invalid_request_error")
 
 
+def install_metrics_route(app: FastAPI, metrics: GatewayMetrics,
+                          metrics_key: str | None) -> None:
+    """``GET`` and ``HEAD /metrics`` on ``app``, for the metrics key only (see the module)."""
+
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
+    async def render(request: Request) -> Response:
+        check_metrics_key(metrics_key, request.headers.get("authorization"))
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+
+def path_label(path: str) -> str:
+    """The ``path`` label of a request path: a route, ``/v1/models/{id}``, or ``other``."""
+    if path in PATHS:
+        return path
+    return "/v1/models/{id}" if path.startswith(_MODEL_PATH) else "other"
+
+
 class CountRequests:
     """ASGI middleware: counts each HTTP answer by route and status code."""
 
@@ -109,7 +140,7 @@ class CountRequests:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope["path"] if scope["path"] in PATHS else "other"
+        path = path_label(scope["path"])
 
         async def counted(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -3,7 +3,9 @@
 Fields the workers cannot honour are refused with 400 (``n`` > 1, ``logprobs``, ``echo``,
 ``best_of`` > 1, ``suffix``); other unknown fields (``top_p``, ``presence_penalty``,
 ``logit_bias``, ...) are accepted and ignored, as vLLM's server does with fields it does not
-know. ``temperature`` defaults to OpenAI's 1.0; ``max_tokens`` to 16.
+know. ``temperature`` defaults to OpenAI's 1.0. ``max_tokens`` defaults as in vLLM: 16 for
+completions; for chat, the model's context left after the prompt (generate until EOS or the
+context limit, as OpenAI and vLLM do).
 """
 from __future__ import annotations
 
@@ -26,10 +28,12 @@ class Unsupported(ValueError):
 
 
 class StreamOptions(BaseModel):
-    """``stream_options``: ``include_usage`` adds a last chunk with ``usage`` and no choices."""
+    """``stream_options``: ``include_usage`` adds a last chunk with ``usage`` and no choices;
+    with it, vLLM's ``continuous_usage_stats`` puts the counts so far on every chunk too."""
 
     model_config = ConfigDict(extra="ignore")
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class OpenAIRequest(BaseModel):
@@ -55,6 +59,16 @@ class OpenAIRequest(BaseModel):
         if value is not None and not value:
             raise ValueError("cache_salt must be a non-empty string when given")
         return value
+
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def continuous_usage(self) -> bool:
+        """Whether every stream chunk carries usage (vLLM: only together with
+        ``include_usage``)."""
+        return self.include_usage() and bool(self.stream_options
+                                             and self.stream_options.continuous_usage_stats)
 
     def stop_strings(self) -> list[str]:
         """``stop`` as a list (empty strings dropped)."""
@@ -125,9 +139,10 @@ class ChatCompletionRequest(OpenAIRequest):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
 
-    def max_new_tokens(self) -> int:
-        """``max_completion_tokens``, else ``max_tokens``, else the default."""
-        return self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS
+    def max_new_tokens(self, room: int) -> int:
+        """``max_completion_tokens``, else ``max_tokens``, else ``room``: what the model's
+        context leaves after the prompt (vLLM's default; may be < 1 when nothing is left)."""
+        return self.max_completion_tokens or self.max_tokens or room
 
     def check_supported(self) -> None:
         super().check_supported()

@@ -4,8 +4,9 @@ A request takes one slot per prompt (a batch of 8 takes 8) for as long as it gen
 stream until its last event); a request that does not fit in its tenant's free slots is
 refused at once with 429 and ``Retry-After``, before anything is routed, so one tenant
 cannot occupy every worker while others wait. The tenant is the API key's tenant, or, without
-tenant keys, the caller's IP address. Slots live in this process: N gateway replicas allow N
-times the cap.
+tenant keys, the caller's IP address (``slot_owner``): a benchmark host is then one tenant,
+so the 429's message names the flag that raises the cap. Slots live in this process: N
+gateway replicas allow N times the cap.
 """
 from __future__ import annotations
 
@@ -17,6 +18,15 @@ from starlette.types import Receive, Scope, Send
 
 from client.gateway.errors import OpenAIError
 from client.gateway.limits import DEFAULT_MAX_CONCURRENT, RETRY_AFTER_S
+
+_ADDRESS_OWNER = "addr\0"
+
+
+def slot_owner(tenant: str | None, client_host: str | None) -> str:
+    """Whose slots a request takes: its tenant, else its client address."""
+    if tenant is not None:
+        return f"tenant\0{tenant}"
+    return f"{_ADDRESS_OWNER}{client_host or '?'}"
 
 
 class Lease:
@@ -49,12 +59,20 @@ class TenantSlots:
     def take(self, tenant: str, count: int = 1) -> Lease:
         """``count`` slots for ``tenant``; raises a 429 ``OpenAIError`` when they do not fit."""
         if self._used[tenant] + count > self.limit:
-            raise OpenAIError(429, f"too many concurrent requests for this tenant (at most "
-                              f"{self.limit} prompts generating at once); retry later",
-                              code="concurrency_limit", type_="rate_limit_error",
+            raise OpenAIError(429, self._refusal(tenant), code="concurrency_limit",
+                              type_="rate_limit_error",
                               headers={"retry-after": str(RETRY_AFTER_S)})
         self._used[tenant] += count
         return Lease(self, tenant, count)
+
+    def _refusal(self, tenant: str) -> str:
+        cap = (f"at most {self.limit} prompts generating at once per tenant: the gateway's "
+               "--max-concurrent-per-tenant")
+        if tenant.startswith(_ADDRESS_OWNER):
+            return (f"too many concurrent requests from this client address ({cap}; without "
+                    "--tenant-keys every caller from one IP address is one tenant); retry "
+                    "later")
+        return f"too many concurrent requests for this tenant ({cap}); retry later"
 
     def _give_back(self, tenant: str, count: int) -> None:
         self._used[tenant] -= count

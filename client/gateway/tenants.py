@@ -23,6 +23,11 @@ Cached-token counts are reported only for a salt the caller holds (its tenant's,
 ``cache_salt``, or its random one): a hit there was filled by that caller, or by someone it
 chose to share with. An unsalted request in a shared cache is told 0.
 
+Every answer says which cache it was served from in ``x-kvmesh-cache-scope``: ``tenant``,
+``cache_salt``, ``shared``, or ``request`` (a random salt: nothing is reused between
+requests; the value goes on to say how to share), so a benchmark that sees no reuse is told
+why in the first response it reads.
+
 Key file formats: a JSON object ``{"<api key>": "<tenant>", ...}``, or text lines
 ``<api key> <tenant>`` (blank lines and ``#`` comments skipped).
 """
@@ -39,14 +44,24 @@ from client.gateway.key_file import key_file_pairs
 from kvmesh.file_perms import warn_if_readable_by_others
 
 SALT_CONTEXT = b"kvmesh-tenant\0"
+CACHE_SCOPE_HEADER = "x-kvmesh-cache-scope"
+# A random salt is the default: say so where a benchmark reading 0% reuse will look.
+PRIVATE_SCOPE = ("request; a random salt of its own, so no prefix is reused between requests: "
+                 "send cache_salt, or an API key of the gateway's --tenant-keys, to share one")
 
 
 @dataclass(frozen=True)
 class Salting:
-    """The salt one request is hashed with, and whether its cache hits may be reported."""
+    """The salt one request is hashed with, whether its cache hits may be reported, and
+    the cache it shares (``scope``: ``tenant``, ``cache_salt``, ``shared``, ``request``)."""
 
     salt: str | None
     report_cached: bool
+    scope: str = "request"
+
+    def headers(self) -> dict[str, str]:
+        """The ``x-kvmesh-cache-scope`` header of an answer served under this salt."""
+        return {CACHE_SCOPE_HEADER: PRIVATE_SCOPE if self.scope == "request" else self.scope}
 
 
 def salting(tenancy: Tenancy | None, tenant: str | None, cache_salt: str | None,
@@ -57,12 +72,12 @@ def salting(tenancy: Tenancy | None, tenant: str | None, cache_salt: str | None,
     apply, and exactly then ``report_cached`` is False.
     """
     if tenancy is not None and tenant is not None:
-        return Salting(tenancy.salt(tenant, cache_salt), True)
+        return Salting(tenancy.salt(tenant, cache_salt), True, "tenant")
     if cache_salt:
-        return Salting(cache_salt, True)
+        return Salting(cache_salt, True, "cache_salt")
     if shared:
-        return Salting(None, False)
-    return Salting(secrets.token_hex(16), True)  # private to this request (its batch)
+        return Salting(None, False, "shared")
+    return Salting(secrets.token_hex(16), True, "request")  # private to this request (batch)
 
 
 class TenantKeyError(ValueError):

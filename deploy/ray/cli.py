@@ -45,9 +45,10 @@ def run_up(workers: int, port: int, redis_url: str | None, model: str, *,
            token: str | None = None, worker_secret: str | None = None,
            name: str | None = None, cpu_blocks: int = 0, disk_blocks: int = 0,
            disk_dir: str | None = None, eviction: str = "lru", auto_pin: bool = False,
-           stop: threading.Event | None = None) -> None:
+           policy: str | None = None, stop: threading.Event | None = None) -> None:
     """Run kvmesh on Ray until a signal (or ``stop``) arrives; always cleans up, within
-    ``deploy.stopping``'s deadline of the signal, its own Ray's processes included."""
+    ``deploy.stopping``'s deadline of the signal, its own Ray's processes included. A start
+    that fails for a reason the user can fix raises ``LaunchError`` (after the clean-up)."""
     deadline = StopDeadline(on_kill=_say_killed)
     if stop is not None:  # a caller's event stops it as a signal would
         deadline.stop = stop
@@ -56,7 +57,7 @@ def run_up(workers: int, port: int, redis_url: str | None, model: str, *,
                    num_blocks=num_blocks, gpus_per_worker=gpus_per_worker, port=port,
                    token=token, worker_secret=worker_secret, cpu_blocks=cpu_blocks,
                    disk_blocks=disk_blocks, disk_dir=disk_dir, eviction=eviction,
-                   auto_pin=auto_pin, **({"name": name} if name else {}))
+                   auto_pin=auto_pin, policy=policy, **({"name": name} if name else {}))
     cluster = RayCluster(spec)
     deadline.install()
     try:
@@ -76,7 +77,7 @@ def run_up(workers: int, port: int, redis_url: str | None, model: str, *,
               + ("" if redis_url else " (embedded)"),
               flush=True)
         for address in cluster.service_addresses:
-            print(f"service  {address}", flush=True)
+            print(f"service  {address}  (policy {cluster.policy})", flush=True)
         for info in cluster.worker_infos():
             print(f"worker   {info['address']}  ({info['worker_id']}, {info['device']})",
                   flush=True)

@@ -10,9 +10,11 @@ Usage::
 Contract:
 
 - ``start()`` connects to Ray (an initialized session is reused; else ``spec.ray_address``,
-  else ``RAY_ADDRESS``, else a new local Ray), starts Redis (unless ``spec.redis_url``), the
-  service replicas (spread over nodes) and the workers (a placement group, one bundle per
-  worker), and returns once the service reports every worker alive. On any failure it
+  else ``RAY_ADDRESS``, else a new local Ray; an address where nothing answers raises
+  ``deploy.launch_error.LaunchError`` at once, not after Ray's endless retries), starts
+  Redis (unless ``spec.redis_url``), the service replicas (spread over nodes) and the
+  workers (a placement group, one bundle per worker), and returns once the service reports
+  every worker alive. On any failure it
   removes what it created and re-raises.
 - Every actor is named ``<spec.name>-...`` in namespace ``kvmesh`` and restarts on failure
   (``spec.max_restarts``), except the embedded Redis. Service replicas run on the head node
@@ -40,6 +42,8 @@ from typing import Any
 
 import ray
 
+from deploy.launch_error import LaunchError, cause_of
+from deploy.ray.address import check_ray_address
 from deploy.ray.placement import (
     ON_HEAD,
     actor_resources,
@@ -53,10 +57,12 @@ from deploy.ray.service_actor import ServiceActor
 from deploy.ray.spec import RaySpec, worker_bundle
 from deploy.ray.worker_actor import WorkerActor
 from deploy.ray.worker_host import WorkerConfig
+from deploy.start_checks import check_model
 from deploy.stopping import budget
 from deploy.waiting import wait_until
 from kvmesh.auth import worker_access_token
 from kvmesh.hashing import DEFAULT_ALGO, resolve_seed
+from kvmesh.policies import DEFAULT_POLICY, POLICIES
 
 NAMESPACE = "kvmesh"
 
@@ -98,12 +104,21 @@ class RayCluster:
         return self
 
     def _connect(self) -> None:
+        """Connect to the spec's Ray (see the module contract). ``LaunchError`` when its
+        address does not answer; with a Ray of its own, the model is checked here first (a
+        cluster's nodes may hold a path the driver lacks, a local one may not)."""
         if ray.is_initialized():
             return
+        flag = "--ray-address" if self.spec.ray_address else "RAY_ADDRESS"
         address = self.spec.ray_address or os.environ.get("RAY_ADDRESS") or None
         if address:
-            ray.init(address=address, logging_level="warning")
+            check_ray_address(address, flag)
+            try:
+                ray.init(address=address, logging_level="warning")
+            except ConnectionError as e:  # 'auto' with no Ray running, a refused client
+                raise LaunchError(f"{flag} {address}: {e}") from None
         else:
+            check_model(self.spec.model)
             ray.init(num_cpus=self._local_cpus(), include_dashboard=False,
                      object_store_memory=self.spec.local_object_store_bytes,
                      logging_level="warning")
@@ -131,7 +146,19 @@ class RayCluster:
         # Resolved once on the driver (vLLM's rule) so that every replica and worker actor
         # runs with the driver's seed, whatever environment Ray gives the actors.
         out["hash_seed"] = resolve_seed(None, s.hash_seed)
+        # The same for the policy: a replica started by the local backend reads
+        # KVMESH_POLICY, an actor sees none of the driver's environment.
+        out["policy"] = self.policy
         return out
+
+    @property
+    def policy(self) -> str:
+        """The routing policy the service replicas run when a request names none: the
+        spec's, else the driver's ``KVMESH_POLICY``, else ``kvmesh``."""
+        chosen = self.spec.policy or os.environ.get("KVMESH_POLICY") or DEFAULT_POLICY
+        if chosen not in POLICIES:
+            raise ValueError(f"KVMESH_POLICY={chosen}: not one of {', '.join(POLICIES)}")
+        return chosen
 
     def _start_services(self, timeout: float) -> None:
         s = self.spec
@@ -205,10 +232,20 @@ class RayCluster:
                 if w["alive"] and w["worker_id"] in mine}
 
     def wait_ready(self, timeout: float = 120.0, worker_ids: list[str] | None = None) -> None:
-        """Block until the service counts ``worker_ids`` (default: all) alive."""
+        """Block until the service counts ``worker_ids`` (default: all) alive. A worker
+        actor whose constructor failed (a model path its node lacks, say) raises
+        ``LaunchError`` with its cause at once: Ray does not restart it, so waiting on
+        could only end in a timeout."""
         want = set(self.worker_ids if worker_ids is None else worker_ids)
-        wait_until(lambda: want <= set(self.alive_workers()), timeout, interval=0.2,
-                   what=f"workers {sorted(want)} alive")  # a replica may still be starting
+        started = {wid: self.workers[self.worker_ids.index(wid)].info.remote() for wid in want}
+
+        def settled() -> bool | LaunchError:
+            return (_failed_start(started) or want <= set(self.alive_workers()))
+
+        outcome = wait_until(settled, timeout, interval=0.2,  # a replica may still be starting
+                             what=f"workers {sorted(want)} alive")
+        if isinstance(outcome, LaunchError):
+            raise outcome
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop and remove every actor and placement group this cluster created; the
@@ -233,3 +270,19 @@ class RayCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _failed_start(started: dict[str, Any]) -> LaunchError | None:
+    """The failure of the first worker whose constructor raised, among ``started`` (worker
+    id -> the ref of an ``info()`` call made once it was created); None while none did."""
+    done, _ = ray.wait(list(started.values()), num_returns=len(started), timeout=0)
+    for worker_id, ref in started.items():
+        if ref not in done:
+            continue
+        try:
+            ray.get(ref, timeout=0)
+        except ray.exceptions.RayActorError as e:
+            return LaunchError(f"worker {worker_id} could not start: "
+                               f"{cause_of(str(e).splitlines())} (check --model and the "
+                               "worker flags: the model path must exist on every worker node)")
+    return None

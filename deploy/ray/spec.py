@@ -16,6 +16,8 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
+from kvmesh.policies import POLICIES
+
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,47}")
 
 
@@ -68,6 +70,8 @@ class RaySpec:
     disk_dir: str | None = None           # on each worker's node: <disk_dir>/<worker id>
     eviction: str = "lru"
     auto_pin: bool = False
+    policy: str | None = None             # the replicas' default routing policy (None: the
+    #                                       driver's KVMESH_POLICY, else kvmesh)
     # local Ray only (ignored when connecting to an existing cluster)
     local_num_cpus: int | None = None
     local_object_store_bytes: int | None = None
@@ -93,6 +97,8 @@ class RaySpec:
             raise ValueError("placement_strategy must be SPREAD, STRICT_SPREAD or PACK")
         if self.worker_secret is not None and len(self.worker_secret.encode()) < 16:
             raise ValueError("worker_secret must be at least 16 bytes")
+        if self.policy is not None and self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if not 0 <= self.port < 65536 - self.service_replicas:
             raise ValueError(f"port {self.port} is out of range")
 

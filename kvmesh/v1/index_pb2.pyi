@@ -37,7 +37,7 @@ class MultimodalItem(_message.Message):
     def __init__(self, identifier: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("running", "waiting", "queued_prefill_tokens", "free_blocks", "total_blocks", "decode_tokens", "prefill_us_per_token", "onboard_us_per_block_cpu", "onboard_us_per_block_disk", "tier_blocks")
+    __slots__ = ("running", "waiting", "queued_prefill_tokens", "free_blocks", "total_blocks", "decode_tokens", "prefill_us_per_token", "onboard_us_per_block_cpu", "onboard_us_per_block_disk", "tier_blocks", "free_empty_blocks")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class WorkerLoad(_message.Message):
     ONBOARD_US_PER_BLOCK_CPU_FIELD_NUMBER: _ClassVar[int]
     ONBOARD_US_PER_BLOCK_DISK_FIELD_NUMBER: _ClassVar[int]
     TIER_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    FREE_EMPTY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     running: int
     waiting: int
     queued_prefill_tokens: int
@@ -58,7 +59,8 @@ class WorkerLoad(_message.Message):
     onboard_us_per_block_cpu: float
     onboard_us_per_block_disk: float
     tier_blocks: int
-    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., prefill_us_per_token: _Optional[float] = ..., onboard_us_per_block_cpu: _Optional[float] = ..., onboard_us_per_block_disk: _Optional[float] = ..., tier_blocks: _Optional[int] = ...) -> None: ...
+    free_empty_blocks: int
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., prefill_us_per_token: _Optional[float] = ..., onboard_us_per_block_cpu: _Optional[float] = ..., onboard_us_per_block_disk: _Optional[float] = ..., tier_blocks: _Optional[int] = ..., free_empty_blocks: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "address", "model", "block_size", "hash_algo", "root_hash", "load", "incarnation")

@@ -148,6 +148,7 @@ class WorkerLoad:
     onboard_us_per_block_cpu: float = 0.0
     onboard_us_per_block_disk: float = 0.0
     tier_blocks: int = 0  # capacity of the CPU and disk tiers (the block cap counts them)
+    free_empty_blocks: int = 0  # free blocks holding no hash (service.policy.room)
 
 
 @dataclass(slots=True)

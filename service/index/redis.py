@@ -78,7 +78,7 @@ _LOAD_FIELDS = (("running", "running", int), ("waiting", "waiting", int),
                 ("prefill_us_per_token", "prefill_us", float),
                 ("onboard_us_per_block_cpu", "onboard_cpu_us", float),
                 ("onboard_us_per_block_disk", "onboard_disk_us", float),
-                ("tier_blocks", "tiers", int))
+                ("tier_blocks", "tiers", int), ("free_empty_blocks", "empty", int))
 # Anything the server or the socket answers instead of a result (refused, timeout, LOADING,
 # READONLY after a failover, OOM under maxmemory...) means "the index is unavailable".
 _DOWN = (rexc.RedisError, rexc.RedisClusterException, OSError)  # the last: a slot no node serves

@@ -4,9 +4,12 @@ from __future__ import annotations
 import math
 
 import pytest
+import typer
+from typer.testing import CliRunner
 
 from bench import e2e
 from bench.workload import WorkloadSpec, stream
+from kvmesh.policies import POLICIES
 
 TINY = e2e.E2ESpec(workers=2, num_blocks=64,
                    workload=WorkloadSpec(tenants=2, system_tokens=64, question_tokens=16,
@@ -84,3 +87,15 @@ def test_cpu_tier_run_on_a_real_cluster() -> None:
     assert "cpu" not in off["hit_rate_by_tier"] and on["hit_rate_by_tier"]["cpu"] > 0
     assert on["token_hit_rate"] > off["token_hit_rate"]
     assert set(res["ratios"]) >= {"mean_ttft_lower", "p90_ttft_lower", "token_hit_rate"}
+
+
+def test_cli_offers_every_policy_and_refuses_others_before_any_cluster() -> None:
+    app, bench = typer.Typer(), typer.Typer()
+    app.add_typer(bench, name="bench")
+    e2e.register(bench)
+    wide = {"COLUMNS": "400"}  # rich wraps its boxes at the terminal's width
+    out = CliRunner().invoke(app, ["bench", "e2e", "--policies", "kvmesh,nope"], env=wide)
+    assert out.exit_code == 2 and "unknown policy 'nope'" in out.output
+    helped = CliRunner().invoke(app, ["bench", "e2e", "--help"], env=wide)
+    assert "consistent_hash" in POLICIES
+    assert all(name in helped.output for name in POLICIES)

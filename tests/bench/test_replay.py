@@ -1,6 +1,7 @@
 """The replay: simulated workers, policies side by side on a small trace, the CLI output."""
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import random
@@ -14,8 +15,18 @@ from typer.testing import CliRunner
 from bench.replay import register
 from bench.replay.cluster import CostModel, SimRequest, SimWorker
 from bench.replay.peers import ApproxTreeRouter
-from bench.replay.replay import POLICIES, ReplayConfig, run
+from bench.replay.replay import (
+    POLICIES,
+    IndexRouter,
+    ReplayConfig,
+    make_cluster,
+    make_router,
+    run,
+)
 from bench.replay.trace import CHUNK_TOKENS, TokenSynth, TraceRequest, load_trace
+from service.index.memory import MemoryBackend
+from service.policy import ConsistentHashPolicy, WorkerView
+from service.route import prompt_key
 from worker.kv_cache import KVCacheManager, KVRequest
 
 # 4 workers of 2,000 blocks of 16 tokens: the small trace's ~2,300 distinct blocks fit in the
@@ -41,7 +52,8 @@ def test_worker_queues_prefills_and_holds_blocks_while_decoding() -> None:
     b = sim_request(synth, 1, (1, 2), 0.0, out=1)
     w.submit(a, 0.0)
     w.submit(b, 0.0)
-    assert w.load(0.0).queued_prefill_tokens == 3 * CHUNK_TOKENS
+    # as the engine counts it: b's first chunk is computed by a, ahead of it in the queue
+    assert w.load(0.0).queued_prefill_tokens == 2 * CHUNK_TOKENS
     w.advance(0.1)  # a's prefill started before 0.1, so it runs to its end
     assert a.ttft_s == pytest.approx(0.512)  # 512 tokens at 1 ms
     assert math.isnan(b.ttft_s)
@@ -58,15 +70,44 @@ def test_worker_queues_prefills_and_holds_blocks_while_decoding() -> None:
 def test_prefix_aware_routing_beats_round_robin_and_oracle_bounds_all(
         small_trace: Path) -> None:
     reqs = load_trace(small_trace)
-    names = ["kvmesh", "prefix_only", "round_robin", "least_loaded", "approx_tree", "oracle"]
+    names = ["kvmesh", "prefix_only", "consistent_hash", "round_robin", "least_loaded",
+             "approx_tree", "oracle"]
     res = {r.policy: r for r in run(reqs, names, CFG)}
     assert all(r.requests == len(reqs) and r.rejected == 0 for r in res.values())
     rr = res["round_robin"].token_hit_rate
     for name in ("kvmesh", "prefix_only", "approx_tree"):
         assert res[name].token_hit_rate >= 2 * rr, name
+    # one hot key (every prompt starts with chunk 0), spilled in ring order: still a partition
+    assert res["consistent_hash"].token_hit_rate > 1.5 * rr
     oracle = res["oracle"].token_hit_rate
     assert all(oracle >= r.token_hit_rate for r in res.values())
     assert res["oracle"].evictions == 0
+
+
+def test_consistent_hash_keys_the_replay_as_the_service_does() -> None:
+    """The replay's router hands the policy ``service.route.prompt_key`` of the synthesized
+    prompt (salt included) and skips the index, which the policy never reads."""
+    synth = TokenSynth(CFG.block_size)
+    router = make_router("consistent_hash", CFG, synth, MemoryBackend)
+    assert isinstance(router, IndexRouter) and not router.uses_index
+    workers = make_cluster("consistent_hash", CFG)
+    views = [WorkerView(w.worker_id) for w in workers]
+    # one system prompt (chunk 0) under 8 tenants' salts, then 8 other first chunks
+    reqs = [TraceRequest(i, 0.0, 2 * CHUNK_TOKENS, 4, (0, 100 + i), f"tenant-{i}")
+            for i in range(8)]
+    reqs += [TraceRequest(8 + i, 0.0, 2 * CHUNK_TOKENS, 4, (200 + i, 300 + i))
+             for i in range(8)]
+    homes = []
+    for tr in reqs:  # nothing submitted: every worker idle, none full
+        tokens, chain = synth.tokens(tr), synth.chain(tr)
+        req = SimRequest(tr, KVRequest(f"r{tr.index}", tokens, salt=tr.salt,
+                                       block_hashes=chain))
+        got = asyncio.run(router.choose(req, chain, workers, 0.0))
+        key = prompt_key(tokens, tr.salt, tr.lora)
+        want = ConsistentHashPolicy().rank(1, views, random.Random(0), key=key)[0].view
+        assert workers[got].worker_id == want.worker_id
+        homes.append(want.worker_id)
+    assert len(set(homes[:8])) >= 2 and len(set(homes[8:])) >= 2  # salts and heads both key
 
 
 def test_salted_tenants_never_share(tmp_path: Path, make_trace: Callable[..., Path]) -> None:

@@ -8,6 +8,7 @@ serves, and on SIGTERM removes every actor it created.
 from __future__ import annotations
 
 import re
+import time
 
 import grpc
 import pytest
@@ -26,9 +27,11 @@ SECRET = "ray-cli-worker-secret-0123456789"
 
 def test_up_prints_service_addresses_and_sigterm_removes_every_actor(ray_cluster):
     """Also: ``--worker-secret`` (here from its env var) reaches the Ray backend, and the
-    embedded Redis wants its password, which is printed only redacted."""
+    embedded Redis wants its password, which is printed only redacted; ``KVMESH_POLICY``,
+    read by the driver (actors see none of its environment), is the replicas' policy."""
     up = Up("--backend", "ray", "--ray-address", ray_cluster.address, "--workers", "1",
-            "--port", "0", "--num-blocks", "32", env={"KVMESH_WORKER_SECRET": SECRET})
+            "--port", "0", "--num-blocks", "32",
+            env={"KVMESH_WORKER_SECRET": SECRET, "KVMESH_POLICY": "round_robin"})
     try:
         assert up.wait_ready(150), up.tail()
         services = up.field("service")
@@ -37,8 +40,10 @@ def test_up_prints_service_addresses_and_sigterm_removes_every_actor(ray_cluster
         assert len(services) == 1
         assert kvmesh_actors(name) == [f"{name}-redis", f"{name}-service-0",
                                        f"{name}-worker-0"]
+        assert f"service  {services[0]}  (policy round_robin)" in up.lines, up.tail()
         with KvmeshClient(services) as client:
             assert client.generate(list(range(40)), max_tokens=2).worker_id == f"{name}-w0"
+            assert client.route(list(range(40))).policy == "round_robin"
         printed = up.field("redis")[0]
         assert printed.startswith("redis://:***@"), printed
         host, _, port = printed.rpartition("@")[2].partition("/")[0].rpartition(":")
@@ -66,3 +71,25 @@ def test_up_prints_service_addresses_and_sigterm_removes_every_actor(ray_cluster
         assert groups and all(g["state"] == "REMOVED" for g in groups)
     finally:
         up.kill()
+
+
+def test_a_model_the_worker_nodes_cannot_load_ends_in_one_line(ray_cluster, tmp_path):
+    """On a Ray cluster the model path is the nodes' (the driver may lack it), so it is not
+    checked before start; the worker actor's failed constructor is the cause, said at once
+    (it used to wait out the 180 s start timeout) in the last line (issue 24, item 7)."""
+    missing = tmp_path / "no-such-model"
+    start = time.monotonic()
+    up = Up("--backend", "ray", "--ray-address", ray_cluster.address, "--workers", "1",
+            "--port", "0", "--model", str(missing))
+    try:
+        code = up.proc.wait(150)
+        up.reader.join(10)
+    finally:
+        up.kill()
+    out = "\n".join(up.lines)
+    assert code == 1 and up.lines[-1].startswith("error: worker "), out
+    assert str(missing) in up.lines[-1] and "--model" in up.lines[-1], out
+    # Ray forwards the actor's own traceback (lines prefixed "(WorkerActor pid=...)"); the
+    # launcher adds none
+    own = [ln for ln in up.lines if "WorkerActor" not in ln]
+    assert not any("Traceback" in ln for ln in own) and time.monotonic() - start < 120, out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -14,11 +15,12 @@ import grpc
 import pytest
 import uvicorn
 from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
 
 from client.gateway.app import GatewayConfig, create_app
 from client.gateway.tenants import Tenancy
 from deploy.waiting import wait_until
-from kvmesh.v1 import index_pb2_grpc, worker_pb2_grpc
+from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2_grpc
 from tests.client.fake_servers import FakeIndex, FakeWorker, candidate, start_server
 
 TENANT_KEYS = {"key-acme": "acme", "key-globex": "globex"}
@@ -53,6 +55,25 @@ class LiveGateway:
         self.thread.join(timeout=10)
 
 
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def metric_samples(url: str, key: str | None = METRICS_KEY) -> Samples:
+    """Every sample of ``{url}/metrics`` (with the metrics key), by name and labels."""
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    with urllib.request.urlopen(urllib.request.Request(f"{url}/metrics", headers=headers),
+                                timeout=5) as resp:
+        assert resp.headers["content-type"].startswith("text/plain")
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def metric_delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
 @dataclass
 class Stack:
     index: FakeIndex
@@ -68,6 +89,8 @@ class Stack:
         self.index.candidates = [candidate("w1", self.w1_address, matched=3),
                                  candidate("w2", self.w2_address)]
         self.index.error = None
+        self.index.hang = False
+        self.index.stats = index_pb2.StatsResponse()
         self.index.routes.clear()
         for worker, cached in ((self.w1, W1_CACHED), (self.w2, 0)):
             worker.mode = "ok"
@@ -96,11 +119,12 @@ def _stack() -> Iterator[Stack]:
                                        worker_pb2_grpc.add_WorkerServiceServicer_to_server)
         servers.append(server)
         addresses.append(address)
+    # health_ttl_s=0: /health asks the fake index every time, so each test sees its own
     plain = LiveGateway(GatewayConfig(service=index_address, generate_timeout=5,
-                                      metrics_key=METRICS_KEY))
+                                      metrics_key=METRICS_KEY, health_ttl_s=0))
     tenants = LiveGateway(GatewayConfig(service=index_address, generate_timeout=5,
                                         tenancy=Tenancy(TENANT_KEYS, SECRET),
-                                        metrics_key=METRICS_KEY))
+                                        metrics_key=METRICS_KEY, health_ttl_s=0))
     stack = Stack(index, w1, w2, addresses[0], addresses[1], index_address, plain, tenants)
     yield stack
     plain.stop()

@@ -17,7 +17,14 @@ from client.gateway.app import GatewayConfig
 from client.gateway.tenants import Tenancy
 from deploy.local import ClusterSpec, LocalCluster
 from deploy.waiting import wait_until
-from tests.gateway.conftest import SECRET, TENANT_KEYS, LiveGateway
+from tests.gateway.conftest import (
+    METRICS_KEY,
+    SECRET,
+    TENANT_KEYS,
+    LiveGateway,
+    metric_delta,
+    metric_samples,
+)
 
 pytestmark = pytest.mark.integration  # a real local cluster behind the gateways
 
@@ -95,9 +102,11 @@ def test_tenants_see_their_own_hits_and_nobody_elses(gateways: Gateways) -> None
 
 def test_insecure_shared_cache_shares_but_reports_no_hits(gateways: Gateways) -> None:
     """``--insecure-shared-cache`` puts unsalted requests in one cache (the index has their
-    unsalted blocks), but never tells a caller how much of it was someone else's."""
+    unsalted blocks), but never tells a caller how much of it was someone else's; the
+    operator's metrics count what the shared cache served (the hits are real)."""
     gw = LiveGateway(GatewayConfig(service=gateways.cluster.service_addresses,
-                                   generate_timeout=60, shared_cache=True))
+                                   generate_timeout=60, shared_cache=True,
+                                   metrics_key=METRICS_KEY))
     try:
         secret = victim_prompt()
         cached(gw, secret)
@@ -105,7 +114,12 @@ def test_insecure_shared_cache_shares_but_reports_no_hits(gateways: Gateways) ->
         with gateways.cluster.client() as service:  # shared: the index holds the unsalted prefix
             wait_until(lambda: service.route(ids, dry_run=True).matched_tokens >= FULL_HIT,
                        timeout=10)
+        before = metric_samples(gw.url)
         assert cached(gw, secret) == cached(gw, wrong_guess(secret)) == 0
+        after = metric_samples(gw.url)
+        shared = "kvmesh_gateway_shared_cache_cached_tokens_total"
+        assert metric_delta(before, after, shared) == FULL_HIT + 32
+        assert metric_delta(before, after, "kvmesh_gateway_cached_tokens_total") == 0
     finally:
         gw.stop()
 

@@ -17,9 +17,8 @@ from client.gateway.cli import build_config
 from client.gateway.engines import EngineList, EngineListError, canonical, parse_engine_keys
 from client.gateway.hidden_usage import hide_in_body, hide_in_stream
 from tests.client.fake_servers import candidate
-from tests.gateway.conftest import METRICS_KEY, LiveGateway, Stack
+from tests.gateway.conftest import METRICS_KEY, LiveGateway, Stack, metric_delta, metric_samples
 from tests.gateway.recording_engine import RecordingEngine
-from tests.gateway.test_metrics import _delta, _samples
 
 SHARED_KEY, B_KEY = "engine-key-shared", "engine-key-of-b-only"
 
@@ -79,12 +78,12 @@ def offer(stack: Stack, *addresses: tuple[str, str]) -> None:
 def test_an_unlisted_engine_gets_nothing_and_a_kvmesh_worker_serves(engines: Engines,
                                                                     stack: Stack) -> None:
     offer(stack, ("gpu-9", engines.evil.url), ("w1", stack.w1_address))
-    before = _samples(engines.listed.url)
+    before = metric_samples(engines.listed.url)
     answer = ask(engines.listed)
     assert answer.status_code == 200 and answer.headers["x-kvmesh-worker"] == "w1"
     assert engines.evil.requests == []  # not the prompt, not the salt, not a key
-    refused = _delta(before, _samples(engines.listed.url),
-                     "kvmesh_gateway_engine_forwards_total", outcome="refused")
+    refused = metric_delta(before, metric_samples(engines.listed.url),
+                           "kvmesh_gateway_engine_forwards_total", outcome="refused")
     assert refused == 1
 
 
@@ -170,7 +169,9 @@ def test_a_bad_engine_flag_is_a_flag_error(tmp_path: Path) -> None:
 def test_shared_cache_zeroes_an_engines_cached_tokens_in_whole_answers(
         engines: Engines, stack: Stack) -> None:
     offer(stack, ("ea", engines.a.url))
-    usage = ask(engines.shared).json()["usage"]
+    answer = ask(engines.shared)
+    assert answer.headers["x-kvmesh-cache-scope"] == "shared"  # relayed answers say it too
+    usage = answer.json()["usage"]
     assert usage["prompt_tokens_details"]["cached_tokens"] == 0
     assert usage["prompt_tokens"] == 10  # the rest is the engine's
     salted = ask(engines.shared, cache_salt="mine").json()["usage"]  # a salt it holds
@@ -180,7 +181,9 @@ def test_shared_cache_zeroes_an_engines_cached_tokens_in_whole_answers(
 def test_shared_cache_zeroes_an_engines_cached_tokens_in_every_stream_chunk(
         engines: Engines, stack: Stack) -> None:
     offer(stack, ("ea", engines.a.url))
-    raw = ask(engines.shared, stream=True, stream_options={"include_usage": True}).text
+    answer = ask(engines.shared, stream=True, stream_options={"include_usage": True})
+    assert answer.headers["x-kvmesh-cache-scope"] == "shared"
+    raw = answer.text
     events = [e for e in raw.split("\n\n") if e]
     assert events[-1] == "data: [DONE]"
     chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]

@@ -5,11 +5,13 @@ vocabulary decodes to "defg..."; worker ``w1`` reports ``W1_CACHED`` cached prom
 """
 from __future__ import annotations
 
-import json
-import urllib.request
+import grpc
+import openai
+import pytest
 
+from client.gateway.app import GatewayConfig
 from tests.client.fake_servers import candidate, closed_port_address
-from tests.gateway.conftest import W1_CACHED, Stack
+from tests.gateway.conftest import W1_CACHED, LiveGateway, Stack
 
 
 def test_completion_text_usage_and_headers(stack: Stack) -> None:
@@ -158,11 +160,99 @@ def test_stream_fails_over_before_the_first_token(stack: Stack) -> None:
     assert "".join(c.choices[0].text for c in raw.parse()) == "de"
 
 
-def test_models_and_health(stack: Stack) -> None:
+def test_models_list_and_retrieve(stack: Stack) -> None:
+    """``models.retrieve`` (GET /v1/models/{id}) answered 404 before; now the SDK's call
+    returns the card, and an unknown id is the SDK's NotFoundError."""
     client = stack.gateway.openai()
     models = client.models.list()
     assert [m.id for m in models.data] == ["tiny"]
     assert models.data[0].owned_by == "kvmesh"
-    with urllib.request.urlopen(f"{stack.gateway.url}/health", timeout=5) as resp:
-        assert resp.status == 200
-        assert json.loads(resp.read())["status"] == "ok"
+    model = client.models.retrieve("tiny")
+    assert (model.id, model.object, model.owned_by) == ("tiny", "model", "kvmesh")
+    assert model.model_extra["max_model_len"] == 8192
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-4")
+    assert info.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.AuthenticationError):  # behind the tenant keys, as /v1/models
+        stack.tenant_gateway.openai("key-nobody").models.retrieve("tiny")
+    assert stack.tenant_gateway.openai("key-acme").models.retrieve("tiny").id == "tiny"
+
+
+def test_models_with_slashes_and_adapters(stack: Stack) -> None:
+    gateway = LiveGateway(GatewayConfig(service=stack.index_address, model_name="org/base-7b",
+                                        loras={"sql": "/adapters/sql"}))
+    try:
+        client = gateway.openai()
+        assert [(m.id, m.model_extra["parent"]) for m in client.models.list().data] == [
+            ("org/base-7b", None), ("sql", "org/base-7b")]
+        assert client.models.retrieve("org/base-7b").id == "org/base-7b"
+        assert client.models.retrieve("sql").model_extra["root"] == "sql"  # never the path
+    finally:
+        gateway.stop()
+
+
+def test_chat_without_max_tokens_runs_to_the_context(stack: Stack) -> None:
+    """vLLM (and OpenAI) generate a chat without max_tokens until EOS or the context limit;
+    completions keep vLLM's default of 16."""
+    gateway = LiveGateway(GatewayConfig(service=stack.index_address, max_model_len=64))
+    try:
+        client = gateway.openai()
+        chat = client.chat.completions.create(model="tiny",
+                                              messages=[{"role": "user", "content": "x"}])
+        prompt = len(b"<|user|>\nx\n<|assistant|>\n")
+        assert stack.last_request.sampling.max_tokens == 64 - prompt
+        assert chat.usage.completion_tokens == 64 - prompt
+        assert chat.choices[0].finish_reason == "length"
+        assert client.chat.completions.create(
+            model="tiny", max_tokens=3,
+            messages=[{"role": "user", "content": "x"}]).usage.completion_tokens == 3
+        assert client.completions.create(model="tiny", prompt="x").usage.completion_tokens == 16
+        with pytest.raises(openai.BadRequestError) as info:  # nothing left to generate
+            client.chat.completions.create(model="tiny",
+                                           messages=[{"role": "user", "content": "x" * 60}])
+        assert info.value.body["code"] == "context_length_exceeded"
+    finally:
+        gateway.stop()
+
+
+def test_a_pool_refusal_of_the_default_says_so(stack: Stack) -> None:
+    """A worker whose KV pool cannot hold the whole context refuses a chat that asked for
+    the default: the 413 says that max_tokens defaulted, and what to change."""
+    stack.index.candidates = [candidate("w1", stack.w1_address)]
+    stack.w1.mode = "fail"
+    stack.w1.failure = (grpc.StatusCode.RESOURCE_EXHAUSTED, "needs 513 blocks; the pool has 64")
+    client = stack.gateway.openai()
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
+    assert info.value.status_code == 413
+    assert "max_tokens was not given" in info.value.body["message"]
+    assert "--max-model-len" in info.value.body["message"]
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model="tiny", max_tokens=4,
+                                       messages=[{"role": "user", "content": "x"}])
+    assert "max_tokens was not given" not in info.value.body["message"]
+
+
+def test_continuous_usage_stats_put_usage_on_every_chunk(stack: Stack) -> None:
+    """vLLM's ``stream_options.continuous_usage_stats`` (with ``include_usage``): every chunk
+    carries the counts so far; the last, usage-only chunk adds the cached tokens."""
+    client = stack.gateway.openai()
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(client.chat.completions.create(
+        model="tiny", max_tokens=5, stream=True, stream_options=options,
+        messages=[{"role": "user", "content": "hi"}]))
+    prompt = len(b"<|user|>\nhi\n<|assistant|>\n")
+    assert all(c.usage is not None and c.usage.prompt_tokens == prompt for c in chunks)
+    done = [c.usage.completion_tokens for c in chunks]
+    assert done[0] == 0 and done == sorted(done) and done[-2:] == [5, 5]
+    assert all(c.usage.total_tokens == prompt + c.usage.completion_tokens for c in chunks)
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == W1_CACHED
+    text = list(client.completions.create(model="tiny", prompt="hello", max_tokens=4,
+                                          stream=True, stream_options=options))
+    assert [c.usage.completion_tokens for c in text if c.choices and c.choices[0].text] == [
+        2, 4]
+    plain = list(client.completions.create(  # vLLM: only together with include_usage
+        model="tiny", prompt="hello", max_tokens=2, stream=True,
+        stream_options={"continuous_usage_stats": True}))
+    assert all(c.usage is None for c in plain)

@@ -10,8 +10,9 @@ import urllib.request
 import openai
 import pytest
 
+from client.gateway.app import GatewayConfig
 from client.gateway.tenants import Tenancy, TenantKeyError, parse_tenant_keys
-from tests.gateway.conftest import SECRET, Stack
+from tests.gateway.conftest import SECRET, LiveGateway, Stack
 
 
 def expected_salt(tenant: str, cache_salt: str | None = None) -> str:
@@ -92,3 +93,28 @@ def test_tenancy_auth_header_parsing_and_secret() -> None:
     assert not tenancy.random_secret
     assert Tenancy({"k1": "acme"}, "other").salt("acme") != tenancy.salt("acme")
     assert Tenancy({"k1": "acme"}).random_secret
+
+
+def test_every_answer_names_its_cache_scope(stack: Stack) -> None:
+    """A benchmark that saw 0% reuse was never told why: an answer served under a random
+    salt says so, and how to share; the others name the cache they share."""
+    def scope(gateway, key: str = "unused", stream: bool = False, **extra: object) -> str:
+        raw = gateway.openai(key).completions.with_raw_response.create(
+            model="tiny", prompt="x", max_tokens=1, stream=stream, extra_body=extra or None)
+        if stream:
+            list(raw.parse())
+        return raw.headers["x-kvmesh-cache-scope"]
+
+    private = scope(stack.gateway)
+    assert private.startswith("request;")
+    assert "cache_salt" in private and "--tenant-keys" in private
+    assert scope(stack.gateway, stream=True) == private
+    assert scope(stack.gateway, cache_salt="team-1") == "cache_salt"
+    assert scope(stack.tenant_gateway, "key-acme") == "tenant"
+    assert scope(stack.tenant_gateway, "key-acme", stream=True, cache_salt="u1") == "tenant"
+    shared = LiveGateway(GatewayConfig(service=stack.index_address, shared_cache=True))
+    try:
+        assert scope(shared) == "shared"
+        assert scope(shared, cache_salt="team-1") == "cache_salt"
+    finally:
+        shared.stop()

@@ -122,8 +122,9 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
 
 
 def _up(url: str) -> bool:
+    """The gateway listens (``/ping``: ``/health`` waits for a live worker, none yet)."""
     try:
-        return httpx2.get(f"{url}/health", timeout=2).status_code == 200
+        return httpx2.get(f"{url}/ping", timeout=2).status_code == 200
     except httpx2.HTTPError:
         return False
 

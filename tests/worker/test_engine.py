@@ -147,6 +147,46 @@ def test_reported_queue_counts_only_prefill_still_to_do():
     assert engine.load()["queued_prefill_tokens"] == 3 + 9
 
 
+def test_a_burst_sharing_a_new_prefix_counts_its_prefill_once():
+    # Three requests with one new 40-token prefix arrive together: the first computes it,
+    # the others will find it cached when they run, so the queue counts it once. The
+    # router must not see the holder of a burst as three times busier than it is.
+    engine = Engine.from_pretrained("tiny", block_size=BS, num_blocks=64)
+    prefix = list(range(10, 50))
+    for tail in ([1, 2, 3], [4, 5, 6], [7, 8, 9]):
+        engine.add_request(prefix + tail, SamplingParams(1))
+    assert engine.load()["queued_prefill_tokens"] == 43 + 3 + 3
+    engine.add_request(list(range(10, 30)) + [9] * 5, SamplingParams(1))  # 20 shared tokens
+    assert engine.load()["queued_prefill_tokens"] == 43 + 3 + 3 + 5
+    while engine.has_work():
+        engine.step()
+    assert engine.load()["queued_prefill_tokens"] == 0
+    assert not engine.scheduler._promised  # every promise left with its sequence
+
+
+def test_a_waiting_request_keeps_its_prefix_through_the_admissions_ahead_of_it():
+    # P was cached first (older), A after it: LRU would evict P first. X, queued ahead of
+    # R (which hits P), needs more blocks than are empty; R's place in the queue keeps P
+    # warm, so X evicts A and R still hits all of P.
+    engine = Engine.from_pretrained("tiny", block_size=BS, num_blocks=24)
+    p_prompt, a_prompt = list(range(10, 50)), list(range(60, 100))
+    engine.generate([p_prompt + [1]], max_tokens=1)
+    engine.generate([a_prompt + [2]], max_tokens=1)
+    x = [7] * 35
+    got = engine.generate([x, p_prompt + [3]], max_tokens=1)
+    assert got[1].num_cached_tokens == 40
+    again = engine.generate([a_prompt + [4]], max_tokens=1)
+    assert again[0].num_cached_tokens < 40  # A paid for X's blocks instead
+
+
+def test_the_reported_free_empty_blocks_are_the_free_blocks_without_a_hash():
+    engine = Engine.from_pretrained("tiny", block_size=BS, num_blocks=64)
+    assert engine.load()["free_empty_blocks"] == 64
+    engine.generate([list(range(10, 50)) + [1]], max_tokens=2)  # 10 full blocks stay cached
+    load = engine.load()
+    assert load["free_blocks"] == 64 and load["free_empty_blocks"] == 54
+
+
 def test_an_empty_lora_is_no_lora_as_on_the_wire():
     """Engine(lora=("", "")) hashes like no LoRA, as the worker and service read the message
     (kvmesh.hashing.lora_key): a library user and the index agree on the blocks."""

@@ -87,6 +87,32 @@ def test_text_streams_and_chat_use_the_tokenizer_as_vllm_does(worker, tmp_path: 
     assert streamed[-1].choices[0].finish_reason == "length"
 
 
+def test_chat_defaults_continuous_usage_and_model_cards_as_vllm(worker):
+    """The same vLLM behaviours as the gateway's: a chat without max_tokens runs to the
+    context (here the 64 x 4-token pool, which holds less than the model's context), usage on
+    every chunk with ``continuous_usage_stats``, and ``models.retrieve``."""
+    c = client(worker)
+    messages = [{"role": "user", "content": "hi"}]
+    chat = c.chat.completions.create(model="tiny-chat", messages=messages, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert chat.usage.prompt_tokens + chat.usage.completion_tokens == 64 * BS
+    assert chat.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError):  # nothing left to generate
+        c.chat.completions.create(model="tiny-chat", temperature=0,
+                                  messages=[{"role": "user", "content": "x" * 64 * BS}])
+    chunks = list(c.chat.completions.create(
+        model="tiny-chat", messages=messages, max_tokens=3, temperature=0, stream=True,
+        extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    done = [ch.usage.completion_tokens for ch in chunks]
+    assert done[0] == 0 and done == sorted(done) and done[-1] == 3
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens_details is not None
+    card = c.models.retrieve(LORA[0])
+    assert (card.id, card.model_extra["parent"]) == (LORA[0], "tiny-chat")
+    with pytest.raises(openai.NotFoundError):
+        c.models.retrieve("nope")
+
+
 def test_the_metrics_page_reads_as_a_vllm_engines(worker):
     def idle_load():
         # the worker is shared by this module's tests: one may still be finishing a request

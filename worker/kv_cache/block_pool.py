@@ -75,6 +75,10 @@ class BlockPool:
             LayeredFreeQueue if eviction == "layered" else FreeBlockQueue)(self.blocks)
         self.cached: dict[bytes, dict[int, KVCacheBlock]] = {}
         self.num_cached_blocks = 0
+        # Free blocks that hold a hash (cached, ref_cnt 0): the router's room check needs
+        # the free blocks that hold none (num_free_empty_blocks); kept at every transition
+        # (touch, free, pop, drop) so a heartbeat never walks the queue.
+        self.num_free_cached = 0
         self.evictions = 0
         self._events: list[KVEvent] = []
         self._seq = 0
@@ -163,6 +167,11 @@ class BlockPool:
         return self.free_queue.num_free_blocks
 
     @property
+    def num_free_empty_blocks(self) -> int:
+        """Free blocks that hold no hash (taking one evicts nothing)."""
+        return self.num_free_blocks - self.num_free_cached
+
+    @property
     def usage(self) -> float:
         """Fraction of blocks referenced by running requests (0.0 to 1.0)."""
         return 1.0 - self.num_free_blocks / self.num_blocks
@@ -206,6 +215,8 @@ class BlockPool:
         block.block_hash = None
         block.content = None
         self.num_cached_blocks -= 1
+        if block.ref_cnt == 0:
+            self.num_free_cached -= 1
         if holders:
             return None
         del self.cached[block_hash]
@@ -240,7 +251,20 @@ class BlockPool:
         for block in blocks:
             if block.ref_cnt == 0:
                 self.free_queue.remove(block)
+                if block.block_hash is not None:
+                    self.num_free_cached -= 1
             block.ref_cnt += 1
+
+    def refresh(self, chain: Sequence[KVCacheBlock]) -> None:
+        """Move the free blocks of ``chain`` (a request's hits, in chain order) to the tail
+        of the free queue, the chain's tail nearest the head, as if just freed: the LRU
+        order then evicts them after every block no waiting request will hit. References,
+        hashes and events are unchanged; the engine calls it as a request joins the queue
+        (vLLM has no such step: its order is the same as long as nobody calls this)."""
+        for block in reversed(chain):
+            if block.ref_cnt == 0 and block.block_hash is not None:
+                self.free_queue.remove(block)
+                self.free_queue.append(block)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference on each block. Blocks reaching zero become free: hashed ones
@@ -261,6 +285,7 @@ class BlockPool:
                     unhashed.append(block)
                 else:
                     self.free_queue.append(block)
+                    self.num_free_cached += 1
         for block in reversed(unhashed):
             self.free_queue.appendleft(block)
 
@@ -276,6 +301,7 @@ class BlockPool:
                 block.content = None
         self.cached.clear()
         self.num_cached_blocks = 0
+        self.num_free_cached = 0
         self._emit(AllBlocksCleared(self._seq + 1))
         return True
 

@@ -118,6 +118,11 @@ class KVCacheManager:
         return self.pool.num_free_blocks
 
     @property
+    def num_free_empty_blocks(self) -> int:
+        """Free device blocks that hold no hash (the router's room check)."""
+        return self.pool.num_free_empty_blocks
+
+    @property
     def usage(self) -> float:
         return self.pool.usage
 
@@ -190,6 +195,13 @@ class KVCacheManager:
     def release_holds(self, keep: KVRequest | None = None) -> int:
         """Release finished onboards' holds but ``keep``'s (the scheduler's blocked head)."""
         return self._tiers.release_holds(None if keep is None else keep.request_id)
+
+    def keep_warm(self, req: KVRequest) -> None:
+        """The device blocks ``req`` will hit move to the most recently used end of the free
+        queue (``BlockPool.refresh``): a request waiting in a queue must not lose its prefix
+        to the admissions ahead of it while other cached blocks nobody waits for remain."""
+        hits, _ = self.get_computed_blocks(req)
+        self.pool.refresh(hits)
 
     def match_by_tier(self, req: KVRequest) -> dict[str, int]:
         """Tokens of the longest verified prefix held now, per tier; changes nothing."""

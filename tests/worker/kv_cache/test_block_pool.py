@@ -144,6 +144,24 @@ def test_free_puts_unhashed_blocks_at_the_head():
     pool.free_queue.check()
 
 
+def test_refresh_moves_a_free_chain_to_the_tail_and_changes_nothing_else():
+    pool = BlockPool(8)
+    a, _ = cache_chain(pool, list(range(8)))         # blocks 0, 1: chain A
+    b, _ = cache_chain(pool, list(range(50, 58)))    # blocks 2, 3: chain B, freed later
+    pool.free_blocks(reversed(a))
+    pool.free_blocks(reversed(b))
+    assert [x.block_id for x in pool.free_queue] == [4, 5, 6, 7, 1, 0, 3, 2]
+    events, counts = pool.last_seq, (pool.num_free_blocks, pool.num_free_empty_blocks)
+    pool.refresh(a)  # a request waiting for A: A is now evicted after B
+    assert [x.block_id for x in pool.free_queue] == [4, 5, 6, 7, 3, 2, 1, 0]
+    assert (pool.last_seq, pool.num_free_blocks, pool.num_free_empty_blocks) == (events,
+                                                                                  *counts)
+    held = pool.get_new_blocks(1)                    # a referenced block is not moved
+    pool.refresh([*held, *b])
+    assert [x.block_id for x in pool.free_queue] == [5, 6, 7, 1, 0, 3, 2]
+    pool.free_queue.check()
+
+
 def test_free_only_releases_at_zero_references():
     pool = BlockPool(3)
     blocks, _ = cache_chain(pool, list(range(4)))

@@ -1,0 +1,96 @@
+"""The ``kvmesh`` policy: the least estimated work, in prefill-token units, term by term.
+
+For a request of ``P`` prompt tokens and each live worker ``w``::
+
+    N_w  = P - credited matched tokens          (what w must prefill; service.credits)
+    cost = prefill_weight    * N_w
+         + saturation_weight * N_w / P * Q_min  (the fleet's backlog, see below)
+         + queue_weight      * Q_w              (prefill already queued on w)
+         + decode_weight     * D_w + running_weight * R_w   (w's decode load)
+         + wait_weight       * deficit_w * block_size       (waiting for room, room.py)
+         + evict_weight      * evicted_w * block_size       (cached blocks it evicts, room.py)
+
+and the cheapest worker wins (ties at random). A worker whose whole pool cannot hold the
+prompt ranks after every other.
+
+Saturation: ``Q_min`` is the least prefill queued on any candidate. While some worker is
+idle it is 0 and the rule is the plain trade of queueing against recomputing. When every
+worker has a backlog, moving a request off the worker that holds its prefix no longer buys
+throughput (no worker would idle meanwhile) but its recompute still costs capacity that
+every queued request waits for, and it evicts another tenant's blocks on the new worker; so
+each recomputed token also weighs the fleet's backlog floor, in proportion to the share of
+the prompt recomputed. A holder with a backlog a few times the floor keeps its prefix
+(what a static partition gets right at saturation); skewed load, where the other workers
+are idle, still moves it.
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from service.config import CostWeights
+from service.credits import tier_credits
+from service.policy import room
+from service.policy.base import Policy, Ranked, WorkerView
+
+# The names of the cost's terms, in the order cost() adds them.
+TERMS = ("prefill", "saturation", "queue", "decode", "running", "wait", "evict")
+
+
+class KvmeshPolicy(Policy):
+    """Minimum estimated work (see the module docstring). A CPU/disk match counts as the
+    share of its tokens that onboarding saves on that worker (``service.credits``: measured,
+    else configured)."""
+
+    name = "kvmesh"
+
+    def __init__(self, weights: CostWeights | None = None) -> None:
+        self.w = weights or CostWeights()
+
+    def credited_tokens(self, v: WorkerView) -> float:
+        """Matched tokens less what onboarding the lower-tier ones costs on ``v``
+        (``service.credits``)."""
+        m, bs = v.match, v.block_size
+        credit = tier_credits(self.w, v.load, bs)
+        return bs * (m.gpu + credit.cpu * m.cpu + credit.disk * m.disk)
+
+    def cost(self, prompt_tokens: int, v: WorkerView, backlog: float = 0.0) -> float:
+        """The cost of sending the request to ``v`` while the least loaded candidate has
+        ``backlog`` prefill tokens queued (``Q_min``): the sum of :meth:`terms`, added in
+        their order."""
+        total = 0.0
+        for value in self._parts(prompt_tokens, v, backlog):
+            total += value
+        return total
+
+    def terms(self, prompt_tokens: int, v: WorkerView, backlog: float = 0.0
+              ) -> dict[str, float]:
+        """The cost's weighted terms, by name (the module docstring's lines), in the order
+        :meth:`cost` adds them; the route log records them to say why a worker won."""
+        return dict(zip(TERMS, self._parts(prompt_tokens, v, backlog), strict=True))
+
+    def _parts(self, prompt_tokens: int, v: WorkerView, backlog: float
+               ) -> tuple[float, ...]:
+        # a tuple, not a dict: cost() runs once per worker per Route
+        w, load = self.w, v.load
+        prefill = max(prompt_tokens - self.credited_tokens(v), 0.0)
+        share = prefill / prompt_tokens if prompt_tokens > 0 else 0.0
+        wait = room.deficit(prompt_tokens, v) * v.block_size if w.wait_weight else 0
+        evict = room.evictions(prompt_tokens, v) * v.block_size if w.evict_weight else 0
+        return (w.prefill_weight * prefill, w.saturation_weight * share * backlog,
+                w.queue_weight * load.queued_prefill_tokens,
+                w.decode_weight * load.decode_tokens, w.running_weight * load.running,
+                w.wait_weight * wait, w.evict_weight * evict)
+
+    @staticmethod
+    def backlog(workers: Sequence[WorkerView]) -> int:
+        """``Q_min``: the least prefill queued on any of ``workers`` (0 if none)."""
+        return min((v.load.queued_prefill_tokens for v in workers), default=0)
+
+    def rank(self, prompt_tokens: int, workers: Sequence[WorkerView],
+             rng: random.Random, key: bytes = b"") -> list[Ranked]:
+        floor = self.backlog(workers)
+        keyed = [(not room.can_ever_fit(prompt_tokens, v), self.cost(prompt_tokens, v, floor),
+                  rng.random(), v) for v in workers]
+        keyed.sort(key=lambda k: k[:3])
+        return [Ranked(v, cost, v.matched_tokens) for _, cost, _, v in keyed]

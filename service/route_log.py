@@ -1,0 +1,99 @@
+"""The route log: one JSON line per routing decision, to see what the router did and why.
+
+``kvmesh service --route-log FILE`` (``ServiceConfig.route_log``; off by default, and then
+nothing is built or written). Every Route that routes appends one line; dry runs are not
+logged (they route nothing: no provisional entries, no routed work), degraded answers are,
+marked. A line holds::
+
+    {"t_ms": 1718000000123,          # the replica's clock at the decision
+     "policy": "kvmesh", "degraded": false, "prompt_tokens": 1600,
+     "candidates": [                  # every worker the policy ranked, best (chosen) first
+       {"worker": "worker-1",
+        "matched": {"gpu": 96, "cpu": 0, "disk": 0},   # blocks, as the policy credited them
+        "cost": 1234.5,
+        "load": {"running": 3, "waiting": 1, "queued_prefill_tokens": 800,
+                 "free_blocks": 40, "free_empty_blocks": 12, "decode_tokens": 4000},
+        "load_age_ms": 412,           # now - the heartbeat that reported the load
+        "pending": {"requests": 1, "tokens": 64},       # routed here since that heartbeat
+        "terms": {"prefill": 128.0, "saturation": 0.0, "queue": 800.0, "decode": 400.0,
+                  "running": 48.0, "wait": 0.0}},      # kvmesh only (KvmeshPolicy.terms)
+       ...]}
+
+``load`` is what the policy saw: the reported load plus ``pending`` (``service.liveness``).
+
+Privacy: a line never holds token ids, salts, LoRA names, multimodal identifiers or tenant
+labels (token ids and salts never leave the service): of the prompt only its length.
+
+The file is created mode 0600 (``kvmesh.file_perms``) and appended to; each line is one
+``write`` on the service's loop (no buffer to lose at a crash, a few microseconds a route).
+A failed write (disk full) never fails a Route: it is logged once and the line is dropped.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from service.liveness import WorkerTable
+from service.policy import KvmeshPolicy, Policy, Ranked
+
+log = logging.getLogger("kvmesh.service.route_log")
+
+_LOAD_FIELDS = ("running", "waiting", "queued_prefill_tokens", "free_blocks",
+                "free_empty_blocks", "decode_tokens")
+
+
+def decision(now_ms: int, policy: Policy, prompt_tokens: int, ranked: list[Ranked],
+             table: WorkerTable, degraded: bool = False) -> dict[str, Any]:
+    """The log record of one decision (see the module docstring): ``ranked`` as ``policy``
+    returned it, ages and pending work read from ``table`` BEFORE the chosen worker's
+    routed work is added."""
+    kvmesh = isinstance(policy, KvmeshPolicy)
+    backlog = KvmeshPolicy.backlog([r.view for r in ranked]) if kvmesh else 0
+    out = []
+    for r in ranked:
+        v = r.view
+        rec = table.get(v.worker_id)
+        requests, tokens = table.routed_since_heartbeat(rec) if rec is not None else (0, 0)
+        cand: dict[str, Any] = {
+            "worker": v.worker_id,
+            "matched": {"gpu": v.match.gpu, "cpu": v.match.cpu, "disk": v.match.disk},
+            "cost": r.cost,
+            "load": {f: getattr(v.load, f) for f in _LOAD_FIELDS},
+            "load_age_ms": max(now_ms - rec.heartbeat_ms, 0) if rec is not None else None,
+            "pending": {"requests": requests, "tokens": tokens}}
+        if kvmesh:
+            cand["terms"] = policy.terms(prompt_tokens, v, backlog)
+        out.append(cand)
+    return {"t_ms": now_ms, "policy": policy.name, "degraded": degraded,
+            "prompt_tokens": prompt_tokens, "candidates": out}
+
+
+class RouteLog:
+    """An open route log; :meth:`write` appends one record, :meth:`close` ends it."""
+
+    def __init__(self, path: str | Path) -> None:
+        from kvmesh.file_perms import open_private_append
+
+        self.path = str(path)
+        self._fd: int | None = open_private_append(path, "--route-log")
+        self._failed = False
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append ``record`` as one line (never raises: see the module docstring)."""
+        if self._fd is None:
+            return
+        line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        try:
+            os.write(self._fd, line)
+        except OSError as e:
+            if not self._failed:
+                log.warning("route log %s: write failed, dropping lines: %s", self.path, e)
+                self._failed = True
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

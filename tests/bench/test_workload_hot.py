@@ -1,0 +1,55 @@
+"""``bench.workload.stream`` with a hot tenant (``hot_share``), and without one unchanged."""
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+
+from bench.workload import Request, WorkloadSpec, stream
+
+SPEC = WorkloadSpec(tenants=5, system_tokens=32, question_tokens=8, max_tokens=3,
+                    rate_per_s=10.0, requests=400, seed=7)
+
+
+def _uniform_stream_as_it_was(spec: WorkloadSpec) -> list[Request]:
+    """``stream`` as written before ``hot_share`` existed (commit 8cfb7d8), kept here so the
+    default stream can be checked draw for draw against it."""
+    rng = random.Random(spec.seed)
+    systems = [[rng.randrange(256) for _ in range(spec.system_tokens)]
+               for _ in range(spec.tenants)]
+    out, clock = [], 0.0
+    for _ in range(spec.requests):
+        t = rng.randrange(spec.tenants)
+        question = [rng.randrange(256) for _ in range(spec.question_tokens)]
+        out.append(Request(clock, f"tenant-{t}", systems[t] + question, spec.max_tokens))
+        clock += rng.expovariate(spec.rate_per_s)
+    return out
+
+
+def test_no_hot_share_gives_exactly_the_requests_of_before() -> None:
+    assert stream(SPEC) == _uniform_stream_as_it_was(SPEC)
+    e2e_default = WorkloadSpec(tenants=8, system_tokens=1536, question_tokens=64,
+                               max_tokens=8, rate_per_s=12.0, requests=240)
+    assert stream(e2e_default) == _uniform_stream_as_it_was(e2e_default)
+
+
+def test_the_hot_tenant_gets_its_share_and_the_others_share_the_rest() -> None:
+    reqs = stream(replace(SPEC, hot_share=0.5, requests=4000))
+    counts = Counter(r.salt for r in reqs)
+    assert set(counts) == {f"tenant-{i}" for i in range(5)}
+    assert counts["tenant-0"] / 4000 == pytest.approx(0.5, abs=0.03)
+    for i in range(1, 5):  # the other half, uniform over four tenants
+        assert counts[f"tenant-{i}"] / 4000 == pytest.approx(0.125, abs=0.02)
+    systems = {r.salt: r.tokens[:32] for r in reqs}
+    assert systems == {r.salt: r.tokens[:32] for r in reversed(reqs)}  # one prompt each
+    assert [r.arrival_s for r in reqs] == sorted(r.arrival_s for r in reqs)
+
+
+def test_extreme_shares() -> None:
+    assert {r.salt for r in stream(replace(SPEC, hot_share=1.0))} == {"tenant-0"}
+    one = stream(replace(SPEC, tenants=1, hot_share=0.3, requests=20))
+    assert {r.salt for r in one} == {"tenant-0"}
+    with pytest.raises(ValueError, match="hot_share must be in"):
+        WorkloadSpec(hot_share=1.5)
