@@ -23,10 +23,10 @@ tokens), requests per worker. When the offered load is within a policy's capacit
 throughput equals the offered load; it drops below only for a policy that cannot keep up,
 which is what the throughput ratio shows.
 
-Rate: on 2 shared cores round robin sustains about 16 req/s of this workload and kvmesh
-about 22. The default, 12/s, loads the machine well while leaving headroom for other load on
-a shared machine, so both keep up (equal throughput) and TTFT and hit rate show the
-difference; ``--rate 24 --requests 300`` overloads round robin only, which is where the
+Rate: on 2 shared cores round robin sustains about 17 req/s of this workload and kvmesh
+keeps up with 36 (docs/benchmarks.md). The default, 12/s, leaves headroom for other load on
+a shared machine, so every policy keeps up (equal throughput) and TTFT and hit rate show the
+difference; ``--rate 40 --requests 480`` overloads round robin, which is where the
 throughput ratio means something (and needs a quiet machine). A run of both policies takes
 about two minutes, cluster starts included.
 
