@@ -52,14 +52,13 @@ class Scheduler:
         self._promises: dict[str, list[bytes]] = {}  # seq id -> its hashes in _promised
 
     def add(self, seq: Seq) -> None:
-        # Look the prompt up now (no side effects) so the load this worker reports counts
-        # only the prefill it will really do: the router must not see a worker that holds
-        # a hot prefix as busier than one that would recompute it. A prefix that a sequence
-        # ahead in the queue computes counts as cached too: a burst of requests sharing a
-        # new prefix prefills it once, not once each.
-        cached = sum(self.kv.match_by_tier(seq.req).values())
-        # ... and the admissions ahead of it must not evict what it will hit while it waits
-        self.kv.keep_warm(seq.req)
+        # Look the prompt up now so the load this worker reports counts only the prefill it
+        # will really do: the router must not see a worker that holds a hot prefix as
+        # busier than one that would recompute it. A prefix that a sequence ahead in the
+        # queue computes counts as cached too: a burst of requests sharing a new prefix
+        # prefills it once, not once each. The same lookup keeps the hits warm (their only
+        # effect: the free queue's order), so the admissions ahead of it evict other blocks.
+        cached = sum(self.kv.keep_warm(seq.req).values())
         bs = self.kv.block_size
         full = seq.req.block_hashes[:seq.num_prompt_tokens // bs]  # cached once computed
         usable = min(max(seq.num_prompt_tokens - 1, 0) // bs, len(full))

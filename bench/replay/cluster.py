@@ -221,9 +221,9 @@ class SimWorker:
         ahead = 0
         while ahead < usable and full[ahead] in self._promised:
             ahead += 1
-        cached = max(sum(self.kv.match_by_tier(req.kv).values()), ahead * self.kv.block_size)
+        # keep_warm, as the engine's scheduler does when a request queues; it counts the hits
+        cached = max(sum(self.kv.keep_warm(req.kv).values()), ahead * self.kv.block_size)
         req.expected_prefill = req.prompt_tokens - cached
-        self.kv.keep_warm(req.kv)  # as the engine's scheduler does when a request queues
         self._promised.update(full)
         self.waiting.append(req)
         self._waiting_tokens += req.expected_prefill

@@ -196,12 +196,15 @@ class KVCacheManager:
         """Release finished onboards' holds but ``keep``'s (the scheduler's blocked head)."""
         return self._tiers.release_holds(None if keep is None else keep.request_id)
 
-    def keep_warm(self, req: KVRequest) -> None:
+    def keep_warm(self, req: KVRequest) -> dict[str, int]:
         """The device blocks ``req`` will hit move to the most recently used end of the free
         queue (``BlockPool.refresh``): a request waiting in a queue must not lose its prefix
-        to the admissions ahead of it while other cached blocks nobody waits for remain."""
-        hits, _ = self.get_computed_blocks(req)
+        to the admissions ahead of it while other cached blocks nobody waits for remain.
+        Returns :meth:`match_by_tier` of the same lookup (a queued request needs both, and
+        the walk is the cost)."""
+        hits, n = self.get_computed_blocks(req)
         self.pool.refresh(hits)
+        return self._tiers.match_by_tier(req, hits, n)
 
     def match_by_tier(self, req: KVRequest) -> dict[str, int]:
         """Tokens of the longest verified prefix held now, per tier; changes nothing."""
