@@ -3,7 +3,7 @@
 ``kvmesh bench e2e --against REV`` starts a cluster whose service replicas and workers run
 the code of ``REV`` while the bench, its load and its client stay this tree's (the
 instrument stays the same, the system under test changes). :func:`source_tree` extracts the
-revision (``git archive REV``, as ``bench.bridge_ingest`` does) into a temporary directory;
+revision (``git archive REV``, as ``bench.bridge.ingest`` does) into a temporary directory;
 ``deploy.local.ClusterSpec.code_dir`` runs the children from it (first on ``PYTHONPATH`` and
 their working directory, which ``python -m`` puts before ``PYTHONPATH``; this tree's editable
 install is a meta-path finder consulted after both). :func:`service_flags` says which

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 
 import msgspec
 
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 
 
 def units(events: Sequence[ve.Event]) -> int:

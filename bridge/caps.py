@@ -28,7 +28,7 @@ engine of its fleet on one event loop and one heap. So every input is bounded:
 """
 from __future__ import annotations
 
-from kvmesh.vllm_events import REPLAY_BUFFER
+from kvmesh.events.vllm import REPLAY_BUFFER
 
 MAX_MESSAGE_BYTES = 16 << 20
 MAX_BATCH_BLOCKS = 1 << 18

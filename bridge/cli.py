@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from kvmesh import cli_options as opt
 from kvmesh.hashing import ALGOS, DEFAULT_ALGO
+from kvmesh.ops import cli_options as opt
 
 # The worker credential, as `kvmesh worker --service-token` (never the router token);
 # `--token` is accepted as its short name.
@@ -89,8 +89,8 @@ def register(app: typer.Typer) -> None:
 
         from bridge.config import EngineSpec, load_config, parse_loras
         from bridge.main import BridgeOptions, serve
-        from kvmesh.channel import parse_addresses
-        from kvmesh.tls import tls_files
+        from kvmesh.rpc.channel import parse_addresses
+        from kvmesh.rpc.tls import tls_files
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         # flags the user gave (typer vendors click: its ParameterSource is compared by name)

@@ -6,7 +6,7 @@ rank r publishes on the events and replay ports + r (vLLM offsets both by the ra
 is the ``engine="r"`` samples of the same ``/metrics`` page, and it registers as worker
 ``ID-dp{r}`` (rank 0 as ``ID-dp0``); with one rank the worker id is ``ID``. Every rank of an
 engine registers the engine's address, ``http://host:port`` (``https://`` for an https URL;
-``kvmesh.engine_address``): vLLM serves them behind one API server, and the scheme tells
+``kvmesh.rpc.engine_address``): vLLM serves them behind one API server, and the scheme tells
 routers that the worker is an HTTP engine, not a kvmesh gRPC worker.
 
 A config file (``--config``, YAML or TOML by its suffix) holds ``engines``, a list of tables
@@ -17,7 +17,7 @@ a ``NAME=PATH`` list or a ``{NAME: PATH}`` table, ``num-blocks``, ``topic``,
 level, the process-wide flags (``service``, ``service-token``, ``hash-algo``, ``hash-seed``,
 ``tls-ca``, ``tls-cert``, ``tls-key``, ``metrics-port``, ``metrics-host``, ``curve-key``); a
 flag given on the command line wins over the file. A file holding a service token that its
-group or others may read is warned about (``kvmesh.file_perms``), as ``--tenant-keys`` files
+group or others may read is warned about (``kvmesh.ops.file_perms``), as ``--tenant-keys`` files
 are.
 """
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from kvmesh.engine_address import http_address
-from kvmesh.file_perms import warn_if_readable_by_others
+from kvmesh.ops.file_perms import warn_if_readable_by_others
+from kvmesh.rpc.engine_address import http_address
 
 GLOBAL_KEYS = ("service", "service_token", "hash_algo", "hash_seed", "tls_ca", "tls_cert",
                "tls_key", "metrics_port", "metrics_host", "curve_key")
@@ -52,7 +52,7 @@ class EngineSpec:
     # this engine's own credential: one token, or one per rank (tokens bound to worker ids)
     service_token: str | tuple[str, ...] | None = None
     # the engine's CURVE public key (Z85, or its NAME.key file): its event sockets are CURVE
-    # servers (kvmesh.zmq_curve); the bridge presents --curve-key
+    # servers (kvmesh.events.zmq_curve); the bridge presents --curve-key
     curve_server_key: str | None = None
 
     def __post_init__(self) -> None:

@@ -49,7 +49,7 @@ from bridge.batch_slices import slices, units
 from bridge.copies import Copies
 from bridge.extra_keys import Unroutable, block_extra, event_lora
 from bridge.index_events import IndexEvents, snapshot_runs
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 from kvmesh.hashing import DEFAULT_ALGO, Extra, Lora, chain_hashes, compiled_chain, none_hash
 from kvmesh.v1 import index_pb2
 

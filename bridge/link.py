@@ -9,7 +9,7 @@ the subscriber through :meth:`EngineLink.on_events`; each serialized once, strai
 request: ``service_conn.publish_request``); a ``SyncWorker`` of the state's snapshot
 whenever the service asks for one, after every registration, and when the pending events
 overflow; registration again when the service says it lost the worker; the next service
-address (``kvmesh.retry``'s table) when one fails, with a jittered backoff.
+address (``kvmesh.rpc.retry``'s table) when one fails, with a jittered backoff.
 
 Liveness follows the engine's metrics: every heartbeat first scrapes the engine
 (``bridge.engine_load``); a heartbeat whose scrape fails is not sent, so an engine whose
@@ -52,8 +52,8 @@ from bridge.engine_load import EngineLoad, LoadSource
 from bridge.engine_state import EngineState
 from bridge.pending import MAX_BLOCKS, Pending
 from bridge.service_conn import Conn, Stub, publish_head, publish_request
-from kvmesh.backlog import BatchLimits
-from kvmesh.retry import Action, Backoff, Source, decide
+from kvmesh.link.backlog import BatchLimits
+from kvmesh.rpc.retry import Action, Backoff, Source, decide
 from kvmesh.v1 import index_pb2
 
 log = logging.getLogger("kvmesh.bridge.link")

@@ -24,9 +24,9 @@ from bridge.link import EngineLink
 from bridge.metrics import BridgeMetrics
 from bridge.subscriber import Subscriber
 from bridge.supervisor import supervise
+from kvmesh.events.zmq_curve import CurveClient
 from kvmesh.hashing import DEFAULT_ALGO, none_hash, resolve_seed
-from kvmesh.tls import TlsFiles
-from kvmesh.zmq_curve import CurveClient
+from kvmesh.rpc.tls import TlsFiles
 
 
 @dataclass(frozen=True)

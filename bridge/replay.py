@@ -25,7 +25,7 @@ import zmq
 import zmq.asyncio
 
 from bridge import caps
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 
 
 @dataclass

@@ -18,8 +18,8 @@ import grpc
 import grpc.aio
 
 from bridge.wire import Wire
-from kvmesh.channel import CHANNEL_OPTIONS, Dialer
-from kvmesh.retry import ReplicaRing
+from kvmesh.rpc.channel import CHANNEL_OPTIONS, Dialer
+from kvmesh.rpc.retry import ReplicaRing
 from kvmesh.v1 import index_pb2, index_pb2_grpc
 
 # protobuf's key of PublishEventsRequest.events: field number, wire type 2 (length-delimited)

@@ -1,7 +1,7 @@
 """Read one vLLM engine's KV events over ZMQ into an ``EngineState``, recovering from losses.
 
 A SUB socket takes the live stream; a fresh DEALER per request asks the engine's replay
-ROUTER for buffered batches (``kvmesh.vllm_events`` has the framing). Every index event the
+ROUTER for buffered batches (``kvmesh.events.vllm`` has the framing). Every index event the
 state produces goes to ``on_events`` in order.
 
 Recovery (a "resync" asks the replay socket from ``state.replay_from``):
@@ -78,9 +78,9 @@ from bridge.engine_state import EngineState, SeqCheck
 from bridge.lag import Bound, Lag
 from bridge.replay import ReplayStats, fetch
 from bridge.wake import Wake
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
+from kvmesh.events.zmq_curve import CurveClient
 from kvmesh.v1 import index_pb2
-from kvmesh.zmq_curve import CurveClient
 
 Sink = Callable[[list[index_pb2.KvEvent]], None]
 REMOVALS = (b"BlockRemoved", b"AllBlocksCleared")  # the tags of events that drop blocks
@@ -124,7 +124,7 @@ class Subscriber:
         self.probe_interval = probe_interval
         self.rcvhwm = rcvhwm
         self.ctx = ctx or zmq.asyncio.Context.instance()
-        self.curve = curve  # the engine's sockets are CURVE servers (kvmesh.zmq_curve)
+        self.curve = curve  # the engine's sockets are CURVE servers (kvmesh.events.zmq_curve)
         self.stats = SubscriberStats()
         # the last replay (seq -> hash of payload: a replay's rounds hold no payload longer
         # than their own), to recognise queued live copies

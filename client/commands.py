@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from kvmesh.cli_options import (
+from kvmesh.ops.cli_options import (
     DEFAULT_SERVICE,
     AdminToken,
     Policy,
@@ -86,7 +86,7 @@ def _client(service: str, token: str | None, timeout: float,
     a one-line error and exit 1 (bad flags: exit 2)."""
     from client.errors import KvmeshError
     from client.sync_client import KvmeshClient
-    from kvmesh.tls import tls_files
+    from kvmesh.rpc.tls import tls_files
 
     try:
         ca, cert, key = tls

@@ -4,19 +4,19 @@ Contract:
 
 * ``addresses`` are metadata-service replicas. Every service call goes to the replica that
   last answered and fails over to the others in turn when the retry table
-  (``kvmesh.retry.TABLE``: UNAVAILABLE, a deadline, RESOURCE_EXHAUSTED, INTERNAL ...) says so.
+  (``kvmesh.rpc.retry.TABLE``: UNAVAILABLE, a deadline, RESOURCE_EXHAUSTED, INTERNAL ...) says so.
 * ``generate`` routes, then streams from the best candidate worker; when that attempt fails
   with a code the table retries (worker down, past the deadline, out of room, a failed
   engine step ...) or the stream drops, the whole request restarts on the next candidate.
   A result is returned only when a worker finished the request, never a partial one, and a
   finished request is never run again. ``generate_stream`` yields the tokens as they come
-  and fails over the same way, but only before its first token (``kvmesh.retry``).
+  and fails over the same way, but only before its first token (``kvmesh.rpc.retry``).
 * ``token`` (the router token) is sent as ``authorization: Bearer <token>`` on service calls
   only (``admin_token``, when given, on ``pin``/``unpin`` instead); each worker gets its
-  own ``kvmesh.auth.worker_access_token(token, worker_id)`` instead (the id of the route
+  own ``kvmesh.rpc.auth.worker_access_token(token, worker_id)`` instead (the id of the route
   candidate called), so a worker (or a fake one whose address reached the index) never
   learns a token that can Route or call any other worker.
-* ``tls`` (``kvmesh.tls.TlsFiles``): with a ``ca``, every channel (service and workers) is
+* ``tls`` (``kvmesh.rpc.tls.TlsFiles``): with a ``ca``, every channel (service and workers) is
   TLS and verifies the server's certificate against it; ``cert``/``key`` are presented as a
   client certificate when a server requires one. Without it, channels are plaintext.
 * Every other gRPC failure raises ``KvmeshError`` with the server's code and message (and
@@ -46,7 +46,7 @@ from client.convert import (
 from client.errors import BrokenStream, KvmeshError
 from client.failover import Failures
 from client.results import GenerateResult, PinResult, RouteResult, TokenChunk
-from kvmesh.retry import Source
+from kvmesh.rpc.retry import Source
 from kvmesh.v1 import index_pb2, worker_pb2
 
 
@@ -105,7 +105,7 @@ class KvmeshClient(BaseClient):
                  mm: Iterable[MmSpec] = (), policy: str | None = None,
                  ignore_eos: bool = False, routed: RouteResult | None = None) -> GenerateResult:
         """Route the prompt, then generate on the chosen worker, restarting the request on
-        the next candidate when the retry table says so (``kvmesh.retry``) or the stream ends
+        the next candidate when the retry table says so (``kvmesh.rpc.retry``) or the stream ends
         early. ``routed``: a ``route`` answer for this very prompt (same salt, LoRA and mm)
         to use instead of routing again.
 

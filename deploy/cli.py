@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
-from kvmesh import cli_options as opt
+from kvmesh.ops import cli_options as opt
 
 if TYPE_CHECKING:
-    from kvmesh.tls import TlsFiles
+    from kvmesh.rpc.tls import TlsFiles
 
 
 def register(app: typer.Typer) -> None:
@@ -56,8 +56,8 @@ def register(app: typer.Typer) -> None:
         import time
         import traceback
 
-        from kvmesh.redact import redact_url
-        from kvmesh.tls import tls_files
+        from kvmesh.ops.redact import redact_url
+        from kvmesh.rpc.tls import tls_files
         from service.worker_tokens import MIN_SECRET_BYTES
         from worker.main import check_tiers
 

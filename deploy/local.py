@@ -50,11 +50,11 @@ from deploy.redis_server import RedisServer
 from deploy.start_checks import check_model, check_redis_url, embedded_redis, port_taken
 from deploy.stopping import budget
 from deploy.waiting import wait_until
-from kvmesh.auth import worker_access_token
+from kvmesh.rpc.auth import worker_access_token
 
 if TYPE_CHECKING:
     from client import KvmeshClient
-    from kvmesh.tls import TlsFiles
+    from kvmesh.rpc.tls import TlsFiles
 
 
 @dataclass
@@ -201,7 +201,7 @@ class LocalCluster:
             proc.cmd[3:] = self._service_args(port, i)
         else:
             if self.spec.route_log_dir:
-                from kvmesh.file_perms import private_dir
+                from kvmesh.ops.file_perms import private_dir
 
                 private_dir(self.spec.route_log_dir, "route_log_dir")
             proc = self._child(f"service-{i}", "service", self._service_args(port, i),

@@ -48,7 +48,7 @@ from deploy.ports import free_port
 from deploy.redis_server import RedisServer, find_redis_binary
 from deploy.redis_tls import RedisTls, make_redis_tls, tls_support
 from deploy.waiting import wait_until
-from kvmesh.redact import redact_url
+from kvmesh.ops.redact import redact_url
 
 __all__ = ["PLAINTEXT_BUS_WARNING", "SLOTS", "InsecureClusterBus", "RedisClusterServer",
            "cluster_bus_secure", "slot_ranges", "start_redis_cluster"]

@@ -9,7 +9,7 @@ Contract:
   protected mode on: a client without the password gets ``NOAUTH``. ``url`` carries it
   (``redis://:PASSWORD@host:port/0``), so whoever holds the URL holds the credential: hand
   it to children in their environment (``KVMESH_REDIS_URL``) and print it only through
-  ``kvmesh.redact.redact_url``. The password and every other setting reach the server in a
+  ``kvmesh.ops.redact.redact_url``. The password and every other setting reach the server in a
   config file written 0600 in a private (0700) temporary directory, never on its command
   line, which ``/proc/PID/cmdline`` shows to every local user. The password survives
   ``restart()``, so clients holding the URL reconnect.
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from deploy.ports import free_port
 from deploy.waiting import wait_until
-from kvmesh.redact import redact_url
+from kvmesh.ops.redact import redact_url
 
 if TYPE_CHECKING:
     from deploy.redis_tls import RedisTls

@@ -1,4 +1,4 @@
-"""The metadata service's access policy, enforced by ``kvmesh.auth.BearerAuth``.
+"""The metadata service's access policy, enforced by ``kvmesh.rpc.auth.BearerAuth``.
 
 Roles:
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING
 
-from kvmesh.auth import BearerAuth, Grant, Verifier, shared_token
+from kvmesh.rpc.auth import BearerAuth, Grant, Verifier, shared_token
 from service import worker_tokens
 
 if TYPE_CHECKING:  # service.config calls check_credentials

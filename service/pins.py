@@ -18,7 +18,7 @@ chain's blocks there, and ``cap_reached`` when that worker's pin cap cut the pin
 explicit pins fill the cap: automatic pins always give way), or an error string when that
 worker could not be reached or refused; the RPC itself succeeds.
 
-Credentials: a worker's ``Pin`` requires ``kvmesh.auth.worker_pin_token`` of the
+Credentials: a worker's ``Pin`` requires ``kvmesh.rpc.auth.worker_pin_token`` of the
 credential that worker presents to the service. This service can compute it for every
 worker (it mints bound tokens from ``worker_secret``, or holds the shared
 ``worker_token``); routers cannot. Without any worker credential (an open cluster) the
@@ -34,9 +34,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from kvmesh.auth import worker_access_token, worker_pin_token
-from kvmesh.channel import Dialer
-from kvmesh.tls import TlsFiles
+from kvmesh.rpc.auth import worker_access_token, worker_pin_token
+from kvmesh.rpc.channel import Dialer
+from kvmesh.rpc.tls import TlsFiles
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 from service import worker_tokens

@@ -24,7 +24,7 @@ marked. A line holds::
 Privacy: a line never holds token ids, salts, LoRA names, multimodal identifiers or tenant
 labels (token ids and salts never leave the service): of the prompt only its length.
 
-The file is created mode 0600 (``kvmesh.file_perms``) and appended to; each line is one
+The file is created mode 0600 (``kvmesh.ops.file_perms``) and appended to; each line is one
 ``write`` on the service's loop (no buffer to lose at a crash, a few microseconds a route).
 A failed write (disk full) never fails a Route: it is logged once and the line is dropped.
 """
@@ -75,7 +75,7 @@ class RouteLog:
     """An open route log; :meth:`write` appends one record, :meth:`close` ends it."""
 
     def __init__(self, path: str | Path) -> None:
-        from kvmesh.file_perms import open_private_append
+        from kvmesh.ops.file_perms import open_private_append
 
         self.path = str(path)
         self._fd: int | None = open_private_append(path, "--route-log")

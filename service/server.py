@@ -29,7 +29,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from kvmesh.limits import RequestLimits, server_options
+from kvmesh.rpc.limits import RequestLimits, server_options
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from service.auth import service_auth
@@ -140,7 +140,7 @@ async def create_server(address: str, config: ServiceConfig,
     bound port; call ``await server.start()`` next. Raises ``RuntimeError`` if the port
     cannot be bound and ``ValueError`` if a TLS file cannot be read. The server enforces
     ``config``'s tokens
-    (``service.auth``), TLS, and request limits (``kvmesh.limits``).
+    (``service.auth``), TLS, and request limits (``kvmesh.rpc.limits``).
     """
     if backend is None:
         backend = open_backend(config.backend, config.redis_url, config.redis_timeout_s,

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from kvmesh.auth import bearer
+from kvmesh.rpc.auth import bearer
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from service import validate

@@ -85,7 +85,7 @@ def load(msg: pb.WorkerLoad) -> WorkerLoad:
 def address(value: str) -> str:
     """A worker's ``host:port``: the host an RFC 1123 hostname, an IPv4 address or a
     bracketed IPv6 one (``[::1]:50051``), the port 1-65535; an HTTP engine's is the same
-    after ``http://`` or ``https://`` (``kvmesh.engine_address``). Anything else (newlines,
+    after ``http://`` or ``https://`` (``kvmesh.rpc.engine_address``). Anything else (newlines,
     spaces, ``@``, a path) is refused: addresses reach logs, clients and gRPC targets."""
     bare = value.partition("://")[2] if value.startswith(("http://", "https://")) else value
     m = _ADDRESS.fullmatch(bare) if len(value) <= 256 else None

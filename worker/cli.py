@@ -5,7 +5,7 @@ from typing import Annotated
 
 import typer
 
-from kvmesh import cli_options as opt
+from kvmesh.ops import cli_options as opt
 from worker.main import WorkerOptions
 
 _DEFAULTS = WorkerOptions()  # the defaults are WorkerOptions', written once there
@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
         import logging
 
         from kvmesh.hashing import resolve_seed
-        from kvmesh.tls import tls_files
+        from kvmesh.rpc.tls import tls_files
         from worker.main import access_token_of, check_tiers, check_vllm, serve, vllm_curve
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -8,10 +8,10 @@ import socket
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from kvmesh.tls import TlsFiles
+from kvmesh.rpc.tls import TlsFiles
 
 if TYPE_CHECKING:
-    from kvmesh.zmq_curve import CurveServer
+    from kvmesh.events.zmq_curve import CurveServer
 
 log = logging.getLogger("kvmesh.worker")
 
@@ -21,7 +21,7 @@ class WorkerOptions:
     """Everything ``serve`` reads; ``kvmesh worker`` maps its flags onto it.
 
     Clients authenticate to the worker with ``access_token``, this worker's own token
-    (``kvmesh.auth.worker_access_token(router token, worker_id)``; valid on no other
+    (``kvmesh.rpc.auth.worker_access_token(router token, worker_id)``; valid on no other
     worker). Given only the router ``token``, the worker derives its own once its id is
     known (the id may be ``<hostname>-<port>``) and drops the router token
     (:func:`access_token_of`), so it never holds a credential of the service or of another
@@ -57,7 +57,7 @@ class WorkerOptions:
     vllm_events: str | None = None    # PUB endpoint, e.g. tcp://127.0.0.1:5557
     vllm_replay: str | None = None    # replay ROUTER endpoint, e.g. tcp://127.0.0.1:5558
     vllm_hash_form: str = "int"       # block hashes as vLLM's int form, or "bytes"
-    # CURVE for the event sockets (kvmesh.zmq_curve): needed for any non-loopback endpoint,
+    # CURVE for the event sockets (kvmesh.events.zmq_curve): needed for any non-loopback endpoint,
     # and whenever the worker has an access token
     vllm_curve_key: str | None = None      # its zmq.auth certificate, with the secret key
     vllm_curve_clients: str | None = None  # directory of the consumers' public certificates
@@ -73,7 +73,7 @@ def access_token_of(token: str | None, access_token: str | None,
     ``kvmesh worker-access-token``), else the one derived from the router ``token`` and
     ``worker_id``, else None (open). Raises ``ValueError`` when both are given and disagree
     (a worker that no client of this router token could call: e.g. another worker's)."""
-    from kvmesh.auth import worker_access_token
+    from kvmesh.rpc.auth import worker_access_token
 
     derived = worker_access_token(token, worker_id) if token else None
     if access_token and derived and access_token != derived:
@@ -86,7 +86,7 @@ def access_token_of(token: str | None, access_token: str | None,
 def check_tiers(cpu_blocks: int, disk_blocks: int, disk_dir: str | None) -> None:
     """Raise ``ValueError`` for tier settings no engine accepts (before the model loads),
     a ``--disk-dir`` another user owns or others may write included."""
-    from kvmesh.file_perms import check_private_dir
+    from kvmesh.ops.file_perms import check_private_dir
 
     if cpu_blocks < 0 or disk_blocks < 0:
         raise ValueError("--cpu-blocks and --disk-blocks must be >= 0")
@@ -106,7 +106,7 @@ def check_vllm(events: str | None, replay: str | None, hash_form: str, http_port
     ``vllm_curve``."""
     from pathlib import Path
 
-    from worker.vllm_publisher import HASH_FORMS
+    from worker.vllm.publisher import HASH_FORMS
 
     if replay and not events:
         raise ValueError("--vllm-replay needs --vllm-events")
@@ -128,14 +128,14 @@ def check_vllm(events: str | None, replay: str | None, hash_form: str, http_port
 
 
 def vllm_curve(opts: WorkerOptions) -> CurveServer | None:
-    """The CURVE identity of the event sockets (a ``kvmesh.zmq_curve.CurveServer``), or
+    """The CURVE identity of the event sockets (a ``kvmesh.events.zmq_curve.CurveServer``), or
     None for plain ZMQ; ``ValueError`` when the settings leave the events open to callers
     the worker's other APIs refuse: a non-loopback endpoint without keys
-    (``worker.vllm_publisher.check_endpoints``), or a worker requiring an access token whose
+    (``worker.vllm.publisher.check_endpoints``), or a worker requiring an access token whose
     events any local process could read (they carry the prompts and salts the token guards).
     """
-    from kvmesh.zmq_curve import CurveServer
-    from worker.vllm_publisher import check_endpoints
+    from kvmesh.events.zmq_curve import CurveServer
+    from worker.vllm.publisher import check_endpoints
 
     if not opts.vllm_events:
         return None
@@ -155,12 +155,12 @@ def vllm_curve(opts: WorkerOptions) -> CurveServer | None:
 async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or SIGINT/SIGTERM). Prints one ``listening on`` line
     once the server accepts calls; launchers wait for it."""
-    from kvmesh.auth import worker_pin_token
     from kvmesh.hashing import none_hash, resolve_seed
-    from worker.async_engine import AsyncEngine
-    from worker.engine import Engine
-    from worker.scheduler import SchedulerConfig
-    from worker.server import create_server
+    from kvmesh.rpc.auth import worker_pin_token
+    from worker.engine.async_engine import AsyncEngine
+    from worker.engine.engine import Engine
+    from worker.engine.scheduler import SchedulerConfig
+    from worker.rpc.server import create_server
     from worker.service_link import ServiceLink
 
     curve = vllm_curve(opts)  # before the model loads (it reads --token/--access-token)
@@ -182,8 +182,8 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     runner = AsyncEngine(engine)
     publisher = None
     if opts.vllm_events:  # before the first step: its consumers get every event from seq 1
-        from worker.event_tap import EventTap
-        from worker.vllm_publisher import VllmPublisher
+        from worker.engine.event_tap import EventTap
+        from worker.vllm.publisher import VllmPublisher
 
         publisher = VllmPublisher(opts.vllm_events, opts.vllm_replay,
                                   block_size=opts.block_size, hash_form=opts.vllm_hash_form,
@@ -218,14 +218,14 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     metrics_note = ""
     vllm_metrics = None
     if opts.http_port is not None:
-        from worker.vllm_metrics import VllmMetrics
+        from worker.vllm.metrics import VllmMetrics
 
         vllm_metrics = VllmMetrics(runner, opts.served_model_name or opts.model)
     if opts.metrics_port is not None or vllm_metrics is not None:
         # one unauthenticated listener on --metrics-host for every page: the HTTP API's
         # vLLM page too (its prefix-cache hits are every caller's), on a free port when
         # --http-port is given without --metrics-port
-        from worker.metrics import WorkerMetrics
+        from worker.rpc.metrics import WorkerMetrics
 
         servicer.metrics = WorkerMetrics(runner, worker_id, servicer.tier_precision)
         if vllm_metrics is not None:
@@ -280,10 +280,10 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
 
 
 async def _start_http(opts: WorkerOptions, runner, metrics) -> tuple[tuple, int]:
-    """Serve the OpenAI HTTP API (``worker.http_api``; ``metrics``: the ``VllmMetrics`` it
+    """Serve the OpenAI HTTP API (``worker.vllm.http_api``; ``metrics``: the ``VllmMetrics`` it
     counts into, served by the metrics listener); ((server, task), bound port)."""
-    from kvmesh.vllm_tokenizer import TINY, VllmTokenizer
-    from worker.http_api import HttpApi, serve_http
+    from kvmesh.openai.tokenizer import TINY, VllmTokenizer
+    from worker.vllm.http_api import HttpApi, serve_http
 
     source = opts.tokenizer or (None if opts.model == TINY else opts.model)
     api = HttpApi(runner, model_name=opts.served_model_name or opts.model,

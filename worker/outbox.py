@@ -1,13 +1,13 @@
 """The service link's outbox: the engine's KV events waiting to be published.
 
-A :class:`kvmesh.backlog.Backlog` of :class:`~worker.kv_cache.KVEvent` (the contract, shared
+A :class:`kvmesh.link.backlog.Backlog` of :class:`~worker.kv_cache.KVEvent` (the contract, shared
 with the vLLM bridge, is there: bounded, leaving only by seq, the whole backlog dropped for
 a snapshot past ``max_blocks``); this module only says what a worker's event carries and
 how much of them it keeps.
 """
 from __future__ import annotations
 
-from kvmesh.backlog import Backlog
+from kvmesh.link.backlog import Backlog
 from worker.kv_cache import KVEvent
 
 MAX_BLOCKS = 65_536  # blocks' worth of events kept for the service (tens of seconds of work)

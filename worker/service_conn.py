@@ -1,10 +1,10 @@
 """The service link's connection: one channel to the service replica it talks to now.
 
 Replicas are interchangeable (all their state is in Redis). The link's two tasks share this
-connection; when a call fails in a way ``kvmesh.retry.TABLE`` retries on another replica,
+connection; when a call fails in a way ``kvmesh.rpc.retry.TABLE`` retries on another replica,
 :meth:`ServiceConn.next_replica` moves to the next address of the
-:class:`~kvmesh.retry.ReplicaRing`. Both tasks may report the same failed channel: only the
-first report moves on. Channels come from ``kvmesh.channel.Dialer`` (the options every
+:class:`~kvmesh.rpc.retry.ReplicaRing`. Both tasks may report the same failed channel: only the
+first report moves on. Channels come from ``kvmesh.rpc.channel.Dialer`` (the options every
 kvmesh client uses) with a subchannel pool of their own: gRPC otherwise shares one
 connection among channels with equal options, and the link's attempts to reach a replica
 that is down would put a client in the same process (a gateway, a test) into that
@@ -17,8 +17,8 @@ import asyncio
 import grpc
 import grpc.aio
 
-from kvmesh.channel import CHANNEL_OPTIONS, Dialer
-from kvmesh.retry import ReplicaRing
+from kvmesh.rpc.channel import CHANNEL_OPTIONS, Dialer
+from kvmesh.rpc.retry import ReplicaRing
 from kvmesh.v1 import index_pb2_grpc
 
 

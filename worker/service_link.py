@@ -8,9 +8,9 @@ the events after it: the snapshot reflects every event up to ``snapshot.seq``, s
 dropped and nothing is applied twice or missed.
 
 Service replicas are interchangeable (all state is in Redis): when a call fails in a way
-the retry table (``kvmesh.retry.TABLE``) retries on another replica, the link moves to the
+the retry table (``kvmesh.rpc.retry.TABLE``) retries on another replica, the link moves to the
 next address (:mod:`worker.service_conn`) and carries on after a jittered backoff
-(``kvmesh.retry.Backoff``).
+(``kvmesh.rpc.retry.Backoff``).
 
 Nothing grows without bound: events wait in a bounded :class:`~worker.outbox.Outbox` (and
 the pool bounds its unread ones); whatever a bound drops is replaced by a snapshot.
@@ -29,12 +29,12 @@ from typing import TypeVar
 
 import grpc
 
-from kvmesh.backlog import BatchLimits
-from kvmesh.retry import Action, Backoff, Source, decide
+from kvmesh.link.backlog import BatchLimits
+from kvmesh.rpc.retry import Action, Backoff, Source, decide
 from kvmesh.v1 import index_pb2, index_pb2_grpc
-from worker.async_engine import AsyncEngine
-from worker.engine import Engine
-from worker.event_tap import EventTap
+from worker.engine.async_engine import AsyncEngine
+from worker.engine.engine import Engine
+from worker.engine.event_tap import EventTap
 from worker.kv_cache import KVEvent
 from worker.link_messages import event_to_proto, snapshot_blocks
 from worker.outbox import MAX_BLOCKS, Outbox
@@ -119,7 +119,7 @@ class ServiceLink:
 
     def deliver(self, engine: Engine, events: list[KVEvent], lost: bool) -> None:
         """Hand events taken after a step to the event loop, and notice load changes
-        (runs on the engine thread; a ``worker.event_tap`` consumer)."""
+        (runs on the engine thread; a ``worker.engine.event_tap`` consumer)."""
         if (events or lost or self._load_key() != self._beat_key) and self._loop is not None:
             self._loop.call_soon_threadsafe(self._receive, events, lost)
 

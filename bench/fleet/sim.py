@@ -45,7 +45,7 @@ class _Manager(KVCacheManager):
 
 
 class _Engine:
-    """What the link reads of ``worker.engine.Engine``."""
+    """What the link reads of ``worker.engine.engine.Engine``."""
 
     def __init__(self, kv: KVCacheManager) -> None:
         self.kv = kv
@@ -53,7 +53,7 @@ class _Engine:
 
 
 class _Runner:
-    """What the link uses of ``worker.async_engine.AsyncEngine``: the engine, its load, and
+    """What the link uses of ``worker.engine.async_engine.AsyncEngine``: the engine, its load, and
     ``call`` (here on the loop itself: there is no engine thread)."""
 
     def __init__(self, engine: _Engine) -> None:

@@ -174,7 +174,7 @@ class SimWorker:
         self._tie = itertools.count()
         self._prefill: tuple[float, float, int] | None = None  # start, end, tokens
         # The prefill the waiting requests will do, counted as the engine's scheduler counts
-        # it (worker/scheduler.py): what is cached at submit, or computed by a request ahead.
+        # it (worker/engine/scheduler.py): what is cached at submit, or computed by a request ahead.
         self._waiting_tokens = 0
         self._promised: Counter[bytes] = Counter()  # full blocks of the waiting requests
         self._lower = len(manager.tier_stats()) > 1  # a CPU or disk tier to onboard from

@@ -22,10 +22,10 @@ nothing): the body size (``client.gateway.bodylimit``, before the body is read),
 per batch (400), prompt + ``max_tokens`` against the model's context (400), and prompts
 generating at once per tenant (``client.gateway.slots``, 429 with ``Retry-After``).
 
-HTTP engines (vLLM servers, registered as ``http(s)://host:port``; ``kvmesh.engine_address``)
+HTTP engines (vLLM servers, registered as ``http(s)://host:port``; ``kvmesh.rpc.engine_address``)
 and kvmesh workers may serve side by side. Every request is routed once, by its first
 prompt's tokens (computed as vLLM computes them with ``--tokenizer``: its chat template
-too, ``kvmesh.vllm_tokenizer``), salt and LoRA (a ``model`` naming an adapter of
+too, ``kvmesh.openai.tokenizer``), salt and LoRA (a ``model`` naming an adapter of
 ``--lora NAME=PATH``). Only HTTP engines the operator listed (``--engine-allow``,
 ``--engine-keys``: ``client.gateway.engines``) are candidates: any other ``http(s)://``
 address in a ``Route`` answer was put there by a worker's registration alone and is never
@@ -78,8 +78,8 @@ from client.gateway.slots import Lease, LeasedStream, TenantSlots, slot_owner
 from client.gateway.tenants import Salting, Tenancy, salting
 from client.gateway.tokenizer import TINY_CONTEXT, ByteLevelTokenizer, Tokenizer
 from client.results import Candidate
-from kvmesh.engine_address import is_http
-from kvmesh.tls import TlsFiles
+from kvmesh.rpc.engine_address import is_http
+from kvmesh.rpc.tls import TlsFiles
 
 WORKER_HEADER = "x-kvmesh-worker"
 CACHED_HEADER = "x-kvmesh-cached-tokens"

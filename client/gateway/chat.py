@@ -1,7 +1,7 @@
 """The prompt of a chat request: the model's own chat template, or the gateway's simple one.
 
 With ``--tokenizer DIR`` whose tokenizer has a chat template, messages are rendered and
-tokenized exactly as vLLM does (``kvmesh.vllm_tokenizer``: the template through a sandboxed
+tokenized exactly as vLLM does (``kvmesh.openai.tokenizer``: the template through a sandboxed
 Jinja, ``add_generation_prompt``, ``continue_final_message``, ``tools``,
 ``chat_template_kwargs`` and ``add_special_tokens`` read from the request as vLLM reads them),
 so the ids the gateway routes by are the ids an engine hashes.
@@ -21,7 +21,7 @@ from typing import Any
 from client.gateway.errors import OpenAIError
 from client.gateway.schemas import ChatCompletionRequest
 from client.gateway.tokenizer import Tokenizer
-from kvmesh.vllm_tokenizer import ChatTemplateError, VllmTokenizer
+from kvmesh.openai.tokenizer import ChatTemplateError, VllmTokenizer
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 

@@ -34,8 +34,8 @@ from urllib.parse import urlsplit
 
 from client.gateway.key_file import key_file_pairs
 from client.results import Candidate
-from kvmesh.engine_address import is_http
-from kvmesh.file_perms import warn_if_readable_by_others
+from kvmesh.ops.file_perms import warn_if_readable_by_others
+from kvmesh.rpc.engine_address import is_http
 
 log = logging.getLogger("client.gateway")
 _LOGGED_AT_MOST = 1024  # unlisted addresses named in the log (a worker may register many)

@@ -3,7 +3,7 @@
 Every failure the gateway answers, including FastAPI's own validation errors (422 by
 default, 400 here) and unknown routes, uses this body so OpenAI SDKs raise their usual
 exceptions. A kvmesh failure reaches the gateway only after the client's failover
-(``kvmesh.retry.TABLE``: e.g. a worker's RESOURCE_EXHAUSTED or INTERNAL is first retried on
+(``kvmesh.rpc.retry.TABLE``: e.g. a worker's RESOURCE_EXHAUSTED or INTERNAL is first retried on
 the other candidates), and maps by the gRPC code it ends with:
 
 =====================  ======  ===============================================

@@ -1,7 +1,7 @@
 """Forward a request's original body to HTTP engines (vLLM servers), best candidate first.
 
 The gateway routes a request by its prompt tokens; when the chosen worker is an HTTP engine
-(its registered address is ``http(s)://host:port``, ``kvmesh.engine_address``) that the
+(its registered address is ``http(s)://host:port``, ``kvmesh.rpc.engine_address``) that the
 operator listed (``client.gateway.engines``), the request body goes to ``{address}{path}``
 (the address as the operator listed it) byte for byte (the only change the gateway may make
 is the ``cache_salt`` its tenancy decides, see ``client.gateway.app``), and the engine's

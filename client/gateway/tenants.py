@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from client.gateway.key_file import key_file_pairs
-from kvmesh.file_perms import warn_if_readable_by_others
+from kvmesh.ops.file_perms import warn_if_readable_by_others
 
 SALT_CONTEXT = b"kvmesh-tenant\0"
 CACHE_SCOPE_HEADER = "x-kvmesh-cache-scope"

@@ -21,7 +21,7 @@ import time
 from deploy.ray.cluster import NAMESPACE, RayCluster
 from deploy.ray.spec import RaySpec
 from deploy.stopping import StopDeadline, end_descendants
-from kvmesh.redact import redact_url
+from kvmesh.ops.redact import redact_url
 
 
 def _watch(cluster: RayCluster, stop: threading.Event, every_s: float = 2.0) -> None:

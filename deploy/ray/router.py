@@ -23,14 +23,14 @@ Contract:
   the service cannot be reached within ``index_timeout_s`` (then the index is skipped for
   ``retry_after_s``), when its answer is ``degraded`` (Redis down: no prefix knowledge) or
   when it names none of the live replicas. The replicas share ``index_timeout_s`` (each call
-  gets its share), so the client's replica failover (``kvmesh.retry.TABLE``, the same
+  gets its share), so the client's replica failover (``kvmesh.rpc.retry.TABLE``, the same
   rotation and channels as every kvmesh client) can leave a hung replica for the next one
   in time. A code the table surfaces (the request's own fault,
   e.g. INVALID_ARGUMENT) falls back for that request only and does not skip the index.
 - ``counters`` counts ``index`` and ``fallback_*`` decisions (for logs and tests).
 - TLS to the service: ``tls_ca`` (verify the service; TLS exactly when given), plus
   ``tls_cert``/``tls_key`` for mutual TLS and ``tls_server_name`` when the certificate
-  names another host, as in ``kvmesh.tls.TlsFiles``. The paths are read on the node the
+  names another host, as in ``kvmesh.rpc.tls.TlsFiles``. The paths are read on the node the
   router runs on, at ``initialize_state``: a missing file or a certificate without a CA
   raises ``ValueError`` there rather than routing by power-of-two choices forever.
 """
@@ -55,9 +55,9 @@ from ray.serve._private.request_router.request_router import (
 
 from client.errors import KvmeshError
 from deploy.ray.request import request_field
-from kvmesh.channel import parse_addresses
-from kvmesh.retry import Source, retried
-from kvmesh.tls import TlsFiles
+from kvmesh.rpc.channel import parse_addresses
+from kvmesh.rpc.retry import Source, retried
+from kvmesh.rpc.tls import TlsFiles
 
 log = logging.getLogger("kvmesh.ray.router")
 _BAD = re.compile(r"[^A-Za-z0-9._:@/-]")

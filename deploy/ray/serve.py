@@ -12,7 +12,7 @@ text-based routers such as Ray's ``PrefixCacheAffinityRouter``). It yields one d
 engine step that produced tokens, ``{"token_ids": [...]}``, and ends with one dict holding
 ``finished=True``, ``num_cached_tokens`` (what this replica served from its prefix cache),
 ``prompt_tokens``, ``ttft_s`` (measured in the replica) and ``worker_id``. Bad requests raise
-``worker.engine.RequestError`` to the caller; the replica keeps serving.
+``worker.engine.engine.RequestError`` to the caller; the replica keeps serving.
 
 Credentials: a replica's worker id is only known once it runs, so it is given the
 service's ``worker_secret`` and the router token and mints its own tokens from them at
@@ -45,7 +45,7 @@ class KvmeshReplica:
                        worker_secret: str | None = None, hash_seed: str | None = None,
                        heartbeat_s: float = 1.0, max_batched_tokens: int = 2048,
                        warmup: bool = True) -> None:
-        from kvmesh.auth import worker_access_token
+        from kvmesh.rpc.auth import worker_access_token
         from service.worker_tokens import mint
 
         self.worker_id = serve_worker_id(serve.get_replica_context().replica_id)
@@ -60,7 +60,7 @@ class KvmeshReplica:
 
     async def generate(self, request: ServeRequest | dict) -> AsyncIterator[dict[str, Any]]:
         """Stream one request's tokens, then its facts (see the module docstring)."""
-        from worker.sequence import SamplingParams
+        from worker.engine.sequence import SamplingParams
 
         params = SamplingParams(max_tokens=int(request_field(request, "max_tokens", 1) or 1),
                                 ignore_eos=True)

@@ -67,7 +67,7 @@ class WorkerHost:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.address = ""
-        self.runner: Any = None      # worker.async_engine.AsyncEngine once started
+        self.runner: Any = None      # worker.engine.async_engine.AsyncEngine once started
         self.link: Any = None        # worker.service_link.ServiceLink
         self._server: Any = None
         self._link_task: asyncio.Task[None] | None = None
@@ -77,10 +77,10 @@ class WorkerHost:
         import ray
 
         from kvmesh.hashing import DEFAULT_ALGO, none_hash, resolve_seed
-        from worker.async_engine import AsyncEngine
-        from worker.engine import Engine
-        from worker.scheduler import SchedulerConfig
-        from worker.server import create_server
+        from worker.engine.async_engine import AsyncEngine
+        from worker.engine.engine import Engine
+        from worker.engine.scheduler import SchedulerConfig
+        from worker.rpc.server import create_server
         from worker.service_link import ServiceLink
 
         cfg = self.config

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bench.e2e_report import goals
+from bench.e2e.report import goals
 from bench.replay.replay import PolicyResult
 from bench.replay.report import targets
 

@@ -20,8 +20,8 @@ from bridge.main import BridgeOptions, Rank, build, run
 from deploy.process import ServerProcess
 from deploy.redis_server import RedisServer
 from deploy.waiting import eventually
-from kvmesh import vllm_events as ve
-from kvmesh.channel import parse_addresses
+from kvmesh.events import vllm as ve
+from kvmesh.rpc.channel import parse_addresses
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from tests.bridge.fake_metrics import FakeMetrics

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 
 
 class FakeEngine:

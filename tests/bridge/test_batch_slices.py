@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from bridge import caps
 from bridge.batch_slices import slices, units
 from bridge.engine_state import EngineState
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 from tests.bridge.index_view import IndexView
 from tests.bridge.test_engine_state_bulk import BS, LORAS, Engine, engines, ops
 

@@ -12,7 +12,7 @@ import redis
 
 from deploy.process import ServerProcess
 from deploy.redis_server import RedisServer
-from kvmesh.channel import Dialer
+from kvmesh.rpc.channel import Dialer
 from kvmesh.v1 import index_pb2 as pb
 from tests.bridge.cluster import (
     BS,
@@ -127,7 +127,7 @@ def test_an_index_that_lost_everything_is_restored(service: str,
 
 
 def test_mutual_tls_and_tokens_bound_to_each_rank(redis_server: RedisServer, certs) -> None:
-    from kvmesh.tls import TlsFiles
+    from kvmesh.rpc.tls import TlsFiles
     from service.worker_tokens import mint
 
     secret, router_token = "s" * 24, "router-token"

@@ -11,7 +11,7 @@ import asyncio
 import grpc
 import pytest
 
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 from kvmesh.v1 import index_pb2 as pb
 from tests.bridge.cluster import (
     BS,

@@ -124,7 +124,7 @@ def test_a_config_holding_tokens_readable_by_others_is_warned_about(
     path.write_text(f'{token}[[engines]]\nworker-id = "a"\naddress = "http://h:8000"\n'
                     'events = "tcp://h:5557"\n')
     path.chmod(mode)
-    with caplog.at_level(logging.WARNING, logger="kvmesh.file_perms"):
+    with caplog.at_level(logging.WARNING, logger="kvmesh.ops.file_perms"):
         top, engines = load_config(path)
     assert [e.worker_id for e in engines] == ["a"]
     hits = [r.getMessage() for r in caplog.records if "readable by other users" in r.getMessage()]

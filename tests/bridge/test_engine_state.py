@@ -8,7 +8,7 @@ import pytest
 
 from bridge.engine_state import MEMO_BLOCKS, EngineState, SeqCheck
 from kvmesh import hashing
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 from kvmesh.hashing import block_hashes, compiled_chain
 from kvmesh.v1 import index_pb2
 from tests.bridge.index_view import IndexView, view

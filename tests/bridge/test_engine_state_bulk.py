@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from bridge import index_events
 from bridge.engine_state import EngineState
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 from kvmesh.hashing import hash_block, none_hash
 from kvmesh.v1 import index_pb2
 from tests.bridge.index_view import IndexView

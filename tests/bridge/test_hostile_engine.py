@@ -21,7 +21,7 @@ from bridge.replay import ReplayStats, fetch
 from bridge.subscriber import Subscriber
 from bridge.supervisor import supervise
 from deploy.waiting import eventually
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 from tests.bridge.fake_vllm import FakeEngine
 from tests.bridge.index_view import IndexView
 from tests.bridge.test_subscriber import WITHIN, Bridge, chain_of, ports, root, urls

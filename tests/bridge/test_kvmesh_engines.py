@@ -83,7 +83,7 @@ def test_evicted_blocks_route_with_the_cpu_tier_and_salts_stay_apart(service: st
 
 
 def test_a_bridge_with_its_curve_key_indexes_a_worker_serving_curve(service: str, tmp_path):
-    """A worker with an access token serves its events over CURVE only (kvmesh.zmq_curve):
+    """A worker with an access token serves its events over CURVE only (kvmesh.events.zmq_curve):
     the bridge, given its certificate (``curve_key``) and the worker's public key
     (``curve-server-key``), indexes the worker's blocks as over plain ZMQ."""
     clients = tmp_path / "clients"

@@ -7,7 +7,7 @@ import asyncio
 import time
 
 from bridge.lag import Lag
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 from tests.bridge.fake_vllm import FakeEngine
 from tests.bridge.test_subscriber import Bridge, chain_of, ports, root, urls
 

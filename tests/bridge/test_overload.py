@@ -16,7 +16,7 @@ import time
 import grpc
 import pytest
 
-from kvmesh.backlog import BatchLimits
+from kvmesh.link.backlog import BatchLimits
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from tests.bridge.cluster import BS, Engine, Running, chain, removed, router

@@ -9,7 +9,7 @@ import pytest
 from bridge.engine_state import EngineState
 from bridge.subscriber import Subscriber
 from deploy.waiting import eventually
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 from kvmesh.hashing import block_hashes
 from kvmesh.v1 import index_pb2
 from tests.bridge.fake_vllm import FakeEngine

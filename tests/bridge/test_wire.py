@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from bench.bridge_ingest import payloads
+from bench.bridge.ingest import payloads
 from bridge.engine_state import EngineState
 from bridge.pending import Pending
 from bridge.service_conn import publish_head, publish_request

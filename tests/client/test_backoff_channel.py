@@ -8,9 +8,9 @@ from concurrent import futures
 import grpc
 import pytest
 
-from kvmesh.channel import CHANNEL_OPTIONS, Dialer
-from kvmesh.retry import Backoff, ReplicaRing
-from kvmesh.tls import TlsFiles
+from kvmesh.rpc.channel import CHANNEL_OPTIONS, Dialer
+from kvmesh.rpc.retry import Backoff, ReplicaRing
+from kvmesh.rpc.tls import TlsFiles
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 
 

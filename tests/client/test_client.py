@@ -7,9 +7,9 @@ import grpc
 import pytest
 
 from client import AsyncKvmeshClient, GenerateResult, KvmeshError, RouteResult
-from kvmesh.auth import worker_access_token
-from kvmesh.channel import parse_addresses
-from kvmesh.retry import ReplicaRing
+from kvmesh.rpc.auth import worker_access_token
+from kvmesh.rpc.channel import parse_addresses
+from kvmesh.rpc.retry import ReplicaRing
 from kvmesh.v1 import index_pb2
 from tests.client.fake_servers import FakeIndex, FakeWorker, candidate, closed_port_address
 

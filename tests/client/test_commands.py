@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from client.cli import app
 from client.commands import decode_bytes, encode_text
-from kvmesh.auth import worker_access_token
+from kvmesh.rpc.auth import worker_access_token
 from kvmesh.v1 import index_pb2
 from tests.client.fake_servers import FakeIndex, FakeWorker, candidate, closed_port_address
 

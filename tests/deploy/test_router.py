@@ -19,7 +19,7 @@ from client.errors import KvmeshError
 from client.results import Candidate, RouteResult
 from deploy.ray.request import ServeRequest
 from deploy.ray.router import KvmeshRequestRouter, request_prompt, serve_worker_id
-from kvmesh.retry import TABLE, Source, retried
+from kvmesh.rpc.retry import TABLE, Source, retried
 from service.validate import worker_id as check_worker_id
 
 DEP = DeploymentID(name="LLM Server", app_name="my app")
@@ -155,7 +155,7 @@ def test_tls_options_reach_the_index_client(certs):
     settings (a certificate without a CA, an unreadable CA) fail at ``initialize_state``."""
     import grpc
 
-    from kvmesh.tls import TlsFiles
+    from kvmesh.rpc.tls import TlsFiles
     from kvmesh.v1 import index_pb2_grpc as pb_grpc
     from service.config import ServiceConfig
     from service.server import create_server

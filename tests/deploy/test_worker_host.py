@@ -9,7 +9,7 @@ import asyncio
 import grpc
 
 from deploy.ray.worker_host import WorkerConfig, WorkerHost
-from kvmesh.auth import worker_access_token
+from kvmesh.rpc.auth import worker_access_token
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 from tests.grpc_codes import code_of
 

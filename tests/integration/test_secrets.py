@@ -24,7 +24,7 @@ import redis
 
 from client import KvmeshClient
 from deploy.waiting import wait_until
-from kvmesh.auth import worker_access_token
+from kvmesh.rpc.auth import worker_access_token
 from kvmesh.v1 import index_pb2, index_pb2_grpc
 from service.worker_tokens import mint
 from tests.kvmesh_up import Up

@@ -14,8 +14,8 @@ import pytest
 import zmq
 import zmq.auth
 
-from kvmesh import vllm_events as ve
-from kvmesh.zmq_curve import CurveClient
+from kvmesh.events import vllm as ve
+from kvmesh.events.zmq_curve import CurveClient
 from tests.http_engines import BS, HttpWorker
 
 pytestmark = pytest.mark.integration

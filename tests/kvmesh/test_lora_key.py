@@ -15,7 +15,7 @@ from kvmesh.hashing import block_hashes, lora_key
 from kvmesh.v1 import index_pb2, worker_pb2
 from service import validate
 from service.config import ServiceConfig
-from worker.server import WorkerServicer
+from worker.rpc.server import WorkerServicer
 
 TOKENS = list(range(64))
 

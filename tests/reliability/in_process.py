@@ -17,8 +17,8 @@ from kvmesh.hashing import none_hash
 from service.config import ServiceConfig
 from service.server import create_server as create_service
 from worker import Engine
-from worker.async_engine import AsyncEngine
-from worker.server import create_server as create_worker
+from worker.engine.async_engine import AsyncEngine
+from worker.rpc.server import create_server as create_worker
 from worker.service_link import ServiceLink
 
 

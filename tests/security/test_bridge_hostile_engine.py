@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from deploy.redis_server import RedisServer
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 from tests.bridge.cluster import BS, BridgeProcess, Engine, P, chain, router, start_service
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ import torch
 from deploy.process import ServerProcess
 from kvmesh.hashing import block_hashes, none_hash
 from worker import Engine
-from worker.disk_store import DiskEntry, DiskStore, model_fingerprint
+from worker.kv_io.disk_store import DiskEntry, DiskStore, model_fingerprint
 
 BS = 4
 OTHER_UID = 4242  # not this process's user (the tests run as root, as an attacker could)

@@ -29,7 +29,7 @@ from kvmesh.hashing import none_hash
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc
 from service.worker_tokens import mint
-from tests.gateway.recording_engine import RecordingEngine
+from tests.client.gateway.recording_engine import RecordingEngine
 from tests.ports import free_port
 
 pytestmark = pytest.mark.integration

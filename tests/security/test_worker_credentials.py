@@ -29,8 +29,8 @@ from typer.testing import CliRunner
 from client.cli import app
 from deploy.local import ClusterSpec, LocalCluster
 from deploy.process import ServerProcess
-from kvmesh.auth import worker_access_token
 from kvmesh.hashing import block_hashes, none_hash, resolve_seed
+from kvmesh.rpc.auth import worker_access_token
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc, worker_pb2, worker_pb2_grpc
 from service.worker_tokens import mint

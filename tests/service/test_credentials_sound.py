@@ -11,7 +11,7 @@ import hmac
 import grpc
 import pytest
 
-from kvmesh.auth import worker_access_token
+from kvmesh.rpc.auth import worker_access_token
 from service import worker_tokens
 from service.auth import fingerprint
 from service.config import ServiceConfig

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvmesh.file_perms import UnsafePath, open_private_append
+from kvmesh.ops.file_perms import UnsafePath, open_private_append
 from service.config import ServiceConfig
 from tests.service.manual_clock import ManualClock
 from tests.service.protocol_worker import ProtocolWorker, route, serve

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from client import AsyncKvmeshClient, KvmeshError
-from kvmesh.tls import TlsFiles
+from kvmesh.rpc.tls import TlsFiles
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from service.config import ServiceConfig

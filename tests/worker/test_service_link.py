@@ -18,7 +18,7 @@ from service.config import ServiceConfig
 from service.server import create_server as create_service
 from tests.ports import free_port
 from worker import Engine
-from worker.async_engine import AsyncEngine
+from worker.engine.async_engine import AsyncEngine
 from worker.kv_cache import BlockRemoved, BlockStored
 from worker.outbox import Outbox
 from worker.service_link import ServiceLink
@@ -205,7 +205,7 @@ def test_heartbeats_overlapping_publishes_ask_no_resync(redis_url):
     that an overlapping publish has already moved the index past; the service calls that
     "index ahead" and asks for a resync. Such answers are rechecked, never obeyed: a busy
     worker (a load change and new events after every request) never resyncs."""
-    from worker.sequence import SamplingParams
+    from worker.engine.sequence import SamplingParams
 
     port = free_port()
 

@@ -6,7 +6,7 @@ manager's transfer orders in order, as the real one must, and tests compare what
 place holds with what the manager's books say it holds: a wrong slot, an order run too
 late or a slot reused while a copy reads it shows up as a wrong key.
 
-Failures, as the real executor (worker/kv_transfer.py) has them: ``fail("offload")`` makes
+Failures, as the real executor (worker/kv_io/copy_executor.py) has them: ``fail("offload")`` makes
 the next batch of consecutive offloads fail (their slots hold garbage and are bad),
 ``fail("write")`` the next spill's file write (a partial file is left). A spill of a bad slot
 writes nothing; an onboard reading a bad slot or a missing/partial file fails. Each copy

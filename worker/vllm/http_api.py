@@ -1,0 +1,299 @@
+"""``kvmesh worker --http-port``: the engine behind an OpenAI-compatible HTTP server, as vLLM's.
+
+Routes: ``POST /v1/completions`` (token-id prompts, and text prompts through the worker's
+tokenizer, ``kvmesh.openai.tokenizer``: vLLM's rules), ``POST /v1/chat/completions`` (when the
+tokenizer has a chat template), ``GET /v1/models``, ``GET /v1/models/{id}`` and
+``GET /health``. As vLLM, a chat without ``max_tokens`` generates until EOS or the context
+limit (the model's context, or the KV pool when that holds less: vLLM's ``max_model_len``
+never exceeds its KV cache). Its Prometheus page
+(vLLM's names: ``worker.vllm.metrics``) is not served here: prefix-cache hits are every
+caller's, so the page is on the worker's metrics listener (``--metrics-host``, loopback by
+default; ``worker.main``), never next to this API. A ``model`` naming one of the worker's
+LoRA adapters (``--lora-modules NAME=PATH``, vLLM's flag) runs the request under that
+adapter, whose (name, path) the engine hashes; ``cache_salt`` salts the prefix as vLLM
+does. Bodies:
+``worker.vllm.openai_bodies``.
+
+Errors: 400 for a request the engine can never serve, 401 without the worker's access token
+(when it has one: ``Authorization: Bearer``), 404 for an unknown model, 500 when the engine
+step failed (the worker's fault: a router fails over). A stream starts only once the first
+tokens exist, so any failure before them is an HTTP status, never a broken stream; after
+them, an error arrives as a last ``data: {"error": ...}`` event before ``[DONE]``.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from kvmesh.hashing import Lora
+from kvmesh.openai.tokenizer import ChatTemplateError, VllmTokenizer
+from worker.engine.async_engine import AsyncEngine
+from worker.engine.engine import RequestError, StepFailed, StepOutput
+from worker.engine.sequence import SamplingParams
+from worker.vllm import openai_bodies as ob
+from worker.vllm.metrics import VllmMetrics
+
+_STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+class _Text:
+    """Incremental detokenization: text deltas that never cut a character."""
+
+    def __init__(self, tokenizer: VllmTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.sent = 0
+
+    def push(self, ids: list[int], final: bool = False) -> str:
+        self.ids.extend(ids)
+        text = self.tokenizer.decode(self.ids)
+        if not final and text.endswith("\ufffd"):
+            return ""  # a character cut in the middle: wait for its other bytes
+        delta, self.sent = text[self.sent:], len(text)
+        return delta
+
+
+class HttpApi:
+    """The application's state; ``app`` is the ASGI application."""
+
+    def __init__(self, runner: AsyncEngine, *, model_name: str, tokenizer: VllmTokenizer,
+                 loras: Mapping[str, str] | None = None, access_token: str | None = None,
+                 metrics: VllmMetrics | None = None) -> None:
+        self.runner = runner
+        self.model_name = model_name
+        self.tokenizer = tokenizer
+        self.loras = dict(loras or {})
+        self.access_token = access_token
+        self.metrics = metrics or VllmMetrics(runner, model_name)
+        self.app = self._routes(FastAPI(title="kvmesh worker", docs_url=None, redoc_url=None))
+
+    # --- requests --------------------------------------------------------------------
+
+    def _auth(self, request: Request) -> None:
+        if self.access_token is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.access_token}".encode()):
+            raise HttpError(401, "missing or wrong API key (Authorization: Bearer ...)")
+
+    def _lora(self, model: str) -> Lora | None:
+        if model == self.model_name:
+            return None
+        if model in self.loras:
+            return (model, self.loras[model])
+        raise HttpError(404, f"The model `{model}` does not exist.", "model")
+
+    def _ids(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens)
+        return list(prompt)
+
+    def _room(self, ids: list[int]) -> int:
+        """What the context leaves after the prompt ``ids`` (vLLM's chat default)."""
+        engine = self.runner.engine
+        pool = engine.kv.num_blocks * engine.kv.block_size
+        room = min(engine.config.max_position_embeddings, pool) - len(ids)
+        if room < 1:
+            raise HttpError(400, f"the prompt has {len(ids)} tokens: nothing is left of the "
+                            f"context of {room + len(ids)} to generate", "messages")
+        return room
+
+    def _params(self, body: ob._Common, max_tokens: int | None) -> SamplingParams:
+        return SamplingParams(max_tokens=max_tokens or ob.DEFAULT_MAX_TOKENS,
+                              temperature=1.0 if body.temperature is None else body.temperature,
+                              seed=body.seed, ignore_eos=body.ignore_eos)
+
+    async def _start(self, ids: list[int], params: SamplingParams, salt: str | None,
+                     lora: Lora | None) -> tuple[AsyncIterator[StepOutput], StepOutput]:
+        """Start a generation; returns once its first output (tokens or the end) exists."""
+        stream = self.runner.generate(ids, params, request_id=f"http-{uuid.uuid4().hex}",
+                                      salt=salt, lora=lora)
+        try:
+            first = await anext(stream)
+        except BaseException as exc:
+            await stream.aclose()
+            raise _http(exc) from None
+        return stream, first
+
+    async def _whole(self, ids: list[int], params: SamplingParams, salt: str | None,
+                     lora: Lora | None) -> tuple[list[int], str, int]:
+        stream, out = await self._start(ids, params, salt, lora)
+        tokens = list(out.new_token_ids)
+        try:
+            while not out.finished:
+                out = await anext(stream)
+                tokens.extend(out.new_token_ids)
+        except Exception as exc:
+            raise _http(exc) from None
+        finally:
+            await stream.aclose()
+        seq = out.seq
+        self.metrics.finished(seq.num_prompt_tokens, len(tokens))
+        return tokens, _finish(seq.finish_reason), max(seq.num_cached_tokens, 0)
+
+    async def completions(self, request: Request) -> Response:
+        self._auth(request)
+        body = ob.parse(ob.Completion, await request.body())
+        lora = self._lora(body.model)
+        prompts = [self._ids(p, body.add_special_tokens) for p in body.prompts()]
+        params = self._params(body, body.max_tokens)
+        shape = ob.Shape(False, body.model)
+        if body.stream:
+            if len(prompts) != 1:
+                raise HttpError(400, "streaming takes a single prompt", "prompt")
+            return await self._stream(shape, prompts[0], params, body, lora)
+        results = await asyncio.gather(*(self._whole(ids, params, body.cache_salt, lora)
+                                         for ids in prompts))
+        choices = [shape.choice(i, self.tokenizer.decode(toks), finish,
+                                toks if body.return_token_ids else None)
+                   for i, (toks, finish, _) in enumerate(results)]
+        if body.return_token_ids:
+            for choice, ids in zip(choices, prompts, strict=True):
+                choice["prompt_token_ids"] = ids
+        use = ob.usage(sum(map(len, prompts)), sum(len(r[0]) for r in results),
+                       sum(r[2] for r in results))
+        return JSONResponse(shape.body(choices, use))
+
+    async def chat(self, request: Request) -> Response:
+        self._auth(request)
+        body = ob.parse(ob.Chat, await request.body())
+        lora = self._lora(body.model)
+        try:
+            ids = self.tokenizer.chat_ids(
+                body.messages, add_special_tokens=body.add_special_tokens,
+                add_generation_prompt=body.add_generation_prompt,
+                continue_final_message=body.continue_final_message, tools=body.tools,
+                chat_template_kwargs=body.chat_template_kwargs)
+        except ChatTemplateError as exc:
+            raise HttpError(400, str(exc), "messages") from None
+        params = self._params(body, body.max_completion_tokens or body.max_tokens
+                              or self._room(ids))
+        shape = ob.Shape(True, body.model)
+        if body.stream:
+            return await self._stream(shape, ids, params, body, lora)
+        toks, finish, cached = await self._whole(ids, params, body.cache_salt, lora)
+        choice = shape.choice(0, self.tokenizer.decode(toks), finish,
+                              toks if body.return_token_ids else None)
+        return JSONResponse(shape.body([choice], ob.usage(len(ids), len(toks), cached)))
+
+    async def _stream(self, shape: ob.Shape, ids: list[int], params: SamplingParams,
+                      body: ob._Common, lora: Lora | None) -> StreamingResponse:
+        stream, first = await self._start(ids, params, body.cache_salt, lora)
+
+        async def events() -> AsyncIterator[str]:
+            text, out, count = _Text(self.tokenizer), first, 0
+
+            def so_far() -> dict[str, Any] | None:  # vLLM's continuous_usage_stats
+                return ob.usage(len(ids), count, None) if body.continuous_usage else None
+
+            try:
+                if shape.chat:
+                    yield shape.chunk("", role=True, use=so_far())
+                while True:
+                    count += len(out.new_token_ids)
+                    delta = text.push(out.new_token_ids, final=out.finished)
+                    if delta:
+                        yield shape.chunk(delta, use=so_far())
+                    if out.finished:
+                        break
+                    out = await anext(stream)
+                seq = out.seq
+                self.metrics.finished(seq.num_prompt_tokens, count)
+                yield shape.chunk(None if shape.chat else "", _finish(seq.finish_reason),
+                                  use=so_far())
+                if body.include_usage:
+                    yield shape.usage_chunk(ob.usage(len(ids), count,
+                                                     max(seq.num_cached_tokens, 0)))
+            except (RequestError, StepFailed) as exc:
+                err = _http(exc)
+                yield ob.sse(ob.error_body(err.status, err.message))
+            finally:
+                await stream.aclose()
+            yield ob.DONE
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers=_STREAM_HEADERS)
+
+    def models(self) -> dict[str, Any]:
+        root = {"id": self.model_name, "object": "model", "owned_by": "kvmesh",
+                "root": self.model_name, "parent": None}
+        return {"object": "list", "data": [root, *(
+            {"id": n, "object": "model", "owned_by": "kvmesh", "root": p,
+             "parent": self.model_name} for n, p in self.loras.items())]}
+
+    def _routes(self, app: FastAPI) -> FastAPI:
+        @app.exception_handler(HttpError)
+        async def _error(_: Request, exc: HttpError) -> JSONResponse:
+            return JSONResponse(ob.error_body(exc.status, exc.message, exc.param),
+                                status_code=exc.status)
+
+        @app.exception_handler(ob.BodyError)
+        async def _bad(_: Request, exc: ob.BodyError) -> JSONResponse:
+            return JSONResponse(ob.error_body(400, str(exc), exc.param), status_code=400)
+
+        app.post("/v1/completions", response_model=None)(self.completions)
+        if self.tokenizer.chat is not None:
+            app.post("/v1/chat/completions", response_model=None)(self.chat)
+
+        @app.get("/v1/models")
+        async def models(request: Request) -> dict[str, Any]:
+            self._auth(request)
+            return self.models()
+
+        @app.get("/v1/models/{model_id:path}")
+        async def model(model_id: str, request: Request) -> dict[str, Any]:
+            self._auth(request)
+            for card in self.models()["data"]:
+                if card["id"] == model_id:
+                    return card
+            raise HttpError(404, f"The model `{model_id}` does not exist.", "model")
+
+        @app.get("/health")
+        async def health() -> Response:
+            return Response(status_code=500 if self.runner.error is not None else 200)
+
+        return app
+
+
+def _finish(reason: str | None) -> str:
+    return reason if reason in ("stop", "length") else "length"
+
+
+def _http(exc: BaseException) -> BaseException:
+    if isinstance(exc, RequestError):
+        return HttpError(400, str(exc), "prompt")
+    if isinstance(exc, StepFailed):
+        return HttpError(500, str(exc))
+    return exc
+
+
+async def serve_http(api: HttpApi, host: str, port: int) -> tuple[Any, int, asyncio.Task]:
+    """Serve ``api`` with uvicorn on the running loop; returns (server, bound port, task)
+    once it listens."""
+    import uvicorn
+
+    config = uvicorn.Config(api.app, host=host, port=port, log_level="warning",
+                            lifespan="off")
+    server = uvicorn.Server(config)
+    server.capture_signals = contextlib.nullcontext  # the worker owns SIGINT/SIGTERM
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()  # the port is taken: raise its error here
+            raise RuntimeError("the HTTP server stopped before it listened")
+        await asyncio.sleep(0.02)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    return server, bound, task
