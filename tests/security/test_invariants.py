@@ -25,7 +25,7 @@ from service.validate import RequestError, worker_id
 if TYPE_CHECKING:  # the certs fixture skips where `cryptography` is missing
     from tests.certificates import Certs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("kvmesh", "service", "worker", "client", "bridge", "deploy", "bench")
 
 
