@@ -10,8 +10,8 @@ from __future__ import annotations
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from client.gateway.errors import OpenAIError
 from client.gateway.limits import DEFAULT_MAX_BODY_BYTES
+from kvmesh.openai.errors import OpenAIError
 
 
 def _too_large(limit: int) -> str:
