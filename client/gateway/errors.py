@@ -73,7 +73,8 @@ _ADDRESS = re.compile(r"(?:\b(?:ipv4|ipv6|dns|unix):)?(?:\[[0-9A-Fa-f:.%]+\]|[\w
 _EARLIER = " (after "
 
 
-def _respond(err: OpenAIError) -> JSONResponse:
+def respond(err: OpenAIError) -> JSONResponse:
+    """The HTTP response carrying ``err.body()`` (its status and headers)."""
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
@@ -96,28 +97,28 @@ def from_kvmesh(err: KvmeshError) -> OpenAIError:
 
 
 def _validation(_: Request, exc: Exception) -> JSONResponse:
-    return _respond(invalid(exc.errors() if isinstance(exc, RequestValidationError) else []))
+    return respond(invalid(exc.errors() if isinstance(exc, RequestValidationError) else []))
 
 
 def _http(_: Request, exc: Exception) -> JSONResponse:
     status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
     detail = getattr(exc, "detail", None) or HTTPStatus(status).phrase
     headers = getattr(exc, "headers", None)
-    return _respond(OpenAIError(status, str(detail), headers=dict(headers) if headers else None))
+    return respond(OpenAIError(status, str(detail), headers=dict(headers) if headers else None))
 
 
 def _openai(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, OpenAIError)
-    return _respond(exc)
+    return respond(exc)
 
 
 def _kvmesh(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, KvmeshError)
-    return _respond(from_kvmesh(exc))
+    return respond(from_kvmesh(exc))
 
 
 def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-    return _respond(OpenAIError(500, f"internal error in the gateway: {type(exc).__name__}"))
+    return respond(OpenAIError(500, f"internal error in the gateway: {type(exc).__name__}"))
 
 
 def install_handlers(app: FastAPI) -> None:
