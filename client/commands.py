@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from kvmesh.openai import vocab
 from kvmesh.ops.cli_options import (
     DEFAULT_SERVICE,
     AdminToken,
@@ -43,18 +44,14 @@ TINY_MODEL = "tiny"  # the worker's built-in model: byte vocabulary, random weig
 
 
 def encode_text(text: str) -> list[int]:
-    """Byte-level tokens of ``text``: UTF-8 bytes -> ids 0..255, no BOS (the tiny model's
-    vocabulary, identical to ``worker.model.tokenizer.ByteTokenizer().encode(text)``).
-
-    Encoded here rather than imported from the worker, whose package loads torch (seconds)
-    for what is a one-line transformation.
-    """
-    return list(text.encode("utf-8"))
+    """Byte-level tokens of ``text``, no BOS: the tiny model's vocabulary
+    (``kvmesh.openai.vocab``, torch-free)."""
+    return vocab.encode(text)
 
 
 def decode_bytes(token_ids: list[int]) -> str:
     """Byte-level tokens back to text; ids outside 0..255 (special tokens) are dropped."""
-    return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
+    return vocab.decode(token_ids)
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:

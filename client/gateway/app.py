@@ -59,8 +59,7 @@ from client.errors import KvmeshError
 from client.gateway.bodylimit import BodyLimit
 from client.gateway.chat import chat_ids
 from client.gateway.engines import EngineGate, EngineList
-from client.gateway.errors import OpenAIError, from_kvmesh, install_handlers
-from client.gateway.formats import DONE, ResponseShape, Usage, sse
+from client.gateway.errors import from_kvmesh, install_handlers
 from client.gateway.forward import Forwarder, Relayed, relay
 from client.gateway.generation import Job, Outcome, generate_text, start_stream
 from client.gateway.health import DEFAULT_TTL_S, ClusterHealth, install_health_routes
@@ -68,16 +67,13 @@ from client.gateway.limits import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES, DEF
 from client.gateway.metrics import CountRequests, GatewayMetrics, install_metrics_route
 from client.gateway.models import ModelCards, install_model_routes
 from client.gateway.prompts import fitted, pool_refusal, prompt_ids
-from client.gateway.schemas import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    OpenAIRequest,
-    Unsupported,
-)
 from client.gateway.slots import Lease, LeasedStream, TenantSlots, slot_owner
 from client.gateway.tenants import Salting, Tenancy, salting
 from client.gateway.tokenizer import TINY_CONTEXT, ByteLevelTokenizer, Tokenizer
 from client.results import Candidate
+from kvmesh.openai.errors import OpenAIError
+from kvmesh.openai.requests import ChatCompletionRequest, CompletionRequest, OpenAIRequest
+from kvmesh.openai.responses import DONE, ResponseShape, Usage, sse
 from kvmesh.rpc.engine_address import is_http
 from kvmesh.rpc.tls import TlsFiles
 
@@ -221,10 +217,7 @@ class _Gateway:
                 if not workers:
                     raise OpenAIError(503, "every engine that could serve this request "
                                       "failed; retry later", code="engines_unavailable")
-            try:
-                body.check_supported()
-            except Unsupported as exc:
-                raise OpenAIError(400, str(exc), param=exc.param, code="unsupported") from None
+            body.check_supported()
         except BaseException:
             lease.release()
             raise
@@ -282,8 +275,8 @@ class _Gateway:
             usage = usage + o.usage
         headers = {**headers, WORKER_HEADER: ",".join(o.worker_id for o in outcomes),
                    CACHED_HEADER: ",".join(str(o.usage.cached_tokens) for o in outcomes)}
-        return JSONResponse(shape.body([(o.text, o.finish_reason) for o in outcomes], usage),
-                            headers=headers)
+        choices = [shape.choice(i, o.text, o.finish_reason) for i, o in enumerate(outcomes)]
+        return JSONResponse(shape.body(choices, usage), headers=headers)
 
     async def stream(self, shape: ResponseShape, job: Job, body: OpenAIRequest, lease: Lease,
                      headers: dict[str, str]) -> StreamingResponse:
@@ -367,17 +360,13 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def completions(body: CompletionRequest, tenant: Tenant,
                           request: Request) -> Response:
         salted = gw.check(body, tenant)
-        try:
-            prompts = body.prompts()
-        except Unsupported as exc:
-            raise OpenAIError(400, str(exc), param=exc.param) from None
+        prompts = body.prompts()
         if len(prompts) > config.max_batch_prompts:
             raise OpenAIError(400, f"a batch takes at most {config.max_batch_prompts} prompts, "
                               f"got {len(prompts)}", param="prompt", code="batch_too_large")
         many, new = len(prompts) > 1, body.max_new_tokens()
-        special = (body.model_extra or {}).get("add_special_tokens", True) is not False
         jobs = [gw.job(body, gw.token_ids(p, f"prompt[{i}]" if many else "prompt", new,
-                                          special), salted, new)
+                                          body.add_special_tokens), salted, new)
                 for i, p in enumerate(prompts)]
         lease = gw.slots.take(_slot_owner(request, tenant), len(jobs))
         return await gw.routed(request, await request.body(),
@@ -389,7 +378,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
                                request: Request) -> Response:
         salted = gw.check(body, tenant)
         raw = await request.body()
-        ids = chat_ids(config.tokenizer, body, raw)
+        ids = chat_ids(config.tokenizer, body)
         new = body.max_new_tokens(config.max_model_len - len(ids))  # vLLM: to the context
         ids = gw.fits(ids, "messages", new)
         job = gw.job(body, ids, salted, new)
@@ -398,7 +387,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
             return await gw.routed(request, raw, ResponseShape(True, config.model_name), [job],
                                    body, salted, lease)
         except KvmeshError as err:
-            if body.max_completion_tokens or body.max_tokens:
+            if body.requested_tokens():
                 raise
             raise pool_refusal(err, config.max_model_len) from None
 

@@ -40,7 +40,7 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from client.gateway.errors import OpenAIError
+from kvmesh.openai.errors import OpenAIError
 
 # Seconds: a cached prefix answers in milliseconds, a cold long prompt in seconds.
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

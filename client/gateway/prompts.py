@@ -14,8 +14,9 @@ from __future__ import annotations
 import grpc
 
 from client.errors import KvmeshError
-from client.gateway.errors import OpenAIError, from_kvmesh
+from client.gateway.errors import from_kvmesh
 from client.gateway.tokenizer import Tokenizer
+from kvmesh.openai.errors import OpenAIError
 from kvmesh.openai.tokenizer import VllmTokenizer
 
 

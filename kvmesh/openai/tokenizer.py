@@ -14,7 +14,7 @@ A model directory is read as ``transformers`` reads it: ``tokenizer.json`` (thro
 tokens of ``tokenizer_config.json`` (strings or ``AddedToken`` tables), the chat template
 from ``chat_template.jinja`` if present, else ``tokenizer_config.json``'s ``chat_template``
 (a string, or a list of named templates: ``default``). ``tiny`` is kvmesh's byte-level
-vocabulary (UTF-8 bytes as ids 0..255, no special tokens added, no chat template).
+vocabulary (``kvmesh.openai.vocab``: no special tokens added, no chat template).
 """
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kvmesh.openai import vocab
 from kvmesh.openai.chat_template import ChatTemplate, ChatTemplateError
 
-TINY = "tiny"
-TINY_VOCAB = 259  # bytes, then BOS 256, EOS 257, PAD 258 (worker.model.loader)
+TINY = vocab.TINY
 SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                  "mask_token")
 
@@ -60,7 +60,7 @@ class VllmTokenizer:
         self._tok = backend  # a tokenizers.Tokenizer, None for the byte vocabulary
         self.chat = chat
         self.eos_token_id = eos_token_id
-        self.vocab_size = (TINY_VOCAB if backend is None
+        self.vocab_size = (vocab.VOCAB if backend is None
                            else backend.get_vocab_size(with_added_tokens=True))
 
     @classmethod
@@ -69,7 +69,7 @@ class VllmTokenizer:
         ``FileNotFoundError`` without one and ``ValueError`` for an unreadable config or an
         invalid template."""
         if source is None or str(source) == TINY:
-            return cls(None, eos_token_id=257)
+            return cls(None, eos_token_id=vocab.EOS)
         model_dir = Path(source)
         file = model_dir / "tokenizer.json"
         if not file.is_file():
@@ -98,13 +98,13 @@ class VllmTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """``tokenizer(text, add_special_tokens=...)``'s ids."""
         if self._tok is None:
-            return list(text.encode("utf-8"))
+            return vocab.encode(text)
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` without special tokens (a cut character decodes to U+FFFD)."""
         if self._tok is None:
-            return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+            return vocab.decode(ids)
         return self._tok.decode(list(ids), skip_special_tokens=True)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]], *,

@@ -11,8 +11,10 @@ caller's, so the page is on the worker's metrics listener (``--metrics-host``, l
 default; ``worker.main``), never next to this API. A ``model`` naming one of the worker's
 LoRA adapters (``--lora-modules NAME=PATH``, vLLM's flag) runs the request under that
 adapter, whose (name, path) the engine hashes; ``cache_salt`` salts the prefix as vLLM
-does. Bodies:
-``worker.vllm.openai_bodies``.
+does. Bodies, their validation and errors: ``kvmesh.openai`` (the gateway's own), with
+vLLM's error body (``OpenAIError.vllm_body``); the engine takes no stop strings (400).
+Responses carry ``usage.prompt_tokens_details.cached_tokens`` (the prompt tokens the prefix
+cache served), which vLLM reports with ``--enable-prompt-tokens-details``.
 
 Errors: 400 for a request the engine can never serve, 401 without the worker's access token
 (when it has one: ``Authorization: Bearer``), 404 for an unknown model, 500 when the engine
@@ -33,20 +35,22 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvmesh.hashing import Lora
+from kvmesh.openai.errors import OpenAIError
+from kvmesh.openai.requests import (
+    Body,
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAIRequest,
+    parse,
+)
+from kvmesh.openai.responses import DONE, ResponseShape, Usage, sse
 from kvmesh.openai.tokenizer import ChatTemplateError, VllmTokenizer
 from worker.engine.async_engine import AsyncEngine
 from worker.engine.engine import RequestError, StepFailed, StepOutput
-from worker.engine.sequence import SamplingParams
-from worker.vllm import openai_bodies as ob
+from worker.engine.sequence import SamplingParams, Seq
 from worker.vllm.metrics import VllmMetrics
 
 _STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
 
 
 class _Text:
@@ -87,14 +91,14 @@ class HttpApi:
             return
         given = request.headers.get("authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {self.access_token}".encode()):
-            raise HttpError(401, "missing or wrong API key (Authorization: Bearer ...)")
+            raise OpenAIError(401, "missing or wrong API key (Authorization: Bearer ...)")
 
     def _lora(self, model: str) -> Lora | None:
         if model == self.model_name:
             return None
         if model in self.loras:
             return (model, self.loras[model])
-        raise HttpError(404, f"The model `{model}` does not exist.", "model")
+        raise OpenAIError(404, f"The model `{model}` does not exist.", param="model")
 
     def _ids(self, prompt: str | list[int], add_special_tokens: bool) -> list[int]:
         if isinstance(prompt, str):
@@ -107,13 +111,12 @@ class HttpApi:
         pool = engine.kv.num_blocks * engine.kv.block_size
         room = min(engine.config.max_position_embeddings, pool) - len(ids)
         if room < 1:
-            raise HttpError(400, f"the prompt has {len(ids)} tokens: nothing is left of the "
-                            f"context of {room + len(ids)} to generate", "messages")
+            raise OpenAIError(400, f"the prompt has {len(ids)} tokens: nothing is left of the "
+                              f"context of {room + len(ids)} to generate", param="messages")
         return room
 
-    def _params(self, body: ob._Common, max_tokens: int | None) -> SamplingParams:
-        return SamplingParams(max_tokens=max_tokens or ob.DEFAULT_MAX_TOKENS,
-                              temperature=1.0 if body.temperature is None else body.temperature,
+    def _params(self, body: OpenAIRequest, max_tokens: int) -> SamplingParams:
+        return SamplingParams(max_tokens=max_tokens, temperature=body.sampling_temperature(),
                               seed=body.seed, ignore_eos=body.ignore_eos)
 
     async def _start(self, ids: list[int], params: SamplingParams, salt: str | None,
@@ -129,7 +132,7 @@ class HttpApi:
         return stream, first
 
     async def _whole(self, ids: list[int], params: SamplingParams, salt: str | None,
-                     lora: Lora | None) -> tuple[list[int], str, int]:
+                     lora: Lora | None) -> tuple[list[int], str, Usage]:
         stream, out = await self._start(ids, params, salt, lora)
         tokens = list(out.new_token_ids)
         try:
@@ -142,18 +145,27 @@ class HttpApi:
             await stream.aclose()
         seq = out.seq
         self.metrics.finished(seq.num_prompt_tokens, len(tokens))
-        return tokens, _finish(seq.finish_reason), max(seq.num_cached_tokens, 0)
+        return tokens, _finish(seq.finish_reason), _usage(len(ids), len(tokens), seq)
+
+    def _body(self, kind: type[Body], raw: bytes) -> Body:
+        """The request body, refused (400) for what the engine cannot honour."""
+        body = parse(kind, raw)
+        body.check_supported()
+        if body.stop_strings():
+            raise OpenAIError(400, "stop is not supported by this engine", param="stop",
+                              code="unsupported")
+        return body
 
     async def completions(self, request: Request) -> Response:
         self._auth(request)
-        body = ob.parse(ob.Completion, await request.body())
+        body = self._body(CompletionRequest, await request.body())
         lora = self._lora(body.model)
         prompts = [self._ids(p, body.add_special_tokens) for p in body.prompts()]
-        params = self._params(body, body.max_tokens)
-        shape = ob.Shape(False, body.model)
+        params = self._params(body, body.max_new_tokens())
+        shape = ResponseShape(False, body.model)
         if body.stream:
             if len(prompts) != 1:
-                raise HttpError(400, "streaming takes a single prompt", "prompt")
+                raise OpenAIError(400, "streaming takes a single prompt", param="prompt")
             return await self._stream(shape, prompts[0], params, body, lora)
         results = await asyncio.gather(*(self._whole(ids, params, body.cache_salt, lora)
                                          for ids in prompts))
@@ -163,66 +175,63 @@ class HttpApi:
         if body.return_token_ids:
             for choice, ids in zip(choices, prompts, strict=True):
                 choice["prompt_token_ids"] = ids
-        use = ob.usage(sum(map(len, prompts)), sum(len(r[0]) for r in results),
-                       sum(r[2] for r in results))
+        use = results[0][2]
+        for _, _, more in results[1:]:
+            use = use + more
         return JSONResponse(shape.body(choices, use))
 
     async def chat(self, request: Request) -> Response:
         self._auth(request)
-        body = ob.parse(ob.Chat, await request.body())
+        body = self._body(ChatCompletionRequest, await request.body())
         lora = self._lora(body.model)
         try:
-            ids = self.tokenizer.chat_ids(
-                body.messages, add_special_tokens=body.add_special_tokens,
-                add_generation_prompt=body.add_generation_prompt,
-                continue_final_message=body.continue_final_message, tools=body.tools,
-                chat_template_kwargs=body.chat_template_kwargs)
+            ids = self.tokenizer.chat_ids(body.message_dicts(), **body.template_options())
         except ChatTemplateError as exc:
-            raise HttpError(400, str(exc), "messages") from None
-        params = self._params(body, body.max_completion_tokens or body.max_tokens
-                              or self._room(ids))
-        shape = ob.Shape(True, body.model)
+            raise OpenAIError(400, str(exc), param="messages") from None
+        params = self._params(body, body.requested_tokens() or self._room(ids))
+        shape = ResponseShape(True, body.model)
         if body.stream:
             return await self._stream(shape, ids, params, body, lora)
-        toks, finish, cached = await self._whole(ids, params, body.cache_salt, lora)
+        toks, finish, use = await self._whole(ids, params, body.cache_salt, lora)
         choice = shape.choice(0, self.tokenizer.decode(toks), finish,
                               toks if body.return_token_ids else None)
-        return JSONResponse(shape.body([choice], ob.usage(len(ids), len(toks), cached)))
+        return JSONResponse(shape.body([choice], use))
 
-    async def _stream(self, shape: ob.Shape, ids: list[int], params: SamplingParams,
-                      body: ob._Common, lora: Lora | None) -> StreamingResponse:
+    async def _stream(self, shape: ResponseShape, ids: list[int], params: SamplingParams,
+                      body: OpenAIRequest, lora: Lora | None) -> StreamingResponse:
         stream, first = await self._start(ids, params, body.cache_salt, lora)
+        continuous = body.continuous_usage()
 
         async def events() -> AsyncIterator[str]:
             text, out, count = _Text(self.tokenizer), first, 0
 
-            def so_far() -> dict[str, Any] | None:  # vLLM's continuous_usage_stats
-                return ob.usage(len(ids), count, None) if body.continuous_usage else None
+            def so_far() -> Usage | None:  # vLLM's continuous_usage_stats
+                return Usage(len(ids), count, None) if continuous else None
 
             try:
                 if shape.chat:
-                    yield shape.chunk("", role=True, use=so_far())
+                    yield sse(shape.chunk("", role=True, usage=so_far()))
                 while True:
                     count += len(out.new_token_ids)
                     delta = text.push(out.new_token_ids, final=out.finished)
                     if delta:
-                        yield shape.chunk(delta, use=so_far())
+                        yield sse(shape.chunk(delta, usage=so_far()))
                     if out.finished:
                         break
                     out = await anext(stream)
                 seq = out.seq
                 self.metrics.finished(seq.num_prompt_tokens, count)
-                yield shape.chunk(None if shape.chat else "", _finish(seq.finish_reason),
-                                  use=so_far())
-                if body.include_usage:
-                    yield shape.usage_chunk(ob.usage(len(ids), count,
-                                                     max(seq.num_cached_tokens, 0)))
+                yield sse(shape.chunk(None if shape.chat else "", _finish(seq.finish_reason),
+                                      usage=so_far()))
+                if body.include_usage():
+                    yield sse(shape.usage_chunk(_usage(len(ids), count, seq)))
             except (RequestError, StepFailed) as exc:
                 err = _http(exc)
-                yield ob.sse(ob.error_body(err.status, err.message))
+                assert isinstance(err, OpenAIError)
+                yield sse(err.vllm_body())
             finally:
                 await stream.aclose()
-            yield ob.DONE
+            yield DONE
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers=_STREAM_HEADERS)
@@ -235,14 +244,9 @@ class HttpApi:
              "parent": self.model_name} for n, p in self.loras.items())]}
 
     def _routes(self, app: FastAPI) -> FastAPI:
-        @app.exception_handler(HttpError)
-        async def _error(_: Request, exc: HttpError) -> JSONResponse:
-            return JSONResponse(ob.error_body(exc.status, exc.message, exc.param),
-                                status_code=exc.status)
-
-        @app.exception_handler(ob.BodyError)
-        async def _bad(_: Request, exc: ob.BodyError) -> JSONResponse:
-            return JSONResponse(ob.error_body(400, str(exc), exc.param), status_code=400)
+        @app.exception_handler(OpenAIError)
+        async def _error(_: Request, exc: OpenAIError) -> JSONResponse:
+            return JSONResponse(exc.vllm_body(), status_code=exc.status)
 
         app.post("/v1/completions", response_model=None)(self.completions)
         if self.tokenizer.chat is not None:
@@ -259,7 +263,7 @@ class HttpApi:
             for card in self.models()["data"]:
                 if card["id"] == model_id:
                     return card
-            raise HttpError(404, f"The model `{model_id}` does not exist.", "model")
+            raise OpenAIError(404, f"The model `{model_id}` does not exist.", param="model")
 
         @app.get("/health")
         async def health() -> Response:
@@ -272,11 +276,17 @@ def _finish(reason: str | None) -> str:
     return reason if reason in ("stop", "length") else "length"
 
 
+def _usage(prompt: int, completion: int, seq: Seq) -> Usage:
+    """A finished request's usage: what the prefix cache served, by tier."""
+    return Usage(prompt, completion, max(seq.num_cached_tokens, 0),
+                 dict(seq.cached_tokens_by_tier) or None)
+
+
 def _http(exc: BaseException) -> BaseException:
     if isinstance(exc, RequestError):
-        return HttpError(400, str(exc), "prompt")
+        return OpenAIError(400, str(exc), param="prompt")
     if isinstance(exc, StepFailed):
-        return HttpError(500, str(exc))
+        return OpenAIError(500, str(exc))
     return exc
 
 

@@ -1,12 +1,12 @@
-"""OpenAI response bodies and stream chunks, for completions and chat completions.
+"""Response bodies and stream chunks of completions and chat completions, as vLLM shapes them.
 
-``ResponseShape`` builds every JSON object one response needs (the whole body, each
-server-sent-event chunk, the usage chunk) with one id and creation time. kvmesh's facts ride
-in ``usage``: ``prompt_tokens_details.cached_tokens`` is what the worker really served from
-its prefix cache (``null`` when unknown, e.g. a stream cut short by a stop string), and
-``prompt_tokens_details.cached_tokens_by_tier`` the same split by KV tier. A stream with
-vLLM's ``continuous_usage_stats`` carries ``usage`` on every chunk: the counts so far, without
-``prompt_tokens_details`` (as vLLM); the cached count comes in the last, usage-only chunk.
+``ResponseShape`` builds every JSON object of one response (the whole body, each
+server-sent-event chunk, the usage-only chunk) with one id and creation time; choices carry
+vLLM's ``stop_reason`` (and, for chat, ``tool_calls``) next to OpenAI's fields. kvmesh's
+facts ride in ``usage``: ``prompt_tokens_details.cached_tokens`` is what the engine really
+served from its prefix cache (``null`` when unknown, e.g. a stream cut short by a stop string,
+or the counts so far on a chunk of vLLM's ``continuous_usage_stats``), and
+``cached_tokens_by_tier`` the same split by KV tier (``kvmesh.tiers``).
 """
 from __future__ import annotations
 
@@ -16,17 +16,16 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from kvmesh.tiers import TIERS
+
 DONE = "data: [DONE]\n\n"
-
-
-TIERS = ("gpu", "cpu", "disk")
 
 
 @dataclass(frozen=True)
 class Usage:
     """Token counts of one request (summed over a batch). ``cached_tokens_by_tier`` splits
-    ``cached_tokens`` by the KV tier the blocks came from (``gpu``/``cpu``/``disk``; a missing
-    tier counts 0); both are None when unknown."""
+    ``cached_tokens`` by the KV tier the blocks came from (a missing tier counts 0); both are
+    None when unknown."""
 
     prompt_tokens: int
     completion_tokens: int
@@ -44,7 +43,7 @@ class Usage:
 
     def tier(self, name: str) -> int:
         """Cached tokens that came from tier ``name`` (all of them from ``gpu`` when the
-        worker gave no split)."""
+        engine gave no split)."""
         if self.cached_tokens_by_tier is None:
             return (self.cached_tokens or 0) if name == "gpu" else 0
         return int(self.cached_tokens_by_tier.get(name, 0))
@@ -76,29 +75,33 @@ class ResponseShape:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
-    def _head(self, object_: str) -> dict[str, Any]:
-        return {"id": self.id, "object": object_, "created": self.created, "model": self.model}
+    def _head(self, chunk: bool) -> dict[str, Any]:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat \
+            else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def body(self, choices: list[tuple[str, str]], usage: Usage) -> dict[str, Any]:
-        """The non-streaming body for ``[(text, finish_reason), ...]`` (one per prompt)."""
-        out = self._head("chat.completion" if self.chat else "text_completion")
+    def choice(self, index: int, text: str, finish: str | None,
+               token_ids: list[int] | None = None) -> dict[str, Any]:
+        """One choice of a whole body (``token_ids``: vLLM's ``return_token_ids``)."""
+        out: dict[str, Any] = {"index": index}
         if self.chat:
-            out["choices"] = [{"index": i, "message": {"role": "assistant", "content": text},
-                               "logprobs": None, "finish_reason": finish}
-                              for i, (text, finish) in enumerate(choices)]
+            out["message"] = {"role": "assistant", "content": text, "tool_calls": []}
         else:
-            out["choices"] = [{"index": i, "text": text, "logprobs": None,
-                               "finish_reason": finish}
-                              for i, (text, finish) in enumerate(choices)]
-        out["usage"] = usage.as_dict()
+            out["text"] = text
+        out.update(logprobs=None, finish_reason=finish, stop_reason=None)
+        if token_ids is not None:
+            out["token_ids"] = token_ids
         return out
+
+    def body(self, choices: list[dict[str, Any]], usage: Usage) -> dict[str, Any]:
+        """The non-streaming body: ``choices`` (from ``choice``) and ``usage``."""
+        return {**self._head(False), "choices": choices, "usage": usage.as_dict()}
 
     def chunk(self, text: str | None, finish_reason: str | None = None,
               role: bool = False, usage: Usage | None = None) -> dict[str, Any]:
         """One stream chunk: new ``text`` (chat: in ``delta``; ``role`` adds the assistant
         role, as the first chat chunk does), on the last one ``finish_reason``, and the
         ``usage`` so far when given (``continuous_usage_stats``)."""
-        out = self._head("chat.completion.chunk" if self.chat else "text_completion")
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
@@ -106,16 +109,12 @@ class ResponseShape:
             choice: dict[str, Any] = {"index": 0, "delta": delta}
         else:
             choice = {"index": 0, "text": text or ""}
-        choice["logprobs"] = None
-        choice["finish_reason"] = finish_reason
-        out["choices"] = [choice]
+        choice.update(logprobs=None, finish_reason=finish_reason, stop_reason=None)
+        out = {**self._head(True), "choices": [choice]}
         if usage is not None:
             out["usage"] = usage.as_dict()
         return out
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         """The last chunk of a stream with ``stream_options.include_usage``: no choices."""
-        out = self._head("chat.completion.chunk" if self.chat else "text_completion")
-        out["choices"] = []
-        out["usage"] = usage.as_dict()
-        return out
+        return {**self._head(True), "choices": [], "usage": usage.as_dict()}
