@@ -16,10 +16,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from kvmesh.contract import TIERS
+
 DONE = "data: [DONE]\n\n"
-
-
-TIERS = ("gpu", "cpu", "disk")
 
 
 @dataclass(frozen=True)
