@@ -7,7 +7,8 @@ index silently finds nothing (the service checks the root hash at registration f
 Processes pick the seed at start with ``resolve_seed``, by vLLM's rule: ``--hash-seed``, else
 ``PYTHONHASHSEED``, else ``"vllm-none-hash"`` (sha256 algorithms only; see there for xxhash).
 
-Algorithms (the names vLLM uses for ``--prefix-caching-hash-algo``):
+Algorithms (the names vLLM uses for ``--prefix-caching-hash-algo``; the names, the default and
+the digest sizes are ``kvmesh.contract``'s, and ``ALGOS`` / ``DEFAULT_ALGO`` read from here too):
 
 - ``sha256``: pickle at the highest protocol, SHA-256 (32 bytes)
 - ``sha256_cbor``: canonical CBOR, SHA-256 (32 bytes); the default, reproducible anywhere
