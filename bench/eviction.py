@@ -22,6 +22,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
+from kvmesh.contract import EVICTIONS
 from worker.kv_cache import KVCacheManager, KVRequest
 
 
@@ -173,7 +174,7 @@ def main() -> None:
         probe = Chat(convs=convs)
         total = sum(len(j.prompt) for j in _all_turns(probe)) // bs
         blocks = max(64, int(total * frac))
-        for eviction in ("lru", "layered"):
+        for eviction in EVICTIONS:
             for auto in (False, True):
                 chat = Chat(convs=convs)
                 r = simulate(chat.first_jobs(), blocks, bs, eviction=eviction,
@@ -182,7 +183,7 @@ def main() -> None:
                        "eviction": eviction, "auto_pin": auto, **r}, args.json)
     limit = 300 if args.quick else 1000
     for blocks in (4_000, 12_000):
-        for eviction in ("lru", "layered"):
+        for eviction in EVICTIONS:
             for auto in (False, True):
                 jobs = mooncake_jobs(args.trace, limit, 512, gap=20)
                 r = simulate(jobs, blocks, bs, eviction=eviction, auto_pin=auto,

@@ -49,11 +49,12 @@ from bridge.batch_slices import slices, units
 from bridge.copies import Copies
 from bridge.extra_keys import Unroutable, block_extra, event_lora
 from bridge.index_events import IndexEvents, snapshot_runs
+from kvmesh.contract import TIERS
 from kvmesh.events import vllm as ve
 from kvmesh.hashing import DEFAULT_ALGO, Extra, Lora, chain_hashes, compiled_chain, none_hash
 from kvmesh.v1 import index_pb2
 
-TIER_INDEX = {"gpu": 0, "cpu": 1, "disk": 2}  # positions in PB_TIERS
+TIER_INDEX = {t: i for i, t in enumerate(TIERS)}  # positions in PB_TIERS
 MEMO_BLOCKS = 65_536  # the memo's default size where the chain hash runs in Python
 _MEDIUM_INDEX = {m: TIER_INDEX[t] for m, t in ve.TIERS.items()}
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from bridge.wire import Wire
+from kvmesh.contract import TIER_PB, TIERS
 from kvmesh.v1 import index_pb2
 
-PB_TIERS = (index_pb2.TIER_GPU, index_pb2.TIER_CPU, index_pb2.TIER_DISK)
+PB_TIERS = tuple(TIER_PB[t] for t in TIERS)
 # Hashes in one index event: a PublishEvents batch may carry at most the service's
 # --max-batch-hashes (8192 by default) and an event is never split across batches.
 MAX_RUN = 1024

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from kvmesh.contract import TIERS
 from kvmesh.openai import vocab
 from kvmesh.ops.cli_options import (
     DEFAULT_SERVICE,
@@ -39,7 +40,6 @@ Text = Annotated[str | None, typer.Option("--text", help="Prompt text (byte-leve
 Salt = Annotated[str | None, typer.Option("--salt", help="Cache salt (tenant isolation).")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Per-call timeout, seconds.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
-TIERS = ("gpu", "cpu", "disk")  # KV tiers, fastest first, as the wire names them
 TINY_MODEL = "tiny"  # the worker's built-in model: byte vocabulary, random weights
 
 

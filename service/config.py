@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kvmesh.contract import POLICIES
 from kvmesh.hashing import DEFAULT_SEED
-from kvmesh.policies import POLICIES
 
 if TYPE_CHECKING:  # grpc stays unimported until a server is built (`kvmesh --help` is fast)
     from kvmesh.rpc.tls import TlsFiles

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from kvmesh.contract import LEAST_LOADED
 from kvmesh.rpc.auth import bearer
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
@@ -206,11 +207,11 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         groups = self._live_groups(inp.model, now, degraded=True)
         views = [WorkerView(r.worker_id, r.address, self.table.load(r), BlockMatch(),
                             r.block_size, r.ns) for recs in groups.values() for r in recs]
-        ranked = self.policies["least_loaded"].rank(len(inp.tokens), views, self.rng)
+        ranked = self.policies[LEAST_LOADED].rank(len(inp.tokens), views, self.rng)
         if self.route_log is not None and not inp.dry_run:
-            self.route_log.write(decision(self.clock(), self.policies["least_loaded"],
+            self.route_log.write(decision(self.clock(), self.policies[LEAST_LOADED],
                                           len(inp.tokens), ranked, self.table, degraded=True))
-        return self._answer(inp, ranked, "least_loaded", degraded=True)
+        return self._answer(inp, ranked, LEAST_LOADED, degraded=True)
 
     @_rpc
     async def Route(self, req: pb.RouteRequest) -> pb.RouteResponse:

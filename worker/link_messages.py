@@ -6,10 +6,11 @@ index can rebuild every (hash, parent, tier) from far fewer messages.
 """
 from __future__ import annotations
 
+from kvmesh.contract import TIER_PB
 from kvmesh.v1 import index_pb2
 from worker.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored, CacheSnapshot, KVEvent
 
-TIERS = {"gpu": index_pb2.TIER_GPU, "cpu": index_pb2.TIER_CPU, "disk": index_pb2.TIER_DISK}
+TIERS = TIER_PB
 
 
 def event_to_proto(ev: KVEvent) -> index_pb2.KvEvent:

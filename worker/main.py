@@ -8,6 +8,7 @@ import socket
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from kvmesh.contract import DEFAULT_ALGO
 from kvmesh.rpc.tls import TlsFiles
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ class WorkerOptions:
     token: str | None = None          # router token (--token): only derives access_token
     access_token: str | None = None   # its own WorkerService token (--access-token)
     service_token: str | None = None  # what it presents to the service (--service-token)
-    hash_algo: str = "sha256_cbor"
+    hash_algo: str = DEFAULT_ALGO
     hash_seed: str | None = None      # None: kvmesh.hashing.resolve_seed's default (as vLLM)
     device: str | None = None
     heartbeat_s: float = 1.0
@@ -51,7 +52,7 @@ class WorkerOptions:
     cpu_blocks: int = 0               # host-memory KV tier (0: off)
     disk_blocks: int = 0              # disk KV tier (0: off)
     disk_dir: str | None = None       # its files (a restart on it re-announces them)
-    eviction: str = "lru"             # device-pool eviction order (kvmesh.tiers.EVICTIONS)
+    eviction: str = "lru"             # device-pool eviction order (kvmesh.contract.EVICTIONS)
     auto_pin: bool = False            # pin hot prefixes automatically
     # vLLM's protocols (none by default): KV events on ZMQ, an OpenAI HTTP server
     vllm_events: str | None = None    # PUB endpoint, e.g. tcp://127.0.0.1:5557

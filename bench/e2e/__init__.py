@@ -30,7 +30,7 @@ difference; ``--rate 40 --requests 480`` overloads round robin, which is where t
 throughput ratio means something (and needs a quiet machine). A run of both policies takes
 about two minutes, cluster starts included.
 
-Rows (``bench.e2e.rows``): ``--policies`` names policies of ``kvmesh.policies.POLICIES``
+Rows (``bench.e2e.rows``): ``--policies`` names policies of ``kvmesh.contract.POLICIES``
 or variants ``kvmesh[weight=value,...]`` (``bench.variants``: every service replica of that
 row's cluster runs with those cost weights; the row is named by the variant's label);
 ``--against REV`` adds ``kvmesh@REV``, a cluster whose service replicas and workers run git
@@ -80,9 +80,10 @@ from bench.route_log import read as read_routes
 from bench.route_log import summarize as summarize_routes
 from bench.variants import Variant, parse, parse_list
 from bench.workload import Request, WorkloadSpec, stream
-from kvmesh.policies import POLICIES as ALL_POLICIES
+from kvmesh.contract import KVMESH, ROUND_ROBIN
+from kvmesh.contract import POLICIES as ALL_POLICIES
 
-POLICIES = ("kvmesh", "round_robin")
+POLICIES = (KVMESH, ROUND_ROBIN)
 
 
 @dataclass(frozen=True)
@@ -256,7 +257,7 @@ def _ratios(rows: list[dict[str, Any]], cpu: bool = False) -> dict[str, float]:
     """kvmesh over round robin; with ``cpu``: kvmesh with the CPU tier over without."""
     by = {r["policy"]: r for r in rows}
     k, rr = (by.get("kvmesh+cpu"), by.get("kvmesh")) if cpu else (by.get("kvmesh"),
-                                                                   by.get("round_robin"))
+                                                                   by.get(ROUND_ROBIN))
     if k is None or rr is None:
         return {}
     return _ratio(k, rr)

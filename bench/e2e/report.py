@@ -10,6 +10,7 @@ from rich.table import Table
 
 from bench import route_log
 from bench.e2e.rounds import wins
+from kvmesh.contract import CONSISTENT_HASH, LEAST_LOADED, PREFIX_ONLY, ROUND_ROBIN
 
 
 def _title(res: dict[str, Any]) -> str:
@@ -65,13 +66,13 @@ def goals(res: dict[str, Any]) -> list[tuple[str, bool]]:
     if k is None:
         return []
     out = []
-    rr = rows.get("round_robin")
+    rr = rows.get(ROUND_ROBIN)
     offered = res.get("offered_tokens_per_s", 0.0)
     saturated = rr is None or not offered or rr["tokens_per_s"] < 0.9 * offered
     if rr is not None and saturated:
-        ratio = k["tokens_per_s"] / rows["round_robin"]["tokens_per_s"]
+        ratio = k["tokens_per_s"] / rows[ROUND_ROBIN]["tokens_per_s"]
         out.append((f"throughput >= 2x round_robin ({ratio:.2f}x)", ratio >= 2.0))
-    for name in ("prefix_only", "consistent_hash", "least_loaded"):
+    for name in (PREFIX_ONLY, CONSISTENT_HASH, LEAST_LOADED):
         if name in rows and saturated:
             ratio = k["tokens_per_s"] / rows[name]["tokens_per_s"]
             out.append((f"throughput >= {name} ({ratio:.2f}x)", ratio >= 1.0))

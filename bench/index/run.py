@@ -37,12 +37,13 @@ import redis.asyncio as aioredis
 
 from bench.index import pipelined
 from bench.index.data import Dataset, Layout, plan
+from kvmesh.contract import DEFAULT_ALGO
 from service.index.base import ApplyStatus, BlockMatch, Removed, WorkerRecord, namespace
 from service.index.keys import block_key
 from service.index.redis import RedisBackend
 
 BLOCK_SIZE = 16
-ALGO = "sha256_cbor"
+ALGO = DEFAULT_ALGO
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -37,13 +37,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvmesh.contract import CONSISTENT_HASH, LEAST_LOADED, RANDOM, ROUND_ROBIN, TIER_PB
 from kvmesh.hashing import DEFAULT_ALGO
 from service.config import CostWeights
 from service.index import IndexBackend, open_backend
 from service.index.base import (
-    TIER_CPU,
-    TIER_DISK,
-    TIER_GPU,
     ApplyStatus,
     BlockMatch,
     Cleared,
@@ -66,7 +64,7 @@ from .trace import TokenSynth, TraceRequest
 
 # Policies whose ranking never reads the matches: the index cannot change their choices, so
 # their replay skips it (same results, half the time).
-MATCH_BLIND = frozenset({"consistent_hash", "least_loaded", "round_robin", "random"})
+MATCH_BLIND = frozenset({CONSISTENT_HASH, LEAST_LOADED, ROUND_ROBIN, RANDOM})
 
 
 @dataclass(frozen=True)
@@ -145,7 +143,7 @@ class PolicyResult:
         }
 
 
-TIERS = {"gpu": TIER_GPU, "cpu": TIER_CPU, "disk": TIER_DISK}
+TIERS = TIER_PB  # the index's tier numbers are the wire's
 
 
 def to_index_event(ev: KVEvent) -> KvEvent:

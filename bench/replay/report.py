@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kvmesh.contract import ROUND_ROBIN
+
 from .replay import PolicyResult
 from .rows import base_policy
 
@@ -39,7 +41,7 @@ def targets(results: Sequence[PolicyResult]) -> list[tuple[str, bool, str]]:
         return []
     out: list[tuple[str, bool, str]] = []
     hit = k.token_hit_rate
-    for other, factor in (("round_robin", 2.0), ("approx_tree", 1.0), ("ray_prefix_tree", 1.0)):
+    for other, factor in ((ROUND_ROBIN, 2.0), ("approx_tree", 1.0), ("ray_prefix_tree", 1.0)):
         r = by.get(other)
         if r is None:
             continue
@@ -71,7 +73,7 @@ def targets(results: Sequence[PolicyResult]) -> list[tuple[str, bool, str]]:
 
 def print_table(results: Sequence[PolicyResult], title: str, console: Console) -> None:
     """The human-readable table, then the targets."""
-    rr = next((r.token_hit_rate for r in results if r.policy == "round_robin"), 0.0)
+    rr = next((r.token_hit_rate for r in results if r.policy == ROUND_ROBIN), 0.0)
     table = Table(title=title)
     for col in ("policy", "requests", "hit rate", "x rr", "imbalance", "prefill tok",
                 "mean TTFT s", "p90 TTFT s", "p99 TTFT s", "util", "evictions", "wall s"):

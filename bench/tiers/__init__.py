@@ -37,6 +37,7 @@ import typer
 from bench.replay.cluster import CostModel
 from bench.replay.replay import PolicyResult, ReplayConfig
 from bench.replay.trace import TraceRequest
+from kvmesh.contract import LOWER_TIERS
 from service.config import CostWeights
 
 TIERS = ("gpu", "gpu+cpu", "gpu+cpu+disk")
@@ -179,7 +180,7 @@ def goals(results: Sequence[SetupResult], cost: CostModel,
     by = {r.setup.name: r for r in results}
     out: list[tuple[str, bool, str]] = []
     recompute = cost.prefill_s(block_size)
-    for tier in ("cpu", "disk"):
+    for tier in LOWER_TIERS:
         ratio = cost.onboard_s(tier, block_size) / recompute
         out.append((f"onboard a {tier} block < 1/5 of recomputing it", ratio < 0.2,
                     f"{cost.onboard_s(tier, block_size) * 1e6:.0f} us / "

@@ -10,8 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.tiers import BASELINE, BOUND, SetupResult
+from kvmesh.contract import LOWER_TIERS, TIERS
 
-TIER_COLORS = {"gpu": "tab:green", "cpu": "tab:blue", "disk": "tab:orange"}
+TIER_COLORS = dict(zip(TIERS, ("tab:green", "tab:blue", "tab:orange"), strict=True))
 
 
 def _base(results: Sequence[SetupResult]) -> SetupResult | None:
@@ -42,11 +43,11 @@ def print_table(results: Sequence[SetupResult], title: str, console: Console,
         table.add_row(
             r.setup.name, f"{r.result.token_hit_rate:.2%}",
             f"{r.hit_x(base):.2f}" if base else "-",
-            "/".join(f"{r.hit_share(t):.0%}" for t in ("gpu", "cpu", "disk")),
+            "/".join(f"{r.hit_share(t):.0%}" for t in TIERS),
             f"{r.result.prefill_tokens:,}", f"{r.result.ttft_s():.3f}",
             f"{r.ttft_cut(base):.0%}" if base else "-", f"{r.result.ttft_s(90):.3f}",
             f"{r.ttft_cut(base, 90):.0%}" if base else "-",
-            "/".join(_gb(r.onboard_bytes(t)) for t in ("cpu", "disk")),
+            "/".join(_gb(r.onboard_bytes(t)) for t in LOWER_TIERS),
             _gb(r.bytes_of(r.result.copies.offload_blocks)),
             _gb(r.bytes_of(r.result.copies.spill_blocks)),
             f"{r.result.evictions:,}", f"{r.result.wall_s:.0f}")

@@ -16,7 +16,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
-from kvmesh.policies import POLICIES
+from kvmesh.contract import POLICIES
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,47}")
 

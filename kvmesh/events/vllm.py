@@ -39,6 +39,8 @@ from typing import Any
 
 import msgspec
 
+from kvmesh.contract import TIERS as KV_TIERS
+
 try:
     from kvmesh._chain import msgpack_len as _msgpack_len
 except ImportError:  # not built: no packed ids (``decode_batch(packed=True)`` decodes them)
@@ -47,8 +49,8 @@ except ImportError:  # not built: no packed ids (``decode_batch(packed=True)`` d
 ExternalBlockHash = bytes | int
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 REPLAY_BUFFER = 10_000  # vLLM's default ``buffer_steps``
-TIERS: dict[str | None, str] = {None: "gpu", "GPU": "gpu", "CPU": "cpu", "STORAGE": "disk"}
-MEDIUMS = {"gpu": "GPU", "cpu": "CPU", "disk": "STORAGE"}
+MEDIUMS = dict(zip(KV_TIERS, ("GPU", "CPU", "STORAGE"), strict=True))  # vLLM's, per tier
+TIERS: dict[str | None, str] = {None: KV_TIERS[0], **{m: t for t, m in MEDIUMS.items()}}
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from kvmesh.tiers import TIERS
+from kvmesh.contract import TIERS
 
 DONE = "data: [DONE]\n\n"
 

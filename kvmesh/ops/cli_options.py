@@ -2,7 +2,7 @@
 
 Each option reads one environment variable, the same for every command that takes it (the
 table in ``docs/operations.md``), and offers its choices from the list that defines them
-(``kvmesh.hashing.ALGOS``, ``kvmesh.policies.POLICIES``), never from hand-typed help. A
+(``kvmesh.contract``: ``ALGOS``, ``POLICIES``, ``EVICTIONS``), never from hand-typed help. A
 command gives the default as the parameter's default, so one type serves a client (whose
 ``--service`` defaults to the local service) and a worker (whose ``--service`` is optional).
 
@@ -14,9 +14,7 @@ from typing import Annotated, Literal
 
 import typer
 
-from kvmesh.hashing import ALGOS
-from kvmesh.policies import POLICIES
-from kvmesh.tiers import EVICTIONS
+from kvmesh.contract import ALGOS, EVICTIONS, POLICIES
 
 DEFAULT_SERVICE = "127.0.0.1:50051"
 

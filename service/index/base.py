@@ -54,9 +54,12 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from urllib.parse import quote
 
-TIER_GPU, TIER_CPU, TIER_DISK = 1, 2, 3
+# DIGEST_BYTES re-exported (``as``): the service's modules have always read it from here
+from kvmesh.contract import DIGEST_BYTES as DIGEST_BYTES
+from kvmesh.contract import TIER_PB, TIERS
+
+TIER_GPU, TIER_CPU, TIER_DISK = (TIER_PB[t] for t in TIERS)  # the wire's Tier values
 ALL_TIERS = 0b111
-DIGEST_BYTES = {"sha256": 32, "sha256_cbor": 32, "xxhash": 16, "xxhash_cbor": 16}
 
 
 def tier_bit(tier: int) -> int:

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 import xxhash
 
+from kvmesh.contract import CONSISTENT_HASH
 from service.policy.base import Policy, Ranked, WorkerView
 
 DEFAULT_VNODES = 160
@@ -76,7 +77,7 @@ class Ring:
 class ConsistentHashPolicy(Policy):
     """The worker owning ``key``'s arc of the ring, unless full (see the module docstring)."""
 
-    name = "consistent_hash"
+    name = CONSISTENT_HASH
     reads_key = True
 
     def __init__(self, balance: float = DEFAULT_BALANCE, vnodes: int = DEFAULT_VNODES) -> None:

@@ -217,7 +217,7 @@ def test_generate_tokens_has_no_model_note(service) -> None:
 
 
 def test_policy_choices_come_from_the_contract_list() -> None:
-    from kvmesh.policies import POLICIES
+    from kvmesh.contract import POLICIES
 
     result = runner.invoke(app, ["route", "--service", "127.0.0.1:1", "--tokens", "1",
                                  "--policy", "nope"])

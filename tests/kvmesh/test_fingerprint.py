@@ -1,10 +1,10 @@
-"""kvmesh.fingerprint: every input of the KV bytes names another fingerprint; equal inputs
-give equal bytes whatever the order they were written in."""
+"""kvmesh.contract.kv_fingerprint: every input of the KV bytes names another fingerprint;
+equal inputs give equal bytes whatever the order they were written in."""
 from __future__ import annotations
 
 import pytest
 
-from kvmesh.fingerprint import FINGERPRINT_BYTES, kv_fingerprint
+from kvmesh.contract import FINGERPRINT_BYTES, kv_fingerprint
 
 CONFIG = {"num_hidden_layers": 2, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
           "max_position_embeddings": 2048,

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kvmesh.contract import LOWER_TIERS
+
 if TYPE_CHECKING:
     from worker.kv_io.copy_executor import CopyExecutor
 
@@ -35,7 +37,7 @@ class CostMeter:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self.prefill_us_per_token = 0.0
-        self.onboard_us_per_block = {"cpu": 0.0, "disk": 0.0}
+        self.onboard_us_per_block = dict.fromkeys(LOWER_TIERS, 0.0)
 
     @staticmethod
     def _mix(old: float, sample: float, weight: float = 1.0) -> float:

@@ -31,13 +31,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
+from kvmesh.contract import EVICTIONS
+from kvmesh.contract import TIERS as ALL_TIERS
+
 from .block import BlockContent, Extra, FreeBlockQueue, KVCacheBlock, LayeredFreeQueue
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, CacheSnapshot, KVEvent
 
-TIERS = ("gpu", "cpu")
-# Free-queue orders: "lru" is vLLM's; "layered" hands out decode-generated blocks before
-# prefill-computed ones (see LayeredFreeQueue).
-EVICTIONS = ("lru", "layered")
+TIERS = ALL_TIERS[:2]  # the tiers a pool can be (memory); disk blocks are files, not a pool
+# Free-queue orders (EVICTIONS): "lru" is vLLM's; "layered" hands out decode-generated blocks
+# before prefill-computed ones (see LayeredFreeQueue).
 # Bound of the unread event backlog, in blocks (an event weighs 1 + its block hashes, and its
 # tokens are proportional to those): with nobody reading events (no service link, or an
 # ``Engine`` used directly) they would otherwise grow with traffic forever. A reader taking

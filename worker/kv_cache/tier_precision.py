@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-TIER_ORDER = ("gpu", "cpu", "disk")
+from kvmesh.contract import TIERS
+
+TIER_ORDER = TIERS  # fastest first
 
 
 def missed_by_tier(promised: Mapping[str, int], served: Mapping[str, int]) -> dict[str, int]:

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from kvmesh.contract import TIERS
+
 from .block import Extra, KVCacheBlock
 from .block_pool import BlockPool
 from .events import CacheSnapshot
@@ -33,7 +35,7 @@ from .request import KVRequest
 from .stats import TierCounters
 from .transfers import Lost, Transfer
 
-TIER_NAMES = ("gpu", "cpu", "disk")
+TIER_NAMES = TIERS
 
 
 class Tiers:

@@ -1,7 +1,7 @@
 """The disk tier's files: one file per KV block, private, authenticated, written atomically.
 
 Layout. Files live in ``<disk_dir>/<fingerprint[:16] hex>/<block hash hex>.kvb``: the
-subdirectory is the model fingerprint (``kvmesh.fingerprint``: the whole parsed model config,
+subdirectory is the model fingerprint (``kvmesh.contract``: the whole parsed model config,
 architecture, dtype, block size, a weight sample, hash algorithm and root hash), so a worker
 started with another model, config or hash seed on the same ``disk_dir`` never even lists
 the other's files. ``<disk_dir>/disk.key`` is the MAC key (``worker.kv_io.disk_key``).

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from bench import e2e
 from bench.workload import WorkloadSpec, stream
-from kvmesh.policies import POLICIES
+from kvmesh.contract import POLICIES
 
 TINY = e2e.E2ESpec(workers=2, num_blocks=64,
                    workload=WorkloadSpec(tenants=2, system_tokens=64, question_tokens=16,

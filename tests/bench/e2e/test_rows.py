@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from bench import e2e
 from bench.e2e.rows import Setup, preflight, revision_setups, setups
 from bench.variants import Variant, parse_list
-from kvmesh.policies import POLICIES
+from kvmesh.contract import POLICIES
 
 
 def test_each_variant_is_a_row_with_its_weights_and_log_directory(tmp_path: Path) -> None:

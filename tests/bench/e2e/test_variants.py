@@ -13,7 +13,7 @@ from bench.e2e.report import show
 from bench.revision import repo_root, service_flags, source_tree
 from bench.variants import parse_list
 from bench.workload import WorkloadSpec
-from kvmesh.policies import POLICIES
+from kvmesh.contract import POLICIES
 
 REV = "8cfb7d8"  # the commit before the route log and --cost-weight existed
 VARIANT = "kvmesh[prefill_weight=3,saturation_weight=0]"
