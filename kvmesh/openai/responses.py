@@ -6,7 +6,7 @@ vLLM's ``stop_reason`` (and, for chat, ``tool_calls``) next to OpenAI's fields. 
 facts ride in ``usage``: ``prompt_tokens_details.cached_tokens`` is what the engine really
 served from its prefix cache (``null`` when unknown, e.g. a stream cut short by a stop string,
 or the counts so far on a chunk of vLLM's ``continuous_usage_stats``), and
-``cached_tokens_by_tier`` the same split by KV tier (``kvmesh.tiers``).
+``cached_tokens_by_tier`` the same split by KV tier (``kvmesh.contract.TIERS``).
 """
 from __future__ import annotations
 
