@@ -27,20 +27,20 @@ import msgspec
 from kvmesh.events import vllm as ve
 
 
-def units(events: Sequence[ve.Event]) -> int:
+def units(events: Sequence[ve.VllmEvent]) -> int:
     """The work of a batch's events: block hashes, plus one per event without any."""
-    return sum(len(ev.block_hashes) or 1 if ev.__class__ is not ve.AllBlocksCleared else 1
+    return sum(len(ev.block_hashes) or 1 if ev.__class__ is not ve.VllmCleared else 1
                for ev in events)
 
 
-def slices(events: Sequence[ve.Event], size: int, block_size: int
-           ) -> Iterator[list[ve.Event]]:
+def slices(events: Sequence[ve.VllmEvent], size: int, block_size: int
+           ) -> Iterator[list[ve.VllmEvent]]:
     """``events`` in slices of at most ``size`` units (see the module contract)."""
-    part: list[ve.Event] = []
+    part: list[ve.VllmEvent] = []
     room = size
     for ev in events:
         for piece in _pieces(ev, size, block_size):
-            n = len(piece.block_hashes) or 1 if piece.__class__ is not ve.AllBlocksCleared else 1
+            n = len(piece.block_hashes) or 1 if piece.__class__ is not ve.VllmCleared else 1
             if n > room:
                 yield part
                 part, room = [], size
@@ -50,13 +50,13 @@ def slices(events: Sequence[ve.Event], size: int, block_size: int
         yield part
 
 
-def _pieces(ev: ve.Event, size: int, block_size: int) -> Iterator[ve.Event]:
-    if ev.__class__ is ve.AllBlocksCleared or len(ev.block_hashes) <= size:
+def _pieces(ev: ve.VllmEvent, size: int, block_size: int) -> Iterator[ve.VllmEvent]:
+    if ev.__class__ is ve.VllmCleared or len(ev.block_hashes) <= size:
         yield ev
         return
     hashes = ev.block_hashes
     n = len(hashes)
-    if not isinstance(ev, ve.BlockStored):
+    if not isinstance(ev, ve.VllmStored):
         for i in range(0, n, size):
             yield msgspec.structs.replace(ev, block_hashes=hashes[i:i + size])
         return

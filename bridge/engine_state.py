@@ -198,13 +198,13 @@ class EngineState:
         self.stats.batches += 1
         return self._events(batch.events)
 
-    def _events(self, events: list[ve.Event]) -> list[index_pb2.KvEvent]:
+    def _events(self, events: list[ve.VllmEvent]) -> list[index_pb2.KvEvent]:
         runs = IndexEvents(self._next_out, self.wire)
         # vLLM's block pool emits one BlockRemoved per evicted block: consecutive removals of
         # one tier are released as one list (the same result: ``release`` goes in order)
         # (``bulk=False``: each event on its own, the reference)
         gone: list = []
-        gone_tier, bulk, group, removed = -1, self._copies.bulk, self.group, ve.BlockRemoved
+        gone_tier, bulk, group, removed = -1, self._copies.bulk, self.group, ve.VllmRemoved
         for ev in events:
             if ev.__class__ is removed:  # as ``_tier``, inline: there is one per block
                 t = _MEDIUM_INDEX.get(ev.medium)
@@ -220,7 +220,7 @@ class EngineState:
             if gone:
                 self._release(gone, gone_tier, runs)
                 gone = []
-            if isinstance(ev, ve.BlockStored):
+            if isinstance(ev, ve.VllmStored):
                 self._stored(ev, runs)
             else:
                 self._forget(runs)
@@ -229,14 +229,14 @@ class EngineState:
         runs.flush()
         return runs.events
 
-    def _tier(self, ev: ve.BlockStored | ve.BlockRemoved) -> int | None:
+    def _tier(self, ev: ve.VllmStored | ve.VllmRemoved) -> int | None:
         tier = _MEDIUM_INDEX.get(ev.medium)
         if tier is None or (ev.group_idx or 0) != self.group:
             self.stats.ignored_events += 1
             return None
         return tier
 
-    def _stored(self, ev: ve.BlockStored, runs: IndexEvents) -> None:
+    def _stored(self, ev: ve.VllmStored, runs: IndexEvents) -> None:
         t = self._tier(ev)
         if t is None:
             return
@@ -289,7 +289,7 @@ class EngineState:
                 parent = cp.hold(hashes[k], parent, t, runs)
             i = j
 
-    def _rebuild(self, ev: ve.BlockStored, i: int, j: int, parent: bytes | None,
+    def _rebuild(self, ev: ve.VllmStored, i: int, j: int, parent: bytes | None,
                  lora: Lora | None, reason: str | None
                  ) -> tuple[list[bytes | None], str | None]:
         """The chain hashes of the event's blocks ``[i, j)`` (all new) below ``parent``

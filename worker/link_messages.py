@@ -1,27 +1,27 @@
 """The service link's wire form: KV events and cache snapshots as ``IndexService`` messages.
 
 Pure conversions (no I/O). A snapshot is sent as runs of chained blocks, each run one
-``BlockStored`` of one tier whose ``parent_hash`` is the parent of its first block, so the
+``PoolStored`` of one tier whose ``parent_hash`` is the parent of its first block, so the
 index can rebuild every (hash, parent, tier) from far fewer messages.
 """
 from __future__ import annotations
 
+from kvmesh.events.pool import CacheSnapshot, PoolCleared, PoolEvent, PoolRemoved, PoolStored
 from kvmesh.v1 import index_pb2
-from worker.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored, CacheSnapshot, KVEvent
 
 TIERS = {"gpu": index_pb2.TIER_GPU, "cpu": index_pb2.TIER_CPU, "disk": index_pb2.TIER_DISK}
 
 
-def event_to_proto(ev: KVEvent) -> index_pb2.KvEvent:
+def event_to_proto(ev: PoolEvent) -> index_pb2.KvEvent:
     """One pool event as the message ``PublishEvents`` carries (its ``seq`` kept)."""
-    if isinstance(ev, BlockStored):
+    if isinstance(ev, PoolStored):
         return index_pb2.KvEvent(seq=ev.seq, stored=index_pb2.BlockStored(
             block_hashes=ev.block_hashes, parent_hash=ev.parent_hash or b"",
             tier=TIERS[ev.tier]))
-    if isinstance(ev, BlockRemoved):
+    if isinstance(ev, PoolRemoved):
         return index_pb2.KvEvent(seq=ev.seq, removed=index_pb2.BlockRemoved(
             block_hashes=ev.block_hashes, tier=TIERS[ev.tier]))
-    assert isinstance(ev, AllBlocksCleared)
+    assert isinstance(ev, PoolCleared)
     return index_pb2.KvEvent(seq=ev.seq, cleared=index_pb2.AllBlocksCleared())
 
 

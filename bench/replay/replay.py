@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvmesh.events.pool import PoolEvent, PoolRemoved, PoolStored
 from kvmesh.hashing import DEFAULT_ALGO
 from service.config import CostWeights
 from service.index import IndexBackend, open_backend
@@ -55,7 +56,7 @@ from service.index.base import (
 )
 from service.policy import Policy, WorkerView
 from service.route import prompt_key
-from worker.kv_cache import BlockRemoved, BlockStored, KVCacheManager, KVEvent, KVRequest
+from worker.kv_cache import KVCacheManager, KVRequest
 
 from . import INDEX_POLICIES, POLICIES
 from .cluster import CostModel, SimRequest, SimWorker
@@ -148,12 +149,12 @@ class PolicyResult:
 TIERS = {"gpu": TIER_GPU, "cpu": TIER_CPU, "disk": TIER_DISK}
 
 
-def to_index_event(ev: KVEvent) -> KvEvent:
+def to_index_event(ev: PoolEvent) -> KvEvent:
     """A KV manager event as the service's index applies it (what the worker publishes)."""
-    if isinstance(ev, BlockStored):
+    if isinstance(ev, PoolStored):
         return KvEvent(ev.seq, Stored(tuple(ev.block_hashes), ev.parent_hash or b"",
                                       TIERS[ev.tier]))
-    if isinstance(ev, BlockRemoved):
+    if isinstance(ev, PoolRemoved):
         return KvEvent(ev.seq, Removed(tuple(ev.block_hashes), TIERS[ev.tier]))
     return KvEvent(ev.seq, Cleared())
 

@@ -54,11 +54,11 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
+from kvmesh.events.pool import CacheSnapshot, PoolEvent
 from kvmesh.hashing import ALGOS, DEFAULT_ALGO, extend_block_hashes, extra_keys
 
 from .block import Extra, KVCacheBlock
 from .block_pool import BlockPool
-from .events import CacheSnapshot, KVEvent
 from .offload import DiskEntry
 from .pins import Pinned, PinTable
 from .request import KVRequest
@@ -423,7 +423,7 @@ class KVCacheManager:
 
     # --- reporting --------------------------------------------------------------------
 
-    def take_events(self) -> list[KVEvent]:
+    def take_events(self) -> list[PoolEvent]:
         """KV events since the last call, oldest first (sequence numbers from 1, no gaps
         unless :attr:`events_dropped` grew in between)."""
         return self.pool.take_events()

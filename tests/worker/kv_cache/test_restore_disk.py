@@ -1,9 +1,10 @@
 """restore_disk: the disk tier rebuilt from its files at start; the snapshot of every tier."""
 import pytest
 
+from kvmesh.events.pool import PoolStored
 from kvmesh.hashing import block_hashes, extra_keys
 from kvmesh.v1 import index_pb2
-from worker.kv_cache import BlockStored, KVCacheManager, KVRequest
+from worker.kv_cache import KVCacheManager, KVRequest
 from worker.link_messages import chain_order, snapshot_blocks
 
 BS = 2
@@ -26,7 +27,7 @@ def test_restored_blocks_are_announced_and_onboarded_verified():
     a = entries([1, 2, 3, 4, 5, 6])
     kept = m.restore_disk(a)
     assert kept == [h for h, *_ in a] == disk(m)
-    assert m.take_events() == [BlockStored(1, kept, None, [1, 2, 3, 4, 5, 6], "disk")]
+    assert m.take_events() == [PoolStored(1, kept, None, [1, 2, 3, 4, 5, 6], "disk")]
     req = KVRequest("r", [1, 2, 3, 4, 5, 6, 7])
     assert m.match_by_tier(req) == {"gpu": 0, "cpu": 0, "disk": 6}
     assert m.start_onboard(req, [])
