@@ -1,7 +1,7 @@
 """The service link's wire form: KV events and cache snapshots as ``IndexService`` messages.
 
 Pure conversions (no I/O). A snapshot is sent as runs of chained blocks, each run one
-``PoolStored`` of one tier whose ``parent_hash`` is the parent of its first block, so the
+``index_pb2.BlockStored`` of one tier whose ``parent_hash`` is the parent of its first block, so the
 index can rebuild every (hash, parent, tier) from far fewer messages.
 """
 from __future__ import annotations

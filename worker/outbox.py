@@ -1,9 +1,9 @@
 """The service link's outbox: the engine's KV events waiting to be published.
 
-A :class:`kvmesh.link.backlog.Backlog` of :class:`~worker.kv_cache.KVEvent` (the contract, shared
-with the vLLM bridge, is there: bounded, leaving only by seq, the whole backlog dropped for
-a snapshot past ``max_blocks``); this module only says what a worker's event carries and
-how much of them it keeps.
+A :class:`kvmesh.link.backlog.Backlog` of :class:`~kvmesh.events.pool.PoolEvent` (the
+contract, shared with the vLLM bridge, is there: bounded, leaving only by seq, the whole
+backlog dropped for a snapshot past ``max_blocks``); this module only says what a worker's
+event carries and how much of them it keeps.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ a renaming:
   block: a consumer counts copies per hash. So the map counts the copies it published per
   (tier, hash) and, on kvmesh's one removal, publishes the hash once per copy; a consumer
   counting as vLLM's consumers do reaches 0 exactly when kvmesh's pool no longer holds it.
-- Extra keys. vLLM's ``PoolStored`` carries, per block, the keys its hash includes,
+- Extra keys. vLLM's ``VllmStored`` carries, per block, the keys its hash includes,
   untagged: the LoRA name, ``(mm_identifier, offset)`` pairs, the cache salt on block 0
   (``extra_keys``; ``None`` for a block without any), and the adapter's name in
   ``lora_name``. kvmesh's events carry hashes and tokens only; the keys are in the cached
@@ -21,7 +21,7 @@ a renaming:
 - Tiers. ``medium`` is the tier's (``GPU``, ``CPU``, ``STORAGE``).
 - Hashes. vLLM's ``ExternalBlockHash``: the digest's low 8 bytes as an int
   (``as_int``, vLLM's default), or the digest's bytes.
-- ``lost`` (the pool dropped unread events): ``PoolCleared`` first, then what follows;
+- ``lost`` (the pool dropped unread events): ``VllmCleared`` first, then what follows;
   consumers drop everything and learn the cache again as blocks are stored.
 
 Not thread-safe: one engine thread calls :meth:`VllmEventMap.translate`.

@@ -170,8 +170,8 @@ def test_reset_clears_every_tier_and_deletes_disk_files():
 
 def test_a_failed_offload_drops_its_cpu_entries_before_they_spill_or_are_announced():
     """Issue 22 item 14: the offload batch fails (the plane reports it lost, as the engine
-    does after executing a step's orders): the CPU entries go at once, ``BlockRemoved(cpu)``
-    after their ``BlockStored(cpu)``, so the pressure that follows spills and announces
+    does after executing a step's orders): the CPU entries go at once, ``PoolRemoved(cpu)``
+    after their ``PoolStored(cpu)``, so the pressure that follows spills and announces
     nothing of them on disk, and the snapshot does not list them."""
     r = Run(gpu=3, cpu=2, disk=4)
     r.run([1, 2, 3, 4, 5], "a")
