@@ -47,10 +47,10 @@ from service.index.base import (
     TIER_GPU,
     ApplyStatus,
     BlockMatch,
-    Cleared,
-    KvEvent,
-    Removed,
-    Stored,
+    IndexCleared,
+    IndexEvent,
+    IndexRemoved,
+    IndexStored,
     WorkerRecord,
     namespace,
 )
@@ -149,14 +149,14 @@ class PolicyResult:
 TIERS = {"gpu": TIER_GPU, "cpu": TIER_CPU, "disk": TIER_DISK}
 
 
-def to_index_event(ev: PoolEvent) -> KvEvent:
+def to_index_event(ev: PoolEvent) -> IndexEvent:
     """A KV manager event as the service's index applies it (what the worker publishes)."""
     if isinstance(ev, PoolStored):
-        return KvEvent(ev.seq, Stored(tuple(ev.block_hashes), ev.parent_hash or b"",
+        return IndexEvent(ev.seq, IndexStored(tuple(ev.block_hashes), ev.parent_hash or b"",
                                       TIERS[ev.tier]))
     if isinstance(ev, PoolRemoved):
-        return KvEvent(ev.seq, Removed(tuple(ev.block_hashes), TIERS[ev.tier]))
-    return KvEvent(ev.seq, Cleared())
+        return IndexEvent(ev.seq, IndexRemoved(tuple(ev.block_hashes), TIERS[ev.tier]))
+    return IndexEvent(ev.seq, IndexCleared())
 
 
 class IndexRouter:
