@@ -153,7 +153,7 @@ class Steps:
         at = 0
         for ids in chains:
             events.append(ve.VllmStored(block_hashes=ids, parent_block_hash=None,
-                                         token_ids=tokens[at:at + len(ids) * bs],
+                                        token_ids=tokens[at:at + len(ids) * bs],
                                          block_size=bs, lora_id=None, medium="GPU",
                                          lora_name=None))
             at += len(ids) * bs
@@ -163,7 +163,7 @@ class Steps:
             old = sent.popleft()
             if self.bulk_removals:
                 events.append(ve.VllmRemoved(block_hashes=[h for ids in old for h in ids],
-                                              medium="GPU"))
+                                             medium="GPU"))
             else:
                 events += [ve.VllmRemoved(block_hashes=[h], medium="GPU")
                            for ids in old for h in reversed(ids)]

@@ -153,7 +153,7 @@ def to_index_event(ev: PoolEvent) -> IndexEvent:
     """A KV manager event as the service's index applies it (what the worker publishes)."""
     if isinstance(ev, PoolStored):
         return IndexEvent(ev.seq, IndexStored(tuple(ev.block_hashes), ev.parent_hash or b"",
-                                      TIERS[ev.tier]))
+                                              TIERS[ev.tier]))
     if isinstance(ev, PoolRemoved):
         return IndexEvent(ev.seq, IndexRemoved(tuple(ev.block_hashes), TIERS[ev.tier]))
     return IndexEvent(ev.seq, IndexCleared())

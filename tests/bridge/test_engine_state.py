@@ -20,7 +20,7 @@ TOKENS = list(range(100, 112))  # three blocks
 def stored(hashes, tokens, parent=None, *, medium=None, lora=None, keys=None, group=None,
            block_size=BS, lora_id=None):
     return ve.VllmStored(block_hashes=list(hashes), parent_block_hash=parent,
-                          token_ids=list(tokens), block_size=block_size, lora_id=lora_id,
+                         token_ids=list(tokens), block_size=block_size, lora_id=lora_id,
                           medium=medium, lora_name=lora, extra_keys=keys, group_idx=group)
 
 

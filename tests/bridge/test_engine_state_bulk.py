@@ -111,7 +111,7 @@ class Engine:
             if kind == "clear":
                 return ve.VllmCleared()
             return ve.VllmRemoved(block_hashes=[1], medium="GPU" if kind == "group" else
-                                   "NVME", group_idx=1 if kind == "group" else None)
+                                  "NVME", group_idx=1 if kind == "group" else None)
         _, c, i, n, medium, flag = op[:6]
         blocks = self.chains[c]
         if kind == "remove" and i < 0 and c in self.last:
@@ -139,7 +139,7 @@ class Engine:
             keys.append(run[0][2])
         lora_name, lora_id = self.loras[c]
         return ve.VllmStored(block_hashes=hashes,
-                              parent_block_hash=blocks[i - 1][0] if i else None,
+                             parent_block_hash=blocks[i - 1][0] if i else None,
                               token_ids=tokens, block_size=BS, lora_id=lora_id, medium=medium,
                               lora_name=lora_name,
                               extra_keys=keys if any(k is not None for k in keys) else None)
@@ -254,7 +254,7 @@ def test_one_removal_of_two_engine_hashes_of_one_chain(bulk: bool) -> None:
     x.append(hash_block(x[0], tokens[BS:], None, "sha256_cbor"))
     state = EngineState(block_size=BS, bulk=bulk)
     stored = [ve.VllmStored(block_hashes=hs, parent_block_hash=None, token_ids=tokens,
-                             block_size=BS, lora_id=None, medium=None, lora_name=None)
+                            block_size=BS, lora_id=None, medium=None, lora_name=None)
               for hs in ([1, 2], [11, 12])]
     view = IndexView().apply(state.apply(ve.KVEventBatch(ts=1.0, events=stored)))
     assert set(view.held) == {(x[0], index_pb2.TIER_GPU), (x[1], index_pb2.TIER_GPU)}

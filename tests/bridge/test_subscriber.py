@@ -23,7 +23,7 @@ WITHIN = 10.0
 
 def stored(hashes, tokens, parent=None):
     return ve.VllmStored(block_hashes=list(hashes), parent_block_hash=parent,
-                          token_ids=list(tokens), block_size=BS, lora_id=None, medium=None,
+                         token_ids=list(tokens), block_size=BS, lora_id=None, medium=None,
                           lora_name=None)
 
 
@@ -141,7 +141,7 @@ def test_a_full_replay_buffer_arrives_whole() -> None:
         engine = FakeEngine(pub, rep)
         engine.publish(root(1, 11), drop=True)  # falls out of the buffer
         filler = ve.VllmRemoved(block_hashes=list(range(1 << 40, (1 << 40) + 50)),
-                                 medium=None)  # ~500 bytes, like a busy engine step
+                                medium=None)  # ~500 bytes, like a busy engine step
         for _ in range(ve.REPLAY_BUFFER - 1):
             engine.publish(filler, drop=True)
         engine.publish(root(2, 12), drop=True)

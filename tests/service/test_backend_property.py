@@ -126,7 +126,7 @@ def stored(draw: st.DrawFn) -> IndexStored:
 def removed(draw: st.DrawFn) -> IndexRemoved:
     c = chain(draw(paths))
     return IndexRemoved(tuple(draw(st.lists(st.sampled_from(c), min_size=1, max_size=3))),
-                   draw(st.sampled_from((0, 1, 2, 3))))
+                        draw(st.sampled_from((0, 1, 2, 3))))
 
 
 events = st.tuples(
