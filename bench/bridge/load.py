@@ -154,8 +154,8 @@ class Steps:
         for ids in chains:
             events.append(ve.VllmStored(block_hashes=ids, parent_block_hash=None,
                                         token_ids=tokens[at:at + len(ids) * bs],
-                                         block_size=bs, lora_id=None, medium="GPU",
-                                         lora_name=None))
+                                        block_size=bs, lora_id=None, medium="GPU",
+                                        lora_name=None))
             at += len(ids) * bs
         sent = self.sent[i]
         sent.append(chains)

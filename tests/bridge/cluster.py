@@ -58,7 +58,7 @@ def stored(hashes: Sequence[int], tokens: Sequence[int], parent: int | None = No
            keys: list | None = None) -> ve.VllmStored:
     return ve.VllmStored(block_hashes=list(hashes), parent_block_hash=parent,
                          token_ids=list(tokens), block_size=block_size, lora_id=None,
-                          medium=medium, lora_name=lora, extra_keys=keys)
+                         medium=medium, lora_name=lora, extra_keys=keys)
 
 
 def removed(hashes: Sequence[int], medium: str | None = None) -> ve.VllmRemoved:

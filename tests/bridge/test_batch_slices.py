@@ -46,7 +46,7 @@ def test_slices_bound_the_work_and_cut_large_events() -> None:
     tokens = list(range(10 * BS))
     big = ve.VllmStored(block_hashes=list(range(1, 11)), parent_block_hash=None,
                         token_ids=tokens, block_size=BS, lora_id=None, medium=None,
-                         lora_name=None, extra_keys=[("s",), *[None] * 9])
+                        lora_name=None, extra_keys=[("s",), *[None] * 9])
     events = [big, ve.VllmRemoved(block_hashes=list(range(1, 8)), medium=None),
               ve.VllmCleared()]
     parts = list(slices(events, 3, BS))

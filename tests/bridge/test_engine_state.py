@@ -21,7 +21,7 @@ def stored(hashes, tokens, parent=None, *, medium=None, lora=None, keys=None, gr
            block_size=BS, lora_id=None):
     return ve.VllmStored(block_hashes=list(hashes), parent_block_hash=parent,
                          token_ids=list(tokens), block_size=block_size, lora_id=lora_id,
-                          medium=medium, lora_name=lora, extra_keys=keys, group_idx=group)
+                         medium=medium, lora_name=lora, extra_keys=keys, group_idx=group)
 
 
 def removed(hashes, medium=None, group=None):

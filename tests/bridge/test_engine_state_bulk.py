@@ -140,9 +140,9 @@ class Engine:
         lora_name, lora_id = self.loras[c]
         return ve.VllmStored(block_hashes=hashes,
                              parent_block_hash=blocks[i - 1][0] if i else None,
-                              token_ids=tokens, block_size=BS, lora_id=lora_id, medium=medium,
-                              lora_name=lora_name,
-                              extra_keys=keys if any(k is not None for k in keys) else None)
+                             token_ids=tokens, block_size=BS, lora_id=lora_id, medium=medium,
+                             lora_name=lora_name,
+                             extra_keys=keys if any(k is not None for k in keys) else None)
 
 
 def same(a: EngineState, b: EngineState) -> None:

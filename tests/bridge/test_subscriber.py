@@ -24,7 +24,7 @@ WITHIN = 10.0
 def stored(hashes, tokens, parent=None):
     return ve.VllmStored(block_hashes=list(hashes), parent_block_hash=parent,
                          token_ids=list(tokens), block_size=BS, lora_id=None, medium=None,
-                          lora_name=None)
+                         lora_name=None)
 
 
 def root(n: int, h: int) -> ve.VllmStored:

@@ -27,7 +27,7 @@ def secret_batch() -> list[ve.VllmEvent]:
     """A tenant's two prompt blocks, the salt on block 0 (as the worker publishes them)."""
     return [ve.VllmStored(block_hashes=[11, 12], parent_block_hash=None, token_ids=PROMPT,
                           block_size=BS, lora_id=None, medium=None, lora_name=None,
-                           extra_keys=[(SALT,), None])]
+                          extra_keys=[(SALT,), None])]
 
 
 @pytest.fixture
