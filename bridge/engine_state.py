@@ -83,7 +83,7 @@ class EngineState:
 
     ``bulk=False`` applies every event block by block: the same results, slower (the
     reference the bulk paths are tested against). ``wire=True``: the index events come as
-    ``bridge.wire.Wire`` (the same events, serialized as the link sends them; the bridge
+    ``kvmesh.events.wire.Wire`` (the same events, serialized as the link sends them; the bridge
     process's states), else as ``index_pb2.KvEvent`` messages."""
 
     def __init__(self, *, block_size: int, algo: str = DEFAULT_ALGO, seed: str | None = None,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from bridge.wire import Wire
+from kvmesh.events.wire import Wire
 from kvmesh.v1 import index_pb2
 
 PB_TIERS = (index_pb2.TIER_GPU, index_pb2.TIER_CPU, index_pb2.TIER_DISK)
@@ -20,7 +20,7 @@ class IndexEvents:
     """Index events being built, numbered by ``next_seq``: consecutive chain blocks of one
     tier share one message (``stored`` of a block whose parent is the run's last block extends
     the run; ``removed`` of one tier extends a removal run), up to ``MAX_RUN`` hashes.
-    ``flush()`` ends the last run. ``wire=True``: each event a ``bridge.wire.Wire`` (the
+    ``flush()`` ends the last run. ``wire=True``: each event a ``kvmesh.events.wire.Wire`` (the
     same event, already as the link sends it) instead of a message."""
 
     def __init__(self, next_seq: Callable[[], int], wire: bool = False) -> None:

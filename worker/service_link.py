@@ -30,13 +30,13 @@ from typing import TypeVar
 import grpc
 
 from kvmesh.events.pool import PoolEvent
+from kvmesh.events.to_index import event_to_proto, snapshot_blocks
 from kvmesh.link.backlog import BatchLimits
 from kvmesh.rpc.retry import Action, Backoff, Source, decide
 from kvmesh.v1 import index_pb2, index_pb2_grpc
 from worker.engine.async_engine import AsyncEngine
 from worker.engine.engine import Engine
 from worker.engine.event_tap import EventTap
-from worker.link_messages import event_to_proto, snapshot_blocks
 from worker.outbox import MAX_BLOCKS, Outbox
 from worker.service_conn import ServiceConn
 

@@ -2,10 +2,10 @@
 import pytest
 
 from kvmesh.events.pool import PoolStored
+from kvmesh.events.to_index import snapshot_blocks
 from kvmesh.hashing import block_hashes, extra_keys
 from kvmesh.v1 import index_pb2
 from worker.kv_cache import KVCacheManager, KVRequest
-from worker.link_messages import chain_order, snapshot_blocks
 
 BS = 2
 
@@ -116,15 +116,6 @@ def test_the_snapshot_covers_every_tier_one_run_per_tier_and_chain():
         (index_pb2.TIER_GPU, [d0], b""),
         (index_pb2.TIER_CPU, a[:2], b""),
         (index_pb2.TIER_DISK, a, b"")]
-
-
-def test_chain_order_puts_parents_first_and_keeps_everything():
-    hashes = [b"c", b"x", b"b", b"a", b"y"]
-    parents = [b"b", b"q", b"a", None, b"x"]
-    order = chain_order(hashes, parents)
-    assert [hashes[i] for i in order] == [b"x", b"y", b"a", b"b", b"c"]
-    cycle = chain_order([b"p", b"q"], [b"q", b"p"])  # impossible without a collision
-    assert sorted(cycle) == [0, 1]
 
 
 def test_a_device_only_snapshot_is_as_before():
