@@ -3,9 +3,10 @@
 The one converter between ``kvmesh.events.pool`` and ``index_pb2`` (the worker's service link
 publishes what it gives). Pure conversions (no I/O), torch-free. An event keeps its ``seq``;
 a chain's first block has parent ``b""``; a removal lists each hash once, as the pool does.
-``kvmesh.events.wire`` writes the same messages' bytes directly. A snapshot is sent as runs of chained blocks, each run one
-``index_pb2.BlockStored`` of one tier whose ``parent_hash`` is the parent of its first block, so the
-index can rebuild every (hash, parent, tier) from far fewer messages.
+``kvmesh.events.wire`` writes the same messages' bytes directly. A snapshot is sent as runs
+of chained blocks, each run one ``index_pb2.BlockStored`` of one tier whose ``parent_hash``
+is the parent of its first block, so the index can rebuild every (hash, parent, tier) from
+far fewer messages.
 """
 from __future__ import annotations
 
