@@ -4,12 +4,12 @@
 subscriber can give the shared ingest loop a turn in between (``bridge.caps`` says why).
 
 Contract of :func:`slices`: the events in order, grouped so that no slice holds more than
-``size`` units (a block hash is one unit; an event with none, such as ``AllBlocksCleared``,
+``size`` units (a block hash is one unit; an event with none, such as ``VllmCleared``,
 is one); an event of more than ``size`` blocks is cut into consecutive pieces. Applying the
 slices one after the other gives the index the same blocks as applying the batch whole:
 
-- a ``BlockRemoved`` piece holds the next hashes of the event (removals go in order);
-- a ``BlockStored`` piece after the first names the last block of the piece before as its
+- a ``VllmRemoved`` piece holds the next hashes of the event (removals go in order);
+- a ``VllmStored`` piece after the first names the last block of the piece before as its
   parent (held by then: the same chain), with its tokens and extra keys; a piece after the
   first never starts a chain, as no block but an event's first does. An event whose tokens
   do not cover its blocks exactly (or of another block size) cannot be rebuilt whole or in

@@ -18,7 +18,7 @@ Invariants:
   none, never otherwise.
 - A removal of a hash the state does not hold on that tier changes nothing (it was stored
   before the state started, or before a clear) and is counted in ``stats.unknown_removes``.
-- ``AllBlocksCleared`` (in a batch) and ``clear()`` forget every block and emit one
+- ``VllmCleared`` (in a batch) and ``clear()`` forget every block and emit one
   ``cleared`` to the index. ``clear()`` also forgets the seq position: the next batch is
   accepted as a fresh start (after an engine restart or a gap nothing can fill).
 - Only events of KV-cache group ``group`` (``None`` counts as 0) with this ``block_size`` are
@@ -72,7 +72,7 @@ class StateStats:
     removed_blocks: int = 0
     unknown_removes: int = 0
     ignored_events: int = 0    # other KV-cache groups, unknown mediums
-    clears: int = 0            # AllBlocksCleared received, or clear() called
+    clears: int = 0            # VllmCleared received, or clear() called
     rehashed: int = 0          # blocks whose chain hash was computed
     memo_hits: int = 0         # blocks stored again whose chain hash the memo still had
     unroutable: Counter[str] = field(default_factory=Counter)  # by reason, per new block

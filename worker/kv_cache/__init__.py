@@ -17,17 +17,13 @@ from .transfers import Drop, Lost, Offload, Onboard, Spill, Transfer
 
 __all__ = [
     "TIER_NAMES",
-    "AllBlocksCleared",
     "BlockContent",
     "BlockPool",
-    "BlockRemoved",
-    "BlockStored",
     "CacheStats",
     "Drop",
     "FreeBlockQueue",
     "KVCacheBlock",
     "KVCacheManager",
-    "KVEvent",
     "KVRequest",
     "LayeredFreeQueue",
     "Lost",

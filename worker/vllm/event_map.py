@@ -8,7 +8,7 @@ a renaming:
   block: a consumer counts copies per hash. So the map counts the copies it published per
   (tier, hash) and, on kvmesh's one removal, publishes the hash once per copy; a consumer
   counting as vLLM's consumers do reaches 0 exactly when kvmesh's pool no longer holds it.
-- Extra keys. vLLM's ``VllmStored`` carries, per block, the keys its hash includes,
+- Extra keys. vLLM's stored event (``VllmStored``) carries, per block, the keys its hash includes,
   untagged: the LoRA name, ``(mm_identifier, offset)`` pairs, the cache salt on block 0
   (``extra_keys``; ``None`` for a block without any), and the adapter's name in
   ``lora_name``. kvmesh's events carry hashes and tokens only; the keys are in the cached
