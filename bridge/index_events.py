@@ -1,5 +1,9 @@
 """kvmesh index events in their wire form (``index_pb2``), built from block-level changes.
 
+The bridge's vLLM -> index boundary: ``engine_state`` reads vLLM's structs
+(``kvmesh.events.vllm``) into block changes and this builds the index's events from them, as
+messages or as ``kvmesh.events.wire`` bytes (the same events).
+
 Tiers are positions in ``PB_TIERS`` (0 gpu, 1 cpu, 2 disk). A chain's first block has parent
 ``b""``, as ``PublishEvents`` and ``SyncWorker`` expect.
 """
