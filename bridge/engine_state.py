@@ -18,7 +18,7 @@ Invariants:
   none, never otherwise.
 - A removal of a hash the state does not hold on that tier changes nothing (it was stored
   before the state started, or before a clear) and is counted in ``stats.unknown_removes``.
-- ``AllBlocksCleared`` (in a batch) and ``clear()`` forget every block and emit one
+- ``VllmCleared`` (in a batch) and ``clear()`` forget every block and emit one
   ``cleared`` to the index. ``clear()`` also forgets the seq position: the next batch is
   accepted as a fresh start (after an engine restart or a gap nothing can fill).
 - Only events of KV-cache group ``group`` (``None`` counts as 0) with this ``block_size`` are
@@ -73,7 +73,7 @@ class StateStats:
     removed_blocks: int = 0
     unknown_removes: int = 0
     ignored_events: int = 0    # other KV-cache groups, unknown mediums
-    clears: int = 0            # AllBlocksCleared received, or clear() called
+    clears: int = 0            # VllmCleared received, or clear() called
     rehashed: int = 0          # blocks whose chain hash was computed
     memo_hits: int = 0         # blocks stored again whose chain hash the memo still had
     unroutable: Counter[str] = field(default_factory=Counter)  # by reason, per new block
@@ -84,7 +84,7 @@ class EngineState:
 
     ``bulk=False`` applies every event block by block: the same results, slower (the
     reference the bulk paths are tested against). ``wire=True``: the index events come as
-    ``bridge.wire.Wire`` (the same events, serialized as the link sends them; the bridge
+    ``kvmesh.events.wire.Wire`` (the same events, serialized as the link sends them; the bridge
     process's states), else as ``index_pb2.KvEvent`` messages."""
 
     def __init__(self, *, block_size: int, algo: str = DEFAULT_ALGO, seed: str | None = None,
@@ -199,13 +199,13 @@ class EngineState:
         self.stats.batches += 1
         return self._events(batch.events)
 
-    def _events(self, events: list[ve.Event]) -> list[index_pb2.KvEvent]:
+    def _events(self, events: list[ve.VllmEvent]) -> list[index_pb2.KvEvent]:
         runs = IndexEvents(self._next_out, self.wire)
         # vLLM's block pool emits one BlockRemoved per evicted block: consecutive removals of
         # one tier are released as one list (the same result: ``release`` goes in order)
         # (``bulk=False``: each event on its own, the reference)
         gone: list = []
-        gone_tier, bulk, group, removed = -1, self._copies.bulk, self.group, ve.BlockRemoved
+        gone_tier, bulk, group, removed = -1, self._copies.bulk, self.group, ve.VllmRemoved
         for ev in events:
             if ev.__class__ is removed:  # as ``_tier``, inline: there is one per block
                 t = _MEDIUM_INDEX.get(ev.medium)
@@ -221,7 +221,7 @@ class EngineState:
             if gone:
                 self._release(gone, gone_tier, runs)
                 gone = []
-            if isinstance(ev, ve.BlockStored):
+            if isinstance(ev, ve.VllmStored):
                 self._stored(ev, runs)
             else:
                 self._forget(runs)
@@ -230,14 +230,14 @@ class EngineState:
         runs.flush()
         return runs.events
 
-    def _tier(self, ev: ve.BlockStored | ve.BlockRemoved) -> int | None:
+    def _tier(self, ev: ve.VllmStored | ve.VllmRemoved) -> int | None:
         tier = _MEDIUM_INDEX.get(ev.medium)
         if tier is None or (ev.group_idx or 0) != self.group:
             self.stats.ignored_events += 1
             return None
         return tier
 
-    def _stored(self, ev: ve.BlockStored, runs: IndexEvents) -> None:
+    def _stored(self, ev: ve.VllmStored, runs: IndexEvents) -> None:
         t = self._tier(ev)
         if t is None:
             return
@@ -290,7 +290,7 @@ class EngineState:
                 parent = cp.hold(hashes[k], parent, t, runs)
             i = j
 
-    def _rebuild(self, ev: ve.BlockStored, i: int, j: int, parent: bytes | None,
+    def _rebuild(self, ev: ve.VllmStored, i: int, j: int, parent: bytes | None,
                  lora: Lora | None, reason: str | None
                  ) -> tuple[list[bytes | None], str | None]:
         """The chain hashes of the event's blocks ``[i, j)`` (all new) below ``parent``

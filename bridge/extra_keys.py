@@ -1,7 +1,7 @@
 """vLLM's published extra keys -> kvmesh's tagged extra keys, for one block.
 
 vLLM hashes a block with extra keys (LoRA, multimodal items, cache salt, prompt embeddings) but
-publishes them untagged in ``BlockStored.extra_keys``, one entry per block, in this order: the
+publishes them untagged in ``VllmStored.extra_keys``, one entry per block, in this order: the
 LoRA name (a bare string, every block of a LoRA request), ``(mm_identifier, offset)`` pairs
 (offset relative to the block start, may be negative), the cache salt (a bare string, block 0
 only), prompt-embedding digests (bytes). kvmesh hashes ``("lora", name, path)``, ``("mm",
@@ -42,7 +42,7 @@ class Unroutable(ValueError):
 
 def event_lora(lora_name: str | None, lora_id: int | None,
                loras: Mapping[str, str]) -> Lora | None:
-    """The (name, path) of a ``BlockStored``'s adapter; ``None`` without one.
+    """The (name, path) of a ``VllmStored``'s adapter; ``None`` without one.
 
     Raises ``Unroutable`` for an adapter the map does not name."""
     if lora_name is None:

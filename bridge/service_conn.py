@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import grpc
 import grpc.aio
 
-from bridge.wire import Wire
+from kvmesh.events.wire import Wire
 from kvmesh.rpc.channel import CHANNEL_OPTIONS, Dialer
 from kvmesh.rpc.retry import ReplicaRing
 from kvmesh.v1 import index_pb2, index_pb2_grpc

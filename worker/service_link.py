@@ -29,14 +29,14 @@ from typing import TypeVar
 
 import grpc
 
+from kvmesh.events.pool import PoolEvent
+from kvmesh.events.to_index import event_to_proto, snapshot_blocks
 from kvmesh.link.backlog import BatchLimits
 from kvmesh.rpc.retry import Action, Backoff, Source, decide
 from kvmesh.v1 import index_pb2, index_pb2_grpc
 from worker.engine.async_engine import AsyncEngine
 from worker.engine.engine import Engine
 from worker.engine.event_tap import EventTap
-from worker.kv_cache import KVEvent
-from worker.link_messages import event_to_proto, snapshot_blocks
 from worker.outbox import MAX_BLOCKS, Outbox
 from worker.service_conn import ServiceConn
 
@@ -117,7 +117,7 @@ class ServiceLink:
         lost, self._dropped_seen = dropped != self._dropped_seen, dropped
         self.deliver(engine, events, lost)
 
-    def deliver(self, engine: Engine, events: list[KVEvent], lost: bool) -> None:
+    def deliver(self, engine: Engine, events: list[PoolEvent], lost: bool) -> None:
         """Hand events taken after a step to the event loop, and notice load changes
         (runs on the engine thread; a ``worker.engine.event_tap`` consumer)."""
         if (events or lost or self._load_key() != self._beat_key) and self._loop is not None:
@@ -129,7 +129,7 @@ class ServiceLink:
 
     # --- event loop -----------------------------------------------------------------
 
-    def _receive(self, events: list[KVEvent], lost: bool) -> None:
+    def _receive(self, events: list[PoolEvent], lost: bool) -> None:
         if lost:
             self._overflow("the engine's unread events")
         if self.need_sync:
@@ -296,7 +296,7 @@ class ServiceLink:
             self.last_seq = batch[-1].seq
             self.counters["events_published"] += len(batch)
 
-    def _refused(self, batch: list[KVEvent], err: grpc.aio.AioRpcError) -> None:
+    def _refused(self, batch: list[PoolEvent], err: grpc.aio.AioRpcError) -> None:
         """The service will never take ``batch``: halve the batch limits if that can help
         (it refuses batches over its ``--max-batch-events`` / ``--max-batch-hashes``),
         else give its events up for a snapshot."""

@@ -190,7 +190,7 @@ class Stack:
     def probe_lag(self, n: int) -> float | None:
         """Publish probe ``n`` and wait until it is routable; seconds, None past 10 s."""
         tokens = [(n * 7919 + i * 104729) % 128_000 for i in range(32)]
-        t = self._probe_batch([ve.BlockStored(
+        t = self._probe_batch([ve.VllmStored(
             block_hashes=[2 * n + 1, 2 * n + 2], parent_block_hash=None, token_ids=tokens,
             block_size=16, lora_id=None, medium="GPU", lora_name=None)])
         deadline = time.monotonic() + 10

@@ -152,20 +152,20 @@ class Steps:
         events: list = []
         at = 0
         for ids in chains:
-            events.append(ve.BlockStored(block_hashes=ids, parent_block_hash=None,
-                                         token_ids=tokens[at:at + len(ids) * bs],
-                                         block_size=bs, lora_id=None, medium="GPU",
-                                         lora_name=None))
+            events.append(ve.VllmStored(block_hashes=ids, parent_block_hash=None,
+                                        token_ids=tokens[at:at + len(ids) * bs],
+                                        block_size=bs, lora_id=None, medium="GPU",
+                                        lora_name=None))
             at += len(ids) * bs
         sent = self.sent[i]
         sent.append(chains)
         if len(sent) > self.window:
             old = sent.popleft()
             if self.bulk_removals:
-                events.append(ve.BlockRemoved(block_hashes=[h for ids in old for h in ids],
-                                              medium="GPU"))
+                events.append(ve.VllmRemoved(block_hashes=[h for ids in old for h in ids],
+                                             medium="GPU"))
             else:
-                events += [ve.BlockRemoved(block_hashes=[h], medium="GPU")
+                events += [ve.VllmRemoved(block_hashes=[h], medium="GPU")
                            for ids in old for h in reversed(ids)]
         return events
 

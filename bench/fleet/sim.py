@@ -23,11 +23,12 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.replay.trace import TokenSynth, TraceRequest
-from worker.kv_cache import KVCacheManager, KVEvent, KVRequest
+from kvmesh.events.pool import PoolEvent
+from worker.kv_cache import KVCacheManager, KVRequest
 from worker.service_link import ServiceLink
 
 
-def entries(ev: KVEvent) -> int:
+def entries(ev: PoolEvent) -> int:
     """(block, worker) index entries an event writes: its hashes (1 for a clear)."""
     return len(getattr(ev, "block_hashes", ())) or 1
 
@@ -35,9 +36,9 @@ def entries(ev: KVEvent) -> int:
 class _Manager(KVCacheManager):
     """The manager, noting when each batch of events leaves it (``taken``)."""
 
-    taken: Callable[[list[KVEvent]], None] = staticmethod(lambda events: None)
+    taken: Callable[[list[PoolEvent]], None] = staticmethod(lambda events: None)
 
-    def take_events(self) -> list[KVEvent]:
+    def take_events(self) -> list[PoolEvent]:
         events = super().take_events()
         if events:
             self.taken(events)
@@ -101,7 +102,7 @@ class FleetWorker:
 
     # --- lag accounting -----------------------------------------------------------------
 
-    def _taken(self, events: list[KVEvent]) -> None:
+    def _taken(self, events: list[PoolEvent]) -> None:
         n = sum(entries(ev) for ev in events)
         self.made += n
         self._pending.append((events[-1].seq, time.monotonic(), n))

@@ -38,7 +38,7 @@ import redis.asyncio as aioredis
 from bench.index import pipelined
 from bench.index.data import Dataset, Layout, plan
 from kvmesh.contract import DEFAULT_ALGO
-from service.index.base import ApplyStatus, BlockMatch, Removed, WorkerRecord, namespace
+from service.index.base import ApplyStatus, BlockMatch, IndexRemoved, WorkerRecord, namespace
 from service.index.keys import block_key
 from service.index.redis import RedisBackend
 
@@ -114,7 +114,7 @@ async def _evict(backend: RedisBackend, ns: str, data: Dataset) -> dict[str, Any
     concurrently); Redis time per entry removed, and lookups of 20 chains afterwards."""
     plans = [data.evictions(w) for w in range(len(data.worker_ids))]
     removed = sum(len(ev.op.hashes) for p in plans for b in p for ev in b
-                  if isinstance(ev.op, Removed))
+                  if isinstance(ev.op, IndexRemoved))
 
     async def publish(w: int) -> None:
         for batch in plans[w]:

@@ -44,8 +44,9 @@ import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from kvmesh.events.pool import PoolEvent
 from service.index.base import WorkerLoad
-from worker.kv_cache import KVCacheManager, KVEvent, KVRequest
+from worker.kv_cache import KVCacheManager, KVRequest
 
 from .copies import CopyTotals
 from .trace import TraceRequest
@@ -203,7 +204,7 @@ class SimWorker:
         """Requests routed here and not finished (what a router counts per replica)."""
         return len(self.waiting) + len(self.running)
 
-    def take_events(self) -> list[KVEvent]:
+    def take_events(self) -> list[PoolEvent]:
         return self.kv.take_events()
 
     # --- simulation -------------------------------------------------------------------

@@ -38,22 +38,23 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvmesh.contract import CONSISTENT_HASH, LEAST_LOADED, RANDOM, ROUND_ROBIN, TIER_PB
+from kvmesh.events.pool import PoolEvent, PoolRemoved, PoolStored
 from kvmesh.hashing import DEFAULT_ALGO
 from service.config import CostWeights
 from service.index import IndexBackend, open_backend
 from service.index.base import (
     ApplyStatus,
     BlockMatch,
-    Cleared,
-    KvEvent,
-    Removed,
-    Stored,
+    IndexCleared,
+    IndexEvent,
+    IndexRemoved,
+    IndexStored,
     WorkerRecord,
     namespace,
 )
 from service.policy import Policy, WorkerView
 from service.route import prompt_key
-from worker.kv_cache import BlockRemoved, BlockStored, KVCacheManager, KVEvent, KVRequest
+from worker.kv_cache import KVCacheManager, KVRequest
 
 from . import INDEX_POLICIES, POLICIES
 from .cluster import CostModel, SimRequest, SimWorker
@@ -146,14 +147,14 @@ class PolicyResult:
 TIERS = TIER_PB  # the index's tier numbers are the wire's
 
 
-def to_index_event(ev: KVEvent) -> KvEvent:
+def to_index_event(ev: PoolEvent) -> IndexEvent:
     """A KV manager event as the service's index applies it (what the worker publishes)."""
-    if isinstance(ev, BlockStored):
-        return KvEvent(ev.seq, Stored(tuple(ev.block_hashes), ev.parent_hash or b"",
-                                      TIERS[ev.tier]))
-    if isinstance(ev, BlockRemoved):
-        return KvEvent(ev.seq, Removed(tuple(ev.block_hashes), TIERS[ev.tier]))
-    return KvEvent(ev.seq, Cleared())
+    if isinstance(ev, PoolStored):
+        return IndexEvent(ev.seq, IndexStored(tuple(ev.block_hashes), ev.parent_hash or b"",
+                                              TIERS[ev.tier]))
+    if isinstance(ev, PoolRemoved):
+        return IndexEvent(ev.seq, IndexRemoved(tuple(ev.block_hashes), TIERS[ev.tier]))
+    return IndexEvent(ev.seq, IndexCleared())
 
 
 class IndexRouter:

@@ -28,9 +28,12 @@ int form of a hash: ``maybe_convert_block_hash`` in ``vllm/v1/core/kv_cache_util
   payload]``, no topic), then ``[b"", b"", END_SEQ, b""]`` (older: ``[b"", END_SEQ, b""]``).
   ``END_SEQ`` is -1 as 8 bytes signed big-endian. The engine keeps 10,000 batches by default.
 
-The structs below are declared as vLLM declares them (names, field order, struct options), with
+The structs below are declared as vLLM declares them (tags, field order, struct options), with
 the optional fields of later releases appended in their order; ``encode_batch`` therefore
-writes exactly the bytes vLLM writes.
+writes exactly the bytes vLLM writes. Only their Python names differ (``VllmStored``,
+``VllmRemoved``, ``VllmCleared``: vLLM's ``BlockStored``... by origin, apart from the pool's
+and the index's events of the same names); the tags stay vLLM's class names. Unlike the
+pool's removal, ``VllmRemoved`` lists one entry per evicted physical block.
 """
 from __future__ import annotations
 
@@ -60,10 +63,11 @@ class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
 
 
 class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    """Base of the three event types; ``tag=True``: the tag is the class name."""
+    """Base of the three event types. Each names its tag (``"type"`` on the wire) explicitly:
+    vLLM's class name, so the Python names (``Vllm*``, by origin) never reach the bytes."""
 
 
-class BlockStored(KVCacheEvent):
+class VllmStored(KVCacheEvent, tag="BlockStored"):
     """Full blocks cached, in chain order; ``token_ids`` covers all of them;
     ``parent_block_hash`` is the parent of the first (``None``: the chain starts at block 0);
     ``extra_keys`` has one entry per block (``None``: none)."""
@@ -84,15 +88,15 @@ class BlockStored(KVCacheEvent):
     lookahead_token_ids: list[int] | None = None
 
 
-class PackedStored(BlockStored, tag="BlockStored"):
-    """``BlockStored`` whose ``token_ids`` stay the msgpack bytes of the array (a zero-copy
+class VllmPackedStored(VllmStored, tag="BlockStored"):
+    """``VllmStored`` whose ``token_ids`` stay the msgpack bytes of the array (a zero-copy
     slice of the payload), checked to be an array of ints: what ``decode_batch(packed=True)``
     gives, for a consumer that hashes them in C (``kvmesh.hashing.chain_hashes`` takes it)
     rather than building a Python int per id. ``ids_len``/``ids_list`` read either kind."""
     token_ids: msgspec.Raw  # type: ignore[assignment]
 
 
-class BlockRemoved(KVCacheEvent):
+class VllmRemoved(KVCacheEvent, tag="BlockRemoved"):
     """One entry per evicted physical block: a hash held twice is removed twice."""
     block_hashes: list[ExternalBlockHash]
     medium: str | None
@@ -101,27 +105,27 @@ class BlockRemoved(KVCacheEvent):
     ownership: str | None = None
 
 
-class AllBlocksCleared(KVCacheEvent):
+class VllmCleared(KVCacheEvent, tag="AllBlocksCleared"):
     pass
 
 
 class KVEventBatch(EventBatch):
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+    events: list[VllmStored | VllmRemoved | VllmCleared]
 
 
 class _PackedBatch(EventBatch):
-    events: list[PackedStored | BlockRemoved | AllBlocksCleared]
+    events: list[VllmPackedStored | VllmRemoved | VllmCleared]
 
 
-Event = BlockStored | BlockRemoved | AllBlocksCleared
-EVENT_TYPES: dict[str, type[Event]] = {
-    cls.__name__: cls for cls in (BlockStored, BlockRemoved, AllBlocksCleared)}
+VllmEvent = VllmStored | VllmRemoved | VllmCleared
+EVENT_TYPES: dict[str, type[VllmEvent]] = {  # by wire tag
+    cls.__struct_config__.tag: cls for cls in (VllmStored, VllmRemoved, VllmCleared)}
 
 # Fields declared without a default that older releases did not publish (``medium`` and
 # ``lora_name`` came after the first releases with events); absent means None.
 _ABSENT_IS_NONE: dict[type, tuple[str, ...]] = {
-    BlockStored: ("parent_block_hash", "lora_id", "medium", "lora_name"),
-    BlockRemoved: ("medium",),
+    VllmStored: ("parent_block_hash", "lora_id", "medium", "lora_name"),
+    VllmRemoved: ("medium",),
 }
 _encoder = msgspec.msgpack.Encoder()
 _typed = msgspec.msgpack.Decoder(KVEventBatch)
@@ -147,8 +151,8 @@ def decode_batch(payload: bytes, packed: bool = False) -> KVEventBatch:
     ``ValueError``) for a payload that is not a batch, and only that: bytes from an engine's
     socket are anyone's, so no exception of theirs may pass for a bug of the caller's.
 
-    ``packed``: stored events of the current encoding come as ``PackedStored`` where
-    ``kvmesh._chain`` is built (as ``BlockStored`` otherwise, and in the older encodings);
+    ``packed``: stored events of the current encoding come as ``VllmPackedStored`` where
+    ``kvmesh._chain`` is built (as ``VllmStored`` otherwise, and in the older encodings);
     the same batches decode, and the same ones raise.
     """
     try:
@@ -167,7 +171,7 @@ def _decode(payload: bytes, packed: bool) -> KVEventBatch:
             return _decode(payload, False)
         # a Raw takes any value: where one is not an int array, the typed decode's verdict
         if None not in map(_msgpack_len, [ev.token_ids for ev in batch.events
-                                          if ev.__class__ is PackedStored]):
+                                          if ev.__class__ is VllmPackedStored]):
             return batch  # type: ignore[return-value]
         return _decode(payload, False)
     try:
@@ -191,7 +195,7 @@ def _decode(payload: bytes, packed: bool) -> KVEventBatch:
     return KVEventBatch(ts=float(ts), events=out, data_parallel_rank=rank)
 
 
-def _event(raw: Any) -> Event | None:
+def _event(raw: Any) -> VllmEvent | None:
     """One event in the map or the array encoding; ``None`` for a type we do not know."""
     if isinstance(raw, dict):
         cls = EVENT_TYPES.get(raw.get("type"))  # type: ignore[arg-type]

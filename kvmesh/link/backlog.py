@@ -1,7 +1,7 @@
 """KV events of one worker waiting to be published to the index, and the batches they leave in.
 
 Both sides that feed the index use it: a kvmesh worker's service link (its ``Outbox`` of
-``worker.kv_cache.KVEvent``) and the vLLM bridge's engine link (its ``Pending``
+``kvmesh.events.pool.PoolEvent``) and the vLLM bridge's engine link (its ``Pending``
 ``index_pb2.KvEvent``). Each names its own event type, how many block hashes an event carries,
 and its bound; the contract is the same:
 

@@ -6,7 +6,7 @@ test drives them with the same random streams and compares them with a brute-for
 State, per namespace ``ns`` (model + block size + hash algo, see :func:`namespace`):
 
 - block hash -> {worker_id: tier bitmask} (bit ``1 << (tier - 1)``: 1 GPU, 2 CPU, 4 disk);
-- per worker: the set of hashes it holds (what purge, Cleared and snapshots drop; its
+- per worker: the set of hashes it holds (what purge, IndexCleared and snapshots drop; its
   size is the worker's ``indexed_blocks``, which the block cap reads);
 - per worker: a record (address, model, last applied event seq, load, last heartbeat);
 - provisional entries: block hash -> {worker_id: expiry_ms}.
@@ -16,11 +16,12 @@ Rules:
 - Lookup walks the request's chain from block 0 and, per worker, counts the consecutive
   blocks from block 0 it holds (a real entry, or an unexpired provisional one, counted as
   GPU). It stops as soon as no worker is left. Workers matching nothing are absent.
-- ``Stored(hashes, parent)``: ``parent`` empty means the chain starts at block 0 (root =
+- ``IndexStored(hashes, parent)``: ``parent`` empty means the chain starts at block 0 (root =
   ``hashes[0]``); otherwise the parent must be a block the worker holds at that moment, or the
   whole event is skipped (an orphan can never be reached by a lookup). Storing ORs the tier
-  bit. ``Removed`` clears the tier bit (tier 0: every tier); an entry with no bit left is gone.
-  ``Cleared`` drops every entry of the worker. Provisional entries are not touched by events.
+  bit. ``IndexRemoved`` clears the tier bit (tier 0: every tier); an entry with no bit left is
+  gone. ``IndexCleared`` drops every entry of the worker. Provisional entries are not touched
+  by events.
 - A batch is applied all or nothing: unknown worker -> nothing; every seq <= the record's
   last seq -> duplicate, nothing; first seq > last seq + 1 -> gap, nothing (resync). Events
   are idempotent by seq: a batch that overlaps applied events (a retry of a publish whose
@@ -178,28 +179,30 @@ class WorkerRecord:
     credential: str = ""
 
 
+# The index's form of a block event: what ``service.validate`` makes of a published
+# ``index_pb2.KvEvent`` (hashes checked, tier an int, parent ``b""`` at block 0).
 @dataclass(frozen=True, slots=True)
-class Stored:
+class IndexStored:
     hashes: tuple[bytes, ...]
     parent: bytes = b""
     tier: int = TIER_GPU
 
 
 @dataclass(frozen=True, slots=True)
-class Removed:
+class IndexRemoved:
     hashes: tuple[bytes, ...]
     tier: int = 0
 
 
 @dataclass(frozen=True, slots=True)
-class Cleared:
+class IndexCleared:
     pass
 
 
 @dataclass(frozen=True, slots=True)
-class KvEvent:
+class IndexEvent:
     seq: int
-    op: Stored | Removed | Cleared
+    op: IndexStored | IndexRemoved | IndexCleared
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +243,7 @@ class HeartbeatResult:
     prev_reported_seq: int = 0    # the worker's last seq as of its previous heartbeat
 
 
-def resolve_snapshot(blocks: Sequence[Stored]) -> dict[bytes, tuple[bytes, int]]:
+def resolve_snapshot(blocks: Sequence[IndexStored]) -> dict[bytes, tuple[bytes, int]]:
     """hash -> (root, tier mask) for the blocks of a snapshot that reach a chain start.
 
     A hash's parent is the one given where it first appears; cycles and chains whose first
@@ -298,7 +301,7 @@ class IndexBackend(abc.ABC):
         StaleIncarnation (storing nothing) when ``incarnation`` is not the record's."""
 
     @abc.abstractmethod
-    async def apply_events(self, worker_id: str, events: Sequence[KvEvent],
+    async def apply_events(self, worker_id: str, events: Sequence[IndexEvent],
                            incarnation: int = 0, cap: BlockCap = BlockCap()) -> ApplyResult:
         """Apply one batch atomically (see the module rules). ``events`` have consecutive
         seqs (the caller validates). Raises StaleIncarnation (applying nothing) when
@@ -306,7 +309,7 @@ class IndexBackend(abc.ABC):
         holding more than ``cap`` allows (its entries are then all dropped, seq 0)."""
 
     @abc.abstractmethod
-    async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[Stored],
+    async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[IndexStored],
                           incarnation: int = 0, cap: BlockCap = BlockCap()) -> int | None:
         """Replace the worker's entries with a snapshot and set its last seq to ``seq``.
         Returns the number of blocks indexed, or None for an unknown worker. Raises

@@ -47,13 +47,13 @@ from service.index.base import (
     ApplyStatus,
     BlockCap,
     BlockMatch,
-    Cleared,
+    IndexCleared,
+    IndexEvent,
+    IndexRemoved,
+    IndexStored,
     IndexUnavailable,
-    KvEvent,
     OverCap,
-    Removed,
     StaleIncarnation,
-    Stored,
     WorkerIdInUse,
     WorkerRecord,
     resolve_snapshot,
@@ -190,7 +190,7 @@ class ClusterBackend(RedisBackend):
 
     # --- events ---------------------------------------------------------------------------
 
-    async def apply_events(self, worker_id: str, events: Sequence[KvEvent],
+    async def apply_events(self, worker_id: str, events: Sequence[IndexEvent],
                            incarnation: int = 0, cap: BlockCap = BlockCap()) -> ApplyResult:
         if not events:
             return await super().apply_events(worker_id, events, incarnation, cap)
@@ -199,18 +199,18 @@ class ClusterBackend(RedisBackend):
         net, cleared, parents, width = 0, [], set(), len(block_key(bytes(32)))
         for ev in events:
             op = ev.op
-            if isinstance(op, Stored):
+            if isinstance(op, IndexStored):
                 ks = [block_key(h) for h in op.hashes]
                 pk = block_key(op.parent) if op.parent else None
                 if pk is not None:
                     parents.add(pk)
                 plan.append((ev.seq, b"S", tier_bit(op.tier), pk, ks))
                 net += len(ks)
-            elif isinstance(op, Removed):
+            elif isinstance(op, IndexRemoved):
                 ks = [block_key(h) for h in op.hashes]
                 plan.append((ev.seq, b"R", tier_bit(op.tier), None, ks))
                 net -= len(ks)
-            elif isinstance(op, Cleared):
+            elif isinstance(op, IndexCleared):
                 plan.append((ev.seq, b"C", 0, None, []))
                 cleared.append(str(ev.seq))
                 continue
@@ -295,7 +295,7 @@ class ClusterBackend(RedisBackend):
                 per_tag.setdefault(t, []).extend((*head, b"".join(tks)))
         return per_tag, applied
 
-    async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[Stored],
+    async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[IndexStored],
                           incarnation: int = 0, cap: BlockCap = BlockCap()) -> int | None:
         resolved = resolve_snapshot(blocks)
         count, token = len(resolved), secrets.token_hex(8)

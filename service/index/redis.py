@@ -8,7 +8,7 @@ The scripts that write are in ``scripts.py``, ``prov_script.py`` and ``sweep_scr
 Why STRING keys read with MGET: O(1) per block and one command for all the blocks of a
 prompt (a listpack HASH would scan linearly per field); a 35-byte key with a short value
 is one 80-byte allocation. Why handles instead of worker ids: 3 bytes per entry, and a
-worker's entries can all be dropped at once (registration, Cleared, snapshot, purge) by
+worker's entries can all be dropped at once (registration, IndexCleared, snapshot, purge) by
 retiring its handle, so no per-worker reverse index is needed (it cost 175 B per entry);
 the sweep (:meth:`RedisBackend.sweep`, called by the service's janitor) reclaims retired
 handles' entries later. The block cap and ``indexed_blocks`` read the record's entry
@@ -50,15 +50,15 @@ from service.index.base import (
     ApplyStatus,
     BlockCap,
     BlockMatch,
-    Cleared,
     HeartbeatResult,
     IndexBackend,
+    IndexCleared,
+    IndexEvent,
+    IndexRemoved,
+    IndexStored,
     IndexUnavailable,
-    KvEvent,
     OverCap,
-    Removed,
     StaleIncarnation,
-    Stored,
     WorkerIdInUse,
     WorkerLoad,
     WorkerRecord,
@@ -227,7 +227,7 @@ class RedisBackend(IndexBackend):
             return HeartbeatResult(known=False)
         return HeartbeatResult(True, int(seq), int(prev))
 
-    async def apply_events(self, worker_id: str, events: Sequence[KvEvent],
+    async def apply_events(self, worker_id: str, events: Sequence[IndexEvent],
                            incarnation: int = 0, cap: BlockCap = BlockCap()) -> ApplyResult:
         if not events:  # a read: nothing to apply, so nothing to race with
             rec = await self.get_worker(worker_id)
@@ -240,12 +240,12 @@ class RedisBackend(IndexBackend):
         width = 32
         for ev in events:
             op = ev.op
-            if isinstance(op, Stored):
+            if isinstance(op, IndexStored):
                 flat += ["S", tier_bit(op.tier), block_key(op.parent) if op.parent else b"",
                          block_keys(op.hashes)]
-            elif isinstance(op, Removed):
+            elif isinstance(op, IndexRemoved):
                 flat += ["R", tier_bit(op.tier), block_keys(op.hashes)]
-            elif isinstance(op, Cleared):
+            elif isinstance(op, IndexCleared):
                 flat.append("C")
                 continue
             if op.hashes:  # the service validated that every hash of a batch has one size
@@ -262,7 +262,7 @@ class RedisBackend(IndexBackend):
             int(status), ApplyStatus.UNKNOWN_WORKER)
         return ApplyResult(kind, int(applied), int(last))
 
-    async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[Stored],
+    async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[IndexStored],
                           incarnation: int = 0, cap: BlockCap = BlockCap()) -> int | None:
         resolved = resolve_snapshot(blocks)
         width = len(next(iter(resolved))) if resolved else 32

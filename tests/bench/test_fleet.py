@@ -10,8 +10,8 @@ import pytest
 from bench.fleet.run import FleetConfig, run, synthetic_trace
 from bench.fleet.sim import FleetWorker
 from bench.replay.trace import CHUNK_TOKENS, TokenSynth
+from kvmesh.events.pool import PoolRemoved, PoolStored
 from kvmesh.hashing import none_hash
-from worker.kv_cache import BlockRemoved, BlockStored
 
 
 def test_synthetic_trace_shares_one_first_chunk_and_is_prefix_dependent() -> None:
@@ -41,8 +41,8 @@ def test_a_fleet_worker_publishes_its_managers_real_events() -> None:
     w.kv.take_events = spy
     while w.prefilled < 5 * 1024 * 16:  # five pools' worth: evictions for sure
         w.step()
-    stored = [h for e in events if isinstance(e, BlockStored) for h in e.block_hashes]
-    removed = [h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes]
+    stored = [h for e in events if isinstance(e, PoolStored) for h in e.block_hashes]
+    removed = [h for e in events if isinstance(e, PoolRemoved) for h in e.block_hashes]
     assert removed and w.made == len(stored) + len(removed)
     assert set(stored) <= {h for r in reqs for h in synth.chain(r)}
     assert [e.seq for e in events] == list(range(1, len(events) + 1))

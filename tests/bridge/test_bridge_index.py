@@ -149,7 +149,7 @@ def test_all_blocks_cleared(service: str) -> None:
             await br.live("clears", e.pub)
             e.pub.publish(chain(P))
             await r.until(lambda: r.matched(P, "m-clear"), lambda m: m.get("clears") == 12)
-            e.pub.publish(ve.AllBlocksCleared())
+            e.pub.publish(ve.VllmCleared())
             await r.until(lambda: r.matched(P, "m-clear"), lambda m: m["clears"] == 0)
         await e.close()
     asyncio.run(main())

@@ -234,10 +234,10 @@ def big_batch(target: int, block_size: int = 16) -> bytes:
     events, h, n = [], 1, 0
     while n < target:
         tokens = [60_000 + (h * 7 + k) % 60_000 for k in range(100 * block_size)]
-        events.append(ve.BlockStored(block_hashes=list(range(h, h + 100)),
-                                     parent_block_hash=None, token_ids=tokens,
-                                     block_size=block_size, lora_id=None, medium=None,
-                                     lora_name=None))
+        events.append(ve.VllmStored(block_hashes=list(range(h, h + 100)),
+                                    parent_block_hash=None, token_ids=tokens,
+                                    block_size=block_size, lora_id=None, medium=None,
+                                    lora_name=None))
         h, n = h + 100, n + 100 * (block_size * 3 + 9) + 40
     return ve.encode_batch(ve.KVEventBatch(ts=time.time(), events=events))
 

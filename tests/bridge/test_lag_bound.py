@@ -12,7 +12,7 @@ from tests.bridge.fake_vllm import FakeEngine
 from tests.bridge.test_subscriber import Bridge, chain_of, ports, root, urls
 
 
-def publish_at(engine: FakeEngine, ts: float, *events: ve.Event) -> int:
+def publish_at(engine: FakeEngine, ts: float, *events: ve.VllmEvent) -> int:
     """``engine.publish`` with the engine's clock reading ``ts``."""
     seq, engine.seq = engine.seq, engine.seq + 1
     payload = ve.encode_batch(ve.KVEventBatch(ts=ts, events=list(events),
@@ -46,7 +46,7 @@ def test_a_backlog_with_a_removal_past_the_bound_clears_and_resumes_from_the_new
             slowed(b, 0.05)
             for n in range(2, 12):  # 0.5 s of work queued at once: the last is 0.45 s late
                 engine.publish(root(n, n))
-            engine.publish(ve.BlockRemoved(block_hashes=[1], medium=None))
+            engine.publish(ve.VllmRemoved(block_hashes=[1], medium=None))
             for n in range(12, 16):
                 engine.publish(root(n, n))
             await b.until(lambda: b.stats.lag_clears == 1)
@@ -87,7 +87,7 @@ def test_a_skewed_engine_clock_is_not_lag_and_a_step_back_costs_one_clear() -> N
         engine = FakeEngine(pub, rep)
         skew = [-100.0]  # the engine's clock runs 100 s behind the bridge's
 
-        def send(*events: ve.Event, drop: bool = False) -> int:
+        def send(*events: ve.VllmEvent, drop: bool = False) -> int:
             return publish_at(engine, time.time() + skew[0], *events)
         engine.publish = send  # every batch, the probes of b.live() too
 
@@ -95,7 +95,7 @@ def test_a_skewed_engine_clock_is_not_lag_and_a_step_back_costs_one_clear() -> N
             await b.live(engine)
             for n in range(1, 6):  # removals applied promptly, 100 s "old" by the clocks
                 send(root(n, n))
-                send(ve.BlockRemoved(block_hashes=[n], medium=None))
+                send(ve.VllmRemoved(block_hashes=[n], medium=None))
                 await b.until(lambda: b.state.expected == engine.seq)
             send(root(6, 6))
             await b.until(lambda: b.holds() == {chain_of(6)})
@@ -103,11 +103,11 @@ def test_a_skewed_engine_clock_is_not_lag_and_a_step_back_costs_one_clear() -> N
             skew[0] -= 60  # the engine's clock steps a minute back
             slowed(b, 0.05)  # so that the removal queues while the batch before it applies
             send(root(7, 7))
-            send(ve.BlockRemoved(block_hashes=[6], medium=None))
+            send(ve.VllmRemoved(block_hashes=[6], medium=None))
             await b.until(lambda: b.stats.lag_clears == 1)  # looks like lag, once
             for n in range(8, 12):
                 send(root(n, n))
-                send(ve.BlockRemoved(block_hashes=[n - 1], medium=None))
+                send(ve.VllmRemoved(block_hashes=[n - 1], medium=None))
                 await b.until(lambda: b.state.expected == engine.seq)
             assert b.holds() == {chain_of(11)}
             assert b.stats.lag_clears == 1

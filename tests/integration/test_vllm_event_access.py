@@ -61,7 +61,7 @@ def _ids_and_salts(batches: list[tuple[int, bytes]]) -> tuple[list[int], list[st
     ids, salts = [], []
     for _, payload in batches:
         for ev in ve.decode_batch(payload).events:
-            if isinstance(ev, ve.BlockStored):
+            if isinstance(ev, ve.VllmStored):
                 ids += ev.token_ids
                 for keys in ev.extra_keys or ():
                     salts += [k for k in keys or () if isinstance(k, str)]

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from service.index.base import (
     ApplyStatus,
     BlockMatch,
-    Cleared,
-    KvEvent,
-    Removed,
-    Stored,
+    IndexCleared,
+    IndexEvent,
+    IndexRemoved,
+    IndexStored,
     WorkerRecord,
     namespace,
 )
@@ -41,7 +41,7 @@ class Model:
     seq: dict[str, int] = field(default_factory=dict)
     prov: dict[bytes, dict[str, int]] = field(default_factory=dict)
 
-    def apply(self, w: str, events: list[KvEvent]) -> tuple[ApplyStatus, int]:
+    def apply(self, w: str, events: list[IndexEvent]) -> tuple[ApplyStatus, int]:
         """Status and number of events applied."""
         if w not in self.seq:
             return ApplyStatus.UNKNOWN_WORKER, 0
@@ -53,22 +53,22 @@ class Model:
         fresh = [ev for ev in events if ev.seq > self.seq[w]]  # a retry's overlap: skipped
         for ev in fresh:
             op = ev.op
-            if isinstance(op, Stored) and (not op.parent or op.parent in mine):
+            if isinstance(op, IndexStored) and (not op.parent or op.parent in mine):
                 for h in op.hashes:
                     mine[h] = mine.get(h, 0) | (1 << (op.tier - 1))
-            elif isinstance(op, Removed):
+            elif isinstance(op, IndexRemoved):
                 bits = 7 if op.tier == 0 else 1 << (op.tier - 1)
                 for h in op.hashes:
                     if h in mine:
                         mine[h] &= ~bits
                         if not mine[h]:
                             del mine[h]
-            elif isinstance(op, Cleared):
+            elif isinstance(op, IndexCleared):
                 mine.clear()
         self.seq[w] = events[-1].seq
         return ApplyStatus.OK, len(fresh)
 
-    def sync(self, w: str, seq: int, blocks: list[Stored]) -> None:
+    def sync(self, w: str, seq: int, blocks: list[IndexStored]) -> None:
         parent: dict[bytes, bytes] = {}
         mask: dict[bytes, int] = {}
         for s in blocks:
@@ -116,22 +116,22 @@ tiers = st.sampled_from((1, 1, 2, 3))
 
 
 @st.composite
-def stored(draw: st.DrawFn) -> Stored:
+def stored(draw: st.DrawFn) -> IndexStored:
     c = chain(draw(paths))
     s = draw(st.integers(0, len(c) - 1))
-    return Stored(tuple(c[s:]), c[s - 1] if s else b"", draw(tiers))
+    return IndexStored(tuple(c[s:]), c[s - 1] if s else b"", draw(tiers))
 
 
 @st.composite
-def removed(draw: st.DrawFn) -> Removed:
+def removed(draw: st.DrawFn) -> IndexRemoved:
     c = chain(draw(paths))
-    return Removed(tuple(draw(st.lists(st.sampled_from(c), min_size=1, max_size=3))),
-                   draw(st.sampled_from((0, 1, 2, 3))))
+    return IndexRemoved(tuple(draw(st.lists(st.sampled_from(c), min_size=1, max_size=3))),
+                        draw(st.sampled_from((0, 1, 2, 3))))
 
 
 events = st.tuples(
     st.just("events"), workers,
-    st.lists(st.one_of(stored(), stored(), removed(), removed(), st.just(Cleared())),
+    st.lists(st.one_of(stored(), stored(), removed(), removed(), st.just(IndexCleared())),
              min_size=1, max_size=4),
     # seq skew: 0 ok, 1 gap, < 0 duplicate or (several events) a retry overlapping applied ones
     st.sampled_from((0, 0, 0, 0, 1, -1, -2)))
@@ -169,7 +169,7 @@ async def check(url: str, stream: list[tuple]) -> None:
             if kind == "events":
                 _, w, ops_, skew = op
                 first = model.seq.get(w, 0) + 1 + skew
-                evs = [KvEvent(max(first, 1) + i, o) for i, o in enumerate(ops_)]
+                evs = [IndexEvent(max(first, 1) + i, o) for i, o in enumerate(ops_)]
                 want = model.apply(w, evs)
                 got = await mem.apply_events(w, evs)
                 assert (got.status, got.applied) == want

@@ -13,12 +13,12 @@ from service.index.base import (
     TIER_GPU,
     ApplyStatus,
     BlockMatch,
-    Cleared,
     IndexBackend,
-    KvEvent,
-    Removed,
+    IndexCleared,
+    IndexEvent,
+    IndexRemoved,
+    IndexStored,
     StaleIncarnation,
-    Stored,
     WorkerLoad,
     WorkerRecord,
     namespace,
@@ -66,10 +66,10 @@ def test_lookup_walks_chain_and_stops(backend_factory: Callable[[], IndexBackend
         for w in "abc":
             await b.register(rec(w))
         chain = H(1, 2, 3, 4, 5)
-        await b.apply_events("a", [KvEvent(1, Stored(tuple(chain)))])
-        await b.apply_events("b", [KvEvent(1, Stored(tuple(chain[:2])))])
+        await b.apply_events("a", [IndexEvent(1, IndexStored(tuple(chain)))])
+        await b.apply_events("b", [IndexEvent(1, IndexStored(tuple(chain[:2])))])
         # c holds blocks 1.. but not block 0: never matches
-        await b.apply_events("c", [KvEvent(1, Stored(tuple(chain[1:]), parent=chain[0]))])
+        await b.apply_events("c", [IndexEvent(1, IndexStored(tuple(chain[1:]), parent=chain[0]))])
         got = await b.lookup(NS, chain, T0)
         assert got == {"a": BlockMatch(5, 5, 0, 0), "b": BlockMatch(2, 2, 0, 0)}
         assert await b.lookup(NS, chain, T0, workers=["b"]) == {"b": BlockMatch(2, 2)}
@@ -84,17 +84,17 @@ def test_tiers_and_removal(backend_factory: Callable[[], IndexBackend]) -> None:
         await b.register(rec("a"))
         chain = H(1, 2, 3)
         await b.apply_events("a", [
-            KvEvent(1, Stored(tuple(chain))),
-            KvEvent(2, Stored((chain[2],), parent=chain[1], tier=TIER_CPU)),  # also on CPU
-            KvEvent(3, Removed((chain[2],), tier=TIER_GPU)),                  # CPU copy left
+            IndexEvent(1, IndexStored(tuple(chain))),
+            IndexEvent(2, IndexStored((chain[2],), parent=chain[1], tier=TIER_CPU)),  # on CPU too
+            IndexEvent(3, IndexRemoved((chain[2],), tier=TIER_GPU)),  # the CPU copy is left
         ])
         m = (await b.lookup(NS, chain, T0))["a"]
         assert (m.blocks, m.gpu, m.cpu, m.tier) == (3, 2, 1, TIER_CPU)
-        await b.apply_events("a", [KvEvent(4, Removed((chain[1],)))])  # tier 0: all tiers
+        await b.apply_events("a", [IndexEvent(4, IndexRemoved((chain[1],)))])  # tier 0: all tiers
         assert await b.lookup(NS, chain, T0) == {"a": BlockMatch(1, 1)}
         (w,) = await b.workers(with_blocks=True)
         assert (w.indexed_blocks, w.last_seq) == (2, 4)
-        await b.apply_events("a", [KvEvent(5, Cleared())])
+        await b.apply_events("a", [IndexEvent(5, IndexCleared())])
         assert await b.lookup(NS, chain, T0) == {}
         (w,) = await b.workers(with_blocks=True)
         assert w.indexed_blocks == 0
@@ -106,8 +106,8 @@ def test_orphan_stored_event_is_skipped(backend_factory: Callable[[], IndexBacke
     async def body(b: IndexBackend) -> None:
         await b.register(rec("a"))
         chain = H(1, 2, 3)
-        res = await b.apply_events("a", [KvEvent(1, Stored((chain[2],), parent=chain[1])),
-                                         KvEvent(2, Stored((chain[0],)))])
+        res = await b.apply_events("a", [IndexEvent(1, IndexStored((chain[2],), parent=chain[1])),
+                                         IndexEvent(2, IndexStored((chain[0],)))])
         assert (res.status, res.applied, res.last_seq) == (ApplyStatus.OK, 2, 2)
         assert (await b.workers(with_blocks=True))[0].indexed_blocks == 1
 
@@ -122,23 +122,23 @@ def test_the_orphan_check_sees_the_batchs_own_changes(
         await b.register(rec("a"))
         c, d, e = H(1, 2, 3, 4), H(1, 2, 5), H(9, 6)
         await b.apply_events("a", [
-            KvEvent(1, Stored(tuple(c[:2]))),
-            KvEvent(2, Stored((c[2],), parent=c[1])),                 # parent from event 1
-            KvEvent(3, Stored((c[2],), parent=c[1], tier=TIER_CPU)),  # c[2]: GPU and CPU
-            KvEvent(4, Removed((c[2],), tier=TIER_GPU)),              # CPU copy left
-            KvEvent(5, Stored((c[3],), parent=c[2])),                 # so not an orphan
-            KvEvent(6, Removed((c[1],))),                             # every tier
-            KvEvent(7, Stored((d[2],), parent=d[1])),                 # an orphan now
+            IndexEvent(1, IndexStored(tuple(c[:2]))),
+            IndexEvent(2, IndexStored((c[2],), parent=c[1])),                 # parent from event 1
+            IndexEvent(3, IndexStored((c[2],), parent=c[1], tier=TIER_CPU)),  # c[2]: GPU and CPU
+            IndexEvent(4, IndexRemoved((c[2],), tier=TIER_GPU)),              # CPU copy left
+            IndexEvent(5, IndexStored((c[3],), parent=c[2])),                 # so not an orphan
+            IndexEvent(6, IndexRemoved((c[1],))),                             # every tier
+            IndexEvent(7, IndexStored((d[2],), parent=d[1])),                 # an orphan now
         ])
         m = (await b.lookup(NS, c, T0))["a"]
         assert (m.blocks, m.gpu) == (1, 1)
         assert await b.lookup(NS, [c[0], c[1], d[2]], T0) == {"a": BlockMatch(1, 1)}
         assert (await b.workers(with_blocks=True))[0].indexed_blocks == 3  # c0, c2, c3
         await b.apply_events("a", [
-            KvEvent(8, Cleared()),
-            KvEvent(9, Stored((c[1],), parent=c[0])),  # c[0] held before the Cleared only
-            KvEvent(10, Stored((e[0],))),
-            KvEvent(11, Stored((e[1],), parent=e[0])),
+            IndexEvent(8, IndexCleared()),
+            IndexEvent(9, IndexStored((c[1],), parent=c[0])),  # c[0]: held before the clear only
+            IndexEvent(10, IndexStored((e[0],))),
+            IndexEvent(11, IndexStored((e[1],), parent=e[0])),
         ])
         assert await b.lookup(NS, e, T0) == {"a": BlockMatch(2, 2)}
         assert await b.lookup(NS, c[1:], T0) == {}  # c[1] was an orphan
@@ -152,16 +152,18 @@ def test_batches_are_atomic_with_seq_checks(backend_factory: Callable[[], IndexB
     async def body(b: IndexBackend) -> None:
         await b.register(rec("a"))
         c1, c2 = H(1, 2), H(7, 8)
-        ok = await b.apply_events("a", [KvEvent(1, Stored(tuple(c1))), KvEvent(2, Cleared()),
-                                        KvEvent(3, Stored(tuple(c2)))])
+        ok = await b.apply_events("a", [IndexEvent(1, IndexStored(tuple(c1))),
+                                        IndexEvent(2, IndexCleared()),
+                                        IndexEvent(3, IndexStored(tuple(c2)))])
         assert (ok.status, ok.applied, ok.last_seq) == (ApplyStatus.OK, 3, 3)
         assert await b.lookup(NS, c1, T0) == {}
         assert await b.lookup(NS, c2, T0) == {"a": BlockMatch(2, 2)}
-        gap = await b.apply_events("a", [KvEvent(5, Removed(tuple(c2)))])
+        gap = await b.apply_events("a", [IndexEvent(5, IndexRemoved(tuple(c2)))])
         assert (gap.status, gap.applied, gap.last_seq) == (ApplyStatus.GAP, 0, 3)
-        dup = await b.apply_events("a", [KvEvent(2, Cleared()), KvEvent(3, Cleared())])
+        dup = await b.apply_events("a", [IndexEvent(2, IndexCleared()),
+                                         IndexEvent(3, IndexCleared())])
         assert (dup.status, dup.applied) == (ApplyStatus.DUPLICATE, 0)
-        unknown = await b.apply_events("zz", [KvEvent(1, Cleared())])
+        unknown = await b.apply_events("zz", [IndexEvent(1, IndexCleared())])
         assert unknown.status is ApplyStatus.UNKNOWN_WORKER
 
     run(backend_factory, body)
@@ -175,13 +177,14 @@ def test_retried_overlapping_batch_applies_only_the_unseen_suffix(
     async def body(b: IndexBackend) -> None:
         await b.register(rec("a"))
         c1, c2, c3 = H(1, 2, 3), H(4, 5), H(6, 7, 8)
-        first = [KvEvent(1, Stored(tuple(c1))), KvEvent(2, Removed((c1[2],))),
-                 KvEvent(3, Stored(tuple(c2)))]
+        first = [IndexEvent(1, IndexStored(tuple(c1))), IndexEvent(2, IndexRemoved((c1[2],))),
+                 IndexEvent(3, IndexStored(tuple(c2)))]
         res = await b.apply_events("a", first)
         assert (res.status, res.applied, res.last_seq) == (ApplyStatus.OK, 3, 3)
         # the retry: events 2..3 again, then new ones that remove and re-add
-        retry = [*first[1:], KvEvent(4, Removed(tuple(c2))), KvEvent(5, Stored(tuple(c3))),
-                 KvEvent(6, Stored((c1[2],), parent=c1[1]))]
+        retry = [*first[1:], IndexEvent(4, IndexRemoved(tuple(c2))),
+                 IndexEvent(5, IndexStored(tuple(c3))),
+                 IndexEvent(6, IndexStored((c1[2],), parent=c1[1]))]
         res = await b.apply_events("a", retry)
         assert (res.status, res.applied, res.last_seq) == (ApplyStatus.OK, 3, 6)
         # exactly the model: c1 whole again, c2 gone, c3 held
@@ -190,13 +193,15 @@ def test_retried_overlapping_batch_applies_only_the_unseen_suffix(
         assert await b.lookup(NS, c3, T0) == {"a": BlockMatch(3, 3)}
         (w,) = await b.workers(with_blocks=True)
         assert (w.indexed_blocks, w.last_seq) == (6, 6)
-        # an overlap ending in a Cleared still clears; the skipped part does nothing
-        res = await b.apply_events("a", [KvEvent(6, Removed(tuple(c1))), KvEvent(7, Cleared()),
-                                         KvEvent(8, Stored(tuple(c2)))])
+        # an overlap ending in an IndexCleared still clears; the skipped part does nothing
+        res = await b.apply_events("a", [IndexEvent(6, IndexRemoved(tuple(c1))),
+                                         IndexEvent(7, IndexCleared()),
+                                         IndexEvent(8, IndexStored(tuple(c2)))])
         assert (res.status, res.applied, res.last_seq) == (ApplyStatus.OK, 2, 8)
         assert await b.lookup(NS, c1, T0) == {} and await b.lookup(NS, c3, T0) == {}
         assert await b.lookup(NS, c2, T0) == {"a": BlockMatch(2, 2)}
-        gap = await b.apply_events("a", [KvEvent(10, Cleared()), KvEvent(11, Cleared())])
+        gap = await b.apply_events("a", [IndexEvent(10, IndexCleared()),
+                                         IndexEvent(11, IndexCleared())])
         assert (gap.status, gap.applied, gap.last_seq) == (ApplyStatus.GAP, 0, 8)
         assert await b.lookup(NS, c2, T0) == {"a": BlockMatch(2, 2)}
 
@@ -207,11 +212,11 @@ def test_snapshot_replaces_and_drops_orphans(backend_factory: Callable[[], Index
     async def body(b: IndexBackend) -> None:
         await b.register(rec("a"))
         old, c1, c2 = H(5, 5), H(1, 2, 3), H(1, 2, 4)
-        await b.apply_events("a", [KvEvent(1, Stored(tuple(old)))])
+        await b.apply_events("a", [IndexEvent(1, IndexStored(tuple(old)))])
         orphan = H(6, 6)
-        snap = [Stored((c2[2],), parent=c2[1]),          # listed before its parent chain
-                Stored(tuple(c1)),
-                Stored((orphan[1],), parent=orphan[0])]  # parent not in the snapshot
+        snap = [IndexStored((c2[2],), parent=c2[1]),          # listed before its parent chain
+                IndexStored(tuple(c1)),
+                IndexStored((orphan[1],), parent=orphan[0])]  # parent not in the snapshot
         assert await b.sync_worker("a", 40, snap) == 4
         assert await b.lookup(NS, old, T0) == {}
         assert await b.lookup(NS, c2, T0) == {"a": BlockMatch(3, 3)}
@@ -227,7 +232,7 @@ def test_register_heartbeat_purge(backend_factory: Callable[[], IndexBackend]) -
         assert not (await b.heartbeat("a", WorkerLoad(), 0, T0)).known
         assert await b.register(rec("a")) is False
         chain = H(1, 2)
-        await b.apply_events("a", [KvEvent(1, Stored(tuple(chain)))])
+        await b.apply_events("a", [IndexEvent(1, IndexStored(tuple(chain)))])
         hb = await b.heartbeat("a", WorkerLoad(running=3, free_blocks=9), 1, T0 + 10)
         assert (hb.known, hb.last_seq, hb.prev_reported_seq) == (True, 1, 0)
         hb = await b.heartbeat("a", WorkerLoad(running=3), 7, T0 + 20)
@@ -241,7 +246,7 @@ def test_register_heartbeat_purge(backend_factory: Callable[[], IndexBackend]) -
         assert await b.lookup(NS, chain, T0) == {}
         # re-registering (even into another namespace) drops the old state
         await b.register(rec("b"))
-        await b.apply_events("b", [KvEvent(1, Stored(tuple(chain)))])
+        await b.apply_events("b", [IndexEvent(1, IndexStored(tuple(chain)))])
         other = namespace("m2", 4, "sha256_cbor")
         assert await b.register(rec("b", ns=other)) is True
         assert await b.lookup(NS, chain, T0) == {}
@@ -278,19 +283,19 @@ def test_a_stale_incarnation_is_refused_and_changes_nothing(
     async def body(b: IndexBackend) -> None:
         c1, c2 = H(1, 2, 3), H(4, 5)
         await b.register(rec("a", incarnation=OLD_INC))
-        await b.apply_events("a", [KvEvent(1, Stored(tuple(c1)))], OLD_INC)
+        await b.apply_events("a", [IndexEvent(1, IndexStored(tuple(c1)))], OLD_INC)
         await b.heartbeat("a", WorkerLoad(running=1), 1, T0 + 1, OLD_INC)
         # the process restarted: a new incarnation registers the same id, seqs from 1 again
         await b.register(rec("a", hb=T0 + 2, incarnation=NEW_INC))
-        await b.apply_events("a", [KvEvent(1, Stored(tuple(c2)))], NEW_INC)
+        await b.apply_events("a", [IndexEvent(1, IndexStored(tuple(c2)))], NEW_INC)
         before = await b.get_worker("a")
         # delayed calls of the dead process: all refused, nothing changes
-        for call in (b.apply_events("a", [KvEvent(2, Removed(tuple(c2))),
-                                          KvEvent(3, Stored(tuple(c1)))], OLD_INC),
+        for call in (b.apply_events("a", [IndexEvent(2, IndexRemoved(tuple(c2))),
+                                          IndexEvent(3, IndexStored(tuple(c1)))], OLD_INC),
                      b.apply_events("a", [], OLD_INC),
                      b.heartbeat("a", WorkerLoad(running=9), 5, T0 + 9, OLD_INC),
-                     b.sync_worker("a", 7, [Stored(tuple(c1))], OLD_INC),
-                     b.apply_events("a", [KvEvent(2, Cleared())], 0)):  # no incarnation
+                     b.sync_worker("a", 7, [IndexStored(tuple(c1))], OLD_INC),
+                     b.apply_events("a", [IndexEvent(2, IndexCleared())], 0)):  # no incarnation
             with pytest.raises(StaleIncarnation, match="stale incarnation"):
                 await call
         assert await b.get_worker("a") == before
@@ -300,10 +305,10 @@ def test_a_stale_incarnation_is_refused_and_changes_nothing(
         # the current incarnation goes on
         hb = await b.heartbeat("a", WorkerLoad(), 1, T0 + 10, NEW_INC)
         assert (hb.known, hb.last_seq) == (True, 1)
-        assert await b.sync_worker("a", 4, [Stored(tuple(c1))], NEW_INC) == 3
+        assert await b.sync_worker("a", 4, [IndexStored(tuple(c1))], NEW_INC) == 3
         # incarnation 0 (a client without one) matches only a record registered with 0
         await b.register(rec("z"))
-        assert (await b.apply_events("z", [KvEvent(1, Stored(tuple(c1)))])).applied == 1
+        assert (await b.apply_events("z", [IndexEvent(1, IndexStored(tuple(c1)))])).applied == 1
         with pytest.raises(StaleIncarnation):
             await b.heartbeat("z", WorkerLoad(), 1, T0, NEW_INC)
 
@@ -322,7 +327,8 @@ def test_a_stale_batch_racing_a_reregistration_never_lands(
 
             async def stale(incarnation: int) -> None:
                 with contextlib.suppress(StaleIncarnation):
-                    await b.apply_events("a", [KvEvent(1, Stored(tuple(chain)))], incarnation)
+                    await b.apply_events("a", [IndexEvent(1, IndexStored(tuple(chain)))],
+                                         incarnation)
 
             await asyncio.gather(stale(old), b.register(rec("a", incarnation=new)))
             assert await b.lookup(NS, chain, T0) == {}
@@ -337,7 +343,7 @@ def test_provisional_entries_expire(backend_factory: Callable[[], IndexBackend])
         for w in "ab":
             await b.register(rec(w))
         chain = H(1, 2, 3, 4)
-        await b.apply_events("a", [KvEvent(1, Stored(tuple(chain[:2])))])
+        await b.apply_events("a", [IndexEvent(1, IndexStored(tuple(chain[:2])))])
         await b.add_provisional(NS, chain, "a", 2, T0, 2000)
         await b.add_provisional(NS, chain, "b", 0, T0 + 500, 2000)
         assert await b.lookup(NS, chain, T0 + 1000) == {"a": BlockMatch(4, 4),
@@ -354,5 +360,5 @@ def test_provisional_entries_expire(backend_factory: Callable[[], IndexBackend])
 
 def test_resolve_snapshot_handles_cycles() -> None:
     a, b2 = H(1)[0], H(2)[0]
-    got = resolve_snapshot([Stored((a,), parent=b2), Stored((b2,), parent=a)])
+    got = resolve_snapshot([IndexStored((a,), parent=b2), IndexStored((b2,), parent=a)])
     assert got == {}

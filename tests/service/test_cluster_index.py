@@ -35,9 +35,9 @@ from deploy.waiting import eventually
 from service.index.base import (
     BlockMatch,
     IndexBackend,
+    IndexEvent,
+    IndexStored,
     IndexUnavailable,
-    KvEvent,
-    Stored,
     WorkerRecord,
     namespace,
 )
@@ -182,7 +182,7 @@ def test_one_shared_system_prompt_spreads_over_every_shard(
                                               heartbeat_ms=T0))
             for k, w in enumerate(workers):  # each holds 8 chains, all sharing the prompt
                 mine = chains[k::3]
-                events = [KvEvent(1 + i, Stored(tuple(c), b"")) for i, c in enumerate(mine)]
+                events = [IndexEvent(1 + i, IndexStored(tuple(c), b"")) for i, c in enumerate(mine)]
                 await b.apply_events(w, events)
             keys, _ = _node_counts(redis_cluster)
             # per shard, the cheapest of 5 rounds: a shard's Redis descheduled in the middle

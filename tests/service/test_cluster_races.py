@@ -9,7 +9,7 @@ import redis
 from deploy.redis_cluster import RedisClusterServer
 from service.index import cluster as cluster_mod
 from service.index import keys
-from service.index.base import BlockMatch, KvEvent, Stored
+from service.index.base import BlockMatch, IndexEvent, IndexStored
 from service.index.cluster import TAG_SLOTS, ClusterBackend
 from tests.service.test_backends import NS, T0, H, rec
 from tests.service.test_cluster_split import _node_of, run
@@ -31,7 +31,7 @@ def test_a_wave_stalled_past_the_busy_mark_never_lands_on_a_reassigned_handle(
     async def body(b: ClusterBackend) -> None:
         c = b.client
         await b.register(rec("w"))
-        await b.apply_events("w", [KvEvent(1, Stored(tuple(chain[:2])))])
+        await b.apply_events("w", [IndexEvent(1, IndexStored(tuple(chain[:2])))])
         rk = keys.worker_key(NS, "w")
         # a batch begins (its handle busy) and its replica stalls ...
         begin, _ = await b.ctl(cluster_mod.APPLY_BEGIN, rk, [NS, "w", 2, 2, "0", 0, 0, 4, "tok",
@@ -46,13 +46,13 @@ def test_a_wave_stalled_past_the_busy_mark_never_lands_on_a_reassigned_handle(
         await b.register(rec("v"))  # the free handle goes to another worker
         assert (await b.get_worker("v")) is not None
         assert int(await c.hget(keys.worker_key(NS, "v"), "h")) == h
-        await b.apply_events("v", [KvEvent(1, Stored(tuple(other)))])
+        await b.apply_events("v", [IndexEvent(1, IndexStored(tuple(other)))])
         # the stalled replica wakes: its wave writes handle h, now v's
         assert await _late_wave(b, chain, ticket, h) == [0] * len(chain)
         assert await b.lookup(NS, chain, T0) == {}  # refused: v is claimed nothing
         assert await b.lookup(NS, other, T0) == {"v": BlockMatch(3, 3)}
         # v's own batches, begun after the sweep, write the same handle as ever
-        await b.apply_events("v", [KvEvent(2, Stored(tuple(chain)))])
+        await b.apply_events("v", [IndexEvent(2, IndexStored(tuple(chain)))])
         assert await b.lookup(NS, chain, T0) == {"v": BlockMatch(6, 6)}
 
     run(redis_cluster_url, body)
@@ -96,7 +96,7 @@ def test_a_slot_migrating_between_two_sweep_steps_is_swept_on_its_new_node(
     async def body(b: ClusterBackend) -> None:
         c = b.client
         await b.register(rec("w"))
-        await b.apply_events("w", [KvEvent(1, Stored(tuple(chain)))])
+        await b.apply_events("w", [IndexEvent(1, IndexStored(tuple(chain)))])
         h = int(await c.hget(keys.worker_key(NS, "w"), "h"))
         await b.register(rec("w"))  # h retired: a cycle will drop its entries
         assert await b.sweep(max_steps=2) == 8  # fenced, every node scanned once
@@ -134,7 +134,7 @@ def test_a_cycle_begun_by_the_previous_version_is_fenced_and_finished(
     async def body(b: ClusterBackend) -> None:
         c = b.client
         await b.register(rec("w"))
-        await b.apply_events("w", [KvEvent(1, Stored(tuple(chain)))])
+        await b.apply_events("w", [IndexEvent(1, IndexStored(tuple(chain)))])
         h = await c.hget(keys.worker_key(NS, "w"), "h")
         await b.register(rec("w"))
         await c.smove(keys.DEAD, keys.CYCLE, h)

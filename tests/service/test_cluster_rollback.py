@@ -11,7 +11,14 @@ import redis
 
 from deploy.redis_cluster import RedisClusterServer
 from service.index import keys
-from service.index.base import ApplyStatus, BlockMatch, KvEvent, Removed, Stored, WorkerLoad
+from service.index.base import (
+    ApplyStatus,
+    BlockMatch,
+    IndexEvent,
+    IndexRemoved,
+    IndexStored,
+    WorkerLoad,
+)
 from service.index.cluster import CTL_SLOT, ClusterBackend
 from service.index.redis import RedisBackend
 from tests.service.test_backends import NS, T0, rec
@@ -49,11 +56,11 @@ def test_a_shard_back_older_makes_every_worker_resync(redis_cluster: RedisCluste
 
     async def body(b: ClusterBackend) -> None:
         await b.register(rec("w"))
-        assert (await b.apply_events("w", [KvEvent(1, Stored(tuple(chain)))])).applied == 1
+        assert (await b.apply_events("w", [IndexEvent(1, IndexStored(tuple(chain)))])).applied == 1
         await b.sweep()  # the janitor: sentinels stamped, nothing changed
         gen = await b.client.get(keys.CTL + "gen")
         save_dump(redis_cluster.node_urls[victim], tmp_path)  # the shard's last persist
-        assert (await b.apply_events("w", [KvEvent(2, Removed(tuple(chain[2:])))])).applied
+        assert (await b.apply_events("w", [IndexEvent(2, IndexRemoved(tuple(chain[2:])))])).applied
         assert await b.lookup(NS, chain, T0) == kept
         assert (await b.heartbeat("w", WorkerLoad(), 2, T0)).last_seq == 2
         restart_from_dump(redis_cluster, victim, tmp_path)  # back with the removed blocks
@@ -62,9 +69,9 @@ def test_a_shard_back_older_makes_every_worker_resync(redis_cluster: RedisCluste
         assert await b.client.get(keys.CTL + "gen") != gen
         hb = await b.heartbeat("w", WorkerLoad(), 2, T0)
         assert hb.known and hb.last_seq < hb.prev_reported_seq  # the service asks a snapshot
-        assert (await b.apply_events("w", [KvEvent(3, Removed((chain[1],)))])).status \
+        assert (await b.apply_events("w", [IndexEvent(3, IndexRemoved((chain[1],)))])).status \
             is ApplyStatus.GAP
-        assert await b.sync_worker("w", 2, [Stored(tuple(chain[:2]))]) == 2
+        assert await b.sync_worker("w", 2, [IndexStored(tuple(chain[:2]))]) == 2
         assert await b.lookup(NS, chain, T0) == kept  # the removed blocks count no more
         await b.sweep()  # stamped: no new generation
         assert (await b.heartbeat("w", WorkerLoad(), 2, T0)).last_seq == 2

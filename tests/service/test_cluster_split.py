@@ -16,9 +16,9 @@ from service.index import keys
 from service.index.base import (
     ApplyStatus,
     BlockMatch,
+    IndexEvent,
+    IndexStored,
     IndexUnavailable,
-    KvEvent,
-    Stored,
     WorkerLoad,
 )
 from service.index.cluster import CTL_SLOT, TAG_SLOTS, ClusterBackend
@@ -67,7 +67,8 @@ def test_a_wave_cut_midway_is_answered_by_a_resync(redis_cluster: RedisClusterSe
 
     async def body(b: ClusterBackend) -> None:
         await b.register(rec("w"))
-        assert (await b.apply_events("w", [KvEvent(1, Stored(tuple(chain[:4])))])).applied == 1
+        res = await b.apply_events("w", [IndexEvent(1, IndexStored(tuple(chain[:4])))])
+        assert res.applied == 1
         real = ClusterBackend.wave
 
         async def cut(self, batch, retry=False):  # the block writes: half land, then a fault
@@ -78,18 +79,18 @@ def test_a_wave_cut_midway_is_answered_by_a_resync(redis_cluster: RedisClusterSe
 
         monkeypatch.setattr(ClusterBackend, "wave", cut)
         with pytest.raises(IndexUnavailable):
-            await b.apply_events("w", [KvEvent(2, Stored(tuple(chain[4:]), chain[3]))])
+            await b.apply_events("w", [IndexEvent(2, IndexStored(tuple(chain[4:]), chain[3]))])
         monkeypatch.setattr(ClusterBackend, "wave", real)
         got = (await b.lookup(NS, chain, T0))["w"].blocks
         assert 4 <= got < len(chain)  # a chain cut short, never more than was held
         # the retried batch, and any later one, asks for a snapshot
-        res = await b.apply_events("w", [KvEvent(2, Stored(tuple(chain[4:]), chain[3]))])
+        res = await b.apply_events("w", [IndexEvent(2, IndexStored(tuple(chain[4:]), chain[3]))])
         assert res.status is ApplyStatus.GAP
-        assert (await b.apply_events("w", [KvEvent(3, Stored((H(9)[0],)))])).status \
+        assert (await b.apply_events("w", [IndexEvent(3, IndexStored((H(9)[0],)))])).status \
             is ApplyStatus.GAP
-        assert await b.sync_worker("w", 2, [Stored(tuple(chain))]) == len(chain)
+        assert await b.sync_worker("w", 2, [IndexStored(tuple(chain))]) == len(chain)
         assert await b.lookup(NS, chain, T0) == {"w": BlockMatch(len(chain), len(chain))}
-        assert (await b.apply_events("w", [KvEvent(3, Stored((H(9)[0],)))])).applied == 1
+        assert (await b.apply_events("w", [IndexEvent(3, IndexStored((H(9)[0],)))])).applied == 1
         (w,) = await b.workers(with_blocks=True)
         assert w.indexed_blocks == len(chain) + 1
 
@@ -104,7 +105,7 @@ def test_a_shard_back_empty_makes_every_worker_resync(redis_cluster: RedisCluste
 
     async def body(b: ClusterBackend) -> None:
         await b.register(rec("w"))
-        assert (await b.apply_events("w", [KvEvent(1, Stored(tuple(chain)))])).applied == 1
+        assert (await b.apply_events("w", [IndexEvent(1, IndexStored(tuple(chain)))])).applied == 1
         await b.sweep()  # the janitor: shards checked, all there
         hb = await b.heartbeat("w", WorkerLoad(), 1, T0)
         assert hb.last_seq == 1 and await b.lookup(NS, chain, T0) == full
@@ -116,9 +117,9 @@ def test_a_shard_back_empty_makes_every_worker_resync(redis_cluster: RedisCluste
         await b.sweep()
         hb = await b.heartbeat("w", WorkerLoad(), 1, T0)
         assert hb.known and hb.last_seq < hb.prev_reported_seq  # the service asks a snapshot
-        assert (await b.apply_events("w", [KvEvent(2, Stored((H(9)[0],)))])).status \
+        assert (await b.apply_events("w", [IndexEvent(2, IndexStored((H(9)[0],)))])).status \
             is ApplyStatus.GAP
-        assert await b.sync_worker("w", 1, [Stored(tuple(chain))]) == len(chain)
+        assert await b.sync_worker("w", 1, [IndexStored(tuple(chain))]) == len(chain)
         assert await b.lookup(NS, chain, T0) == full
         assert (await b.heartbeat("w", WorkerLoad(), 1, T0)).last_seq == 1
         await b.sweep()  # nothing lost any more: no new generation
@@ -137,8 +138,8 @@ def test_a_lost_control_shard_never_lends_old_entries_to_new_handles(
     async def body(b: ClusterBackend) -> None:
         await b.register(rec("w0"))  # handle 1
         await b.register(rec("w1"))  # handle 2
-        await b.apply_events("w0", [KvEvent(1, Stored(tuple(a)))])
-        await b.apply_events("w1", [KvEvent(1, Stored(tuple(bchain)))])
+        await b.apply_events("w0", [IndexEvent(1, IndexStored(tuple(a)))])
+        await b.apply_events("w1", [IndexEvent(1, IndexStored(tuple(bchain)))])
         assert await b.lookup(NS, a, T0) == {"w0": BlockMatch(6, 6)}
         redis_cluster.kill_node(ctl)
         redis_cluster.restart_node(ctl)  # registry, records, live maps, handles: gone
@@ -151,7 +152,7 @@ def test_a_lost_control_shard_never_lends_old_entries_to_new_handles(
             with redis.Redis.from_url(redis_cluster.node_urls[i]) as c:
                 assert not [k for k in c.scan_iter(match=keys.BLOCK_KEYS_MATCH)
                             if len(k) > 4]
-        await b.apply_events("w1", [KvEvent(1, Stored(tuple(a)))])
+        await b.apply_events("w1", [IndexEvent(1, IndexStored(tuple(a)))])
         assert await b.lookup(NS, a, T0) == {"w1": BlockMatch(6, 6)}
 
     run(redis_cluster_url, body)
@@ -164,7 +165,7 @@ def test_the_sweep_waits_for_a_batch_still_writing_a_retired_handle(
     async def body(b: ClusterBackend) -> None:
         c = b.client
         await b.register(rec("w"))
-        await b.apply_events("w", [KvEvent(1, Stored(tuple(chain[:2])))])
+        await b.apply_events("w", [IndexEvent(1, IndexStored(tuple(chain[:2])))])
         w = await b.get_worker("w")
         assert w is not None
         rk = keys.worker_key(NS, "w")
@@ -209,8 +210,8 @@ def test_the_cluster_keyspace(redis_cluster: RedisClusterServer,
 
     async def body(b: ClusterBackend) -> None:
         await b.register(rec("a"))
-        await b.apply_events("a", [KvEvent(1, Stored(tuple(chain)))])
-        await b.sync_worker("a", 1, [Stored(tuple(chain[:3]))])
+        await b.apply_events("a", [IndexEvent(1, IndexStored(tuple(chain)))])
+        await b.sync_worker("a", 1, [IndexStored(tuple(chain[:3]))])
         await b.add_provisional(NS, chain + [H(99)[0]], "a", len(chain), T0, 2000)
         await b.sweep()  # the retired handle's entries go
         got: set[bytes] = set()

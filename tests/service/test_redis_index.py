@@ -18,10 +18,10 @@ from service.index import keys, resp
 from service.index.base import (
     TIER_CPU,
     BlockMatch,
-    Cleared,
+    IndexCleared,
+    IndexEvent,
+    IndexStored,
     IndexUnavailable,
-    KvEvent,
-    Stored,
     WorkerLoad,
 )
 from service.index.redis import RedisBackend
@@ -50,8 +50,8 @@ def test_lookup_is_one_round_trip(redis_url: str, monkeypatch: pytest.MonkeyPatc
             for w in "abc":
                 await b.register(rec(w))
             chain = H(*range(600))  # 600 blocks: a ~10K-token prompt at block size 16
-            await b.apply_events("a", [KvEvent(1, Stored(tuple(chain)))])
-            await b.apply_events("b", [KvEvent(1, Stored(tuple(chain[:100])))])
+            await b.apply_events("a", [IndexEvent(1, IndexStored(tuple(chain)))])
+            await b.apply_events("b", [IndexEvent(1, IndexStored(tuple(chain[:100])))])
             writes = count_writes(monkeypatch)
             want = {"a": BlockMatch(600, 600), "b": BlockMatch(100, 100)}
             assert await b.lookup(NS, chain, T0 + 1, ["a", "b", "c"]) == want
@@ -65,7 +65,7 @@ def test_lookup_is_one_round_trip(redis_url: str, monkeypatch: pytest.MonkeyPatc
             assert len(writes) == 2
             assert await b.lookup(NS, chain, T0 + 1, ["b"]) == {"b": BlockMatch(100, 100)}
             assert len(writes) == 3
-            await b.apply_events("b", [KvEvent(2, Cleared())])  # b's handle: retired
+            await b.apply_events("b", [IndexEvent(2, IndexCleared())])  # b's handle: retired
             writes.clear()
             assert await b.lookup(NS, chain, T0 + 1, ["a", "b"]) == {"a": BlockMatch(600, 600)}
             assert len(writes) == 2  # the cached live map was stale: read again
@@ -89,11 +89,12 @@ def test_scripts_run_by_sha_and_survive_a_flushed_script_cache(redis_url: str) -
                 return await original(*args, **kw)
 
             b.client.execute_command = counting  # type: ignore[method-assign]
-            await b.apply_events("a", [KvEvent(1, Stored(tuple(H(1, 2))))])
+            await b.apply_events("a", [IndexEvent(1, IndexStored(tuple(H(1, 2))))])
             assert calls == ["EVALSHA"]
             await b.client.script_flush()  # a restarted server: a reload, never an error
             calls.clear()
-            await b.apply_events("a", [KvEvent(2, Stored(tuple(H(1, 2, 3)[2:]), H(1, 2)[1]))])
+            await b.apply_events("a", [IndexEvent(2, IndexStored(tuple(H(1, 2, 3)[2:]),
+                                                                 H(1, 2)[1]))])
             assert calls == ["EVALSHA", "SCRIPT LOAD", "EVALSHA"]
             assert await b.lookup(NS, H(1, 2, 3), T0) == {"a": BlockMatch(3, 3)}
         finally:
@@ -124,8 +125,8 @@ def test_the_documented_layout(redis_url: str) -> None:
             for w in "ab":
                 await b.register(rec(w))
             chain = H(*range(40))
-            await b.apply_events("a", [KvEvent(1, Stored(tuple(chain)))])
-            await b.apply_events("b", [KvEvent(1, Stored(tuple(chain[:2]), tier=TIER_CPU))])
+            await b.apply_events("a", [IndexEvent(1, IndexStored(tuple(chain)))])
+            await b.apply_events("b", [IndexEvent(1, IndexStored(tuple(chain[:2]), tier=TIER_CPU))])
             await b.add_provisional(NS, chain + H(*range(41))[40:], "a", 40, T0, 2000)
             got = set(await raw.keys("*"))
             blocks = {keys.block_key(h) for h in chain}
@@ -175,14 +176,14 @@ def test_a_sweep_cycle_frees_only_handles_retired_before_it_began(redis_url: str
             await b.register(rec("a"))
             await b.register(rec("b"))
             for w, c in (("a", H(1, 2, 3)), ("b", H(7, 8, 9))):
-                await b.apply_events(w, [KvEvent(1, Stored(tuple(c)))])
+                await b.apply_events(w, [IndexEvent(1, IndexStored(tuple(c)))])
             ha = await b.client.hget(keys.worker_key(NS, "a"), "h")
-            await b.apply_events("a", [KvEvent(2, Cleared())])  # retires a's handle
+            await b.apply_events("a", [IndexEvent(2, IndexCleared())])  # retires a's handle
             sweep = [keys.SWEEP, keys.DEAD, keys.CYCLE, keys.FREE]
             state, _, _ = await b._sweep(sweep, [1])  # one key per step: a cycle begins
             assert state == 1 and await b.client.smembers(keys.CYCLE) == {ha}
             hb = await b.client.hget(keys.worker_key(NS, "b"), "h")
-            await b.apply_events("b", [KvEvent(2, Cleared())])  # retired mid-cycle
+            await b.apply_events("b", [IndexEvent(2, IndexCleared())])  # retired mid-cycle
             while state == 1:
                 state, _, _ = await b._sweep(sweep, [1])
             assert state == 2
@@ -240,7 +241,7 @@ def test_a_lookup_after_a_server_restart_retries_on_a_fresh_connection(
         b = RedisBackend.from_url(redis_url, timeout_s=0.5)
         try:
             await b.register(rec("a"))
-            await b.apply_events("a", [KvEvent(1, Stored(tuple(H(1, 2))))])
+            await b.apply_events("a", [IndexEvent(1, IndexStored(tuple(H(1, 2))))])
             assert await b.lookup(NS, H(1, 2), T0) == {"a": BlockMatch(2, 2)}
             redis_server.kill()
             redis_server.start()  # empty again; the pool still holds the dead connection

@@ -13,13 +13,13 @@ import pytest
 
 from client import AsyncKvmeshClient
 from deploy.waiting import eventually
+from kvmesh.events.pool import PoolRemoved, PoolStored
 from kvmesh.hashing import none_hash
 from service.config import ServiceConfig
 from service.server import create_server as create_service
 from tests.ports import free_port
 from worker import Engine
 from worker.engine.async_engine import AsyncEngine
-from worker.kv_cache import BlockRemoved, BlockStored
 from worker.outbox import Outbox
 from worker.service_link import ServiceLink
 
@@ -77,19 +77,19 @@ def exact(row: dict, engine: Engine) -> bool:
 
 def test_outbox_drops_its_backlog_past_the_bound():
     box = Outbox(max_blocks=10)
-    assert box.add([BlockStored(1, [b"a"] * 3, None, [], "gpu")])  # weight 4
-    assert box.add([BlockRemoved(2, [b"a"] * 3, "gpu")], after=0) and box.blocks == 8
-    assert not box.add([BlockStored(3, [b"b"] * 2, None, [], "gpu")])  # 11 > 10
+    assert box.add([PoolStored(1, [b"a"] * 3, None, [], "gpu")])  # weight 4
+    assert box.add([PoolRemoved(2, [b"a"] * 3, "gpu")], after=0) and box.blocks == 8
+    assert not box.add([PoolStored(3, [b"b"] * 2, None, [], "gpu")])  # 11 > 10
     assert len(box) == 0 and box.blocks == 0
 
 
 def test_outbox_batches_within_limits_and_leaves_by_seq():
     box = Outbox()
-    box.add([BlockStored(s, [b"h"] * n, None, [], "gpu") for s, n in ((1, 5), (2, 1), (3, 1))])
+    box.add([PoolStored(s, [b"h"] * n, None, [], "gpu") for s, n in ((1, 5), (2, 1), (3, 1))])
     assert [e.seq for e in box.batch(10, 6)] == [1, 2]
     assert [e.seq for e in box.batch(1, 100)] == [1]
     assert [e.seq for e in box.batch(10, 2)] == [1]  # one event is indivisible
-    box.add([BlockStored(2, [b"h"], None, [], "gpu")], after=3)  # already covered: ignored
+    box.add([PoolStored(2, [b"h"], None, [], "gpu")], after=3)  # already covered: ignored
     box.drop_through(2)
     assert [e.seq for e in box.batch(10, 10)] == [3] and box.blocks == 2
 

@@ -250,7 +250,7 @@ class Engine:
 
     def settle_copies(self) -> int:
         """Hand the copies the data plane could not make (a failed offload, a refused or
-        failed disk write) to the manager, which drops their entries (``BlockRemoved``)
+        failed disk write) to the manager, which drops their entries (``PoolRemoved``)
         before they are spilled, onboarded or announced again; how many it dropped. Run in
         every step and by an idle engine loop (a background write may fail meanwhile)."""
         return 0 if self.copies is None else self.kv.copies_lost(self.copies.take_lost())

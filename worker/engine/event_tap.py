@@ -16,13 +16,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from kvmesh.events.pool import PoolEvent
 from worker.engine.async_engine import AsyncEngine
 from worker.engine.engine import Engine
-from worker.kv_cache import KVEvent
 
 log = logging.getLogger("kvmesh.worker.events")
 
-Consumer = Callable[[Engine, list[KVEvent], bool], None]
+Consumer = Callable[[Engine, list[PoolEvent], bool], None]
 
 
 class EventTap:

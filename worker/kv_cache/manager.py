@@ -27,7 +27,7 @@ in the order they were scheduled).
 Invariant: a cached block's KV is written, or is being written by the step in progress.
 The engine runs each step (scheduling included) inside :meth:`KVCacheManager.step`, which
 remembers the blocks cached meanwhile; if the step raises, they are uncached (and removed
-from the index by one ``BlockRemoved``) before the exception propagates. Every request
+from the index by one ``PoolRemoved``) before the exception propagates. Every request
 scheduled in a failed step must then be freed: its block table may hold the uncached
 blocks (its own, or a batch-mate's that it hit in the same step). Blocks cached by earlier
 steps (the first chunks of a chunked prefill, a preempted request's blocks) were written
@@ -54,11 +54,11 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
+from kvmesh.events.pool import CacheSnapshot, PoolEvent
 from kvmesh.hashing import ALGOS, DEFAULT_ALGO, extend_block_hashes, extra_keys
 
 from .block import Extra, KVCacheBlock
 from .block_pool import BlockPool
-from .events import CacheSnapshot, KVEvent
 from .offload import DiskEntry
 from .pins import Pinned, PinTable
 from .request import KVRequest
@@ -217,7 +217,7 @@ class KVCacheManager:
 
     def copies_lost(self, lost: Iterable[Lost]) -> int:
         """The data plane could not make these copies: their lower entries are dropped
-        (``BlockRemoved``) before anything spills, announces or onboards them; how many."""
+        (``PoolRemoved``) before anything spills, announces or onboards them; how many."""
         return self._tiers.copies_lost(lost)
 
     def restore_disk(self, entries: Iterable[DiskEntry]) -> list[bytes]:
@@ -315,7 +315,7 @@ class KVCacheManager:
         """Scope of one engine step: schedule, then write the scheduled KV.
 
         On a normal exit the blocks cached inside are written. If the body raises, every
-        block cached inside is uncached (``BlockPool.uncache_blocks``: a ``BlockRemoved``
+        block cached inside is uncached (``BlockPool.uncache_blocks``: a ``PoolRemoved``
         for each hash no written block still holds) and the exception propagates; the
         caller must then free every request scheduled in the step. Not reentrant.
         """
@@ -361,7 +361,7 @@ class KVCacheManager:
         return [b.block_id for b in self._blocks.get(req.request_id, ())]
 
     def reset_prefix_cache(self) -> bool:
-        """Drop all cached hashes, on every tier, and all pins (emits ``AllBlocksCleared``;
+        """Drop all cached hashes, on every tier, and all pins (emits ``PoolCleared``;
         disk files get ``Drop`` orders); ``False``, changing nothing, while any request or hold
         has blocks."""
         if not self.pins.held_only_by_pins():
@@ -423,7 +423,7 @@ class KVCacheManager:
 
     # --- reporting --------------------------------------------------------------------
 
-    def take_events(self) -> list[KVEvent]:
+    def take_events(self) -> list[PoolEvent]:
         """KV events since the last call, oldest first (sequence numbers from 1, no gaps
         unless :attr:`events_dropped` grew in between)."""
         return self.pool.take_events()

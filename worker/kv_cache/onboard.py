@@ -6,13 +6,13 @@ Lifecycle of one onboard (one at most per admission of a request):
    that continue its chain are referenced by a :class:`Hold` owned by the request id; the
    lower entries are marked read (never evicted while read); an ``Onboard`` order is
    recorded. The fresh blocks are NOT cached: nobody can hit a block a copy is writing.
-2. ``finish`` (the copy ended): ok -> the fresh blocks are cached (``BlockStored(gpu)``; the
+2. ``finish`` (the copy ended): ok -> the fresh blocks are cached (``PoolStored(gpu)``; the
    lower copies stay, the tiers are inclusive), each with the eviction class (``decoded``)
    its lower entry kept, not whatever the destination block held before; the hold stays
    until admission, so they cannot be evicted before the request uses them. Not ok -> the
    fresh blocks are freed uncached (to the head of the free queue), the failed lower
    entries are dropped
-   (``BlockRemoved(<tier>)``), the hold is released and the request is never onboarded
+   (``PoolRemoved(<tier>)``), the hold is released and the request is never onboarded
    again: it recomputes.
 3. Admission (``admit``) releases the hold after the request referenced its blocks.
 

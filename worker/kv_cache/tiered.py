@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from kvmesh.contract import TIERS
+from kvmesh.events.pool import CacheSnapshot
 
 from .block import Extra, KVCacheBlock
 from .block_pool import BlockPool
-from .events import CacheSnapshot
 from .offload import DiskEntry, Offloader
 from .onboard import Onboarder, Read
 from .request import KVRequest

@@ -18,7 +18,7 @@ after scheduling and before the forward). Orders must run in the order given:
 The other way, the data plane reports each copy it could not make as a :class:`Lost`
 (``KVCacheManager.copies_lost``): an ``Offload`` whose slot was not written, a ``Spill``
 whose file was not written (refused, or its background write failed). The manager then
-forgets the entry that copy was to fill (``BlockRemoved(<tier>)``), so nothing announces,
+forgets the entry that copy was to fill (``PoolRemoved(<tier>)``), so nothing announces,
 spills or onboards a block whose bytes do not exist.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ a renaming:
   block: a consumer counts copies per hash. So the map counts the copies it published per
   (tier, hash) and, on kvmesh's one removal, publishes the hash once per copy; a consumer
   counting as vLLM's consumers do reaches 0 exactly when kvmesh's pool no longer holds it.
-- Extra keys. vLLM's ``BlockStored`` carries, per block, the keys its hash includes,
+- Extra keys. vLLM's stored event (``VllmStored``) carries, per block, the keys its hash includes,
   untagged: the LoRA name, ``(mm_identifier, offset)`` pairs, the cache salt on block 0
   (``extra_keys``; ``None`` for a block without any), and the adapter's name in
   ``lora_name``. kvmesh's events carry hashes and tokens only; the keys are in the cached
@@ -21,7 +21,7 @@ a renaming:
 - Tiers. ``medium`` is the tier's (``GPU``, ``CPU``, ``STORAGE``).
 - Hashes. vLLM's ``ExternalBlockHash``: the digest's low 8 bytes as an int
   (``as_int``, vLLM's default), or the digest's bytes.
-- ``lost`` (the pool dropped unread events): ``AllBlocksCleared`` first, then what follows;
+- ``lost`` (the pool dropped unread events): ``VllmCleared`` first, then what follows;
   consumers drop everything and learn the cache again as blocks are stored.
 
 Not thread-safe: one engine thread calls :meth:`VllmEventMap.translate`.
@@ -32,7 +32,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvmesh.events import vllm as ve
-from worker.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheManager, KVEvent
+from kvmesh.events.pool import PoolCleared, PoolEvent, PoolRemoved, PoolStored
+from worker.kv_cache import KVCacheManager
 
 # What vLLM publishes for one block: (lora_name, extra_keys entry).
 Published = tuple[str | None, tuple[Any, ...] | None]
@@ -75,25 +76,25 @@ class VllmEventMap:
     def _ext(self, h: bytes) -> ve.ExternalBlockHash:
         return ve.external_hash(h, self.as_int)
 
-    def translate(self, kv: KVCacheManager, events: Sequence[KVEvent],
-                  lost: bool = False) -> list[ve.Event]:
+    def translate(self, kv: KVCacheManager, events: Sequence[PoolEvent],
+                  lost: bool = False) -> list[ve.VllmEvent]:
         """vLLM's events for ``events`` (taken from ``kv`` just now), in order."""
-        out: list[ve.Event] = []
+        out: list[ve.VllmEvent] = []
         if lost:
             self._clear()
-            out.append(ve.AllBlocksCleared())
+            out.append(ve.VllmCleared())
         for event in events:
-            if isinstance(event, BlockStored):
+            if isinstance(event, PoolStored):
                 stored = self._stored(kv, event)
                 if stored is not None:
                     out.append(stored)
-            elif isinstance(event, BlockRemoved):
+            elif isinstance(event, PoolRemoved):
                 removed = self._removed(event)
                 if removed is not None:
                     out.append(removed)
-            elif isinstance(event, AllBlocksCleared):
+            elif isinstance(event, PoolCleared):
                 self._clear()
-                out.append(ve.AllBlocksCleared())
+                out.append(ve.VllmCleared())
         return out
 
     def _clear(self) -> None:
@@ -101,7 +102,7 @@ class VllmEventMap:
         self.keys.clear()
         self.tiers_of.clear()
 
-    def _stored(self, kv: KVCacheManager, event: BlockStored) -> ve.BlockStored | None:
+    def _stored(self, kv: KVCacheManager, event: PoolStored) -> ve.VllmStored | None:
         bs = self.block_size
         hashes: list[bytes] = []
         entries: list[tuple[Any, ...] | None] = []
@@ -124,14 +125,14 @@ class VllmEventMap:
                 self.tiers_of[h] = self.tiers_of.get(h, 0) + 1
             self.copies[key] = self.copies.get(key, 0) + 1
         parent = event.parent_hash
-        return ve.BlockStored(
+        return ve.VllmStored(
             block_hashes=[self._ext(h) for h in hashes],
             parent_block_hash=None if parent is None else self._ext(parent),
             token_ids=list(event.token_ids[:len(hashes) * bs]), block_size=bs, lora_id=None,
             medium=ve.MEDIUMS[event.tier], lora_name=lora,
             extra_keys=entries)
 
-    def _removed(self, event: BlockRemoved) -> ve.BlockRemoved | None:
+    def _removed(self, event: PoolRemoved) -> ve.VllmRemoved | None:
         out: list[ve.ExternalBlockHash] = []
         for h in event.block_hashes:
             n = self.copies.pop((event.tier, h), 0)
@@ -145,7 +146,7 @@ class VllmEventMap:
                 self.keys.pop(h, None)
         if not out:
             return None
-        return ve.BlockRemoved(block_hashes=out, medium=ve.MEDIUMS[event.tier])
+        return ve.VllmRemoved(block_hashes=out, medium=ve.MEDIUMS[event.tier])
 
 
 def _lookup(kv: KVCacheManager, h: bytes, tokens: tuple[int, ...]) -> Published | None:

@@ -37,9 +37,9 @@ import zmq
 import zmq.asyncio
 
 from kvmesh.events import vllm as ve
+from kvmesh.events.pool import PoolEvent
 from kvmesh.events.zmq_curve import CurveServer, is_local
 from worker.engine.engine import Engine
-from worker.kv_cache import KVEvent
 from worker.vllm.event_map import VllmEventMap
 from worker.vllm.replay_budget import ReplayBudget, caller_of
 
@@ -128,7 +128,7 @@ class VllmPublisher:
 
     # --- engine thread --------------------------------------------------------------
 
-    def deliver(self, engine: Engine, events: list[KVEvent], lost: bool) -> None:
+    def deliver(self, engine: Engine, events: list[PoolEvent], lost: bool) -> None:
         """Translate the events of one step and hand the batch to the loop."""
         if not (events or lost) or self._loop is None:
             return
@@ -138,7 +138,7 @@ class VllmPublisher:
 
     # --- event loop -----------------------------------------------------------------
 
-    def _publish(self, ts: float, events: list[ve.Event]) -> None:
+    def _publish(self, ts: float, events: list[ve.VllmEvent]) -> None:
         if self._pub is None:
             return  # closed
         seq, self.seq = self.seq, self.seq + 1
@@ -146,9 +146,9 @@ class VllmPublisher:
         self.buffer.append((seq, payload))
         self.counters["batches"] += 1
         for ev in events:
-            if isinstance(ev, ve.BlockStored):
+            if isinstance(ev, ve.VllmStored):
                 self.counters["blocks_stored"] += len(ev.block_hashes)
-            elif isinstance(ev, ve.BlockRemoved):
+            elif isinstance(ev, ve.VllmRemoved):
                 self.counters["blocks_removed"] += len(ev.block_hashes)
         try:
             self._pub.send_multipart(ve.pack_message(self.topic, seq, payload), zmq.NOBLOCK)

@@ -20,7 +20,7 @@ def test_the_load_is_engine_steps_of_fresh_chains_and_their_removal_a_window_lat
     assert [len(e.token_ids) for e in first] == [12, 8]
     assert all(e.parent_block_hash is None and e.medium == "GPU" for e in first)
     # engine 0, 3 batches later: its first batch evicted one block an event, tails first
-    removed = [e.block_hashes for e in seventh if isinstance(e, ve.BlockRemoved)]
+    removed = [e.block_hashes for e in seventh if isinstance(e, ve.VllmRemoved)]
     a, b = first[0].block_hashes, first[1].block_hashes
     assert removed == [[h] for h in [*reversed(a), *reversed(b)]]
     row = measure(work, engines=2, block_size=4, per_request=2)

@@ -124,14 +124,14 @@ def test_current_map_encoding_both_hash_forms(as_int: bool) -> None:
     batch = ve.decode_batch(payload)
     assert batch.ts == 12.5 and batch.data_parallel_rank == 1
     stored, removed, cleared = batch.events
-    assert isinstance(stored, ve.BlockStored) and stored.block_hashes == hashes
+    assert isinstance(stored, ve.VllmStored) and stored.block_hashes == hashes
     assert stored.token_ids == list(range(8)) and stored.block_size == 4
     assert stored.lora_name == "ad" and stored.group_idx == 0
     assert [list(k) for k in stored.extra_keys] == [["ad", "salt"], ["ad", ["img", -2]]]
     assert ve.tier_of(stored.medium) == "cpu"
-    assert isinstance(removed, ve.BlockRemoved) and removed.block_hashes == hashes[1:]
+    assert isinstance(removed, ve.VllmRemoved) and removed.block_hashes == hashes[1:]
     assert ve.tier_of(removed.medium) == "disk"
-    assert isinstance(cleared, ve.AllBlocksCleared)
+    assert isinstance(cleared, ve.VllmCleared)
     assert [ve.hash_bytes(h)[-8:] for h in stored.block_hashes] == [DIGEST_A[-8:],
                                                                      DIGEST_B[-8:]]
 
@@ -144,8 +144,8 @@ def test_encoder_writes_exactly_what_vllm_writes() -> None:
                                                BlockRemoved(block_hashes=[7], medium="GPU"),
                                                AllBlocksCleared()], data_parallel_rank=0))
     ours = ve.encode_batch(ve.KVEventBatch(ts=3.0, events=[
-        ve.BlockStored(**args), ve.BlockRemoved(block_hashes=[7], medium="GPU"),
-        ve.AllBlocksCleared()], data_parallel_rank=0))
+        ve.VllmStored(**args), ve.VllmRemoved(block_hashes=[7], medium="GPU"),
+        ve.VllmCleared()], data_parallel_rank=0))
     assert ours == theirs
 
 
@@ -158,12 +158,12 @@ def test_older_array_encoding() -> None:
     batch = ve.decode_batch(payload)
     assert batch.data_parallel_rank is None
     stored, removed, cleared = batch.events
-    assert isinstance(stored, ve.BlockStored)
+    assert isinstance(stored, ve.VllmStored)
     assert stored.block_hashes == _ints(DIGEST_A, DIGEST_B) and stored.parent_block_hash == 5
     assert stored.block_size == 16 and stored.medium is None and stored.lora_name is None
     assert ve.tier_of(stored.medium) == "gpu"
-    assert isinstance(removed, ve.BlockRemoved) and removed.block_hashes == _ints(DIGEST_B)
-    assert isinstance(cleared, ve.AllBlocksCleared)
+    assert isinstance(removed, ve.VllmRemoved) and removed.block_hashes == _ints(DIGEST_B)
+    assert isinstance(cleared, ve.VllmCleared)
 
 
 def test_array_events_with_bytes_hashes_and_later_fields() -> None:
@@ -183,10 +183,10 @@ def test_unknown_fields_and_event_types_are_ignored() -> None:
                      lora_id=None, medium=None, lora_name=None, brand_new_field={"a": 1}),
         BlockRemoved(block_hashes=[1], medium=None)], data_parallel_rank=0))
     batch = ve.decode_batch(payload)
-    assert [type(e).__name__ for e in batch.events] == ["BlockStored", "BlockRemoved"]
+    assert [type(e) for e in batch.events] == [ve.VllmStored, ve.VllmRemoved]
     assert batch.events[0].block_hashes == [1]
     old_unknown = msgspec.msgpack.encode([1.0, [["Teleported", 1, 2], ["AllBlocksCleared"]]])
-    assert [type(e) for e in ve.decode_batch(old_unknown).events] == [ve.AllBlocksCleared]
+    assert [type(e) for e in ve.decode_batch(old_unknown).events] == [ve.VllmCleared]
 
 
 def test_batch_encoded_as_a_map_and_trailing_rank_omitted() -> None:
@@ -262,8 +262,18 @@ def test_pinned_bytes() -> None:
     assert stored.block_hashes == [0x0102030405060708] and stored.token_ids == [1, 2]
     assert ve.hash_bytes(stored.block_hashes[0]) == bytes(range(1, 9))
     assert removed.block_hashes == stored.block_hashes and removed.medium is None
-    assert isinstance(cleared, ve.AllBlocksCleared)
+    assert isinstance(cleared, ve.VllmCleared)
     assert ve.encode_batch(batch) == PINNED
+
+
+def test_tags_are_vllms_class_names_whatever_ours_are_called() -> None:
+    """The Python names say the origin (``Vllm*``); the wire tags stay vLLM's class names."""
+    tags = {cls: cls.__struct_config__.tag for cls in (
+        ve.VllmStored, ve.VllmPackedStored, ve.VllmRemoved, ve.VllmCleared)}
+    assert tags == {ve.VllmStored: "BlockStored", ve.VllmPackedStored: "BlockStored",
+                    ve.VllmRemoved: "BlockRemoved", ve.VllmCleared: "AllBlocksCleared"}
+    assert {cls.__struct_config__.tag: cls for cls in (BlockStored, BlockRemoved,
+            AllBlocksCleared)}.keys() == ve.EVENT_TYPES.keys()
 
 
 def test_hash_forms() -> None:
@@ -320,7 +330,7 @@ def test_packed_ids_are_the_payloads_bytes_and_the_rest_is_the_same() -> None:
         lists, packed = ve.decode_batch(payload), ve.decode_batch(payload, packed=True)
         assert (packed.ts, packed.data_parallel_rank) == (lists.ts, lists.data_parallel_rank)
         ev = packed.events[0]
-        assert type(ev) is ve.PackedStored and isinstance(ev, ve.BlockStored)
+        assert type(ev) is ve.VllmPackedStored and isinstance(ev, ve.VllmStored)
         assert isinstance(ev.token_ids, msgspec.Raw)
         assert bytes(ev.token_ids) in payload  # a slice of it, not a re-encoding
         assert ve.ids_len(ev.token_ids) == len(lists.events[0].token_ids)
@@ -332,7 +342,7 @@ def test_packed_ids_are_the_payloads_bytes_and_the_rest_is_the_same() -> None:
 def test_older_encodings_decode_packed_as_lists() -> None:
     raw = [2.0, [["BlockStored", [DIGEST_A], None, [1, 2], 2, None, "CPU"]], 0]
     stored = ve.decode_batch(msgspec.msgpack.encode(raw), packed=True).events[0]
-    assert type(stored) is ve.BlockStored and stored.token_ids == [1, 2]
+    assert type(stored) is ve.VllmStored and stored.token_ids == [1, 2]
     assert ve.ids_len(stored.token_ids) == 2 and ve.ids_list(stored.token_ids) == [1, 2]
 
 
@@ -352,7 +362,7 @@ def test_packed_decodes_and_refuses_what_lists_do(token_ids, older: bool) -> Non
 
     def outcome(packed: bool) -> Any:
         try:
-            return [_fields(e) if isinstance(e, ve.BlockStored) else e
+            return [_fields(e) if isinstance(e, ve.VllmStored) else e
                     for e in ve.decode_batch(payload, packed).events]
         except ValueError as e:
             return type(e)

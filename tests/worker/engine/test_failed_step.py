@@ -12,12 +12,12 @@ import random
 
 import pytest
 
+from kvmesh.events.pool import PoolCleared, PoolRemoved, PoolStored
 from tests.worker.faults import FailingForward
 from worker import Engine
 from worker.engine.engine import StepFailed
 from worker.engine.scheduler import SchedulerConfig
 from worker.engine.sequence import SamplingParams, Seq, SeqStatus
-from worker.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored
 
 BS = 4
 PROMPT = [random.Random(11).randrange(3, 250) for _ in range(25)]  # 6 full blocks + 1
@@ -37,11 +37,11 @@ def index_view(events) -> set[bytes]:
     """The set of hashes a consumer applying ``events`` in order believes the pool holds."""
     held: set[bytes] = set()
     for ev in events:
-        if isinstance(ev, BlockStored):
+        if isinstance(ev, PoolStored):
             held.update(ev.block_hashes)
-        elif isinstance(ev, BlockRemoved):
+        elif isinstance(ev, PoolRemoved):
             held.difference_update(ev.block_hashes)
-        elif isinstance(ev, AllBlocksCleared):
+        elif isinstance(ev, PoolCleared):
             held.clear()
     return held
 

@@ -15,11 +15,10 @@ as the engine does after executing a step's orders.
 """
 from __future__ import annotations
 
+from kvmesh.events.pool import PoolRemoved, PoolStored
 from kvmesh.hashing import block_hashes, extra_keys
 from worker.kv_cache import (
     BlockContent,
-    BlockRemoved,
-    BlockStored,
     Drop,
     KVCacheManager,
     KVRequest,
@@ -209,9 +208,9 @@ class Run:
     def events(self):
         out = []
         for e in self.m.take_events():
-            if isinstance(e, BlockStored):
+            if isinstance(e, PoolStored):
                 out.append(("stored", e.tier, [self.names.get(h, "?") for h in e.block_hashes]))
-            elif isinstance(e, BlockRemoved):
+            elif isinstance(e, PoolRemoved):
                 out.append(("removed", e.tier, [self.names.get(h, "?") for h in e.block_hashes]))
             else:
                 out.append(("cleared",))

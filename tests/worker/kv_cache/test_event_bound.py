@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import tracemalloc
 
+from kvmesh.events.pool import PoolCleared, PoolRemoved, PoolStored
 from worker import Engine
-from worker.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored
 
 BOUND = 60  # blocks' worth of events
 
@@ -51,11 +51,11 @@ def test_a_reader_that_missed_events_resyncs_from_a_snapshot():
     events = [ev for ev in e.kv.take_events() if ev.seq > snap.seq]
     assert [ev.seq for ev in events] == list(range(snap.seq + 1, e.kv.pool.last_seq + 1))
     for ev in events:
-        if isinstance(ev, BlockStored):
+        if isinstance(ev, PoolStored):
             index.update(ev.block_hashes)
-        elif isinstance(ev, BlockRemoved):
+        elif isinstance(ev, PoolRemoved):
             index.difference_update(ev.block_hashes)
         else:
-            assert isinstance(ev, AllBlocksCleared)
+            assert isinstance(ev, PoolCleared)
             index.clear()
     assert index == set(e.kv.pool.cached)

@@ -144,11 +144,11 @@ def disk_files(e: Engine) -> set[bytes]:
 
 def test_a_failed_offload_never_announces_its_blocks_on_disk(tiny, want, tmp_path):
     """Issue 22 item 14: the copy device -> host raises mid-step. The manager is told before
-    the step's events go out: every CPU entry of that batch is removed (``BlockRemoved
-    cpu`` in the same batch of events as its ``BlockStored cpu``; a spill of it in the same
+    the step's events go out: every CPU entry of that batch is removed (``PoolRemoved
+    cpu`` in the same batch of events as its ``PoolStored cpu``; a spill of it in the same
     step is refused and withdrawn likewise), so the pressure that follows never spills it,
     and the index (events, snapshot) never holds a disk block with no file."""
-    from worker.kv_cache import BlockRemoved, BlockStored
+    from kvmesh.events.pool import PoolRemoved, PoolStored
 
     e = engine(tiny, cpu_blocks=1, disk_blocks=16, disk_dir=tmp_path)
     run(e, A)
@@ -161,11 +161,11 @@ def test_a_failed_offload_never_announces_its_blocks_on_disk(tiny, want, tmp_pat
     events = e.kv.take_events()
     held: dict[str, set[bytes]] = {"gpu": set(), "cpu": set(), "disk": set()}
     for ev in events:  # what an index holds after this step's batch: nothing below
-        if isinstance(ev, BlockStored):
+        if isinstance(ev, PoolStored):
             held[ev.tier].update(ev.block_hashes)
-        elif isinstance(ev, BlockRemoved):
+        elif isinstance(ev, PoolRemoved):
             held[ev.tier].difference_update(ev.block_hashes)
-    assert any(isinstance(ev, BlockStored) and ev.tier == "cpu" for ev in events)
+    assert any(isinstance(ev, PoolStored) and ev.tier == "cpu" for ev in events)
     # The one host slot was spilled within the step, too: refused, withdrawn as well.
     assert held["cpu"] == held["disk"] == set()
     assert set(e.kv.cached_block_hashes().by_tier()) == {"gpu"}
@@ -181,7 +181,7 @@ def test_a_failed_disk_write_withdraws_its_disk_block(tiny, want, tmp_path):
     """A spill's file write fails on the background thread: the next step (or the idle
     loop: ``Engine.settle_copies``) drops the disk entry, so it is neither announced nor
     onboarded; the prompt is recomputed, with the right output."""
-    from worker.kv_cache import BlockRemoved, BlockStored
+    from kvmesh.events.pool import PoolRemoved, PoolStored
 
     spilled = False
     e = engine(tiny, cpu_blocks=1, disk_blocks=16, disk_dir=tmp_path)
@@ -195,10 +195,10 @@ def test_a_failed_disk_write_withdraws_its_disk_block(tiny, want, tmp_path):
     assert e.settle_copies() == len(late) and not on_disk(e) and not disk_files(e)
     disk: set[bytes] = set()
     for ev in e.kv.take_events():
-        if isinstance(ev, BlockStored) and ev.tier == "disk":
+        if isinstance(ev, PoolStored) and ev.tier == "disk":
             disk.update(ev.block_hashes)
             spilled = True
-        elif isinstance(ev, BlockRemoved) and ev.tier == "disk":
+        elif isinstance(ev, PoolRemoved) and ev.tier == "disk":
             disk.difference_update(ev.block_hashes)
     assert spilled and not disk  # every disk block announced was withdrawn
     store.write = real

@@ -9,10 +9,10 @@ import pytest
 
 from bridge.engine_state import EngineState
 from kvmesh.events import vllm as ve
+from kvmesh.events.pool import PoolRemoved, PoolStored
 from kvmesh.hashing import resolve_seed
 from worker.engine.engine import Engine
 from worker.engine.sequence import SamplingParams
-from worker.kv_cache import BlockRemoved, BlockStored
 from worker.vllm.event_map import VllmEventMap, untagged
 
 BS = 4
@@ -78,7 +78,7 @@ def test_the_bridge_sees_exactly_the_pool_through_salts_lora_mm_and_evictions(as
         p.run(system + prompt(seed, 3 * BS), salt="tenant-b" if seed % 3 == 0 else None)
         assert p.bridged() == p.held()
     assert p.engine.kv.stats.evictions > 0 and p.map.unpublished == 0
-    assert any(isinstance(e, BlockRemoved) for e in p.kvmesh_events)
+    assert any(isinstance(e, PoolRemoved) for e in p.kvmesh_events)
     assert p.engine.kv.reset_prefix_cache()
     p.pump()
     assert p.bridged() == p.held() == set()
@@ -96,11 +96,11 @@ def test_duplicates_are_removed_once_per_copy_as_vllm_does():
     while p.engine.has_work():
         p.engine.step()
         p.pump()
-    stored = [h for e in p.vllm_events if isinstance(e, ve.BlockStored) for h in e.block_hashes]
+    stored = [h for e in p.vllm_events if isinstance(e, ve.VllmStored) for h in e.block_hashes]
     assert len(stored) > len(set(stored)), "the test needs duplicate copies"
     for seed in range(20, 40):  # evict everything
         p.run(prompt(seed, 5 * BS))
-    removed = [h for e in p.vllm_events if isinstance(e, ve.BlockRemoved) for h in e.block_hashes]
+    removed = [h for e in p.vllm_events if isinstance(e, ve.VllmRemoved) for h in e.block_hashes]
     for h in set(stored) & set(removed):
         assert removed.count(h) == stored.count(h)
     assert p.bridged() == p.held()
@@ -111,7 +111,7 @@ def test_the_cpu_tier_is_published_with_its_medium():
     for seed in range(30, 40):
         p.run(prompt(seed, 3 * BS + 1), salt="s" if seed % 2 else None, max_tokens=2)
         assert p.bridged() == p.held()
-    mediums = {e.medium for e in p.vllm_events if isinstance(e, ve.BlockStored)}
+    mediums = {e.medium for e in p.vllm_events if isinstance(e, ve.VllmStored)}
     assert mediums == {"GPU", "CPU"}
     assert {t for _, t in p.held()} == {"gpu", "cpu"}
 
@@ -126,11 +126,11 @@ def test_a_block_whose_keys_are_gone_is_left_out_with_its_removal():
     gone, child = b"\x02" * 32, b"\x03" * 32
     tokens = prompt(50, 2 * BS + 1)[:BS] + list(range(2 * BS))
     out = p.map.translate(p.engine.kv, [
-        BlockStored(99, [known, gone, child], None, tokens, "gpu"),
-        BlockRemoved(100, [gone, child], "gpu")])
+        PoolStored(99, [known, gone, child], None, tokens, "gpu"),
+        PoolRemoved(100, [gone, child], "gpu")])
     assert p.map.unpublished == 2
     (stored,) = out  # the removal of what was never published is not published either
-    assert isinstance(stored, ve.BlockStored)
+    assert isinstance(stored, ve.VllmStored)
     assert stored.block_hashes == [ve.external_hash(known)] and stored.token_ids == tokens[:BS]
 
 

@@ -23,11 +23,11 @@ SALT = "tenant-salt-0123456789abcdef"
 PROMPT = [101, 32, 83, 69, 67, 82, 69, 84]  # two blocks
 
 
-def secret_batch() -> list[ve.Event]:
+def secret_batch() -> list[ve.VllmEvent]:
     """A tenant's two prompt blocks, the salt on block 0 (as the worker publishes them)."""
-    return [ve.BlockStored(block_hashes=[11, 12], parent_block_hash=None, token_ids=PROMPT,
-                           block_size=BS, lora_id=None, medium=None, lora_name=None,
-                           extra_keys=[(SALT,), None])]
+    return [ve.VllmStored(block_hashes=[11, 12], parent_block_hash=None, token_ids=PROMPT,
+                          block_size=BS, lora_id=None, medium=None, lora_name=None,
+                          extra_keys=[(SALT,), None])]
 
 
 @pytest.fixture

@@ -1,28 +1,32 @@
-"""The service link's wire form: KV events and cache snapshots as ``IndexService`` messages.
+"""Pool -> index: a worker pool's events and snapshots as ``IndexService`` messages.
 
-Pure conversions (no I/O). A snapshot is sent as runs of chained blocks, each run one
-``BlockStored`` of one tier whose ``parent_hash`` is the parent of its first block, so the
-index can rebuild every (hash, parent, tier) from far fewer messages.
+The one converter between ``kvmesh.events.pool`` and ``index_pb2`` (the worker's service link
+publishes what it gives). Pure conversions (no I/O), torch-free. An event keeps its ``seq``;
+a chain's first block has parent ``b""``; a removal lists each hash once, as the pool does.
+``kvmesh.events.wire`` writes the same messages' bytes directly. A snapshot is sent as runs
+of chained blocks, each run one ``index_pb2.BlockStored`` of one tier whose ``parent_hash``
+is the parent of its first block, so the index can rebuild every (hash, parent, tier) from
+far fewer messages.
 """
 from __future__ import annotations
 
 from kvmesh.contract import TIER_PB
+from kvmesh.events.pool import CacheSnapshot, PoolCleared, PoolEvent, PoolRemoved, PoolStored
 from kvmesh.v1 import index_pb2
-from worker.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored, CacheSnapshot, KVEvent
 
 TIERS = TIER_PB
 
 
-def event_to_proto(ev: KVEvent) -> index_pb2.KvEvent:
+def event_to_proto(ev: PoolEvent) -> index_pb2.KvEvent:
     """One pool event as the message ``PublishEvents`` carries (its ``seq`` kept)."""
-    if isinstance(ev, BlockStored):
+    if isinstance(ev, PoolStored):
         return index_pb2.KvEvent(seq=ev.seq, stored=index_pb2.BlockStored(
             block_hashes=ev.block_hashes, parent_hash=ev.parent_hash or b"",
             tier=TIERS[ev.tier]))
-    if isinstance(ev, BlockRemoved):
+    if isinstance(ev, PoolRemoved):
         return index_pb2.KvEvent(seq=ev.seq, removed=index_pb2.BlockRemoved(
             block_hashes=ev.block_hashes, tier=TIERS[ev.tier]))
-    assert isinstance(ev, AllBlocksCleared)
+    assert isinstance(ev, PoolCleared)
     return index_pb2.KvEvent(seq=ev.seq, cleared=index_pb2.AllBlocksCleared())
 
 

@@ -2,9 +2,10 @@
 
 A ``Wire`` is one ``index_pb2.KvEvent`` as the entry of a request's repeated ``events`` field
 (key, length, the event's bytes), built straight from its fields: byte for byte what
-``SerializeToString`` of the same message gives (fields in number order, packed nothing),
-framed as ``service_conn.publish_request`` frames a message. The link queues and sends it as
-it is: no message object per event, no serialization per publish.
+``SerializeToString`` of the same message gives (fields in number order, packed nothing;
+``tests/kvmesh/events/test_wire.py`` holds it to that), framed as a request frames a
+message. The link queues and sends it as it is: no message object per event, no
+serialization per publish.
 """
 from __future__ import annotations
 

@@ -1,20 +1,24 @@
-"""KV events: how a block pool tells the metadata service what it holds.
+"""Pool events: how a worker's block pool tells the metadata service what it holds.
 
 Events describe the SET of block hashes a pool holds, per tier, and are meant to be applied
 in ``seq`` order:
 
-- ``BlockStored``: these hashes (consecutive blocks of one chain, ``parent_hash`` being the
+- ``PoolStored``: these hashes (consecutive blocks of one chain, ``parent_hash`` being the
   hash before the first of them, ``None`` at block 0) are now held. A hash the pool already
   held (a duplicate block) may be stored again; applying it twice is harmless.
-- ``BlockRemoved``: these hashes are no longer held. Emitted only when the LAST block holding
+- ``PoolRemoved``: these hashes are no longer held. Emitted only when the LAST block holding
   a hash is evicted, so a consumer keeping a plain set stays exact even with duplicates.
-- ``AllBlocksCleared``: the pool dropped every cached hash.
+- ``PoolCleared``: the pool dropped every cached hash.
 
 ``seq`` is per pool, starts at 1 and increases by exactly 1, so a consumer detects a lost
-event as a gap and asks for a snapshot. ``tier`` is ``"gpu"``, ``"cpu"`` or ``"disk"``; the
-worker server maps it to the protobuf ``Tier`` enum. A worker with lower tiers sends their
-events in its device pool's one stream: a block moving down is stored in the lower tier
-before it is removed from the upper one, so a consumer never sees it held nowhere.
+event as a gap and asks for a snapshot. ``tier`` is ``"gpu"``, ``"cpu"`` or ``"disk"``;
+``kvmesh.events.to_index`` maps it to the protobuf ``Tier`` enum. A worker with lower tiers
+sends their events in its device pool's one stream: a block moving down is stored in the
+lower tier before it is removed from the upper one, so a consumer never sees it held nowhere.
+
+The same changes in the other forms: ``kvmesh.events.vllm`` (vLLM's structs, whose removal
+lists every evicted physical block, duplicates included; ``worker.vllm.event_map`` converts)
+and the index's protobuf messages (``kvmesh.events.to_index`` converts).
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
-class BlockStored:
+class PoolStored:
     seq: int
     block_hashes: list[bytes]
     parent_hash: bytes | None
@@ -31,18 +35,18 @@ class BlockStored:
 
 
 @dataclass(frozen=True, slots=True)
-class BlockRemoved:
+class PoolRemoved:
     seq: int
     block_hashes: list[bytes]
     tier: str
 
 
 @dataclass(frozen=True, slots=True)
-class AllBlocksCleared:
+class PoolCleared:
     seq: int
 
 
-KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+PoolEvent = PoolStored | PoolRemoved | PoolCleared
 
 
 @dataclass(frozen=True, slots=True)
