@@ -7,7 +7,7 @@ the flags (one engine, ``--dp-ranks`` ranks) or from ``--config FILE`` (many; se
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import typer
 
@@ -16,14 +16,14 @@ from kvmesh.ops import cli_options as opt
 
 # The worker credential, as `kvmesh worker --service-token` (never the router token);
 # `--token` is accepted as its short name.
-ServiceToken = Annotated[str | None, typer.Option(
-    "--service-token", "--token", envvar="KVMESH_WORKER_TOKEN",
+ServiceToken = opt.retold(
+    opt.ServiceToken, "--token",
     help="Token presented to the service: the shared --worker-token, or a token bound to "
-    "the worker id (`kvmesh worker-token`; with --dp-ranks, one per rank in --config).")]
-HashAlgo = Annotated[Literal[ALGOS], typer.Option(
-    "--hash-algo", envvar="KVMESH_HASH_ALGO", metavar="ALGO",
+    "the worker id (`kvmesh worker-token`; with --dp-ranks, one per rank in --config).")
+HashAlgo = opt.retold(
+    opt.HashAlgo,
     help=f"kvmesh's block-hash algorithm (the cluster's, not the engine's: the bridge "
-    f"rehashes): {opt.choices(ALGOS)}.")]
+    f"rehashes): {opt.choices(ALGOS)}.")
 _ENGINE_FLAGS = ("worker_id", "address", "events", "replay", "model", "block_size", "dp_ranks",
                  "metrics_url", "lora", "num_blocks", "topic", "curve_server_key")
 

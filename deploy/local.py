@@ -51,6 +51,7 @@ from deploy.start_checks import check_model, check_redis_url, embedded_redis, po
 from deploy.stopping import budget
 from deploy.waiting import wait_until
 from kvmesh.rpc.auth import worker_access_token
+from worker.kv_cache.tier_config import TierConfig
 
 if TYPE_CHECKING:
     from client import KvmeshClient
@@ -80,11 +81,7 @@ class ClusterSpec:
     hash_seed: str | None = None
     heartbeat_s: float = 1.0
     max_batched_tokens: int = 2048
-    cpu_blocks: int = 0               # KV tiers of every worker (0: off)
-    disk_blocks: int = 0
-    disk_dir: str | None = None       # each worker's files go to <disk_dir>/<worker id>
-    eviction: str = "lru"
-    auto_pin: bool = False
+    tiers: TierConfig = TierConfig()  # every worker's; disk files in <disk_dir>/<worker id>
     policy: str | None = None         # None: the service's default (its KVMESH_POLICY, else
     #                                   kvmesh)
     host: str = "127.0.0.1"
@@ -300,19 +297,9 @@ class LocalCluster:
 
 
 def tier_args(s: ClusterSpec, worker_id: str) -> list[str]:
-    """The tier flags of worker ``worker_id`` (none when the spec keeps the defaults)."""
-    args = []
-    if s.cpu_blocks:
-        args += ["--cpu-blocks", str(s.cpu_blocks)]
-    if s.disk_blocks:
-        args += ["--disk-blocks", str(s.disk_blocks)]
-    if s.disk_dir:  # absolute: a worker of another tree (code_dir) runs from there
-        args += ["--disk-dir", str(Path(os.path.abspath(s.disk_dir)) / worker_id)]
-    if s.eviction != "lru":
-        args += ["--eviction", s.eviction]
-    if s.auto_pin:
-        args.append("--auto-pin")
-    return args
+    """The tier flags of worker ``worker_id`` (none when the spec keeps the defaults); its
+    disk directory absolute: a worker of another tree (``code_dir``) runs from there."""
+    return s.tiers.of_worker(worker_id, absolute=True).argv()
 
 
 def _tls_args(tls: TlsFiles | None) -> list[str]:

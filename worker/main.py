@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from kvmesh.contract import DEFAULT_ALGO
 from kvmesh.rpc.tls import TlsFiles
+from worker.kv_cache.tier_config import TierConfig
 
 if TYPE_CHECKING:
     from kvmesh.events.zmq_curve import CurveServer
@@ -49,11 +50,7 @@ class WorkerOptions:
     tls: TlsFiles | None = None       # cert/key: serve TLS; ca: verify the service (the link)
     max_inflight_per_conn: int = 1024
     max_message_bytes: int = 16 << 20
-    cpu_blocks: int = 0               # host-memory KV tier (0: off)
-    disk_blocks: int = 0              # disk KV tier (0: off)
-    disk_dir: str | None = None       # its files (a restart on it re-announces them)
-    eviction: str = "lru"             # device-pool eviction order (kvmesh.contract.EVICTIONS)
-    auto_pin: bool = False            # pin hot prefixes automatically
+    tiers: TierConfig = TierConfig()  # KV tiers, eviction order, automatic pins
     # vLLM's protocols (none by default): KV events on ZMQ, an OpenAI HTTP server
     vllm_events: str | None = None    # PUB endpoint, e.g. tcp://127.0.0.1:5557
     vllm_replay: str | None = None    # replay ROUTER endpoint, e.g. tcp://127.0.0.1:5558
@@ -82,22 +79,6 @@ def access_token_of(token: str | None, access_token: str | None,
                          "--token (it must be `kvmesh worker-access-token --worker-id "
                          f"{worker_id}`); give only one")
     return access_token or derived
-
-
-def check_tiers(cpu_blocks: int, disk_blocks: int, disk_dir: str | None) -> None:
-    """Raise ``ValueError`` for tier settings no engine accepts (before the model loads),
-    a ``--disk-dir`` another user owns or others may write included."""
-    from kvmesh.ops.file_perms import check_private_dir
-
-    if cpu_blocks < 0 or disk_blocks < 0:
-        raise ValueError("--cpu-blocks and --disk-blocks must be >= 0")
-    if disk_blocks and not disk_dir:
-        raise ValueError("--disk-blocks needs --disk-dir")
-    if disk_blocks and not cpu_blocks:
-        raise ValueError("--disk-blocks needs --cpu-blocks (blocks reach disk through the "
-                         "host tier)")
-    if disk_blocks:  # a directory others control is refused now, not after the model loads
-        check_private_dir(disk_dir, "--disk-dir")
 
 
 def check_vllm(events: str | None, replay: str | None, hash_form: str, http_port: int | None,
@@ -178,8 +159,7 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
         opts.model, block_size=opts.block_size, num_blocks=opts.num_blocks, device=opts.device,
         hash_algo=opts.hash_algo, hash_seed=opts.hash_seed,
         scheduler=SchedulerConfig(max_batched_tokens=opts.max_batched_tokens),
-        cpu_blocks=opts.cpu_blocks, disk_blocks=opts.disk_blocks, disk_dir=opts.disk_dir,
-        eviction=opts.eviction, auto_pin=opts.auto_pin)
+        tiers=opts.tiers)
     runner = AsyncEngine(engine)
     publisher = None
     if opts.vllm_events:  # before the first step: its consumers get every event from seq 1
@@ -252,7 +232,7 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
                            credentials=link_creds)
         tasks.append(asyncio.create_task(link.run()))
     tiers_note = "".join(f", {n} {tier} blocks" for tier, n in
-                         (("cpu", opts.cpu_blocks), ("disk", opts.disk_blocks)) if n)
+                         (("cpu", opts.tiers.cpu_blocks), ("disk", opts.tiers.disk_blocks)) if n)
     print(f"kvmesh worker {worker_id} listening on {address} "
           f"({engine.kv.num_blocks} blocks of {opts.block_size}{tiers_note}{metrics_note})",
           flush=True)

@@ -187,10 +187,12 @@ def run_setup(spec: E2ESpec, setup: Setup, reqs: list[Request], progress: Any = 
     """One row: ``reqs`` through a fresh cluster of ``setup``; with a route log, the row
     carries its records (``bench.route_log.read``) under ``route_log``."""
     from deploy.local import ClusterSpec, LocalCluster
+    from worker.kv_cache.tier_config import TierConfig
 
     v = setup.variant
     cluster = LocalCluster(ClusterSpec(
-        workers=spec.workers, num_blocks=spec.num_blocks, cpu_blocks=setup.cpu_blocks,
+        workers=spec.workers, num_blocks=spec.num_blocks,
+        tiers=TierConfig(cpu_blocks=setup.cpu_blocks),
         policy=v.policy, model=model, cost_weights=dict(v.overrides),
         route_log_dir=setup.route_log_dir, code_dir=setup.code_dir))
     try:

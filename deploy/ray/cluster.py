@@ -195,9 +195,7 @@ class RayCluster:
                 service_token=self.service_token(worker_id),
                 hash_seed=resolve_seed(DEFAULT_ALGO, s.hash_seed),
                 heartbeat_s=s.heartbeat_s, max_batched_tokens=s.max_batched_tokens,
-                device=s.device, cpu_blocks=s.cpu_blocks, disk_blocks=s.disk_blocks,
-                disk_dir=os.path.join(s.disk_dir, worker_id) if s.disk_dir else None,
-                eviction=s.eviction, auto_pin=s.auto_pin)
+                device=s.device, tiers=s.tiers.of_worker(worker_id))
             self.workers.append(WorkerActor.options(
                 name=self._name(f"worker-{number}"), namespace=NAMESPACE,
                 max_restarts=s.max_restarts, scheduling_strategy=in_bundle(group, i),

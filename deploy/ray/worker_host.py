@@ -23,6 +23,8 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+from worker.kv_cache.tier_config import TierConfig
+
 
 @dataclass
 class WorkerConfig:
@@ -44,11 +46,7 @@ class WorkerConfig:
     host: str | None = None   # None: this Ray node's IP
     port: int = 0
     warmup: bool = False      # run one salted request first (first-call costs off the clock)
-    cpu_blocks: int = 0       # KV tiers (0: off); disk_dir is on this worker's node
-    disk_blocks: int = 0
-    disk_dir: str | None = None
-    eviction: str = "lru"
-    auto_pin: bool = False
+    tiers: TierConfig = TierConfig()  # its own (disk_dir on this worker's node)
 
 
 def pick_device(requested: str | None) -> str:
@@ -90,8 +88,7 @@ class WorkerHost:
             cfg.model, block_size=cfg.block_size, num_blocks=cfg.num_blocks,
             device=pick_device(cfg.device), hash_seed=seed,
             scheduler=SchedulerConfig(max_batched_tokens=cfg.max_batched_tokens),
-            cpu_blocks=cfg.cpu_blocks, disk_blocks=cfg.disk_blocks, disk_dir=cfg.disk_dir,
-            eviction=cfg.eviction, auto_pin=cfg.auto_pin)
+            tiers=cfg.tiers)
         if cfg.warmup:  # its blocks carry a salt no request uses: they never match
             engine.generate([list(range(1, 2 * cfg.block_size + 2))], max_tokens=2,
                             salt="kvmesh-warmup")

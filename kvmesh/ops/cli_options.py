@@ -10,7 +10,8 @@ Lives in ``kvmesh/`` because the worker and service CLIs may import only this pa
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import copy
+from typing import Annotated, Any, Literal, get_args
 
 import typer
 
@@ -33,6 +34,17 @@ InsecureClusterBus = Annotated[bool, typer.Option(
 def choices(names: tuple[str, ...]) -> str:
     """The help text listing ``names``: choices are typed once, in their defining tuple."""
     return " | ".join(names)
+
+
+def retold(option: Any, *aliases: str, help: str) -> Any:
+    """``option`` (one of the types here) told in a command's own words: the same flag,
+    environment variable, type and choices, with ``help`` and more flag names
+    (``aliases``)."""
+    kind, info = get_args(option)
+    info = copy.copy(info)
+    info.help = help
+    info.param_decls = (*info.param_decls, *aliases)
+    return Annotated[kind, info]
 
 
 # Literal[...] of the defining tuple: typer accepts (and checks) exactly those choices; a

@@ -6,7 +6,7 @@ tokens after the verified cached prefix; the model attends to the cached blocks 
 block table. Greedy output is therefore identical with and without cache hits (tests
 compare against Hugging Face transformers).
 
-KV tiers (``cpu_blocks``, ``disk_blocks``; default off): blocks the device pool evicts go to
+KV tiers (``tiers``, a ``TierConfig``; default off): blocks the device pool evicts go to
 host memory, then to disk files, and come back before the prefill that needs them. The
 manager decides and the copy executor (``worker.kv_io.copy_executor``) moves the bytes: each step
 runs the manager's copy orders after scheduling and before the forward (offloads complete
@@ -33,6 +33,7 @@ from worker.engine.sampler import sample
 from worker.engine.scheduler import Scheduled, Scheduler, SchedulerConfig
 from worker.engine.sequence import SamplingParams, Seq, SeqStatus
 from worker.kv_cache import KVCacheManager, KVRequest, Pinned
+from worker.kv_cache.tier_config import TierConfig
 from worker.kv_io.copy_executor import CopyExecutor
 from worker.kv_io.disk_store import DiskStore
 from worker.kv_io.onboard_log import OnboardLog
@@ -91,30 +92,29 @@ class Engine:
     def __init__(self, model: torch.nn.Module, config, *, block_size: int = 16,
                  num_blocks: int | None = None, hash_algo: str = DEFAULT_ALGO,
                  hash_seed: str | None = None, scheduler: SchedulerConfig | None = None,
-                 kv_cache_bytes: int | None = None, cpu_blocks: int = 0,
-                 disk_blocks: int = 0, disk_dir: str | Path | None = None,
-                 eviction: str = "lru", auto_pin: bool = False) -> None:
+                 kv_cache_bytes: int | None = None, tiers: TierConfig | None = None) -> None:
         self.model = model
         self.config = config
         self.block_size = block_size
         self.device = model.device
         if num_blocks is None:
             num_blocks = self._blocks_for_budget(kv_cache_bytes)
-        tiers = _tier_kwargs(cpu_blocks, disk_blocks, disk_dir, eviction, auto_pin)
+        tiers = tiers or TierConfig()
+        tiers.check()
         self.kv = KVCacheManager(num_blocks, block_size, hash_algo=hash_algo,
-                                 hash_seed=hash_seed, **tiers)
+                                 hash_seed=hash_seed, **tiers.manager_kwargs())
         self.kv_cache = model.allocate_kv_cache(num_blocks, block_size)
         self.costs = CostMeter(block_size)
         self.onboards = OnboardLog()  # the monitoring's onboard times (worker.rpc.metrics)
         self.copies: CopyExecutor | None = None
-        if cpu_blocks or disk_blocks:
+        if tiers.lower:
             store = None
-            if disk_blocks:
-                store = DiskStore(disk_dir, model_fingerprint(
+            if tiers.disk_blocks:
+                store = DiskStore(tiers.disk_dir, model_fingerprint(
                     model, config, block_size, self.kv_cache.dtype, hash_algo,
                     none_hash(hash_algo, hash_seed)),
                     config.kv_cache_bytes_per_block(block_size, self.kv_cache.dtype))
-            self.copies = CopyExecutor(self.kv_cache, cpu_blocks, store)
+            self.copies = CopyExecutor(self.kv_cache, tiers.cpu_blocks, store)
             calibrate(self.costs, model, self.kv_cache, self.copies,
                       (scheduler or SchedulerConfig()).max_batched_tokens)
             if store is not None:  # what an earlier run left on disk is announced again
@@ -136,8 +136,8 @@ class Engine:
                         hash_seed: str | None = None, **kwargs) -> Engine:
         """Load ``"tiny"`` or a Hugging Face directory; ``num_blocks=None`` sizes the pool
         from a memory budget (256 MiB on CPU, 85% of free GPU memory on CUDA). ``kwargs``
-        go to the constructor: ``scheduler``, ``kv_cache_bytes`` and the tier settings
-        ``cpu_blocks``, ``disk_blocks``, ``disk_dir``, ``eviction``, ``auto_pin``."""
+        go to the constructor: ``scheduler``, ``kv_cache_bytes`` and ``tiers`` (a
+        ``worker.kv_cache.tier_config.TierConfig``)."""
         model, config = load_model(path_or_name, device=device, dtype=dtype)
         return cls(model, config, block_size=block_size, num_blocks=num_blocks,
                    hash_algo=hash_algo, hash_seed=hash_seed, **kwargs)
@@ -394,23 +394,3 @@ class Engine:
                                    if name != "gpu"),
                 **self.costs.load()}
 
-
-def _tier_kwargs(cpu_blocks: int, disk_blocks: int, disk_dir: str | Path | None,
-                 eviction: str, auto_pin: bool) -> dict:
-    """The manager's tier arguments; only those that differ from the defaults, so an
-    engine without tiers builds exactly the manager it always did. Raises ``ValueError``
-    for settings that cannot work."""
-    if cpu_blocks < 0 or disk_blocks < 0:
-        raise ValueError("cpu_blocks and disk_blocks must be >= 0")
-    if disk_blocks and not disk_dir:
-        raise ValueError("disk_blocks needs disk_dir")
-    if disk_blocks and not cpu_blocks:
-        raise ValueError("disk_blocks needs cpu_blocks: blocks reach disk through host memory")
-    out: dict = {}
-    if cpu_blocks or disk_blocks:
-        out.update(cpu_blocks=cpu_blocks, disk_blocks=disk_blocks)
-    if eviction != "lru":
-        out["eviction"] = eviction
-    if auto_pin:
-        out["auto_pin"] = True
-    return out

@@ -1,45 +1,24 @@
-"""One worker's figures per KV tier, as ``WorkerService.Stats`` and Prometheus report them.
+"""One worker's figures per KV tier, computed once for ``WorkerService.Stats`` and Prometheus.
 
-The manager counts blocks and tokens per tier (``KVCacheManager.tier_stats()``); the copy
-executor knows what a block weighs and how long onboards took; the server knows what the
-index promised (:class:`~worker.kv_cache.tier_precision.TierPrecision`). :func:`tier_figures` joins
-them, one :class:`TierFigures` per enabled tier, fastest first.
+The manager counts blocks and tokens per tier (``KVCacheManager.tier_stats()``, one
+:class:`~worker.kv_cache.stats.TierCounters` each); the copy executor knows what a block
+weighs and how long onboards took; the server knows what the index promised
+(:class:`~worker.kv_cache.tier_precision.TierPrecision`). :func:`tier_figures` joins them into
+the wire's record, one ``worker_pb2.TierStats`` per enabled tier, fastest first; what the
+record does not carry (load factor, hit rate, ...) is derived by ``kvmesh.tier_figures``.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
+from kvmesh.v1.worker_pb2 import TierStats
+from worker.kv_cache.stats import TierCounters
 from worker.kv_cache.tier_precision import TIER_ORDER, TierPrecision
 
 
-@dataclass(frozen=True, slots=True)
-class TierFigures:
-    """The fields of ``worker_pb2.TierStats`` (same names). ``load_factor`` is
-    ``cached_blocks / capacity_blocks`` (0.0 for an empty tier)."""
-
-    tier: str
-    capacity_blocks: int
-    cached_blocks: int
-    hit_tokens: int
-    evictions: int
-    offloads: int
-    onboard_blocks: int
-    onboard_bytes: int
-    onboard_seconds: float
-    index_promised_tokens: int
-    index_missed_tokens: int
-
-    @property
-    def load_factor(self) -> float:
-        return self.cached_blocks / self.capacity_blocks if self.capacity_blocks else 0.0
-
-    def proto_fields(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def engine_tier_figures(engine: Any, precision: TierPrecision) -> list[TierFigures]:
+def engine_tier_figures(engine: Any, precision: TierPrecision) -> list[TierStats]:
     """:func:`tier_figures` of a ``worker.engine.engine.Engine`` (call on its thread)."""
     cache = engine.kv_cache  # [layers, 2, blocks, ...]: one block is cache[:, :, i]
     block_bytes = cache[:, :, 0].numel() * cache.element_size()
@@ -47,16 +26,13 @@ def engine_tier_figures(engine: Any, precision: TierPrecision) -> list[TierFigur
                         engine.onboards.seconds)
 
 
-def tier_figures(counters: Mapping[str, Any], precision: TierPrecision, block_bytes: int,
-                 onboard_seconds: Mapping[str, float]) -> list[TierFigures]:
-    """Join the manager's ``tier_stats()`` (``counters``: tier -> ``TierCounters``) with the
-    bytes per block, the summed onboard seconds per tier and the index's precision."""
-    out = []
-    for tier in sorted(counters, key=lambda t: TIER_ORDER.index(t)):
-        c = counters[tier]
-        out.append(TierFigures(
-            tier, c.capacity_blocks, c.cached_blocks, c.hit_tokens, c.evictions, c.offloads,
-            c.onboard_blocks, c.onboard_blocks * block_bytes,
-            float(onboard_seconds.get(tier, 0.0)), precision.promised.get(tier, 0),
-            precision.missed.get(tier, 0)))
-    return out
+def tier_figures(counters: Mapping[str, TierCounters], precision: TierPrecision,
+                 block_bytes: int, onboard_seconds: Mapping[str, float]) -> list[TierStats]:
+    """Join the manager's ``tier_stats()`` (``counters``: tier -> ``TierCounters``, whose
+    fields are ``TierStats``'s) with the bytes per block, the summed onboard seconds per
+    tier and the index's precision."""
+    return [TierStats(tier=tier, **asdict(c), onboard_bytes=c.onboard_blocks * block_bytes,
+                      onboard_seconds=float(onboard_seconds.get(tier, 0.0)),
+                      index_promised_tokens=precision.promised.get(tier, 0),
+                      index_missed_tokens=precision.missed.get(tier, 0))
+            for tier, c in sorted(counters.items(), key=lambda tc: TIER_ORDER.index(tc[0]))]

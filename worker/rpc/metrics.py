@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from kvmesh.tier_figures import hit_rate, load_factor
 from worker.engine.async_engine import AsyncEngine
 from worker.kv_cache.tier_precision import TierPrecision
 from worker.kv_cache.tier_stats import engine_tier_figures
@@ -79,36 +80,11 @@ class _EngineCollector:
     def _tiers(self, engine, queries: int):
         figures = engine_tier_figures(engine, self.precision)
         labels, worker = ["worker_id", "tier"], self.worker_id
-
-        def family(kind, name: str, doc: str, value) -> object:
+        for kind, name, doc, value in _TIER_FAMILIES:
             m = kind(f"kvmesh_worker_{name}", doc, labels=labels)
             for f in figures:
-                m.add_metric([worker, f.tier], value(f))
-            return m
-
-        G, C = GaugeMetricFamily, CounterMetricFamily
-        yield family(G, "tier_capacity_blocks", "Blocks the tier can hold.",
-                     lambda f: f.capacity_blocks)
-        yield family(G, "tier_cached_blocks", "Blocks the tier holds now.",
-                     lambda f: f.cached_blocks)
-        yield family(G, "tier_load_factor", "Cached blocks / capacity of the tier.",
-                     lambda f: f.load_factor)
-        yield family(C, "tier_hit_tokens", "Prompt tokens served from the tier.",
-                     lambda f: f.hit_tokens)
-        yield family(G, "tier_hit_rate", "Tier hit tokens / prompt tokens looked up.",
-                     lambda f: f.hit_tokens / queries if queries else 0.0)
-        yield family(C, "tier_evictions", "Blocks dropped from the tier (not moved down).",
-                     lambda f: f.evictions)
-        yield family(C, "tier_offloads", "Blocks moved from the tier to the next lower one.",
-                     lambda f: f.offloads)
-        yield family(C, "tier_onboard_blocks", "Blocks copied from the tier to the device.",
-                     lambda f: f.onboard_blocks)
-        yield family(C, "tier_onboard_bytes", "Bytes copied from the tier to the device.",
-                     lambda f: f.onboard_bytes)
-        yield family(C, "index_promised_tokens", "Prompt tokens the index promised on the "
-                     "tier.", lambda f: f.index_promised_tokens)
-        yield family(C, "index_missed_tokens", "Promised tokens the worker no longer had on "
-                     "the tier (or a faster one).", lambda f: f.index_missed_tokens)
+                m.add_metric([worker, f.tier], value(f, queries))
+            yield m
         h = HistogramMetricFamily("kvmesh_worker_onboard_latency_seconds",
                                   "Time of one onboard's copies from one tier.", labels=labels)
         for f in figures:
@@ -116,6 +92,36 @@ class _EngineCollector:
                 buckets, total = engine.onboards.histogram(f.tier)
                 h.add_metric([worker, f.tier], buckets, total)
         yield h
+
+
+def _field(name: str):
+    """A family's value: ``TierStats`` field ``name`` as reported."""
+    return lambda t, _queries: getattr(t, name)
+
+
+G, C = GaugeMetricFamily, CounterMetricFamily
+# (kind, metric name after kvmesh_worker_, help, value of one tier's TierStats and the
+# worker's queried tokens): the figures are Stats', the derived ones kvmesh.tier_figures'
+_TIER_FAMILIES = (
+    (G, "tier_capacity_blocks", "Blocks the tier can hold.", _field("capacity_blocks")),
+    (G, "tier_cached_blocks", "Blocks the tier holds now.", _field("cached_blocks")),
+    (G, "tier_load_factor", "Cached blocks / capacity of the tier.",
+     lambda t, _q: load_factor(t)),
+    (C, "tier_hit_tokens", "Prompt tokens served from the tier.", _field("hit_tokens")),
+    (G, "tier_hit_rate", "Tier hit tokens / prompt tokens looked up.", hit_rate),
+    (C, "tier_evictions", "Blocks dropped from the tier (not moved down).",
+     _field("evictions")),
+    (C, "tier_offloads", "Blocks moved from the tier to the next lower one.",
+     _field("offloads")),
+    (C, "tier_onboard_blocks", "Blocks copied from the tier to the device.",
+     _field("onboard_blocks")),
+    (C, "tier_onboard_bytes", "Bytes copied from the tier to the device.",
+     _field("onboard_bytes")),
+    (C, "index_promised_tokens", "Prompt tokens the index promised on the tier.",
+     _field("index_promised_tokens")),
+    (C, "index_missed_tokens", "Promised tokens the worker no longer had on the tier (or a "
+     "faster one).", _field("index_missed_tokens")),
+)
 
 
 class _Included(Collector):

@@ -152,7 +152,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                 total_blocks=cache.blocks_total, cached_hashes=cache.hashes_cached),
             requests_done=done, index_promised_tokens=self.precision.promised,
             index_served_tokens=self.precision.served,
-            tiers=[worker_pb2.TierStats(**t.proto_fields()) for t in tiers],
+            tiers=tiers,
             pinned_blocks=pinned,
             mean_matched_tokens=cache.hits / cache.requests if cache.requests else 0.0)
 

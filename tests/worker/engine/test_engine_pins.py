@@ -9,13 +9,15 @@ import pytest
 
 from worker import Engine, RequestError
 from worker.engine.sequence import SamplingParams, SeqStatus
+from worker.kv_cache.tier_config import TierConfig
 
 BS = 4
 SYS = list(range(10, 26))  # a 16-token system prompt: 4 blocks
 
 
-def tiny(num_blocks: int, **kw) -> Engine:
-    return Engine.from_pretrained("tiny", block_size=BS, num_blocks=num_blocks, **kw)
+def tiny(num_blocks: int, **tiers) -> Engine:
+    return Engine.from_pretrained("tiny", block_size=BS, num_blocks=num_blocks,
+                                  tiers=TierConfig(**tiers))
 
 
 def prompts(n: int, length: int, seed: int, prefix=()) -> list[list[int]]:

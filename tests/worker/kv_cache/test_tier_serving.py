@@ -14,11 +14,12 @@ from kvmesh.v1 import worker_pb2
 from tests.worker.serving import with_worker
 from worker import Engine
 from worker.engine.async_engine import AsyncEngine
+from worker.kv_cache.tier_config import TierConfig
 
 
 def test_stats_report_the_measured_costs(tmp_path):
-    engine = Engine.from_pretrained("tiny", block_size=4, num_blocks=16, cpu_blocks=8,
-                                    disk_blocks=8, disk_dir=tmp_path)
+    engine = Engine.from_pretrained("tiny", block_size=4, num_blocks=16, tiers=TierConfig(
+        cpu_blocks=8, disk_blocks=8, disk_dir=tmp_path))
 
     async def body(stub, ch):
         return await stub.Stats(worker_pb2.WorkerStatsRequest())
@@ -50,8 +51,8 @@ def test_worker_refuses_tier_flags_that_cannot_work(args, words):
 
 def test_up_passes_the_tier_flags_to_each_worker(tmp_path):
     assert tier_args(ClusterSpec(), "w0") == []
-    spec = ClusterSpec(cpu_blocks=64, disk_blocks=256, disk_dir=str(tmp_path),
-                       eviction="layered", auto_pin=True)
+    spec = ClusterSpec(tiers=TierConfig(cpu_blocks=64, disk_blocks=256, disk_dir=str(tmp_path),
+                                        eviction="layered", auto_pin=True))
     assert tier_args(spec, "w1") == ["--cpu-blocks", "64", "--disk-blocks", "256",
                                      "--disk-dir", str(tmp_path / "w1"),
                                      "--eviction", "layered", "--auto-pin"]
@@ -91,8 +92,8 @@ def test_a_restarted_worker_reannounces_its_disk_blocks_to_the_index(tmp_path):
 
     rng = random.Random(0)
     ps = [[rng.randrange(256) for _ in range(64)] for _ in range(6)]
-    cluster = LocalCluster(ClusterSpec(workers=1, num_blocks=16, cpu_blocks=4,
-                                       disk_blocks=64, disk_dir=str(tmp_path))).start()
+    cluster = LocalCluster(ClusterSpec(workers=1, num_blocks=16, tiers=TierConfig(
+        cpu_blocks=4, disk_blocks=64, disk_dir=str(tmp_path)))).start()
     try:
         with cluster.client() as client:
             first = [client.generate(p, max_tokens=4) for p in ps]  # the pool holds ~1

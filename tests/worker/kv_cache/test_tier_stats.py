@@ -11,6 +11,7 @@ from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 from tests.worker.serving import with_worker
 from worker import Engine
 from worker.engine.async_engine import AsyncEngine
+from worker.kv_cache.tier_config import TierConfig
 from worker.rpc.metrics import WorkerMetrics
 from worker.rpc.server import create_server
 
@@ -39,7 +40,8 @@ async def _scenario(stub) -> list[worker_pb2.GenerateResponse]:
 
 
 def _serve(fn):
-    runner = AsyncEngine(Engine.from_pretrained("tiny", num_blocks=4, cpu_blocks=16)).start()
+    runner = AsyncEngine(Engine.from_pretrained("tiny", num_blocks=4,
+                                                tiers=TierConfig(cpu_blocks=16))).start()
 
     async def main():
         server, port, servicer = await create_server("127.0.0.1:0", runner, worker_id="w-t",
@@ -124,7 +126,8 @@ def test_huge_promises_keep_stats_answering() -> None:
                 pass
         return await stub.Stats(worker_pb2.WorkerStatsRequest())
 
-    runner = AsyncEngine(Engine.from_pretrained("tiny", num_blocks=8, cpu_blocks=8)).start()
+    runner = AsyncEngine(Engine.from_pretrained("tiny", num_blocks=8,
+                                                tiers=TierConfig(cpu_blocks=8))).start()
     stats = asyncio.run(with_worker(body, runner))
     gpu, cpu = stats.tiers
     assert gpu.index_promised_tokens == cpu.index_promised_tokens == 2 * 50

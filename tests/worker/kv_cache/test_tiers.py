@@ -16,6 +16,7 @@ from tests.worker.hf_models import make_hf_model
 from worker import Engine
 from worker.engine.engine import StepFailed
 from worker.engine.sequence import SamplingParams, SeqStatus
+from worker.kv_cache.tier_config import TierConfig
 from worker.model import load_model
 
 BS = 4
@@ -37,9 +38,10 @@ def tiny():
     return load_model("tiny")
 
 
-def engine(tiny, num_blocks: int = 8, **kw) -> Engine:
+def engine(tiny, num_blocks: int = 8, hash_seed: str | None = None, **tiers) -> Engine:
     model, config = tiny
-    return Engine(model, config, block_size=BS, num_blocks=num_blocks, **kw)
+    return Engine(model, config, block_size=BS, num_blocks=num_blocks, hash_seed=hash_seed,
+                  tiers=TierConfig(**tiers))
 
 
 @pytest.fixture(scope="module")
@@ -268,8 +270,8 @@ def test_a_restart_on_the_same_disk_dir_announces_and_hits_its_blocks(tiny, want
     other_model, _ = load_model("tiny")
     with torch.no_grad():
         other_model.embed_tokens.weight[0, 0] += 1.0  # same shapes, other weights
-    stranger = Engine(other_model, config, block_size=BS, num_blocks=8, cpu_blocks=1,
-                      disk_blocks=64, disk_dir=tmp_path)
+    stranger = Engine(other_model, config, block_size=BS, num_blocks=8,
+                      tiers=TierConfig(cpu_blocks=1, disk_blocks=64, disk_dir=tmp_path))
     assert on_disk(stranger) == {}
     stranger.close()
 
@@ -391,8 +393,9 @@ def test_settings_that_cannot_work_are_refused(tiny, tmp_path):
 
 def test_tiered_output_equals_transformers(tmp_path):
     hf = make_hf_model("LlamaForCausalLM", tmp_path / "model")
-    e = Engine.from_pretrained(tmp_path / "model", block_size=BS, num_blocks=8, cpu_blocks=2,
-                               disk_blocks=32, disk_dir=tmp_path / "disk")
+    e = Engine.from_pretrained(tmp_path / "model", block_size=BS, num_blocks=8,
+                               tiers=TierConfig(cpu_blocks=2, disk_blocks=32,
+                                                disk_dir=tmp_path / "disk"))
     first, *others = prompts(3, 3, 24)
     for p in (first, *others):
         run(e, p)

@@ -13,6 +13,7 @@ from kvmesh.events.pool import PoolRemoved, PoolStored
 from kvmesh.hashing import resolve_seed
 from worker.engine.engine import Engine
 from worker.engine.sequence import SamplingParams
+from worker.kv_cache.tier_config import TierConfig
 from worker.vllm.event_map import VllmEventMap, untagged
 
 BS = 4
@@ -24,7 +25,7 @@ class Pair:
 
     def __init__(self, *, as_int: bool = True, cpu_blocks: int = 0, num_blocks: int = 24):
         self.engine = Engine.from_pretrained("tiny", block_size=BS, num_blocks=num_blocks,
-                                             device="cpu", cpu_blocks=cpu_blocks)
+                                             device="cpu", tiers=TierConfig(cpu_blocks=cpu_blocks))
         self.map = VllmEventMap(BS, as_int=as_int)
         self.state = EngineState(block_size=BS, algo=self.engine.kv.hash_algo,
                                  seed=resolve_seed(self.engine.kv.hash_algo),
