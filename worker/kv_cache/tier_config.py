@@ -2,7 +2,7 @@
 
 A worker's device pool may spill to host memory (``cpu_blocks``) and from there to disk
 files (``disk_blocks`` under ``disk_dir``); ``eviction`` orders the device pool's free
-blocks (``kvmesh.tiers.EVICTIONS``) and ``auto_pin`` pins hot prefixes. The defaults here
+blocks (``kvmesh.contract.EVICTIONS``) and ``auto_pin`` pins hot prefixes. The defaults here
 are THE defaults (one device pool, LRU, no pins): the worker and ``kvmesh up`` flags, the
 engine, ``deploy.local`` and the Ray launcher all read them from this class.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields, replace
 
-from kvmesh.tiers import EVICTIONS
+from kvmesh.contract import EVICTIONS
 
 
 @dataclass(frozen=True)
