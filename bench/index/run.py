@@ -38,8 +38,8 @@ import redis.asyncio as aioredis
 from bench.index import pipelined
 from bench.index.data import Dataset, Layout, plan
 from service.index.base import ApplyStatus, BlockMatch, Removed, WorkerRecord, namespace
-from service.index.keys import block_key
 from service.index.redis import RedisBackend
+from service.index.testing import block_key
 
 BLOCK_SIZE = 16
 ALGO = "sha256_cbor"

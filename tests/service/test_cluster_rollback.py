@@ -10,10 +10,9 @@ from pathlib import Path
 import redis
 
 from deploy.redis_cluster import RedisClusterServer
-from service.index import keys
 from service.index.base import ApplyStatus, BlockMatch, KvEvent, Removed, Stored, WorkerLoad
 from service.index.cluster import CTL_SLOT, ClusterBackend
-from service.index.redis import RedisBackend
+from service.index.redis import RedisBackend, keys
 from tests.service.test_backends import NS, T0, rec
 from tests.service.test_cluster_split import _chain_on, _node_of, run
 
