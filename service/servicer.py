@@ -17,9 +17,10 @@ rejected request changes nothing. Every handler goes through :func:`_rpc`, so no
 answers UNKNOWN: any other exception is a bug, logged with its traceback and answered
 INTERNAL.
 
-A dispatcher only: each handler validates its request (``service.validate``) and hands it to
-the class that does that job: :class:`~service.feed.WorkerFeed` (the worker calls),
-:class:`~service.route.Router` (Route, Stats, the backend's health),
+A dispatcher only: each handler hands its request, validated (``service.validate``: here for
+Route and the pins; inside ``WorkerFeed`` for the worker calls, whose checks need the
+worker's record), to the class that does that job: :class:`~service.feed.WorkerFeed` (the
+worker calls), :class:`~service.route.Router` (Route, Stats, the backend's health),
 :class:`~service.pins.PinService` (PinPrefix, UnpinPrefix).
 
 Time: every handler reads the injected ``clock`` (``service.clock``), never ``time``: tests
