@@ -44,7 +44,7 @@ from service.config import ServiceConfig
 from service.index.base import DIGEST_BYTES, BlockMatch, WorkerRecord
 from service.liveness import WorkerTable
 from service.policy import Policy, WorkerView
-from service.route import live_groups
+from service.route_steps import live_groups
 from service.validate import PinInput, PrefixInput, RequestError, RouteInput
 
 log = logging.getLogger("kvmesh.service")

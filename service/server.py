@@ -68,7 +68,7 @@ class IndexServer:
         """Serve, start the background loops and (if configured) the metrics endpoint."""
         cfg = self.config
         with contextlib.suppress(IndexUnavailable):
-            await self.servicer.refresh()  # a down index at start is fine: it is retried
+            await self.servicer.router.refresh()  # a down index at start is fine: it is retried
         await self.grpc_server.start()
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -114,9 +114,9 @@ class IndexServer:
 
     async def _refresh(self) -> None:
         try:
-            await self.servicer.refresh()
+            await self.servicer.router.refresh()
         except IndexUnavailable:
-            self.servicer.mark_down()
+            self.servicer.router.mark_down()
             raise
 
     async def _janitor(self) -> None:

@@ -39,8 +39,8 @@ from bench.index import pipelined
 from bench.index.data import Dataset, Layout, plan
 from kvmesh.contract import DEFAULT_ALGO
 from service.index.base import ApplyStatus, BlockMatch, IndexRemoved, WorkerRecord, namespace
-from service.index.keys import block_key
 from service.index.redis import RedisBackend
+from service.index.testing import block_key
 
 BLOCK_SIZE = 16
 ALGO = DEFAULT_ALGO

@@ -11,7 +11,7 @@ For each request, in arrival order, at simulated time ``t = timestamp``:
    entries for the chosen worker; the peers (:mod:`bench.replay.peers`) use their own trees.
    ``consistent_hash``, ``least_loaded``, ``round_robin`` and ``random`` never read matches,
    so they skip steps 2 and 3's index calls (their choices cannot differ); ``consistent_hash``
-   gets the service's key (``service.route.prompt_key`` of the synthesized prompt);
+   gets the service's key (``service.route_steps.prompt_key`` of the synthesized prompt);
 4. the request is queued on that worker.
 
 Rows are named by labels (:mod:`.rows`): a policy, a variant ``kvmesh[weight=value,...]``, or
@@ -53,7 +53,7 @@ from service.index.base import (
     namespace,
 )
 from service.policy import Policy, WorkerView
-from service.route import prompt_key
+from service.route_steps import prompt_key
 from worker.kv_cache import KVCacheManager, KVRequest
 
 from . import INDEX_POLICIES, POLICIES

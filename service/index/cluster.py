@@ -2,7 +2,7 @@
 what touches many is split per slot (``RedisBackend.from_url`` picks this class for a
 ``redis+cluster://`` URL; a single server keeps ``RedisBackend``'s single scripts).
 
-Same keys as ``keys.py`` says, same answers as the single-server backend and the memory
+Same keys as ``redis/keys.py`` says, same answers as the single-server backend and the memory
 backend (``tests/service/test_cluster_index.py`` runs their tests on 3 shards). Control keys
 share the slot ``{ctl}``: registration, heartbeat and purge are single scripts there. Block
 keys spread over 64 tags (their slots evenly over the shards), so one shared system prompt
@@ -11,7 +11,7 @@ write per node):
 
 - lookup: 1, the live map's version and the provisional marker (control slot) and one
   ``MGET`` per tag of the prompt (provisional keys too when the marker is up); the walk in
-  the service as for one server (``walk.py``). Each shard's reads are each an instant of
+  the service as for one server (``redis/walk.py``). Each shard's reads are each an instant of
   that shard; a lookup racing an event batch may see part of it, which can only cut a
   worker's match short (the walk stops at the first missing block), never show a block
   the worker did not hold at some instant of the round trip.
@@ -25,7 +25,7 @@ write per node):
 A step that fails midway (a shard down) raises ``IndexUnavailable`` and leaves ``pend``
 set: the worker's next batch is answered GAP (and its heartbeat, after
 ``PEND_STALE_MS``, asks for a snapshot), and the snapshot repairs whatever part was
-written. Scripts are ``cluster_scripts.py``.
+written. Scripts are ``redis/lua/cluster_*.lua``.
 """
 from __future__ import annotations
 
@@ -40,8 +40,7 @@ import redis.exceptions as rexc
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from service.index import cluster_scripts as cs
-from service.index import cluster_upkeep, keys, nodes, resp
+from service.index import cluster_upkeep, nodes
 from service.index.base import (
     ApplyResult,
     ApplyStatus,
@@ -59,25 +58,25 @@ from service.index.base import (
     resolve_snapshot,
     tier_bit,
 )
-from service.index.keys import block_key, live_key, prov_marker, worker_key
-from service.index.raw_scripts import (
-    APPLY_BEGIN,
-    APPLY_END,
-    PROV_KEYS,
-    RAW_SCRIPTS,
-    SYNC_BEGIN,
-    SYNC_END,
-    TAG_WRITE,
-    RawScript,
-)
-from service.index.redis import RedisBackend
-from service.index.walk import walk
+from service.index.redis import RedisBackend, keys, lua, resp
+from service.index.redis.keys import block_key, live_key, prov_marker, worker_key
+from service.index.redis.lua import RawScript
+from service.index.redis.walk import walk
 
 __all__ = ["CTL_SLOT", "SLOT_OF_BYTE", "TAG_SLOTS", "ClusterBackend"]
 
 CTL_SLOT = key_slot(keys.REGISTRY.encode())
 TAG_SLOTS = [key_slot(bytes([t])) for t in keys.TAGS]  # by tag index
 SLOT_OF_BYTE = {t: key_slot(bytes([t])) for t in keys.TAGS}  # by the tag byte of a key
+# The scripts called by SHA inside hand-packed batches (``nodes.py``): the per-tag steps, and
+# the control slot's begin and end steps of a batch or snapshot (sent beside the batch's
+# reads, and without redis-py's cluster command path, which cost more than the step
+# itself). A node that answers ``NOSCRIPT`` gets every one of them loaded and the calls
+# sent again (:meth:`ClusterBackend.wave`).
+RAW_SCRIPTS = tuple(lua.raw(f"cluster_{n}") for n in (
+    "tag_write", "tag_clean", "prov_keys", "apply_begin", "apply_end", "sync_begin", "sync_end",
+    "tag_fence", "tag_identity"))
+TAG_WRITE, _, PROV_KEYS, APPLY_BEGIN, APPLY_END, SYNC_BEGIN, SYNC_END, _, _ = RAW_SCRIPTS
 
 
 def _b(x: Any) -> bytes:
@@ -128,11 +127,11 @@ class ClusterBackend(RedisBackend):
     def __init__(self, client: RedisCluster) -> None:
         super().__init__(client)  # type: ignore[arg-type]
         script = client.register_script
-        self._register = script(cs.REGISTER)
-        self._heartbeat = script(cs.HEARTBEAT)
-        self._lost = script(cs.LOST)
-        self._sweep_begin = script(cs.SWEEP_BEGIN)
-        self._sweep_step = script(cs.SWEEP_STEP)
+        self._register = script(lua.text("cluster_register"))
+        self._heartbeat = script(lua.text("cluster_heartbeat"))
+        self._lost = script(lua.text("cluster_lost"))
+        self._sweep_begin = script(lua.text("cluster_sweep_begin"))
+        self._sweep_step = script(lua.text("cluster_sweep_step"))
         self.upkeep = cluster_upkeep.Upkeep(self)
 
     async def load_scripts(self) -> None:

@@ -1,7 +1,7 @@
 """Which process's data a block tag's slot holds, and what the janitor does when that
 changed: a shard that came back EMPTY or OLDER (a replica promoted after its primary lost
 the last writes, a restart from an RDB or AOF a second old) moves the generation, so every
-worker resyncs (``cluster_scripts``: a record whose ``g`` differs is asked for a snapshot).
+worker resyncs (``cluster_heartbeat.lua``: a record whose ``g`` differs is asked for a snapshot).
 
 The identity of a primary is ``run_id:master_replid`` (``INFO server`` / ``INFO
 replication``). ``run_id`` is new at every start of a server process, so a restart, from
@@ -18,7 +18,7 @@ identity is *changed*.
 Contract (:func:`check`, every service replica's janitor, every second: one parallel round
 trip, 64 read-only scripts, when nothing changed):
 
-- ``TAG_IDENTITY`` runs in the tag's slot and reads ``INFO`` in the same script, so the
+- ``cluster_tag_identity.lua`` runs in the tag's slot and reads ``INFO`` in the same script, so the
   identity is that of the primary serving the slot at that instant (a node that does not
   serve it answers ``MOVED``), compared with the sentinel beside it, atomically. A slot
   whose keys are migrating right now (``ASK`` / ``TRYAGAIN``) is checked once moved.
@@ -46,41 +46,25 @@ from typing import TYPE_CHECKING
 
 import redis.exceptions as rexc
 
-from service.index import keys, nodes, resp
+from service.index import nodes
+from service.index.redis import keys, lua, resp
 
 if TYPE_CHECKING:
     from service.index.cluster import ClusterBackend
 
-__all__ = ["SENTINELS", "TAG_IDENTITY_LUA", "check", "stamp_all"]
+__all__ = ["SENTINELS", "check", "stamp_all"]
 
 log = logging.getLogger(__name__)
 
 SENTINELS = [b"{" + bytes([t]) + b"}!" for t in keys.TAGS]  # by tag index
 GEN = keys.CTL + "gen"
 _MIGRATING = (rexc.AskError, rexc.TryAgainError)  # the slot's keys are moving right now
-
-# KEYS[1] = the tag's sentinel '{T}!'; ARGV[1] = '' (check), an identity (stamp it if it
-# still serves the slot) or '*' (stamp whatever identity serves it)
-# Returns, checking: '' when the sentinel names the identity serving the slot, else that
-# identity; stamping: 1 stamped, 0 not (another identity serves the slot now).
-TAG_IDENTITY_LUA = r"""
-local info = redis.call('INFO', 'server', 'replication')
-local id = string.match(info, 'run_id:(%x+)') .. ':' .. string.match(info, 'master_replid:(%x+)')
-if ARGV[1] == '' then
-  if redis.call('GET', KEYS[1]) == id then return '' end
-  return id
-end
-if ARGV[1] ~= '*' and ARGV[1] ~= id then return 0 end
-redis.call('SET', KEYS[1], id)
-return 1
-"""
-
+TAG_IDENTITY = lua.raw("cluster_tag_identity")
 
 async def check(b: ClusterBackend) -> bool:
     """The janitor's check (module contract): False when the control slot has no
     generation (the caller recovers), else True (the generation moved if a tag changed)."""
     from service.index.cluster import CTL_SLOT, TAG_SLOTS
-    from service.index.raw_scripts import TAG_IDENTITY
 
     batch = [(CTL_SLOT, resp.command(b"GET", GEN.encode()))] + [
         (TAG_SLOTS[i], TAG_IDENTITY.call(s, [b""])) for i, s in enumerate(SENTINELS)]
@@ -110,6 +94,5 @@ async def check(b: ClusterBackend) -> bool:
 async def stamp_all(b: ClusterBackend) -> None:
     """Every sentinel stamped with the identity serving its slot (the recovery's start)."""
     from service.index.cluster import TAG_SLOTS
-    from service.index.raw_scripts import TAG_IDENTITY
 
     await b.wave([(TAG_SLOTS[i], TAG_IDENTITY.call(s, [b"*"])) for i, s in enumerate(SENTINELS)])

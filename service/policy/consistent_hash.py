@@ -5,7 +5,7 @@ computed anywhere else).
 
 Ring: each worker owns ``vnodes`` points, ``xxh3_64("{worker_id}#{i}")`` (stable across
 processes and machines: never Python's ``hash()``). A request's point is ``xxh3_64(key)``,
-``key`` being ``service.route.prefix_key`` (salt, LoRA name, the prompt's first tokens); its
+``key`` being ``service.route_steps.prefix_key`` (salt, LoRA name, the prompt's first tokens); its
 worker order is the ring walked clockwise from that point, each worker at its first point.
 Adding or removing a worker moves only the keys of the arcs it gains or loses (about 1/n).
 

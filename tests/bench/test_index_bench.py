@@ -11,7 +11,7 @@ from bench.index import pipelined
 from bench.index.data import Layout, plan
 from bench.index.run import run
 from service.index.base import BlockMatch
-from service.index.keys import handle_bytes
+from service.index.testing import handle_bytes
 
 TINY = Layout(workers=8, chain_blocks=16, holders=3, event_blocks=4, batch_events=4)
 

@@ -26,7 +26,7 @@ from bench.replay.replay import (
 from bench.replay.trace import CHUNK_TOKENS, TokenSynth, TraceRequest, load_trace
 from service.index.memory import MemoryBackend
 from service.policy import ConsistentHashPolicy, WorkerView
-from service.route import prompt_key
+from service.route_steps import prompt_key
 from worker.kv_cache import KVCacheManager, KVRequest
 
 # 4 workers of 2,000 blocks of 16 tokens: the small trace's ~2,300 distinct blocks fit in the
@@ -85,7 +85,7 @@ def test_prefix_aware_routing_beats_round_robin_and_oracle_bounds_all(
 
 
 def test_consistent_hash_keys_the_replay_as_the_service_does() -> None:
-    """The replay's router hands the policy ``service.route.prompt_key`` of the synthesized
+    """The replay's router hands the policy ``service.route_steps.prompt_key`` of the synthesized
     prompt (salt included) and skips the index, which the policy never reads."""
     synth = TokenSynth(CFG.block_size)
     router = make_router("consistent_hash", CFG, synth, MemoryBackend)

@@ -155,8 +155,8 @@ def _prompt_on_one_shard(shards, avoid: int, blocks: int, block_size: int) -> tu
     """Tokens whose first ``blocks`` blocks all live on one shard other than ``avoid``, and
     that shard."""
     from kvmesh.hashing import block_hashes
-    from service.index import keys
     from service.index.cluster import TAG_SLOTS
+    from service.index.redis import keys
 
     def node(slot: int) -> int:
         return next(i for i, (a, z) in enumerate(shards.ranges) if a <= slot <= z)

@@ -23,8 +23,7 @@ from deploy.redis_server import RedisServer
 from kvmesh.hashing import block_hashes, none_hash
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
-from service.index import keys
-from service.index.sweep_script import SWEEP
+from service.index.redis import keys, lua
 from tests.malformed import HASH_POOL, KNOWN_WORKERS, Limits, index_requests
 
 LIMITS = Limits()
@@ -48,7 +47,7 @@ class Fuzzed:
         self.channel = grpc.insecure_channel(proc.address)
         self.stub = pb_grpc.IndexServiceStub(self.channel)
         self.seqs = dict.fromkeys(KNOWN_WORKERS, 0)
-        self.sweep = redis_client.register_script(SWEEP)
+        self.sweep = redis_client.register_script(lua.text("sweep"))
 
     def call(self, method: str, payload: bytes) -> tuple[grpc.StatusCode, str]:
         rpc = self.channel.unary_unary(f"/kvmesh.v1.IndexService/{method}")

@@ -20,7 +20,7 @@ import redis
 from deploy.process import ServerProcess
 from deploy.redis_server import RedisServer
 from kvmesh.v1 import index_pb2 as pb
-from service.index.keys import BLOCK_KEYS_MATCH
+from service.index.redis.keys import BLOCK_KEYS_MATCH
 from tests.service.protocol_worker import ProtocolWorker, stub
 
 CAP = 64

@@ -8,9 +8,9 @@ import redis
 
 from deploy.redis_cluster import RedisClusterServer
 from service.index import cluster as cluster_mod
-from service.index import keys
 from service.index.base import BlockMatch, IndexEvent, IndexStored
 from service.index.cluster import TAG_SLOTS, ClusterBackend
+from service.index.redis import keys
 from tests.service.test_backends import NS, T0, H, rec
 from tests.service.test_cluster_split import _node_of, run
 
@@ -39,7 +39,7 @@ def test_a_wave_stalled_past_the_busy_mark_never_lands_on_a_reassigned_handle(
         assert int(begin[0]) == 1, begin
         ticket, h = int(begin[2]), int(begin[3])
         await b.register(rec("w"))  # ... its handle is retired ...
-        # ... and more than cluster_scripts.BUSY_MS pass: its busy mark is that old
+        # ... and more than redis.lua.BUSY_MS pass: its busy mark is that old
         await c.zadd(keys.CTL + "busy", {f"{h}:tok": 0})
         assert await b.sweep() == 2  # swept and freed
         assert str(h) in await c.smembers(keys.FREE)

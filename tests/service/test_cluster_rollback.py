@@ -10,7 +10,6 @@ from pathlib import Path
 import redis
 
 from deploy.redis_cluster import RedisClusterServer
-from service.index import keys
 from service.index.base import (
     ApplyStatus,
     BlockMatch,
@@ -20,7 +19,7 @@ from service.index.base import (
     WorkerLoad,
 )
 from service.index.cluster import CTL_SLOT, ClusterBackend
-from service.index.redis import RedisBackend
+from service.index.redis import RedisBackend, keys
 from tests.service.test_backends import NS, T0, rec
 from tests.service.test_cluster_split import _chain_on, _node_of, run
 

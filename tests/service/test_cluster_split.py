@@ -12,7 +12,6 @@ import redis.exceptions as rexc
 
 from deploy.redis_cluster import RedisClusterServer
 from service.index import cluster as cluster_mod
-from service.index import keys
 from service.index.base import (
     ApplyStatus,
     BlockMatch,
@@ -22,7 +21,7 @@ from service.index.base import (
     WorkerLoad,
 )
 from service.index.cluster import CTL_SLOT, TAG_SLOTS, ClusterBackend
-from service.index.redis import RedisBackend
+from service.index.redis import RedisBackend, keys
 from tests.service.test_backends import NS, T0, H, rec
 
 

@@ -15,7 +15,7 @@ from kvmesh.rpc.auth import worker_access_token
 from service import worker_tokens
 from service.auth import fingerprint
 from service.config import ServiceConfig
-from service.index.keys import REGISTRY
+from service.index.redis.keys import REGISTRY
 from tests.service.protocol_worker import ProtocolWorker, route, serve
 
 SECRET = "sound-credentials-test-secret"

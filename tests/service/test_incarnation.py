@@ -80,8 +80,8 @@ def test_a_stale_batch_of_a_killed_worker_never_reaches_its_successor(
 
     from deploy.local import ClusterSpec, LocalCluster
     from deploy.waiting import wait_until
-    from service.index.keys import block_key, entries
     from service.index.redis import REGISTRY, worker_key
+    from service.index.redis.keys import block_key, entries
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the worker processes: one torch thread
     spec = ClusterSpec(workers=1, num_blocks=64, block_size=16,

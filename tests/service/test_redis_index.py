@@ -14,7 +14,6 @@ from redis.asyncio.connection import Connection
 from redis.crc import key_slot
 
 from deploy.redis_server import RedisServer
-from service.index import keys, resp
 from service.index.base import (
     TIER_CPU,
     BlockMatch,
@@ -24,7 +23,7 @@ from service.index.base import (
     IndexUnavailable,
     WorkerLoad,
 )
-from service.index.redis import RedisBackend
+from service.index.redis import RedisBackend, keys, resp
 from tests.service.test_backends import NS, T0, H, rec
 
 

@@ -27,7 +27,7 @@ def redis_cfg(url: str, **kw: object) -> ServiceConfig:
 
 async def index_down(r: Running) -> bool:
     """Whether the replica answers degraded at once (its refresh loop found Redis down)."""
-    return r.server.servicer.index_down
+    return r.server.servicer.router.index_down
 
 
 def test_silent_worker_leaves_routing_within_three_seconds(redis_url: str) -> None:

@@ -14,7 +14,7 @@ import pytest
 import xxhash
 
 from service.policy import ConsistentHashPolicy, make_policies
-from service.route import KEY_TOKENS, prompt_key
+from service.route_steps import KEY_TOKENS, prompt_key
 
 from .views import ids, view
 
@@ -45,7 +45,7 @@ CHILD = """
 import random
 from service.policy import ConsistentHashPolicy
 from service.policy.base import WorkerView
-from service.route import prompt_key
+from service.route_steps import prompt_key
 key = prompt_key(list(range(300)), "tenant", ("sql", "/a"))
 ws = [WorkerView(f"w{i}") for i in range(8)]
 print(key.hex(), [r.view.worker_id for r in ConsistentHashPolicy().rank(1, ws,

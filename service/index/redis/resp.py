@@ -21,7 +21,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
-from service.index.keys import N_TAGS, TAG_PREFIXES
+from service.index.redis.keys import N_TAGS, TAG_PREFIXES
 
 _MULTI = b"*1\r\n$5\r\nMULTI\r\n"
 _EXEC = b"*1\r\n$4\r\nEXEC\r\n"

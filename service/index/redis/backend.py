@@ -3,7 +3,7 @@
 The key layout and value encodings are in ``keys.py``: one STRING per block, named by its
 raw hash behind a one-byte cluster tag, holding sorted 4-byte (worker handle, tier bits)
 entries; control keys (registry, records, live handles per namespace) share one slot.
-The scripts that write are in ``scripts.py``, ``prov_script.py`` and ``sweep_script.py``.
+The scripts that write are ``lua/*.lua`` (loaded by ``lua.py``).
 
 Why STRING keys read with MGET: O(1) per block and one command for all the blocks of a
 prompt (a listpack HASH would scan linearly per field); a 35-byte key with a short value
@@ -24,11 +24,11 @@ retried once.
 
 Redis Cluster: registration, heartbeat and purge touch the control slot only; a block
 key's slot depends on its hash alone (64 tags spread evenly over the slots), so a chain,
-even one shared prefix, spreads over every shard. The lookup's snapshot, ``PROVISIONAL``,
-``APPLY``, ``SYNC`` and ``SWEEP`` as written here touch block keys of many slots (and the
+even one shared prefix, spreads over every shard. The lookup's snapshot, ``provisional``,
+``apply``, ``sync`` and ``sweep`` as written here touch block keys of many slots (and the
 control slot), which a standalone server (or one shard, or Sentinel) executes atomically;
-for a ``redis+cluster://`` URL, ``from_url`` returns ``ClusterBackend`` (``cluster.py``),
-which splits each of them per slot.
+for a ``redis+cluster://`` URL, ``from_url`` returns ``ClusterBackend``
+(``service/index/cluster.py``), which splits each of them per slot.
 Heartbeat timestamps come from the service replicas' clocks: keep them NTP-synced.
 """
 from __future__ import annotations
@@ -44,7 +44,6 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.retry import Retry
 
-from service.index import keys, prov_script, resp, scripts, sweep_script
 from service.index.base import (
     ApplyResult,
     ApplyStatus,
@@ -66,8 +65,16 @@ from service.index.base import (
     tier_bit,
 )
 from service.index.connect import redis_client
-from service.index.keys import REGISTRY, block_key, block_keys, live_key, prov_marker, worker_key
-from service.index.walk import walk
+from service.index.redis import keys, lua, resp
+from service.index.redis.keys import (
+    REGISTRY,
+    block_key,
+    block_keys,
+    live_key,
+    prov_marker,
+    worker_key,
+)
+from service.index.redis.walk import walk
 
 __all__ = ["REGISTRY", "RedisBackend", "worker_key"]
 # (WorkerLoad field, record field, type): counts are ints, measured costs floats (stored
@@ -112,13 +119,13 @@ class RedisBackend(IndexBackend):
         self._ns_of: dict[str, str] = {}  # worker id -> ns (cache of the registry)
         # redis-py's scripts are called by SHA and loaded again (once) on NOSCRIPT
         script = client.register_script
-        self._register = script(scripts.REGISTER)
-        self._heartbeat = script(scripts.HEARTBEAT)
-        self._apply = script(scripts.APPLY)
-        self._sync = script(scripts.SYNC)
-        self._purge = script(scripts.PURGE)
-        self._sweep = script(sweep_script.SWEEP)
-        self._provisional = script(prov_script.PROVISIONAL)
+        self._register = script(lua.text("register"))
+        self._heartbeat = script(lua.text("heartbeat"))
+        self._apply = script(lua.text("apply"))
+        self._sync = script(lua.text("sync"))
+        self._purge = script(lua.text("purge"))
+        self._sweep = script(lua.text("sweep"))
+        self._provisional = script(lua.text("provisional"))
         # ns -> (version, handle -> worker id): the live map as of its version 'v'
         self._live: dict[str, tuple[bytes | None, dict[int, str]]] = {}
         self._prov_seen: dict[str, bool] = {}  # ns -> its marker existed at the last lookup
