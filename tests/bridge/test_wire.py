@@ -12,8 +12,8 @@ import pytest
 from bench.bridge.ingest import payloads
 from bridge.engine_state import EngineState
 from bridge.pending import Pending
-from bridge.service_conn import publish_head, publish_request
 from bridge.wire import Wire, varint
+from kvmesh.link.request import publish_head, publish_request
 from kvmesh.v1 import index_pb2 as pb
 
 

@@ -1,4 +1,4 @@
-"""The thread a bridge process heartbeats from: its own event loop, apart from the ingest loop.
+"""The thread a link heartbeats from: its own event loop, apart from the events loop.
 
 Why: the ingest loop (every engine's subscriber and event publisher) runs flat out past
 capacity, and a heartbeat queued behind thousands of batches arrives late; the service then
