@@ -5,7 +5,7 @@ a ``Subscriber`` reading the rank's events into it, an ``EngineLink`` publishing
 state emits and heartbeating the load a ``LoadSource`` scrapes (ranks sharing a ``/metrics``
 URL share one ``Scraper``). ``serve`` runs them until ``stop`` is set or SIGINT/SIGTERM.
 The links heartbeat (and scrape) from one ``BeatThread``, apart from the ingest loop, so
-that a bridge past capacity keeps its engines live (``bridge.link`` has the contract).
+that a bridge past capacity keeps its engines live (``kvmesh.link.link`` has the contract).
 """
 from __future__ import annotations
 
