@@ -12,20 +12,15 @@ nothing is applied twice or missed. Replicas are interchangeable: a call that
 (:class:`~kvmesh.link.conn.Conn`), after a jittered backoff.
 
 Two tasks: the events task (resyncs, publishes; on the loop that calls :meth:`Link.queue`)
-and the beat task (registrations, heartbeats), which never waits on events, so no publish
-problem takes a healthy worker out of routing. With ``beats`` (a ``BeatThread``) the beat
-task runs on that thread's loop with a channel of its own, so a busy events loop never
-starves it; it only reads the events side's numbers, raises its flags (``registered``,
-``need_sync``: set after the service answered) and wakes it thread-safely. A heartbeat whose
-resync answer raced a publish or snapshot (the index may be ahead of the ``last_seq`` it
-carried) is no evidence of a lost index: it is rechecked by a heartbeat soon after, never
-obeyed. Details: ``docs/architecture.md``.
+and the beat task (registrations, heartbeats: :mod:`kvmesh.link.beats`), which never waits
+on events, so no publish problem takes a healthy worker out of routing. A resync a heartbeat
+answer asks for while a publish raced it is rechecked, never obeyed. Details:
+``docs/architecture.md``.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import logging
 import secrets
 import time
@@ -36,7 +31,8 @@ import grpc
 import grpc.aio
 
 from kvmesh.link.backlog import Backlog, BatchLimits
-from kvmesh.link.beat_thread import BeatThread
+from kvmesh.link.beat_thread import BeatThread, wake
+from kvmesh.link.beats import Beats
 from kvmesh.link.conn import Conn, Stub
 from kvmesh.link.feed import Feed
 from kvmesh.link.request import publish_head, publish_request
@@ -47,29 +43,11 @@ log = logging.getLogger("kvmesh.link")
 
 # A publish refused for what it carries: sending it again can never succeed.
 REFUSED = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT)
-EAGER_BEAT_S = 0.1  # the soonest a heartbeat follows another (a load change, a recheck)
 E = TypeVar("E")
 T = TypeVar("T")
 
 
-def _set(loop: asyncio.AbstractEventLoop | None, event: asyncio.Event) -> None:
-    """Set ``event`` of ``loop`` from any thread (nothing once the loop is gone)."""
-    if loop is None or loop.is_closed():
-        return
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:
-        event.set()
-        return
-    try:
-        loop.call_soon_threadsafe(event.set)
-    except RuntimeError:
-        pass  # closed meanwhile: nobody waits any more
-
-
-class Link(Generic[E]):
+class Link(Beats, Generic[E]):
     """Keeps the index in step with one worker until :meth:`close`.
 
     Batches carry at most ``batch_max`` events and ``batch_max_hashes`` block hashes (below
@@ -149,11 +127,7 @@ class Link(Generic[E]):
 
     def _wake(self) -> None:
         """Wake the events task (any thread)."""
-        _set(self._loop, self._kick)
-
-    def _wake_beats(self) -> None:
-        """Wake the beat task (any thread): a registration or a load change to tell."""
-        _set(self._beat_loop, self._beat_kick)
+        wake(self._loop, self._kick)
 
     # --- tasks ----------------------------------------------------------------------------
 
@@ -174,84 +148,6 @@ class Link(Generic[E]):
     def _side_tasks(self) -> Iterable[Coroutine[Any, Any, None]]:
         """More coroutines to run on the events loop beside the link's own."""
         return ()
-
-    async def _beats_apart(self) -> None:
-        """The beat task on the beat thread, through a channel of its own."""
-        self.beat_conn = self.conn.twin()
-        try:
-            await self._beats(self.beat_conn)
-        finally:
-            await self.beat_conn.close()
-
-    def _eager(self) -> bool:
-        return self._recheck or self.feed.load_changed(self._beat_load)
-
-    async def _beats(self, conn: Conn) -> None:
-        """Register when needed and heartbeat every ``heartbeat_s`` (early on a load change
-        or a recheck, at most every ``EAGER_BEAT_S``); nothing here waits on events."""
-        self._beat_loop = asyncio.get_running_loop()
-        backoff = Backoff()
-        due = last = hold = 0.0
-        while not self._closed:
-            now = time.monotonic()
-            eager = self._eager() and now - last >= EAGER_BEAT_S
-            if now >= hold and (not self.registered or now >= due or eager):
-                sent = await self._beat(conn, backoff)
-                if sent is False:
-                    continue
-                if sent is None:  # nothing true to tell now: look again in a heartbeat
-                    hold = due = now + self.heartbeat_s
-                else:
-                    last = time.monotonic()
-                    due = last + self.heartbeat_s
-            wait = max(0.0, due - time.monotonic())
-            if self._eager():
-                wait = min(wait, max(0.0, last + EAGER_BEAT_S - time.monotonic()))
-            self._beat_kick.clear()
-            try:
-                await asyncio.wait_for(self._beat_kick.wait(), timeout=wait)
-            except TimeoutError:
-                pass
-
-    async def _beat(self, conn: Conn, backoff: Backoff) -> bool | None:
-        """One registration or heartbeat: True when answered, False when it failed, None
-        when none was sent (no load, a stale worker, no model to register with)."""
-        load = await self._sample()
-        if load is None:
-            return None
-        why = self.stale()
-        if why is not None:
-            self.counters["stale_beats"] += 1
-            self._warn("stale", "%s: no heartbeat while %s (it leaves routing after the "
-                       "liveness timeout)", self.worker_id, why)
-            return None
-        if self.registered:
-            return await self._attempt(functools.partial(self._heartbeat, load=load),
-                                       backoff, conn)
-        model = self.feed.model()
-        if not model:
-            self._warn("model", "%s: no model known (none given, none reported); not "
-                       "registering", self.worker_id)
-            return None
-        return await self._attempt(functools.partial(self._register, load=load, model=model),
-                                   backoff, conn)
-
-    async def _sample(self) -> index_pb2.WorkerLoad | None:
-        load = await self.feed.load()
-        if load is None:
-            self.counters["silent_beats"] += 1
-            if not self.silent:
-                log.warning("%s: no load to tell (the engine does not answer); no heartbeat "
-                            "until there is (it leaves routing after the liveness timeout)",
-                            self.worker_id)
-        elif self.silent:
-            log.info("%s: the engine answers again", self.worker_id)
-        self.silent = load is None
-        return load
-
-    def stale(self) -> str | None:
-        """Why a heartbeat now would not tell the truth about the worker, or None."""
-        return None
 
     async def _events(self) -> None:
         """Resync when needed and publish the backlog, once registered."""
@@ -300,42 +196,6 @@ class Link(Generic[E]):
                         err.details())
 
     # --- calls ----------------------------------------------------------------------------
-
-    async def _register(self, stub: Stub, *, load: index_pb2.WorkerLoad, model: str) -> None:
-        self.register_req.model = model
-        self.register_req.load.CopyFrom(load)
-        resp = await stub.RegisterWorker(self.register_req, timeout=self.timeout,
-                                         metadata=self.metadata)
-        if resp.heartbeat_interval_ms:
-            self.heartbeat_s = resp.heartbeat_interval_ms / 1000
-        if resp.liveness_timeout_ms:
-            self.liveness_s = resp.liveness_timeout_ms / 1000
-        self.limits.reset()
-        self.acked_at = time.monotonic()  # a fresh index: nothing was waiting for it
-        self.need_sync = True  # a snapshot after every registration (set first: see above)
-        self.registered = True
-        self.counters["registrations"] += 1
-        self._wake()
-
-    async def _heartbeat(self, stub: Stub, *, load: index_pb2.WorkerLoad) -> None:
-        self._beat_load = load
-        self._recheck = False
-        quiet, epoch = self._inflight == 0, self._epoch
-        resp = await stub.Heartbeat(index_pb2.HeartbeatRequest(
-            worker_id=self.worker_id, load=load, last_seq=self.last_seq,
-            incarnation=self.incarnation), timeout=self.timeout, metadata=self.metadata)
-        self.counters["heartbeats"] += 1
-        if resp.reregister:
-            self.registered = False
-        elif resp.resync and not (quiet and epoch == self._epoch):
-            # A publish or sync overlapped this beat: the index may be ahead of the
-            # last_seq it carried. Not evidence of a lost index: ask again soon instead.
-            self.counters["beat_resync_deferred"] += 1
-            self._recheck = True
-            return
-        if resp.resync:
-            self.need_sync = True
-            self._wake()
 
     async def _rpc(self, call: Callable[..., Awaitable[T]], req: object, timeout: float) -> T:
         """A Publish or Sync call, counted as in flight (see :meth:`_heartbeat`)."""

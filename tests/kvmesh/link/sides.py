@@ -2,6 +2,7 @@
 whose pool makes the events) and a bridge rank (an ``EngineState`` fed vLLM batches)."""
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from bridge.engine_state import EngineState
@@ -23,6 +24,7 @@ class WorkerSide:
         from worker.engine.async_engine import AsyncEngine
         self.runner = AsyncEngine(Engine.from_pretrained("tiny", block_size=BS,
                                                          num_blocks=4096)).start()
+        self.seen = 0  # the last event seq that reached the link
         self.link: Link
 
     def make(self, addresses: list[str], *, max_pending: int | None = None,
@@ -30,15 +32,26 @@ class WorkerSide:
         from worker.index_link import ServiceLink
         if max_pending is not None:
             opts["max_pending_blocks"] = max_pending
-        self.link = ServiceLink(addresses, self.runner, worker_id="w0", address="127.0.0.1:1",
-                                model="tiny", root_hash=none_hash(), **opts)
-        return self.link
+        self.link = link = ServiceLink(addresses, self.runner, worker_id="w0",
+                                       address="127.0.0.1:1", model="tiny",
+                                       root_hash=none_hash(), **opts)
+        queue = link.queue
+
+        def seen(events: list) -> None:  # what reached the link, queued or not
+            if events:
+                self.seen = events[-1].seq
+            queue(events)
+        link.queue = seen
+        return link
 
     async def produce(self, r: int, n: int = 10) -> None:
-        """``n`` requests of round ``r``, two full blocks each; their events reach the link."""
+        """``n`` requests of round ``r``, two full blocks each; returns once their events
+        reached the link (the engine thread collects them after its jobs)."""
         batch = [[r, i, 5, 6, 7, 8, 9, 10, 11] for i in range(n)]
-        await self.runner.call(lambda e: e.generate(batch, max_tokens=1))
-        await self.runner.call(lambda e: None)  # the collect after the batch posted before
+        last = await self.runner.call(lambda e: (e.generate(batch, max_tokens=1),
+                                                 e.kv.pool.last_seq)[1])
+        while self.seen < last:
+            await asyncio.sleep(0.002)
 
     @property
     def seq(self) -> int:
