@@ -20,11 +20,8 @@ E = TypeVar("E")
 
 
 class Feed(Protocol[E]):
-    """The data source of one link (``E``: the side's event type)."""
-
-    def hashes(self, ev: E) -> int:
-        """The block hashes ``ev`` carries (its weight in the backlog is 1 + that)."""
-        ...
+    """The data source of one link (``E``: the side's event type; how many block hashes
+    one carries is the link's ``Backlog``'s to say)."""
 
     def wire(self, batch: Sequence[E]) -> Sequence[index_pb2.KvEvent | Framed]:
         """``batch`` as ``PublishEvents`` carries it, in order, seqs kept."""
