@@ -142,8 +142,8 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     from worker.engine.async_engine import AsyncEngine
     from worker.engine.engine import Engine
     from worker.engine.scheduler import SchedulerConfig
+    from worker.index_link import ServiceLink
     from worker.rpc.server import create_server
-    from worker.service_link import ServiceLink
 
     curve = vllm_curve(opts)  # before the model loads (it reads --token/--access-token)
     router_token = opts.token  # only derives this worker's own access token; not kept

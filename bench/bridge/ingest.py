@@ -3,7 +3,7 @@
 ``python -m bench.bridge.ingest`` times what one bridge process does per engine batch, apart
 from ZMQ and gRPC themselves: ``EngineState.ingest`` (msgpack decode, seq checks, rehash,
 copy counting, index events) and the ``PublishEventsRequest`` the link would send, built from
-the queued index events as the link builds it (``service_conn.publish_request``: the bytes
+the queued index events as the link builds it (``kvmesh.link.publish_request``: the bytes
 gRPC sends), one request per ``--per-request`` batches; the states are built as the bridge
 process builds them (``bridge_state``). Time is process CPU time, so the figure does not depend on
 what else this host runs; it is the bridge's capacity per CPU-second.
@@ -34,9 +34,9 @@ import typer
 
 from bench.bridge.load import VOCAB, Steps
 from bridge.engine_state import EngineState
-from bridge.service_conn import publish_head, publish_request
 from kvmesh.events import vllm as ve
 from kvmesh.hashing import DEFAULT_ALGO, chain_hashes, none_hash
+from kvmesh.link import publish_head, publish_request
 
 
 def payloads(batches: int, engines: int, blocks: int, block_size: int, window: int,

@@ -27,11 +27,11 @@ from collections.abc import Callable
 import typer
 
 from bench.bridge.ingest import bridge_state, compare, load_args, payloads
-from bridge.beat_thread import BeatThread
 from bridge.link import EngineLink
 from deploy.process import ServerProcess
 from deploy.waiting import wait_until
 from kvmesh.hashing import DEFAULT_ALGO, chain_hashes, none_hash
+from kvmesh.link import BeatThread
 
 
 async def feed(address: str, work: list[tuple[int, int, bytes]], engines: int,

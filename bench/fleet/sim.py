@@ -7,7 +7,7 @@ then allocate the rest in chunks of ``chunk_tokens`` (each chunk caches its full
 once, so ``BlockStored`` events come per chunk and evictions interleave), paced to
 ``tokens_per_s`` prefilled (uncached) tokens. A finished prompt keeps its blocks while it
 "decodes" among the last ``running`` requests, then frees them (they stay cached until
-evicted). The events are the manager's own; the link is :class:`worker.service_link.
+evicted). The events are the manager's own; the link is :class:`worker.index_link.
 ServiceLink`, unchanged, on the bench's event loop: it registers, heartbeats the load below,
 batches the events and resyncs with snapshots exactly as a worker process does.
 
@@ -24,8 +24,8 @@ from typing import Any
 
 from bench.replay.trace import TokenSynth, TraceRequest
 from kvmesh.events.pool import PoolEvent
+from worker.index_link import ServiceLink
 from worker.kv_cache import KVCacheManager, KVRequest
-from worker.service_link import ServiceLink
 
 
 def entries(ev: PoolEvent) -> int:

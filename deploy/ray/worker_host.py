@@ -66,7 +66,7 @@ class WorkerHost:
         self.config = config
         self.address = ""
         self.runner: Any = None      # worker.engine.async_engine.AsyncEngine once started
-        self.link: Any = None        # worker.service_link.ServiceLink
+        self.link: Any = None        # worker.index_link.ServiceLink
         self._server: Any = None
         self._link_task: asyncio.Task[None] | None = None
 
@@ -78,8 +78,8 @@ class WorkerHost:
         from worker.engine.async_engine import AsyncEngine
         from worker.engine.engine import Engine
         from worker.engine.scheduler import SchedulerConfig
+        from worker.index_link import ServiceLink
         from worker.rpc.server import create_server
-        from worker.service_link import ServiceLink
 
         cfg = self.config
         # vLLM's rule, read in this process: --hash-seed, else PYTHONHASHSEED, else the default.

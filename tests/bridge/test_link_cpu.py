@@ -8,7 +8,7 @@ import gc
 import pytest
 
 from bridge.main import quiet_gc
-from bridge.service_conn import publish_head, publish_request
+from kvmesh.link.request import publish_head, publish_request
 from kvmesh.v1 import index_pb2 as pb
 
 

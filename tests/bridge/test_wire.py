@@ -8,8 +8,8 @@ from __future__ import annotations
 from bench.bridge.ingest import payloads
 from bridge.engine_state import EngineState
 from bridge.pending import Pending
-from bridge.service_conn import publish_head, publish_request
 from kvmesh.events.wire import Wire
+from kvmesh.link.request import publish_head, publish_request
 from kvmesh.v1 import index_pb2 as pb
 
 

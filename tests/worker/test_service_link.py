@@ -20,8 +20,8 @@ from service.server import create_server as create_service
 from tests.ports import free_port
 from worker import Engine
 from worker.engine.async_engine import AsyncEngine
+from worker.index_link import ServiceLink
 from worker.outbox import Outbox
-from worker.service_link import ServiceLink
 
 
 def prompts(r: int, n: int = 50) -> list[list[int]]:

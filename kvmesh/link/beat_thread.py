@@ -1,4 +1,4 @@
-"""The thread a bridge process heartbeats from: its own event loop, apart from the ingest loop.
+"""The thread a link heartbeats from: its own event loop, apart from the events loop.
 
 Why: the ingest loop (every engine's subscriber and event publisher) runs flat out past
 capacity, and a heartbeat queued behind thousands of batches arrives late; the service then
@@ -12,7 +12,7 @@ Contract: :meth:`submit` runs a coroutine on this loop and returns a
 ``concurrent.futures.Future`` (cancelling it cancels the coroutine); :meth:`call` runs one
 and waits for it from another loop; :meth:`stop` cancels what still runs and joins the
 thread. Objects bound to a loop (gRPC aio channels, asyncio locks) used here must be created
-and used here only.
+and used here only; :func:`wake` sets an event of one loop from any thread.
 """
 from __future__ import annotations
 
@@ -71,3 +71,21 @@ class BeatThread:
             pass  # a task that ignores cancellation: the loop stops under it
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout)
+
+
+def wake(loop: asyncio.AbstractEventLoop | None, event: asyncio.Event) -> None:
+    """Set ``event`` of ``loop`` from any thread (nothing once the loop is gone)."""
+    if loop is None or loop.is_closed():
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        event.set()
+        return
+    try:
+        loop.call_soon_threadsafe(event.set)
+    except RuntimeError:
+        pass  # closed meanwhile: nobody waits any more
+
