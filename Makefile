@@ -22,11 +22,14 @@ $(STAMP): pyproject.toml setup.py kvmesh/_chain.c
 	touch $(STAMP)
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --hypothesis-profile=full
 
-# The edit loop: everything but the tests that start processes, Redis, Ray or clusters.
+# The edit loop: no `integration` tests (they start processes, Redis, Ray or clusters), no
+# `slow` ones, property tests under the light hypothesis profile (tests/conftest.py); it
+# prints the slowest tests so that a new slow one is seen.
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not integration"
+	$(BIN)/python -m pytest -q -m "not integration and not slow" --hypothesis-profile=fast \
+		--durations=15
 
 demo: install
 	$(BIN)/kvmesh demo

@@ -133,6 +133,7 @@ def test_a_dropped_message_is_filled_by_replay() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_a_full_replay_buffer_arrives_whole() -> None:
     """vLLM keeps 10,000 batches and its ROUTER drops replies past its high-water mark: the
     bridge takes them all in one replay."""
