@@ -216,6 +216,7 @@ def test_an_engine_restart_leaves_no_stale_entry(publish_first: bool) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replay_later", [True, False], ids=["replay-late", "replay-never"])
 def test_after_a_disconnect_the_expected_seq_from_a_new_process_is_checked_first(
         replay_later: bool) -> None:
