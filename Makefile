@@ -25,11 +25,13 @@ test: install
 	$(BIN)/python -m pytest -q --hypothesis-profile=full
 
 # The edit loop: no `integration` tests (they start processes, Redis, Ray or clusters), no
-# `slow` ones, property tests under the light hypothesis profile (tests/conftest.py); it
-# prints the slowest tests so that a new slow one is seen.
+# `slow` ones, property tests under the light hypothesis profile (tests/conftest.py), on two
+# xdist workers (a test file stays on one worker, so its module fixtures start once); it
+# prints the slowest tests so that a new slow one is seen. Bytecode is cached even where the
+# environment says not to: compiling and assert-rewriting every module again costs ~8 s a run.
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not integration and not slow" --hypothesis-profile=fast \
-		--durations=15
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -m "not integration and not slow" \
+		--hypothesis-profile=fast -n 2 --dist loadfile --durations=15
 
 demo: install
 	$(BIN)/kvmesh demo
