@@ -64,9 +64,11 @@ def _lighten(item: pytest.Item) -> None:
     """Cap a property test's own settings at the loaded profile's examples and steps: an
     explicit ``@settings(max_examples=300)`` wins over any profile, so the cap is applied to
     the settings hypothesis reads when the test runs (``@given``'s, or a state machine's
-    ``TestCase.settings``)."""
+    ``TestCase.settings``). ``@given``'s is a private attribute: should hypothesis rename it,
+    the cap stops applying and the loop gets slower, never weaker."""
     cap = settings.default
-    fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+    fn = getattr(item, "obj", None)
+    fn = getattr(fn, "__func__", fn)  # a method's function carries the settings
     if getattr(fn, "_hypothesis_state_machine_class", None) is not None and item.cls:
         target, attr = item.cls, "settings"
     elif hasattr(fn, "_hypothesis_internal_use_settings"):
