@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -42,6 +43,7 @@ def test_walk_counts_consecutive_blocks_per_worker_and_tier() -> None:
     assert pipelined.walk([None, v(a=1)], live, None) == {}
 
 
+@pytest.mark.integration
 def test_index_bench_lookups_agree_on_real_redis() -> None:
     res = run(entries=2000, layout=TINY, queries=20, tail_blocks=2)
     assert res["identical"] and res["correct"] and res["correct_after_evictions"]
@@ -54,6 +56,7 @@ def test_index_bench_lookups_agree_on_real_redis() -> None:
     assert res["lookup_server_us_per_block"] > 0 and res["apply_server_us_per_entry"] > 0
 
 
+@pytest.mark.integration
 def test_index_command_prints_json() -> None:
     app = typer.Typer()
     index_cmd.register(app)

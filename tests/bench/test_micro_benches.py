@@ -1,4 +1,6 @@
 """The micro-benchmarks run and their comparisons hold at a small size."""
+import pytest
+
 from bench import hashing, worker
 
 
@@ -8,6 +10,7 @@ def test_hashing_bench_is_byte_identical_and_reports_ratios():
     assert all(r["blocks"] == 16 and r["speedup"] > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_worker_bench_cache_hit_cuts_ttft():
     import torch
 

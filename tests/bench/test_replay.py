@@ -157,6 +157,7 @@ def test_cli_json_lines_have_the_fields(small_trace: Path) -> None:
         assert x["requests"] == 20 and 0 <= x["token_hit_rate"] < 1
 
 
+@pytest.mark.slow
 def test_cli_all_policies_table_and_plot(small_trace: Path, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     pytest.importorskip("ray.llm._internal.serve.routing_policies.prefix_aware.prefix_tree")

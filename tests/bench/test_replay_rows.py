@@ -111,6 +111,7 @@ def test_against_an_older_revision_shows_where_the_code_differs() -> None:
     assert same_figures(now, head)
 
 
+@pytest.mark.slow
 def test_cli_variants_and_against_rows(small_trace: Path) -> None:
     revision_or_skip("HEAD")
     out = CliRunner().invoke(cli(), [

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench import route
 from bench.route.fleet import index_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.integration
 def test_route_bench_reports_every_size_and_the_breakdown() -> None:
     # the baseline replica: this very tree, routed with the old repeated token_ids field
     res = route.run(workers=2, routes=8, rounds=2, threads=2, duration_s=0.6,

@@ -12,6 +12,7 @@ import struct
 import threading
 import time
 
+import pytest
 import zmq
 import zmq.asyncio
 
@@ -167,6 +168,7 @@ def rss_mib() -> float:
     return 0.0
 
 
+@pytest.mark.slow
 def test_a_subscriber_fed_an_endless_replay_keeps_its_memory_bounded() -> None:
     """The defaults: 1 MiB replies without end (repro 07 grew the bridge 609 MiB); the
     subscriber holds one capped answer at a time and keeps resyncing."""
@@ -242,6 +244,7 @@ def big_batch(target: int, block_size: int = 16) -> bytes:
     return ve.encode_batch(ve.KVEventBatch(ts=time.time(), events=events))
 
 
+@pytest.mark.slow
 def test_a_ten_megabyte_batch_does_not_stall_the_other_engines() -> None:
     """Repro 07's second half: one 10 MB batch held the shared ingest loop 0.66 s. Applied
     in slices, the loop turns (a ticker, as the link's watchdog) and another engine's

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from bridge.lag import Lag
 from kvmesh.events import vllm as ve
 from tests.bridge.fake_vllm import FakeEngine
@@ -64,6 +66,7 @@ def test_a_backlog_with_a_removal_past_the_bound_clears_and_resumes_from_the_new
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_a_backlog_of_stores_only_is_applied_whole_however_late() -> None:
     async def main():
         pub, rep = ports()
@@ -81,6 +84,7 @@ def test_a_backlog_of_stores_only_is_applied_whole_however_late() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_a_skewed_engine_clock_is_not_lag_and_a_step_back_costs_one_clear() -> None:
     async def main():
         pub, rep = ports()

@@ -133,6 +133,7 @@ def test_a_dropped_message_is_filled_by_replay() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_a_full_replay_buffer_arrives_whole() -> None:
     """vLLM keeps 10,000 batches and its ROUTER drops replies past its high-water mark: the
     bridge takes them all in one replay."""
@@ -215,6 +216,7 @@ def test_an_engine_restart_leaves_no_stale_entry(publish_first: bool) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replay_later", [True, False], ids=["replay-late", "replay-never"])
 def test_after_a_disconnect_the_expected_seq_from_a_new_process_is_checked_first(
         replay_later: bool) -> None:

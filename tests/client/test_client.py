@@ -172,6 +172,7 @@ def test_generate_restarts_a_broken_stream_on_the_next_candidate(cluster, make_c
     assert broken.requests[0].request_id == good.requests[0].request_id
 
 
+@pytest.mark.slow
 def test_generate_fails_over_on_deadline(cluster, make_client) -> None:
     slow, good = FakeWorker("w1", mode="hang"), FakeWorker("w2")
     index = FakeIndex([candidate("w1", cluster.worker(slow)),

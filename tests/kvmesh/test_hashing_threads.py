@@ -14,6 +14,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 HAMMER = textwrap.dedent("""
@@ -82,6 +84,7 @@ HAMMER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_eight_threads_hash_like_the_reference():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", HAMMER, "10", "8", "6"], env=env, cwd=ROOT,

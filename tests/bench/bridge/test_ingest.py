@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from bench.bridge.ingest import measure, payloads
 from kvmesh.events import vllm as ve
 
@@ -35,6 +37,7 @@ def test_bulk_removals_are_one_event_a_batch() -> None:
     assert measure(work, engines=1, block_size=4, per_request=1)["removed_blocks"] == 6 * 4
 
 
+@pytest.mark.integration
 def test_against_a_revision_runs_both_codes() -> None:
     out = subprocess.run([sys.executable, "-m", "bench.bridge.ingest", "--batches", "40",
                           "--repeat", "1", "--rounds", "1", "--against", "HEAD"],

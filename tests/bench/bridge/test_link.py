@@ -6,7 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.integration
 def test_every_event_reaches_the_index_by_publish() -> None:
     out = subprocess.run([sys.executable, "-m", "bench.bridge.link", "--batches", "400",
                           "--engines", "2", "--blocks", "16", "--requests", "1",

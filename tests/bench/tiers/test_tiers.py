@@ -139,6 +139,7 @@ def test_setup_sizes_the_lower_tiers_from_the_device_pool() -> None:
     assert (bound.capacity_blocks, bound.cpu_blocks, bound.disk_blocks) == (800, 0, 0)
 
 
+@pytest.mark.slow
 def test_cli_json_and_table_with_goals(small_trace: Path, tmp_path: Path,
                                        make_trace: Callable[..., Path]) -> None:
     app = typer.Typer()

@@ -64,6 +64,7 @@ def test_chunked_body_is_cut_off_at_the_limit(stack: Stack) -> None:
     assert stack.index.routes == []
 
 
+@pytest.mark.slow
 def test_tenant_over_its_concurrency_cap_gets_429_while_others_are_served(stack: Stack) -> None:
     """Attack: acme holds its only slot with a request that hangs on a worker; acme's next
     request is refused with 429 and Retry-After, globex is served, and acme is served again
@@ -166,6 +167,7 @@ def test_streams_give_their_slots_back(stack: Stack) -> None:
     wait_until(lambda: slots.in_use("addr\0127.0.0.1") == 0, timeout=10)
 
 
+@pytest.mark.slow
 def test_without_tenant_keys_the_429_says_the_tenant_is_the_client_address(
         stack: Stack) -> None:
     """aiperf at 40 concurrent requests from one host saw 39-44% 429s: the answer names the

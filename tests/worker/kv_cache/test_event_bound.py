@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import tracemalloc
 
+import pytest
+
 from kvmesh.events.pool import PoolCleared, PoolRemoved, PoolStored
 from worker import Engine
 
@@ -23,6 +25,7 @@ def engine() -> Engine:
     return e
 
 
+@pytest.mark.slow
 def test_an_engine_without_a_reader_keeps_bounded_events():
     e = engine()
     e.generate(prompts(0), max_tokens=1)  # warm up: lazy allocations of the first run

@@ -407,6 +407,7 @@ def test_tiered_output_equals_transformers(tmp_path):
     e.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_random_traffic_with_failing_copies_aborts_and_damaged_files(tiny, tmp_path, seed):
     """Shared prefixes under a tiny pool, copies that fail at random (onboards, offloads,

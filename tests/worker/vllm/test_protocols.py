@@ -19,6 +19,7 @@ from tests.http_engines import BS, HttpWorker
 from tests.ports import free_port
 from tests.tokenizer_dirs import HEADERS, byte_tokenizer_dir
 
+pytestmark = pytest.mark.integration  # a real worker process
 LORA = ("sql", "/adapters/sql")
 PROMPT = list(range(10, 10 + 5 * BS + 1))
 

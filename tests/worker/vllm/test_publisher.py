@@ -94,6 +94,7 @@ async def _replay(ctx: zmq.asyncio.Context, endpoint: str, start: int = 0,
         dealer.close(linger=0)
 
 
+@pytest.mark.slow
 def test_with_curve_only_a_listed_bridge_reads_the_events(keys):
     """CURVE sockets: a bridge subscriber with a listed key indexes the tenant's blocks (live
     and by replay); a plain client and a CURVE client with another key get nothing."""
@@ -174,6 +175,7 @@ def test_one_replay_request_is_capped_in_batches_and_bytes():
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_a_caller_repeating_replays_is_bounded():
     """A full replay when a consumer connects and a second one after a restart are served;
     one caller asking again and again gets no more until its budget refills, new connections
