@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from kvmesh.hashing import ALGOS, DEFAULT_ALGO
+from kvmesh.contract import ALGOS, DEFAULT_ALGO
 from kvmesh.ops import cli_options as opt
 
 # The worker credential, as `kvmesh worker --service-token` (never the router token);

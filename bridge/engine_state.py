@@ -49,9 +49,9 @@ from bridge.batch_slices import slices, units
 from bridge.copies import Copies
 from bridge.extra_keys import Unroutable, block_extra, event_lora
 from bridge.index_events import IndexEvents, snapshot_runs
-from kvmesh.contract import TIERS
+from kvmesh.contract import DEFAULT_ALGO, TIERS
 from kvmesh.events import vllm as ve
-from kvmesh.hashing import DEFAULT_ALGO, Extra, Lora, chain_hashes, compiled_chain, none_hash
+from kvmesh.hashing import Extra, Lora, chain_hashes, compiled_chain, none_hash
 from kvmesh.v1 import index_pb2
 
 TIER_INDEX = {t: i for i, t in enumerate(TIERS)}  # positions in PB_TIERS

@@ -23,8 +23,9 @@ from bridge.link import EngineLink
 from bridge.metrics import BridgeMetrics
 from bridge.subscriber import Subscriber
 from bridge.supervisor import supervise
+from kvmesh.contract import DEFAULT_ALGO
 from kvmesh.events.zmq_curve import CurveClient
-from kvmesh.hashing import DEFAULT_ALGO, none_hash, resolve_seed
+from kvmesh.hashing import none_hash, resolve_seed
 from kvmesh.link.beat_thread import BeatThread
 from kvmesh.rpc.tls import TlsFiles
 

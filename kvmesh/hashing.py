@@ -8,7 +8,7 @@ Processes pick the seed at start with ``resolve_seed``, by vLLM's rule: ``--hash
 ``PYTHONHASHSEED``, else ``"vllm-none-hash"`` (sha256 algorithms only; see there for xxhash).
 
 Algorithms (the names vLLM uses for ``--prefix-caching-hash-algo``; the names, the default and
-the digest sizes are ``kvmesh.contract``'s, and ``ALGOS`` / ``DEFAULT_ALGO`` read from here too):
+the digest sizes are ``kvmesh.contract``'s):
 
 - ``sha256``: pickle at the highest protocol, SHA-256 (32 bytes)
 - ``sha256_cbor``: canonical CBOR, SHA-256 (32 bytes); the default, reproducible anywhere

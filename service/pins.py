@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from kvmesh.contract import DIGEST_BYTES
 from kvmesh.rpc.auth import worker_access_token, worker_pin_token
 from kvmesh.rpc.channel import Dialer
 from kvmesh.rpc.tls import TlsFiles
@@ -41,7 +42,7 @@ from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 from service import worker_tokens
 from service.config import ServiceConfig
-from service.index.base import DIGEST_BYTES, BlockMatch, WorkerRecord
+from service.index.base import BlockMatch, WorkerRecord
 from service.liveness import WorkerTable
 from service.policy import Policy, WorkerView
 from service.route_steps import live_groups

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from kvmesh.hashing import ALGOS, lora_key
+from kvmesh.contract import ALGOS, DIGEST_BYTES
+from kvmesh.hashing import lora_key
 from kvmesh.v1 import index_pb2 as pb
 from service.config import POLICIES, ServiceConfig
 from service.index.base import (
-    DIGEST_BYTES,
     IndexCleared,
     IndexEvent,
     IndexRemoved,

@@ -34,8 +34,9 @@ import typer
 
 from bench.bridge.load import VOCAB, Steps
 from bridge.engine_state import EngineState
+from kvmesh.contract import DEFAULT_ALGO
 from kvmesh.events import vllm as ve
-from kvmesh.hashing import DEFAULT_ALGO, chain_hashes, none_hash
+from kvmesh.hashing import chain_hashes, none_hash
 from kvmesh.link import publish_head, publish_request
 
 

@@ -30,7 +30,8 @@ from bench.bridge.ingest import bridge_state, compare, load_args, payloads
 from bridge.link import EngineLink
 from deploy.process import ServerProcess
 from deploy.waiting import wait_until
-from kvmesh.hashing import DEFAULT_ALGO, chain_hashes, none_hash
+from kvmesh.contract import DEFAULT_ALGO
+from kvmesh.hashing import chain_hashes, none_hash
 from kvmesh.link import BeatThread
 
 

@@ -28,8 +28,9 @@ import zmq.asyncio
 from bench.bridge.ingest import bridge_state, compare, load_args, payloads
 from bridge.engine_state import EngineState
 from bridge.subscriber import Subscriber
+from kvmesh.contract import DEFAULT_ALGO
 from kvmesh.events import vllm as ve
-from kvmesh.hashing import DEFAULT_ALGO, chain_hashes, none_hash
+from kvmesh.hashing import chain_hashes, none_hash
 
 
 class _Timed(EngineState):

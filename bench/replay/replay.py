@@ -37,9 +37,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvmesh.contract import CONSISTENT_HASH, LEAST_LOADED, RANDOM, ROUND_ROBIN, TIER_PB
+from kvmesh.contract import (
+    CONSISTENT_HASH,
+    DEFAULT_ALGO,
+    LEAST_LOADED,
+    RANDOM,
+    ROUND_ROBIN,
+    TIER_PB,
+)
 from kvmesh.events.pool import PoolEvent, PoolRemoved, PoolStored
-from kvmesh.hashing import DEFAULT_ALGO
 from service.config import CostWeights
 from service.index import IndexBackend, open_backend
 from service.index.base import (

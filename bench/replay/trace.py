@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvmesh.hashing import DEFAULT_ALGO, Lora, extend_block_hashes, none_hash
+from kvmesh.contract import DEFAULT_ALGO
+from kvmesh.hashing import Lora, extend_block_hashes, none_hash
 
 CHUNK_TOKENS = 512
 DEFAULT_VOCAB = 32_000  # Llama-2's vocabulary (the Mooncake paper's model family)

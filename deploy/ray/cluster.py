@@ -60,8 +60,8 @@ from deploy.ray.worker_host import WorkerConfig
 from deploy.start_checks import check_model
 from deploy.stopping import budget
 from deploy.waiting import wait_until
-from kvmesh.contract import DEFAULT_POLICY, POLICIES
-from kvmesh.hashing import DEFAULT_ALGO, resolve_seed
+from kvmesh.contract import DEFAULT_ALGO, DEFAULT_POLICY, POLICIES
+from kvmesh.hashing import resolve_seed
 from kvmesh.rpc.auth import worker_access_token
 
 NAMESPACE = "kvmesh"

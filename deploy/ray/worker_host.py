@@ -74,7 +74,8 @@ class WorkerHost:
         """Build and serve; returns once the gRPC server is up (address known)."""
         import ray
 
-        from kvmesh.hashing import DEFAULT_ALGO, none_hash, resolve_seed
+        from kvmesh.contract import DEFAULT_ALGO
+        from kvmesh.hashing import none_hash, resolve_seed
         from worker.engine.async_engine import AsyncEngine
         from worker.engine.engine import Engine
         from worker.engine.scheduler import SchedulerConfig

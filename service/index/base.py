@@ -55,8 +55,6 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from urllib.parse import quote
 
-# DIGEST_BYTES re-exported (``as``): the service's modules have always read it from here
-from kvmesh.contract import DIGEST_BYTES as DIGEST_BYTES
 from kvmesh.contract import TIER_PB, TIERS
 
 TIER_GPU, TIER_CPU, TIER_DISK = (TIER_PB[t] for t in TIERS)  # the wire's Tier values

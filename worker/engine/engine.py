@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from kvmesh.hashing import DEFAULT_ALGO, Lora, MMItem, block_hashes, lora_key, none_hash
+from kvmesh.contract import DEFAULT_ALGO
+from kvmesh.hashing import Lora, MMItem, block_hashes, lora_key, none_hash
 from worker.engine.costs import CostMeter, calibrate
 from worker.engine.sampler import sample
 from worker.engine.scheduler import Scheduled, Scheduler, SchedulerConfig

@@ -54,8 +54,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
+from kvmesh.contract import ALGOS, DEFAULT_ALGO
 from kvmesh.events.pool import CacheSnapshot, PoolEvent
-from kvmesh.hashing import ALGOS, DEFAULT_ALGO, extend_block_hashes, extra_keys
+from kvmesh.hashing import extend_block_hashes, extra_keys
 
 from .block import Extra, KVCacheBlock
 from .block_pool import BlockPool
