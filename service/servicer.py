@@ -2,10 +2,13 @@
 keeps (the worker table, metrics, round-robin counter) is a cache or per-replica statistics.
 
 A dispatcher only: each handler validates and hands its request to ``WorkerFeed`` (worker
-calls), ``Router`` (Route, Stats) or ``PinService`` (pins). Every handler goes through
-:func:`_rpc`, so none answers UNKNOWN; the status codes are the service's error contract.
-Route and Stats never fail because of the backend (degraded answers). A rejected request
-changes nothing. Time comes from the injected ``clock`` only.
+calls), ``Router`` (Route, Stats) or ``PinService`` (pins). Error contract: malformed ->
+INVALID_ARGUMENT, over a limit -> RESOURCE_EXHAUSTED, unknown worker -> NOT_FOUND, root hash
+or incarnation mismatch -> FAILED_PRECONDITION, a live worker's id from another address or
+credential -> ALREADY_EXISTS, backend down on a worker call -> UNAVAILABLE; anything else is
+a bug answered INTERNAL (:func:`_rpc`: never UNKNOWN). Route and Stats never fail because of
+the backend (degraded answers). A rejected request changes nothing. Time: the injected
+``clock`` only.
 
 See docs/architecture.md#the-service-process.
 """

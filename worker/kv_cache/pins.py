@@ -136,8 +136,8 @@ class PinTable:
 
     def _displace_automatic(self) -> bool:
         """Release the automatic-only pin least worth keeping (soonest to expire, deepest
-        first) with its descendants (automatic too: see the module docstring), for an
-        explicit pin at the cap. ``False`` if every pin is explicit."""
+        first) with its descendants (automatic too: every ancestor of an explicit pin is
+        explicit), for an explicit pin at the cap. ``False`` if every pin is explicit."""
         victims = [(p.expires_at, -p.depth, i, h)
                    for i, (h, p) in enumerate(self._pins.items()) if not p.explicit]
         if not victims:
