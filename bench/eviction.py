@@ -1,18 +1,10 @@
 """Layered eviction and automatic pinning vs vLLM's LRU: token hit rate of one worker's KV
 manager on two workloads, in simulated steps (no model; the real ``KVCacheManager``).
 
-- ``chat``: multi-turn conversations, each under one of a few shared system prompts; a turn's
-  prompt is the whole history (earlier prompts AND earlier outputs) plus a new user message,
-  so decode-generated blocks ARE reused by the next turn.
-- ``mooncake``: the Mooncake conversation trace (``../shared/traces``), prompts from its
-  hash ids; outputs are synthetic and never reused (a replay cannot know them).
+Workloads: ``chat`` (histories reuse decode-generated blocks) and ``mooncake`` (outputs never
+reused). The hit rate is the manager's own. Run: ``python -m bench.eviction [--quick] [--json]``.
 
-The loop: at most ``concurrency`` running requests; each step admits waiting requests (FIFO,
-whole prompt at once) and decodes one token of every running one; a decode that finds no
-block preempts the newest request (recompute, as the scheduler does). The hit rate is the
-manager's own (first admissions: cached prompt tokens / prompt tokens).
-
-Run: ``python -m bench.eviction [--quick] [--json]``.
+See docs/architecture.md#end-to-end-and-serving-benches.
 """
 from __future__ import annotations
 

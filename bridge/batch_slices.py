@@ -1,22 +1,11 @@
 """A large batch's events cut into slices of bounded work, applied in order, same result.
 
-``EngineState`` applies a batch larger than ``caps.SLICE_BYTES`` slice by slice so that the
-subscriber can give the shared ingest loop a turn in between (``bridge.caps`` says why).
+:func:`slices` groups the events so no slice holds more than ``size`` units, cutting an event
+into consecutive pieces (a stored piece names the previous piece's last block as parent);
+applying the slices in order gives the index the same blocks as the batch whole (only the
+recorded reason for blocks below an unroutable one may differ).
 
-Contract of :func:`slices`: the events in order, grouped so that no slice holds more than
-``size`` units (a block hash is one unit; an event with none, such as ``VllmCleared``,
-is one); an event of more than ``size`` blocks is cut into consecutive pieces. Applying the
-slices one after the other gives the index the same blocks as applying the batch whole:
-
-- a ``VllmRemoved`` piece holds the next hashes of the event (removals go in order);
-- a ``VllmStored`` piece after the first names the last block of the piece before as its
-  parent (held by then: the same chain), with its tokens and extra keys; a piece after the
-  first never starts a chain, as no block but an event's first does. An event whose tokens
-  do not cover its blocks exactly (or of another block size) cannot be rebuilt whole or in
-  pieces: its pieces carry no tokens, so each is unroutable for the same reason.
-
-Only the reason recorded for blocks below an unroutable block may differ (a later piece
-counts them as ``parent_unroutable``); which blocks the index holds does not.
+See docs/architecture.md#bridge-ingest-and-recovery.
 """
 from __future__ import annotations
 

@@ -1,41 +1,13 @@
 """One vLLM engine's cache as the kvmesh index sees it: pure state, no I/O.
 
-Input: the engine's event batches in ``seq`` order (``ingest``). Output: kvmesh index events
-(``index_pb2.KvEvent``, numbered from 1 by ``out_seq``, exactly what ``PublishEvents`` takes)
-and, for a resync, a snapshot (``SyncWorker``'s blocks).
+Input: the engine's batches in ``seq`` order; output: index events numbered from 1, and
+snapshots. Every engine hash maps to the kvmesh chain hash of the same block, rehashed with
+the bridge's algo and seed; a block that cannot be rebuilt exactly (and its descendants) is
+never indexed: the index may under-claim, never over-claim. Copies are counted per tier, so
+the index hears ``stored``/``removed`` only on the first and last copy. ``check(seq)`` places
+a batch (next, first, gap, behind).
 
-Invariants:
-
-- Every engine block hash the engine holds maps to the kvmesh chain hash of the same block,
-  recomputed with ``kvmesh.hashing`` (this bridge's algo and seed, so the engine's own hash
-  algorithm and seed need not match kvmesh's) from the event's ``token_ids``, the block's
-  extra keys (``bridge.extra_keys``: LoRA map, salt, multimodal) and the parent's chain hash.
-  A block that cannot be rebuilt exactly (and every block chained below it) maps to nothing
-  and is never indexed: the index may under-claim, never over-claim.
-- Copies are counted per (engine hash, tier) (``bridge.copies``): vLLM stores and removes
-  every PHYSICAL block, so a hash held twice is removed twice. The index hears ``stored``
-  when a (chain hash, tier) goes from no copy to one and ``removed`` when it goes back to
-  none, never otherwise.
-- A removal of a hash the state does not hold on that tier changes nothing (it was stored
-  before the state started, or before a clear) and is counted in ``stats.unknown_removes``.
-- ``VllmCleared`` (in a batch) and ``clear()`` forget every block and emit one
-  ``cleared`` to the index. ``clear()`` also forgets the seq position: the next batch is
-  accepted as a fresh start (after an engine restart or a gap nothing can fill).
-- Only events of KV-cache group ``group`` (``None`` counts as 0) with this ``block_size`` are
-  indexed; other groups and unknown mediums are ignored.
-- The blocks of one event that are new are rebuilt in one ``chain_hashes`` call. The chain
-  hashes of the last ``memo_blocks`` engine hashes whose last copy went (``memo``) may be
-  kept, so a block evicted and stored again (a popular prefix, a block moving between tiers)
-  is not rehashed. Sound because an engine hash names its content and parent (the engine's
-  hash chain), so it always rebuilds to the same chain hash; ``clear()`` forgets the memo too
-  (another engine process may hash with another seed). The memo costs every removal a few
-  dict operations and saves a rehash only for blocks stored again: by default it is kept
-  only when the chain hash runs in Python (~1.5 µs a block, against ~0.3 µs in C).
-
-Seq tracking: ``check(seq)`` says whether a batch is the next one, the first one, ahead of it
-(a gap: ask the replay socket from ``replay_from``, the last applied seq, whose payload
-``is_anchor`` must still match, or the engine restarted) or behind it (a replayed duplicate, or
-an engine restart: the caller tells which by ``is_anchor``/payload).
+See docs/architecture.md#bridge-engine-state.
 """
 from __future__ import annotations
 

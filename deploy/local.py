@@ -1,37 +1,13 @@
 """A whole kvmesh cluster on this machine: Redis/Valkey, service replica(s), N workers.
 
-Everything is a real process: an embedded Valkey (a cluster of ``redis_shards`` primaries
-when that is above 1, ``deploy.redis_cluster``; or ``--redis-url``), ``python -m
-service`` and ``python -m worker`` children on free loopback ports. ``LocalCluster`` is what
-``kvmesh up``, ``kvmesh demo``, the end-to-end benchmarks and the integration tests use.
-``stop()`` ends every child within ``timeout`` seconds (SIGTERM, then SIGKILL).
+Every part is a real child process on free loopback ports; ``LocalCluster`` is what ``kvmesh
+up``, the demo, the end-to-end benchmarks and the integration tests use, and ``stop()`` ends
+every child within ``timeout``. Each child gets only its own credentials (a worker never the
+router token, the secret or the Redis URL), always in its environment, never on its command
+line. A spec default never overrides what a child reads from its environment. Start failures
+a user can fix raise ``LaunchError``.
 
-Credentials (who holds what):
-
-- the embedded Valkey requires a random password; its URL (``redis://:PW@...``) goes to the
-  service replicas only, in ``KVMESH_REDIS_URL``; an embedded cluster is mutual TLS under a
-  CA made at start (its URL names the service's client certificate), or refused when the
-  Valkey binary has no TLS unless ``insecure_cluster_bus`` (``deploy.redis_cluster``);
-- the service replicas get the router token (``KVMESH_TOKEN``) and the worker secret
-  (``KVMESH_WORKER_SECRET``; generated when the spec has neither a secret nor a shared
-  worker token, so worker calls never accept the router token);
-- each worker gets only its own minted token (``KVMESH_WORKER_TOKEN``) and the token its
-  WorkerService requires, ``worker_access_token(router token, its worker id)``
-  (``KVMESH_WORKER_ACCESS_TOKEN``, valid on that worker only): never the router token, the
-  secret, the Redis URL or anything that lets it call another worker.
-
-Every secret travels in the child's environment, never on its command line (``ps`` and
-``/proc/PID/cmdline`` show that to every local user); every secret variable is set, empty
-when unused, so nothing leaks in from the launcher's own environment.
-
-Settings a child reads from its environment (``KVMESH_POLICY``, ``KVMESH_HASH_SEED``...) are
-passed as flags only when the spec sets them: a spec default never overrides what the
-child would have read (``policy=None`` runs the service's own default, its
-``KVMESH_POLICY`` if set, else ``kvmesh``).
-
-Start failures a user can fix raise ``deploy.launch_error.LaunchError``, one line naming the
-flag: ``model`` not a model directory, no Redis server to start, a ``redis_url`` that does
-not answer, a service ``port`` already taken, a child that exits while starting.
+See docs/architecture.md#local-launcher-and-stopping.
 """
 from __future__ import annotations
 

@@ -1,45 +1,13 @@
 """The block-hash chain: byte-identical to vLLM v1's prefix-caching hashes (vLLM >= 0.31).
 
-A block's hash is ``H((parent_hash, tuple(block_token_ids), extra_keys_or_None))`` and only
-FULL blocks are hashed. Block 0's parent is ``none_hash(algo, seed) = H(seed)``. Every worker
-and every service replica of one cluster must agree on ``algo`` and ``seed``, otherwise the
-index silently finds nothing (the service checks the root hash at registration for that).
-Processes pick the seed at start with ``resolve_seed``, by vLLM's rule: ``--hash-seed``, else
-``PYTHONHASHSEED``, else ``"vllm-none-hash"`` (sha256 algorithms only; see there for xxhash).
+A block's hash is ``H((parent_hash, tuple(block_token_ids), extra_keys_or_None))`` over FULL
+blocks only; block 0's parent is ``none_hash(algo, seed)``. Every worker and service replica of
+a cluster must agree on ``algo`` and ``seed`` (``resolve_seed``, vLLM's rule), or the index
+silently finds nothing. Extra keys are vLLM's tagged tuples (LoRA, multimodal, cache salt).
+The CBOR encoder and the optional C extension write exactly the bytes ``cbor2`` canonical
+would; tests cross-check them.
 
-Algorithms (the names vLLM uses for ``--prefix-caching-hash-algo``; the names, the default and
-the digest sizes are ``kvmesh.contract``'s):
-
-- ``sha256``: pickle at the highest protocol, SHA-256 (32 bytes)
-- ``sha256_cbor``: canonical CBOR, SHA-256 (32 bytes); the default, reproducible anywhere
-- ``xxhash``: pickle at the highest protocol, xxh3_128 (16 bytes)
-- ``xxhash_cbor``: canonical CBOR, xxh3_128 (16 bytes)
-
-Extra keys, in this order, are tagged tuples: ``("lora", name, path)`` on every block of a
-LoRA request (``lora_key`` defines when a request has one), ``("mm", identifier, offset -
-block_start)`` for every multimodal item whose token range overlaps the block,
-``("cache_salt", salt)`` on block 0 only. No keys -> ``None``. These are exactly the keys vLLM
-hashes from 0.31 on (``generate_block_hash_extra_keys`` in vllm/v1/core/kv_cache_utils.py;
-vLLM <= 0.30 hashed them untagged, with the LoRA name only, so its salted, LoRA and
-multimodal hashes differ). vLLM's KV events still publish extra keys untagged
-(``to_event_extra_keys``: bare LoRA name, ``(identifier, offset)``, bare salt): the vLLM
-bridge (``bridge/extra_keys.py``) rebuilds the tagged keys from them (the LoRA path from its
-``--lora NAME=PATH`` map) and rehashes every block with ``chain_hashes``, so the engine's own
-algorithm and seed need not match kvmesh's. vLLM's
-fourth key, ``("prompt_embeds", sha256 of the block's embeddings)`` for prompt-embedding
-requests, is not supported: kvmesh requests are token ids only.
-
-The CBOR algorithms do not call cbor2 per block: the input always has the fixed shape
-``[bytes, [uint...], null | [...]]``, so the encoder below writes those bytes directly and
-encodes each token id once per sequence (not once per block); token ids given as a numpy
-array of unsigned ints are encoded all at once, vectorised (the service's route path).
-Tests cross-check both against ``cbor2.dumps(x, canonical=True)`` on random inputs.
-
-``sha256_cbor`` chains run in C when the optional extension ``kvmesh._chain`` is built (see
-``kvmesh/_chain.c``): the same bytes, several times faster. It hands back to the Python path
-anything it does not encode itself (negative ids, ids >= 2**64, non-ints, other sequence
-types); ``KVMESH_NO_C=1`` at import turns it off. It also reads ids straight from msgpack
-bytes (``msgspec.Raw``: the vLLM bridge hashes events without building their ints).
+See docs/architecture.md#the-hash-contract-kvmeshhashingpy.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Route (and Stats): the router-facing reads of the index, over the replica's worker table.
 
-:class:`Router` holds everything a Route uses: the policies (the cost model among them),
-the block-hash memo, the provisional entries it records, the route log, and the replica's
-view of the backend's health (*degraded mode*). Its pure steps live in
-``service.route_steps``.
+:class:`Router` holds what a Route uses: policies, the hash memo, provisional entries, the
+route log and the backend's health. A Route or Stats never fails because of the backend
+(degraded: least loaded from the worker table). Not on a dry run, the chosen worker gets
+provisional entries and the routed load. Time comes from the injected ``clock`` only.
 
-Contract:
-
-- A Route or a Stats never fails because of the backend: when the index cannot answer
-  (a lookup fails, or it failed less than ``degraded_retry_s`` ago), the answer comes from
-  the worker table alone, least loaded first, with ``degraded=true``.
-- Not on a dry run: the chosen worker gets provisional entries for the blocks it will
-  compute (said at once, so the next route of the same prefix goes there too) and the
-  routed load; the decision is written to the route log (when one is configured).
-- Time is read only from the injected ``clock`` (``service.clock``): tests move it by hand.
+See docs/architecture.md#routing-in-the-service.
 """
 from __future__ import annotations
 

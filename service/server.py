@@ -1,22 +1,11 @@
 """The metadata service process: grpc.aio server + background refresh and janitor loops.
 
-Usage::
+``create_server(addr, ServiceConfig(...))`` returns the server and its port. Replicas hold no
+state beyond caches, so any number may serve one Redis. Refresh re-reads worker records (and
+ends a degraded period); the janitor purges silent workers (atomic, so racing replicas are
+harmless). Also serves ``grpc.health.v1`` and reflection.
 
-    server, port = await create_server("127.0.0.1:0", ServiceConfig(...))
-    await server.start()
-    ...
-    await server.stop(grace=1.0)
-
-Any number of replicas can serve one Redis: a replica holds no state of its own beyond
-caches (see ``service.servicer``). Background tasks of a started server:
-
-- refresh (every ``refresh_interval_s``): re-read worker records; a success also ends a
-  degraded period, so recovery from a Redis outage is automatic;
-- janitor (every ``janitor_interval_s``): purge workers silent for ``purge_after_s``. Several
-  replicas may race; the purge is atomic and re-checks the heartbeat, so that is harmless.
-
-Besides IndexService the server exposes the standard ``grpc.health.v1.Health`` (SERVING for
-"" and "kvmesh.v1.IndexService") and server reflection.
+See docs/architecture.md#the-service-process.
 """
 from __future__ import annotations
 

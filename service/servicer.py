@@ -1,30 +1,16 @@
 """IndexService handlers. Stateless: all durable state is in the backend; what a replica
 keeps (the worker table, metrics, round-robin counter) is a cache or per-replica statistics.
 
-Error contract: malformed input -> INVALID_ARGUMENT, over a limit -> RESOURCE_EXHAUSTED,
-unknown worker on Publish/Sync -> NOT_FOUND (register again), root hash mismatch ->
-FAILED_PRECONDITION, a Heartbeat/Publish/Sync of an incarnation other than the one that
-registered last -> FAILED_PRECONDITION ("stale incarnation", see ``service.index.base``), a
-RegisterWorker for an id a live worker holds from another address or credential ->
-ALREADY_EXISTS (the state of the id, not the caller's rights, refuses it: a worker restarted
-on a new port gets it too, and its link retries until the old record expires),
-backend unreachable on a worker call -> UNAVAILABLE (retry). The worker calls' bodies live
-in ``service.feed``. Route and Stats never fail because of the backend: they answer from the
-worker table with ``degraded=true`` (``service.route``).
-PinPrefix needs the index to find the holders (UNAVAILABLE without it); UnpinPrefix does
-not; a worker that fails either is an error string in the answer (``service.pins``). A
-rejected request changes nothing. Every handler goes through :func:`_rpc`, so no handler
-answers UNKNOWN: any other exception is a bug, logged with its traceback and answered
-INTERNAL.
+A dispatcher only: each handler validates and hands its request to ``WorkerFeed`` (worker
+calls), ``Router`` (Route, Stats) or ``PinService`` (pins). Error contract: malformed ->
+INVALID_ARGUMENT, over a limit -> RESOURCE_EXHAUSTED, unknown worker -> NOT_FOUND, root hash
+or incarnation mismatch -> FAILED_PRECONDITION, a live worker's id from another address or
+credential -> ALREADY_EXISTS, backend down on a worker call -> UNAVAILABLE; anything else is
+a bug answered INTERNAL (:func:`_rpc`: never UNKNOWN). Route and Stats never fail because of
+the backend (degraded answers). A rejected request changes nothing. Time: the injected
+``clock`` only.
 
-A dispatcher only: each handler hands its request, validated (``service.validate``: here for
-Route and the pins; inside ``WorkerFeed`` for the worker calls, whose checks need the
-worker's record), to the class that does that job: :class:`~service.feed.WorkerFeed` (the
-worker calls), :class:`~service.route.Router` (Route, Stats, the backend's health),
-:class:`~service.pins.PinService` (PinPrefix, UnpinPrefix).
-
-Time: every handler reads the injected ``clock`` (``service.clock``), never ``time``: tests
-move it by hand.
+See docs/architecture.md#the-service-process.
 """
 from __future__ import annotations
 

@@ -1,39 +1,11 @@
 """`kvmesh bench bridge`: blocks per second one bridge process ingests, and the lag from an
 engine's publish to a routable index at that rate.
 
-Processes: a service (``--backend memory``, or Redis: Valkey), the load
-(``bench.bridge.load``: ``--engines`` vLLM-like publishers with replay sockets and metrics
-pages), and ONE ``kvmesh bridge vllm`` process bridging them all. Per offered rate (stored
-blocks per second across engines, in batches shaped as vLLM's engine steps publish them:
-``--blocks`` new blocks over ``--requests`` fresh chains, and one ``BlockRemoved`` per block
-of an older batch; ``bench.bridge.load.Steps`` says why), for ``--seconds``:
+A service, the load (vLLM-like publishers, their own process) and ONE bridge process; per
+offered rate: ingest and CPU per block, publish-to-routable latency by probe, the stream's
+and the index side's health. ``--bridge-core N`` gives the bridge a core of its own.
 
-- ingest: stored blocks the bridge applied (its ``blocks_stored_total``, the probes' taken
-  out) over the wall time from the first publish until it caught up with the last batch
-  (every batch applied or, by a lag clear, skipped unread: ``lag_clears``,
-  ``skipped_batches``); ``cpu``: the bridge
-  process's CPU seconds over that time (utime + stime), and blocks per bridge CPU-second
-  (what one dedicated core would ingest: the host is shared by every process here); the
-  same CPU in microseconds per stored block, and split by thread (``thread_cpu_s``: the
-  ingest loop, ZMQ's I/O, gRPC's, the others);
-- lag: a probe engine publishes a fresh two-block chain every ``1/probes`` s during the run;
-  the bench polls ``Route`` (dry run, every 2 ms, every 10 ms past 50 ms: each poll costs the
-  service) until the index shows it: publish to
-  routable, p50 / p99 / max. Also the bridge's own ``kvmesh_bridge_lag_seconds`` (batch time
-  to index acknowledgement): the upper bounds of the buckets holding its p50 and p99;
-- the stream's health over the run: gaps, replays, clears (losses nothing filled), and the
-  index side's: resyncs (snapshots sent), overflows and sheds (pending events dropped for a
-  snapshot: past the bound, or outweighing the snapshot), heartbeats skipped (silent: the
-  engine's metrics; stale: the bridge stuck) and re-registrations; ``PublishEvents`` calls
-  per second and index events each carried (a call's fixed CPU dominates below capacity).
-
-``--bridge-core N`` runs the bridge alone on CPU ``N`` and every other process here on the
-remaining CPUs (``bridge_cpus`` in the output: the affinity it ran with), as a deployment gives
-the bridge a core of its own; without it the processes share the host's cores as the kernel
-schedules them.
-
-Goals (issue 15): 200,000 blocks/s ingested by one bridge process, publish-to-routable
-p99 under 50 ms at that rate.
+See docs/architecture.md#index-route-and-bridge-benches.
 """
 from __future__ import annotations
 

@@ -1,22 +1,10 @@
 """The vLLM bridge's ingest path in one process: blocks per CPU-second, no sockets.
 
-``python -m bench.bridge.ingest`` times what one bridge process does per engine batch, apart
-from ZMQ and gRPC themselves: ``EngineState.ingest`` (msgpack decode, seq checks, rehash,
-copy counting, index events) and the ``PublishEventsRequest`` the link would send, built from
-the queued index events as the link builds it (``kvmesh.link.publish_request``: the bytes
-gRPC sends), one request per ``--per-request`` batches; the states are built as the bridge
-process builds them (``bridge_state``). Time is process CPU time, so the figure does not depend on
-what else this host runs; it is the bridge's capacity per CPU-second.
+Times ``EngineState.ingest`` and the ``PublishEventsRequest`` built from its events, in
+process CPU time (the bridge's capacity per CPU-second), on ``bench.bridge.load``'s payloads
+built beforehand. ``--against REV`` runs the same on REV's code. One JSON line per run.
 
-The load is ``bench.bridge.load``'s (``Steps``): per batch (an engine step) ``--blocks`` new
-blocks over ``--requests`` fresh chains (int hashes, Zipf token ids over a 128k vocabulary,
-map encoding), and once ``--window`` batches are out the removal of the batch that many
-earlier, one ``BlockRemoved`` per block as vLLM emits them (``--bulk-removals``: one event),
-round-robin over ``--engines`` engines. Payloads are built before timing starts.
-
-``--against REV``: the same measurement run on the bridge and kvmesh code of git revision
-``REV`` (extracted to a temporary directory, this bench module unchanged), then here, so one
-run shows before and after on the same host and load. Output: one JSON line per run.
+See docs/architecture.md#index-route-and-bridge-benches.
 """
 from __future__ import annotations
 

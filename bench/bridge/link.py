@@ -1,19 +1,10 @@
 """The vLLM bridge's path from engine state to index, in one process: CPU per block.
 
-``python -m bench.bridge.link`` runs a real service (``--backend memory``) and, in this
-process, ``--engines`` ``EngineLink``s on one event loop, as a bridge process has them (a
-``BeatThread`` heartbeating, one channel each for events and beats). A feeder stands in for
-the subscribers: per turn it ingests ``--turn`` batches per engine into the engine's
-``EngineState`` and hands the index events to the link (``on_events``), then yields to the
-loop; it waits while a link has more than ``--backlog`` blocks pending, so nothing is shed
-and every event travels by ``PublishEvents``. No ZMQ: the load's payloads are built before
-timing starts (``bench.bridge.ingest.payloads``).
+A real service and ``EngineLink``s on one loop, fed batches without ZMQ, never shedding:
+``link_us_per_block`` is this process's CPU per stored block outside ``EngineState.ingest``.
+``--against REV`` alternates with REV's code.
 
-Time is this process's CPU time (every thread, gRPC's included), split into the ingest
-(``EngineState.ingest``, timed around each call) and the rest: the link's queue, request
-building, gRPC and asyncio. Output: one JSON line, ``link_us_per_block`` being the rest per
-stored block; ``--against REV`` runs the same on the bridge/kvmesh code of ``REV`` first,
-alternated for ``--rounds``.
+See docs/architecture.md#index-route-and-bridge-benches.
 """
 from __future__ import annotations
 

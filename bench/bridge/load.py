@@ -1,21 +1,10 @@
 """The load of ``kvmesh bench bridge``: vLLM-like engines publishing KV events at a set rate.
 
-Runs as its own process (``python -m bench.bridge.load``) so that its CPU is not counted as
-the bridge's. It binds, per engine, a PUB socket and a replay ROUTER (a buffer of 10,000
-batches, as vLLM), serves every engine's ``/metrics`` page (``/e{i}/metrics``, an idle vLLM
-engine) from one HTTP port, then prints one JSON line with the endpoints and obeys commands
-on stdin, one per line, answering each with one JSON line:
+Its own process (its CPU is not the bridge's): per engine a PUB socket, a replay ROUTER and a
+``/metrics`` page; commands on stdin (``warm``, ``run RATE SECONDS``, ``quit``), one JSON line
+answered each.
 
-- ``warm``: one empty batch per engine (the bench repeats it until the bridge has seen a live
-  batch of every engine: a ZMQ subscription takes effect late);
-- ``run RATE SECONDS``: publish ``RATE`` stored blocks per second in total, round-robin over
-  the engines, for ``SECONDS``, in batches shaped by ``Steps`` (one engine step each: its
-  docstring says why this is vLLM's shape). Batches carry their publish time (``ts``): the
-  bridge's lag is measured from it. The answer says what was published and how late the
-  publisher itself fell;
-- ``quit``.
-
-Every page path answers the same idle page, so the bench's own probe engine has one too.
+See docs/architecture.md#index-route-and-bridge-benches.
 """
 from __future__ import annotations
 

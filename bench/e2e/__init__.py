@@ -1,62 +1,13 @@
 """`kvmesh bench e2e`: kvmesh vs round robin on a real local cluster, open loop, side by side.
 
-For each policy, a FRESH ``LocalCluster`` (embedded Valkey, the service, ``workers`` worker
-processes running the tiny model with ``num_blocks`` KV blocks each) serves the same seeded
-request stream (``bench.workload.stream`` of ``spec.workload``):
+Each row (a policy, a variant ``kvmesh[weight=value,...]``, or ``kvmesh@REV``) gets a FRESH
+``LocalCluster`` and the same seeded open-loop request stream (tenants with their own salts
+and system prompts, Poisson arrivals), sized so each worker's cache holds only a few tenants:
+the regime where routing decides the hit rate. Reported per row: throughput, TTFT, hit rate,
+requests per worker, and ratios of plain ``kvmesh`` over the others. Options add skewed load,
+rounds, route logs and a CPU tier.
 
-- ``tenants`` tenants, each with its own cache salt and its own ``system_tokens``-token system
-  prompt; every request is one tenant's system prompt plus a fresh ``question_tokens``-token
-  question, generating exactly ``max_tokens`` tokens (``ignore_eos``);
-- arrivals are open loop: Poisson with mean rate ``rate_per_s`` requests/s, the same
-  schedule for every policy; a request is sent at its arrival time whether or not earlier
-  ones finished.
-
-The per-worker cache (``num_blocks``) holds only a few tenants' system prompts while the
-cluster's caches together hold them all: that is the regime where the routing decides the
-hit rate (round robin shows every tenant to every worker, which then evicts them in turn).
-
-Measured per request through ``AsyncKvmeshClient.generate_stream``: client-side TTFT (send to
-first streamed token: routing + queueing + prefill), the worker's own TTFT, cached tokens.
-Per policy: throughput = (prompt + generated tokens) / makespan (first arrival to last
-completion), generated tokens/s, requests/s, mean / p90 TTFT, token hit rate (cached / prompt
-tokens), requests per worker. When the offered load is within a policy's capacity its
-throughput equals the offered load; it drops below only for a policy that cannot keep up,
-which is what the throughput ratio shows.
-
-Rate: on 2 shared cores round robin sustains about 17 req/s of this workload and kvmesh
-keeps up with 36 (docs/benchmarks.md). The default, 12/s, leaves headroom for other load on
-a shared machine, so every policy keeps up (equal throughput) and TTFT and hit rate show the
-difference; ``--rate 40 --requests 480`` overloads round robin, which is where the
-throughput ratio means something (and needs a quiet machine). A run of both policies takes
-about two minutes, cluster starts included.
-
-Rows (``bench.e2e.rows``): ``--policies`` names policies of ``kvmesh.contract.POLICIES``
-or variants ``kvmesh[weight=value,...]`` (``bench.variants``: every service replica of that
-row's cluster runs with those cost weights; the row is named by the variant's label);
-``--against REV`` adds ``kvmesh@REV``, a cluster whose service replicas and workers run git
-revision ``REV``'s code while this bench and client drive it (``bench.revision``). Ratios:
-plain ``kvmesh`` over ``round_robin`` (``ratios``, with the goals) and over every other row
-(``ratios_over``: the baselines, the variants, ``kvmesh@REV``).
-
-``--hot-share S``: skewed load, tenant-0 sends a share ``S`` of the requests (the rest
-uniform over the others), where affinity alone overloads one worker.
-
-``--rounds N`` (``bench.e2e.rounds``): every row N times, each round in a rotated order, each
-row the median of its rounds, with each round's figures and how many rounds kvmesh won
-against each other row: what to quote from a shared, noisy host.
-
-``--route-log DIR``: each row's service replicas log their routing decisions
-(``service.route_log``) to ``DIR/<row>/`` (``DIR/<row>/round-<i>/`` with rounds); after the
-run, per row (its rounds pooled), how often the router left the worker holding the longest
-prefix, why, and how old the loads it judged were (``bench.route_log``), printed and under
-``route_logs`` in the JSON.
-
-``--cpu-blocks M`` (the tiered cache, issue 14): each policy runs twice, on a cluster
-without and with a CPU tier of ``M`` blocks per worker (rows ``kvmesh`` and
-``kvmesh+cpu``), and the ratios compare the two: mean and p90 TTFT, hit rate (the share of
-hits that came from the CPU tier is shown apart). Pick ``--num-blocks`` below the tenants'
-system prompts together and ``M`` at a few times it, so that the device pools cannot hold
-every tenant and the CPU tier can.
+See docs/architecture.md#end-to-end-and-serving-benches.
 """
 from __future__ import annotations
 

@@ -57,10 +57,10 @@ def table(res: dict[str, Any]) -> Table:
 
 
 def goals(res: dict[str, Any]) -> list[tuple[str, bool]]:
-    """Issue 23's goals for plain ``kvmesh`` on this run's rows: when the offered load
-    saturates round robin (it served under 90% of it), throughput >= 2x round robin's and
-    at least every baseline's (prefix_only, consistent_hash, least_loaded); always, the
-    lowest mean TTFT of all rows. Rows that did not run are skipped."""
+    """The routing-at-saturation goals for plain ``kvmesh`` on this run's rows: when the
+    offered load saturates round robin (it served under 90% of it), throughput >= 2x round
+    robin's and at least every baseline's (prefix_only, consistent_hash, least_loaded);
+    always, the lowest mean TTFT of all rows. Rows that did not run are skipped."""
     rows = {r["policy"]: r for r in res["rows"]}
     k = rows.get("kvmesh")
     if k is None:

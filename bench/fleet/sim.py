@@ -1,18 +1,11 @@
 """One simulated worker of ``kvmesh bench fleet``: a real KV cache manager fed by a trace, and
 the real service link publishing its events.
 
-Nothing runs a model. :class:`FleetWorker` owns a real :class:`worker.kv_cache.KVCacheManager`
-and takes its trace requests in turn as a prefilling GPU does: look up the cached prefix,
-then allocate the rest in chunks of ``chunk_tokens`` (each chunk caches its full blocks at
-once, so ``BlockStored`` events come per chunk and evictions interleave), paced to
-``tokens_per_s`` prefilled (uncached) tokens. A finished prompt keeps its blocks while it
-"decodes" among the last ``running`` requests, then frees them (they stay cached until
-evicted). The events are the manager's own; the link is :class:`worker.index_link.
-ServiceLink`, unchanged, on the bench's event loop: it registers, heartbeats the load below,
-batches the events and resyncs with snapshots exactly as a worker process does.
+Nothing runs a model: :class:`FleetWorker` prefills its trace requests in chunks at a set
+rate through a real ``KVCacheManager``, and the unchanged ``ServiceLink`` registers,
+heartbeats, publishes and resyncs as a worker does. Event lag: events taken to applied.
 
-Event lag: the moment the manager's events are taken (after a chunk) to the moment the link
-learns the service applied them (a PublishEvents answered, or a snapshot that covers them).
+See docs/architecture.md#replay-and-simulation.
 """
 from __future__ import annotations
 

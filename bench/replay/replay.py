@@ -1,29 +1,11 @@
 """The replay loop: a trace through the simulated cluster under one routing policy.
 
-For each request, in arrival order, at simulated time ``t = timestamp``:
+Per request, at its timestamp: the workers advance, their KV events go to the real index
+backend, the router picks a worker with the inputs the service's ``Route`` would give it, and
+the request is queued there. Each row gets fresh workers, router and namespace; ``oracle``
+(one pooled cache) is the hit-rate bound. Simulated time is the backends' clock.
 
-1. every worker runs its own events up to ``t`` (:meth:`SimWorker.advance`);
-2. each worker's KV events (``take_events()``) go to the index backend through its API, as a
-   worker's publisher would send them (one batch per worker, consecutive seqs);
-3. the router picks a worker: the real policies (``service.policy``) get the same inputs as
-   the service's ``Route``: a lookup of the prompt's usable chain (the last token is always
-   computed) through ``IndexBackend.lookup``, each worker's live load, then provisional
-   entries for the chosen worker; the peers (:mod:`bench.replay.peers`) use their own trees.
-   ``consistent_hash``, ``least_loaded``, ``round_robin`` and ``random`` never read matches,
-   so they skip steps 2 and 3's index calls (their choices cannot differ); ``consistent_hash``
-   gets the service's key (``service.route_steps.prompt_key`` of the synthesized prompt);
-4. the request is queued on that worker.
-
-Rows are named by labels (:mod:`.rows`): a policy, a variant ``kvmesh[weight=value,...]``, or
-``kvmesh@REV`` (the policy of a git revision); each row gets fresh workers, router and index
-namespace.
-
-``oracle`` is the same workers sharing ONE pooled manager of all their blocks (a global KV
-cache every worker reads at no cost, nothing duplicated), each request going to the worker
-with the least queued prefill: the hit-rate upper bound, and the TTFT of that ideal cluster.
-
-Index operations run on one asyncio loop; simulated time is the trace's, so the backends
-get it in milliseconds as their clock.
+See docs/architecture.md#replay-and-simulation.
 """
 from __future__ import annotations
 

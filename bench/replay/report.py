@@ -1,11 +1,11 @@
-"""Reporting a replay: JSON lines, a rich table, the issue's targets, and a comparison plot.
+"""Reporting a replay: JSON lines, a rich table, the targets below, and a comparison plot.
 
 The targets compare ``kvmesh`` with the others from ONE run: token hit rate >= 2x
 ``round_robin``'s and at least the peers' (``approx_tree``, ``ray_prefix_tree``), within
 0.01 of the pooled ``oracle``'s; load imbalance <= 1.3; the lowest p90 TTFT of all policies
 (``oracle`` is a bound, not a policy, and is left out of that comparison); against each
-revision row ``kvmesh@REV``, a hit rate at least REV's and a p99 TTFT no worse (issue 23:
-every change to the cost model judged before and after in one run). Checks whose rows did
+revision row ``kvmesh@REV``, a hit rate at least REV's and a p99 TTFT no worse (so
+every change to the cost model is judged before and after in one run). Checks whose rows did
 not run are skipped. Rows of the ``kvmesh`` policy other than the plain one (variants
 ``kvmesh[...]``, revisions: :mod:`.rows`) are never rivals.
 """

@@ -1,23 +1,10 @@
 """The ``kvmesh`` policy as it was at a git revision, beside the live one (``--against REV``).
 
-A cost-model change is judged before and after in ONE run: the system under test is the
-policy; the bench around it (simulator, index, the views it builds) stays the live code.
+REV's policy modules are read with ``git show`` into a private package (imports rewritten by
+AST), so the live ``service.policy`` is never touched; :class:`PolicyAtRevision` adapts it to
+the live interface. The bench around the policy stays the live code.
 
-REV's policy code is read with ``git show`` from the repository the live ``service`` package
-is in: ``service/policy.py`` (before the split into a package) or ``service/policy/``, and
-the modules the policy owns, ``service/config.py`` (REV's own ``CostWeights``: its fields and
-its defaults) and ``service/credits.py`` (the tier credits that read those weights) where REV
-has them. They are written to a temporary directory as a private package
-``_kvmesh_at_<sha>`` and imported from there, with their imports of one another rewritten to
-the private names (import statements only, through the AST), so the live ``service.policy``
-is never touched. Every other import (``service.index.base``: ``WorkerLoad``,
-``BlockMatch``) resolves to the live modules, whose fields are a superset of what older code
-reads; a shared ``kvmesh`` module REV imports that the live tree no longer has (moved or
-merged since) is taken from REV too, as ``<package>._kvmesh.<name>``.
-
-:class:`PolicyAtRevision` adapts REV's policy to the live interface: the views become REV's
-own ``WorkerView`` (when REV's declares only fields the live one has), ``key`` is passed
-only if REV's ``rank`` takes it, and the ranking comes back over the caller's views.
+See docs/architecture.md#replay-and-simulation.
 """
 from __future__ import annotations
 

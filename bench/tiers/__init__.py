@@ -1,29 +1,11 @@
 """`kvmesh bench tiers TRACE`: the tiered KV cache on a Mooncake trace, tier setups side by side.
 
-Every setup replays the same trace slice through ``kvmesh bench replay``'s machinery (the
-real hashing, one real :class:`~worker.kv_cache.KVCacheManager` per simulated worker, the real
-index backend and the real ``kvmesh`` routing policy, in simulated time) and differs only in
-what the managers keep beyond the device pool:
+Every setup replays the same trace slice through the replay machinery (real hashing,
+managers, index and policy, simulated time) with the same device pool, differing only in the
+tiers beyond it (and layered eviction, pins, overlapped offloads); ``bound`` is a device pool
+as large as device + CPU. Per setup: hit rate by tier, prefill tokens, TTFT, copy bytes.
 
-- ``gpu``: the device pool alone (``capacity_blocks`` per worker), what ``bench replay`` runs;
-- ``gpu+cpu``: plus a CPU tier of ``cpu_x`` times the device pool (default 4x);
-- ``gpu+cpu+disk``: plus a disk tier of ``disk_x`` times the device pool (default 16x);
-
-each optionally with layered eviction (``/layered``), automatic pinning (``/pin``) and
-offloads overlapped with compute (``/overlap``: a data plane kvmesh does not have, see
-``CostModel.offload_overlap``), e.g. ``gpu+cpu/layered/pin``. The device pool is the same in
-every setup (equal device memory). ``bound`` is the reference no tiering can beat: a
-device pool as large as device + CPU tier together (the CPU tier's memory at device speed).
-
-Costs (:class:`~bench.replay.cluster.CostModel`): prefill per uncached token, decode per step;
-an onboard per block per tier (PCIe, NVMe), offloads and spills; see its docstring for the
-figures and why. The routing policy credits a lower-tier match by what it saves, as the
-service does with measured costs: ``credit = 1 - onboard_s / (block_size * prefill_s)``.
-
-Per setup: token hit rate (and its split by the tier the hit came from), prefill tokens,
-mean / p90 TTFT, onboard bytes per tier, offloaded and spilled bytes; ratios against ``gpu``.
-The issue's goals (section 6): ``gpu+cpu`` at 4x raises the token hit rate >= 1.5x and cuts
-the mean TTFT >= 30% against ``gpu``; an onboard costs < 1/5 of recomputing a block's tokens.
+See docs/architecture.md#replay-and-simulation.
 """
 from __future__ import annotations
 
@@ -176,7 +158,7 @@ def run(reqs: Sequence[TraceRequest], setups: Sequence[Setup], base: ReplayConfi
 
 def goals(results: Sequence[SetupResult], cost: CostModel,
           block_size: int) -> list[tuple[str, bool, str]]:
-    """(goal, met, figures) for the issue's goals whose setups ran."""
+    """(goal, met, figures) for the tiered cache's goals whose setups ran."""
     by = {r.setup.name: r for r in results}
     out: list[tuple[str, bool, str]] = []
     recompute = cost.prefill_s(block_size)

@@ -1,5 +1,5 @@
 """Reporting ``kvmesh bench tiers``: JSON lines, a table with ratios against ``gpu``, the
-issue's goals, and a comparison plot."""
+tiered cache's goals, and a comparison plot."""
 from __future__ import annotations
 
 import json

@@ -1,16 +1,11 @@
-"""The prompt of a chat request: the model's own chat template, or the gateway's simple one.
+r"""The prompt of a chat request: the model's own chat template, or the gateway's simple one.
 
-With ``--tokenizer DIR`` whose tokenizer has a chat template, messages are rendered and
-tokenized exactly as vLLM does (``kvmesh.openai.tokenizer``: the template through a sandboxed
-Jinja, with the request's options as vLLM reads them:
-``kvmesh.openai.requests.ChatCompletionRequest.template_options``),
-so the ids the gateway routes by are the ids an engine hashes.
+With a tokenizer that has a chat template, messages render and tokenize exactly as vLLM
+does, so the gateway routes by the ids an engine hashes. Otherwise each message is
+``<|role|>\ncontent\n`` and ``<|assistant|>\n`` follows, so a chat repeating its history
+renders to a prompt whose start is byte-identical to the previous turn's.
 
-Otherwise every message becomes ``<|role|>\ncontent\n``, and ``<|assistant|>\n`` follows
-the last one so the model answers as the assistant (also for a ``--model-dir`` whose
-``tokenizer_config.json`` ships its own template, which is then not rendered); a chat that
-repeats its history renders to a prompt whose start is byte-identical to the previous turn's,
-which is exactly what prefix caching needs.
+See docs/architecture.md#the-openai-gateway.
 """
 from __future__ import annotations
 

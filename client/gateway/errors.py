@@ -1,32 +1,11 @@
 """The gateway's errors, in OpenAI's shape (``kvmesh.openai.errors.OpenAIError``).
 
-Every failure the gateway answers, including FastAPI's own validation errors (422 by
-default, 400 here) and unknown routes, uses this body so OpenAI SDKs raise their usual
-exceptions. A kvmesh failure reaches the gateway only after the client's failover
-(``kvmesh.rpc.retry.TABLE``: e.g. a worker's RESOURCE_EXHAUSTED or INTERNAL is first retried on
-the other candidates), and maps by the gRPC code it ends with:
+Every failure, FastAPI's validation errors (400 here) and unknown routes included, uses this
+body. A kvmesh failure (after the client's failover) maps by its final gRPC code to an HTTP
+status. Callers never see the cluster's inside: full texts go to the log, and the body adds
+the server's reason only for the caller's own mistakes, addresses masked.
 
-=====================  ======  ===============================================
-KvmeshError code       status  meaning
-=====================  ======  ===============================================
-INVALID_ARGUMENT       400     the request is malformed for the model/service
-OUT_OF_RANGE           400
-UNAUTHENTICATED        401     the service rejected the gateway's --token
-PERMISSION_DENIED      403
-NOT_FOUND              404
-RESOURCE_EXHAUSTED     413     every candidate refused the request as over a
-                               size limit (prompt longer than a worker's KV
-                               pool, ...): retrying it cannot help, so not 429
-UNAVAILABLE            503     no live worker or service replica
-DEADLINE_EXCEEDED      504
-anything else          500
-=====================  ======  ===============================================
-
-Callers never see the cluster's inside: a kvmesh error's full text (which names service
-replicas and workers by address, and carries gRPC transport details) is logged on the
-``client.gateway`` logger; the body says what the status means, and only for the client's
-own mistakes (400 and 413: a prompt the model cannot take) adds the server's reason, with
-anything shaped like ``host:port`` replaced by ``<address>``.
+See docs/architecture.md#the-openai-gateway.
 """
 from __future__ import annotations
 

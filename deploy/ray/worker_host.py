@@ -1,20 +1,10 @@
 """A kvmesh worker living inside a Ray process (an actor or a Ray Serve replica).
 
-It is the same worker as ``python -m worker``, assembled from its parts on the event loop of
-the hosting process: the engine and its stepping thread, the gRPC ``WorkerService`` and the
-``ServiceLink`` that registers with the metadata service, heartbeats and publishes KV events.
+The same worker as ``python -m worker``, on the hosting process's loop: ``start`` returns once
+the gRPC server accepts calls (registration follows in the background); a fresh host always
+has an EMPTY pool; ``stop`` is idempotent.
 
-Contract:
-
-- ``await WorkerHost.start(...)`` returns once the gRPC server accepts calls; registration
-  then happens in the background (the link retries until a service replica answers). It
-  must be called on the loop that will keep running (Ray's async-actor loop).
-- A fresh host always has an EMPTY pool (``warmup`` leaves only blocks salted with a salt no
-  request uses): a restarted actor registers again under the same
-  worker id and its first snapshot tells the index that nothing is cached any more.
-- ``device=None`` picks ``cuda`` when Ray assigned this process a GPU and torch sees one,
-  ``cpu`` otherwise (a logical GPU on a CPU machine runs on the CPU).
-- ``await stop()`` closes the link, the server and the engine thread; idempotent.
+See docs/architecture.md#ray-cluster-and-ray-serve.
 """
 from __future__ import annotations
 

@@ -1,24 +1,11 @@
 """Pool events: how a worker's block pool tells the metadata service what it holds.
 
-Events describe the SET of block hashes a pool holds, per tier, and are meant to be applied
-in ``seq`` order:
+They describe the SET of hashes a pool holds per tier, applied in ``seq`` order (per pool,
+from 1, no gaps: a gap means a lost event, answered by a snapshot). ``PoolRemoved`` is emitted
+only when the LAST block holding a hash goes; a block moving down a tier is stored below
+before it is removed above, so it is never held nowhere.
 
-- ``PoolStored``: these hashes (consecutive blocks of one chain, ``parent_hash`` being the
-  hash before the first of them, ``None`` at block 0) are now held. A hash the pool already
-  held (a duplicate block) may be stored again; applying it twice is harmless.
-- ``PoolRemoved``: these hashes are no longer held. Emitted only when the LAST block holding
-  a hash is evicted, so a consumer keeping a plain set stays exact even with duplicates.
-- ``PoolCleared``: the pool dropped every cached hash.
-
-``seq`` is per pool, starts at 1 and increases by exactly 1, so a consumer detects a lost
-event as a gap and asks for a snapshot. ``tier`` is ``"gpu"``, ``"cpu"`` or ``"disk"``;
-``kvmesh.events.to_index`` maps it to the protobuf ``Tier`` enum. A worker with lower tiers
-sends their events in its device pool's one stream: a block moving down is stored in the
-lower tier before it is removed from the upper one, so a consumer never sees it held nowhere.
-
-The same changes in the other forms: ``kvmesh.events.vllm`` (vLLM's structs, whose removal
-lists every evicted physical block, duplicates included; ``worker.vllm.event_map`` converts)
-and the index's protobuf messages (``kvmesh.events.to_index`` converts).
+See docs/architecture.md#event-forms-and-wire-formats.
 """
 from __future__ import annotations
 

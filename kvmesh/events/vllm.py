@@ -1,39 +1,12 @@
 """vLLM's KV-event wire format: the structs, both payload encodings, the ZMQ frames, replay.
 
-kvmesh speaks this format both ways: the vLLM bridge (``bridge/``) consumes it, and a kvmesh
-worker can publish it so that any consumer built for vLLM can index a kvmesh worker.
+The structs are declared as vLLM declares them (tags, field order, options, later optional
+fields appended), so ``encode_batch`` writes vLLM's exact bytes; ``decode_batch`` reads both
+the map and the array encodings and ignores fields and event types it does not know. Only the
+Python names differ (``VllmStored``...); ``VllmRemoved`` lists one entry per evicted physical
+block.
 
-What vLLM publishes, read from vllm-project/vllm ``vllm/distributed/kv_events.py`` at commit
-b4e69e0af33f (an early revision: events ``array_like``, no ``medium``), at commit 0181ea3173e5
-(events as tagged maps, ``medium``/``lora_name``/``extra_keys``/``group_idx``/
-``kv_cache_spec_*``; its batch had no ``array_like``), and a later revision (a stored copy
-whose commit the code index did not name) that adds ``MEDIUM_CPU``/``MEDIUM_STORAGE``,
-``locality``/``ownership`` and the topic frame in replay replies; ``session_id`` comes from
-vLLM's own tests of that schema, ``lookahead_token_ids`` from the issue (no source seen). The
-int form of a hash: ``maybe_convert_block_hash`` in ``vllm/v1/core/kv_cache_utils.py``.
-
-- A PUB socket; each message is ``[topic, seq, payload]``, ``seq`` 8 bytes big-endian unsigned,
-  counting batches from 0 per engine process (so it restarts at 0 with the engine).
-- ``payload``: msgpack of ``KVEventBatch``, an array ``[ts, events, data_parallel_rank]``. Each
-  event is a map tagged by ``"type"`` (current releases) or, in older releases, an array whose
-  first element is the type name and whose fields follow in declaration order. ``decode_batch``
-  reads both, ignores fields and event types it does not know (new ones appear every few
-  releases), and also accepts a batch encoded as a map (one revision dropped ``array_like``).
-- Block hashes (``ExternalBlockHash``): a 64-bit unsigned int, the digest's low 8 bytes read
-  big-endian (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, the default), or the raw digest bytes.
-- ``medium``: ``"GPU"``, ``"CPU"``, ``"STORAGE"``; ``None`` is GPU (``TIERS`` maps to kvmesh
-  tier names).
-- Replay: a ROUTER socket. A DEALER sends ``[b"", start_seq]`` and receives ``[b"", topic, seq,
-  payload]`` per buffered batch with ``seq >= start_seq`` (older releases: ``[b"", seq,
-  payload]``, no topic), then ``[b"", b"", END_SEQ, b""]`` (older: ``[b"", END_SEQ, b""]``).
-  ``END_SEQ`` is -1 as 8 bytes signed big-endian. The engine keeps 10,000 batches by default.
-
-The structs below are declared as vLLM declares them (tags, field order, struct options), with
-the optional fields of later releases appended in their order; ``encode_batch`` therefore
-writes exactly the bytes vLLM writes. Only their Python names differ (``VllmStored``,
-``VllmRemoved``, ``VllmCleared``: vLLM's ``BlockStored``... by origin, apart from the pool's
-and the index's events of the same names); the tags stay vLLM's class names. Unlike the
-pool's removal, ``VllmRemoved`` lists one entry per evicted physical block.
+See docs/architecture.md#event-forms-and-wire-formats.
 """
 from __future__ import annotations
 

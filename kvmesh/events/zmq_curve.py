@@ -1,23 +1,10 @@
 """ZMQ CURVE for kvmesh's event sockets: who may bind plain, and the keys of those who may not.
 
-A kvmesh worker's vLLM KV events (``worker.vllm.publisher``) carry every tenant's prompt token
-ids and, on block 0, its cache salt. ZMQ has no credential of its own, so the rule is:
+The events carry token ids and salts and ZMQ has no credential, so an endpoint only this
+host can reach (``is_local``) may be plain; any other needs CURVE, with only the listed client
+keys let in. Secret keys come from files, never a command line.
 
-- an endpoint only this host can reach (``is_local``: tcp on 127.0.0.0/8, ``::1`` or
-  ``localhost``; ``ipc://``; ``inproc://``) may be plain ZMQ, as vLLM's own publisher is, so
-  vLLM's consumers (llm-d, Dynamo, ``kvmesh bridge vllm``) keep working unchanged there;
-- any other endpoint (``tcp://*``, ``tcp://0.0.0.0``, an interface name, a routable address)
-  needs CURVE (``CurveServer``): the sockets encrypt, and a ZAP handler lets in only the
-  client public keys listed. A client without one of those keys completes no handshake and
-  receives nothing.
-
-Keys are zmq.auth certificate files (``zmq.auth.create_certificates(DIR, NAME)`` writes
-``NAME.key`` with the public key and ``NAME.key_secret`` with both); secret files are named by
-a flag or its environment variable, never given on a command line. A secret file other users
-can read is warned about (``kvmesh.ops.file_perms``), as TLS keys are.
-
-The consumer's side is ``CurveClient``: its own certificate (secret) and the server's public
-key (Z85 text, not a secret, or the server's ``NAME.key`` file).
+See docs/architecture.md#event-forms-and-wire-formats.
 """
 from __future__ import annotations
 

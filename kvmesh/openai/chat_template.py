@@ -1,28 +1,10 @@
 """A model's Jinja chat template, rendered as vLLM renders it (through ``transformers``).
 
-vLLM's OpenAI server turns a chat request into a prompt with the tokenizer's
-``apply_chat_template(..., tokenize=False)``, then tokenizes that prompt. A router that must
-know the exact token ids an engine will hash (to route by prefix) renders the same template
-the same way, without ``transformers`` or torch: this module. Tests compare it with
-``transformers``' ``apply_chat_template`` on the same tokenizer directory.
+A prefix-aware router must know the exact token ids an engine will hash, so this renders the
+template as ``transformers``' ``apply_chat_template`` does (sandbox, options, globals,
+variables), without ``transformers`` or torch; tests compare the two.
 
-What ``transformers`` does, and so this does:
-
-- the template runs in Jinja's ``ImmutableSandboxedEnvironment`` with ``trim_blocks`` and
-  ``lstrip_blocks``, the ``loopcontrols`` extension and a ``{% generation %}`` tag (rendered
-  as its body), the filter ``tojson`` (``json.dumps``, no ASCII escaping) and the globals
-  ``raise_exception``, ``strftime_now``, ``dict`` and a ``namespace`` refusing
-  underscore-prefixed names;
-- it sees ``messages`` (keys whose value is ``None`` dropped; a message's reasoning under
-  ``reasoning``/``thinking``/``reasoning_content`` is given under all of those names), ``tools``,
-  ``documents``, ``add_generation_prompt``, the tokenizer's named special tokens
-  (``bos_token``, ``eos_token``, ...) and any extra keyword (vLLM's ``chat_template_kwargs``);
-- ``continue_final_message``: the prompt ends where the last message's text ends (a marker is
-  appended to it and the rendering cut there), so the model continues that message.
-
-``content_format`` says how vLLM hands a message's content to this template: ``"string"``
-(text parts joined by newlines) unless the template loops over a message's ``content``
-(``"openai"``: the list of parts), as vLLM's ``auto`` detection decides.
+See docs/architecture.md#openai-shapes.
 """
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
 """Request bodies of ``/v1/completions`` and ``/v1/chat/completions``, one rule per field.
 
-The gateway and the worker's HTTP API validate with these same models, as vLLM's OpenAI
-server does: ``max_tokens`` >= 1 (and within the wire format's uint32), ``temperature`` in
-[0, 2] (OpenAI's range; vLLM alone would take more), ``seed`` a signed 64-bit integer,
-``cache_salt`` non-empty; unknown fields (``top_p``, ``presence_penalty``, ``logit_bias``,
-...) are accepted and ignored. vLLM's own fields are read as it reads them
-(``add_special_tokens``: true for completions, false for chat, whose template writes the
-special tokens; ``add_generation_prompt``, ``continue_final_message``, ``tools``,
-``documents``, ``chat_template_kwargs``, ``ignore_eos``, ``return_token_ids``).
+The gateway and the worker's HTTP API validate with these models, as vLLM does; unknown
+fields are ignored, and what the engine cannot honour is refused by ``check_supported``
+(400 ``unsupported``).
 
-What kvmesh's engine cannot honour is refused by ``check_supported`` (400 ``unsupported``):
-``n`` or ``best_of`` > 1, ``logprobs`` / ``top_logprobs``, ``echo``, ``suffix``, more than 4
-stop sequences. ``max_tokens`` defaults as in vLLM: 16 for completions; for chat, what the
-model's context leaves after the prompt.
+See docs/architecture.md#openai-shapes.
 """
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
 """Prompt token ids exactly as vLLM's OpenAI server computes them, without torch.
 
-A prefix-aware router must hash the same token ids the engine will cache, so it tokenizes
-as the engine does:
+A prefix-aware router must hash the token ids the engine will cache: completions tokenize
+with ``add_special_tokens`` (default true), chats render the template and tokenize without
+them. A model directory is read as ``transformers`` reads it.
 
-- ``/v1/completions``: a text prompt is ``tokenizer(prompt, add_special_tokens=True)``
-  (the request's ``add_special_tokens``, default true); a token-id prompt is taken as is;
-- ``/v1/chat/completions``: the model's chat template renders the messages
-  (``kvmesh.openai.chat_template``; ``add_generation_prompt`` default true) and the text is
-  tokenized with ``add_special_tokens`` false by default (the template writes them).
-
-A model directory is read as ``transformers`` reads it: ``tokenizer.json`` (through the
-``tokenizers`` library, whose post-processor adds the special tokens), the named special
-tokens of ``tokenizer_config.json`` (strings or ``AddedToken`` tables), the chat template
-from ``chat_template.jinja`` if present, else ``tokenizer_config.json``'s ``chat_template``
-(a string, or a list of named templates: ``default``). ``tiny`` is kvmesh's byte-level
-vocabulary (``kvmesh.openai.vocab``: no special tokens added, no chat template).
+See docs/architecture.md#openai-shapes.
 """
 from __future__ import annotations
 

@@ -1,31 +1,12 @@
 """Bearer-token authentication of kvmesh gRPC servers (a ``grpc.aio`` server interceptor).
 
-Both the metadata service and the workers use :class:`BearerAuth`; each supplies its own
-access policy: which *role* a method needs (``role_of``; ``None`` = open, like health
-checks) and, per role, the verifiers that turn a presented token into a :class:`Grant`.
+Each server supplies its policy (the role a method needs, the verifiers per role). Before any
+handler runs: no token or a wrong one -> UNAUTHENTICATED, without reading the request; a
+grant bound to an identity passes only a request for that ``worker_id`` (else
+PERMISSION_DENIED). Comparison is constant-time. Workers never hold the router token: each
+checks its own :func:`worker_access_token`, valid on no other worker.
 
-Contract, checked before any handler runs:
-
-* no ``authorization: Bearer <token>`` metadata on a guarded method -> UNAUTHENTICATED;
-* a token no verifier of the method's role accepts -> UNAUTHENTICATED;
-* a grant *bound* to an identity (``Grant.identity``) lets a call through only if the
-  request's ``worker_id`` field equals that identity; otherwise PERMISSION_DENIED, and the
-  handler never sees the request. Binding needs a unary request (the kvmesh worker calls
-  all are); a bound grant on a request-streaming method is refused.
-
-Token comparison is constant-time (``hmac.compare_digest``).
-
-An unauthenticated call is refused WITHOUT reading its request message: the interceptor
-sees only the method and the metadata (headers), and answers with a request-streaming
-handler (:func:`_refuse_unread`) that aborts before asking for the first message, so gRPC
-never buffers the body of a call without a valid token.
-
-Workers are never given the router token: each worker's WorkerService checks its own
-*worker access token*, :func:`worker_access_token` of the router token and THAT worker's
-id, and a client presents to a worker only the token of the worker it calls (the route
-target's id). A worker (or a fake one an attacker slipped into the index) thus learns a
-token that is valid on no other worker, cannot call the service's Route/Stats and cannot
-register anything: HMAC is one-way, and one worker's token says nothing about another's.
+See docs/architecture.md#rpc-auth-limits-tls-retries.
 """
 from __future__ import annotations
 

@@ -1,30 +1,11 @@
 """What one connection and one request may cost a kvmesh server (a ``grpc.aio`` interceptor).
 
-:class:`RequestLimits` guards every method under ``prefix`` (kvmesh's own services; health
-and reflection are left alone):
+At most ``max_inflight`` calls per connection (more: RESOURCE_EXHAUSTED naming the flag); the
+transport refuses a message over ``max_message_bytes`` while it arrives (never buffered
+whole); bytes that do not parse -> INVALID_ARGUMENT. Calls auth already refused pass
+untouched, so an unauthenticated caller learns nothing here.
 
-* **in flight per connection**: at most ``max_inflight`` calls at a time from one peer
-  connection (``context.peer()``, i.e. one TCP connection, which is what one gRPC channel
-  uses); one more is refused at once with RESOURCE_EXHAUSTED naming the limit and its flag.
-  A stream counts until it ends. ``0`` disables the limit. This is an interceptor with a
-  counter per connection, not grpc's ``maximum_concurrent_rpcs`` (a server-wide cap with a
-  generic message): one greedy client cannot take the whole server's capacity.
-* **message size**: the server's transport receive limit IS ``max_message_bytes``
-  (:func:`server_options`): gRPC refuses a bigger request with RESOURCE_EXHAUSTED while it
-  arrives, so no request over the limit is ever buffered whole. (It used to be twice the
-  limit, so that this interceptor could name the flag: that let every call, even an
-  unauthenticated one, make the server hold 2x the limit.) The size check here stays as a
-  second line for servers built with other options.
-* **streams per connection**: the HTTP/2 ``max_concurrent_streams`` setting is
-  ``max_inflight + 1``: a client cannot open more streams than that on one connection (its
-  extra calls wait client-side), so one connection can make the server receive at most that
-  many messages at once; the one over ``max_inflight`` still reaches this interceptor and is
-  refused with a message naming the flag.
-* **decoding**: bytes that do not parse as the method's request message are refused with
-  INVALID_ARGUMENT (without this, gRPC answers UNKNOWN).
-
-Requests the auth interceptor already refused (their handler reads no message) pass through
-untouched, so a caller without a valid token learns nothing from these checks.
+See docs/architecture.md#rpc-auth-limits-tls-retries.
 """
 from __future__ import annotations
 

@@ -1,26 +1,11 @@
 """kvmesh's retry rules: which failed gRPC call is tried again, and where.
 
-A router-side call fails at one of two places (:class:`Source`): a *service replica*
-(``IndexService``; replicas are stateless and interchangeable) or a *worker* (one attempt of
-``WorkerService.Generate`` on one ranked candidate). :data:`TABLE` is the one statement of
-what the caller then does (:class:`Action`): ask the next replica, restart the request on the
-next candidate worker, or surface the error. It covers every non-OK status code;
-``docs/reliability.md`` shows it and a test keeps the two equal. The sync client, the async
-client, the gateway (through the async client), the Ray Serve router and the worker's link to
-the service all decide with :func:`decide` (or :func:`retried`); :class:`ReplicaRing` is the
-rotation order over replicas and :class:`Backoff` the wait between rounds of a caller that
-keeps trying (the worker's link). Channels are built by ``kvmesh.rpc.channel``.
+:data:`TABLE` is the one statement, per failure source (service replica, worker) and status
+code, of what a caller does next; ``docs/reliability.md`` shows it and a test keeps them
+equal. Every caller decides with :func:`decide`. Above the table: a completed attempt is never
+retried, and a stream that delivered a token never fails over.
 
-Two rules stand above the table (no status code overrides them):
-
-* a *completed* attempt (the worker's final message arrived, or a call answered OK) is never
-  retried, even if the transport fails afterwards: a request never runs to completion twice;
-* a *stream* that has handed a token to its consumer never fails over (``delivered=True``):
-  the consumer cannot take tokens back, so the failure is surfaced.
-
-A worker attempt that failed before completing may be restarted elsewhere even when it
-already produced tokens (non-streaming ``generate`` drops them); gRPC propagates the
-client's cancel and deadline to the worker, which aborts the abandoned attempt.
+See docs/architecture.md#rpc-auth-limits-tls-retries.
 """
 from __future__ import annotations
 

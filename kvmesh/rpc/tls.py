@@ -1,18 +1,10 @@
 """TLS settings of one kvmesh process, as gRPC credentials (PEM files, read when asked).
 
-Every process has at most one identity and one trust root:
+One identity (``cert``/``key``) and one trust root (``ca``) per process; a client speaks TLS
+exactly when it has a ``ca``, and a client with a certificate but no ``ca`` is refused rather
+than dialing in plaintext. Bad files raise ``ValueError`` naming the flag, at start.
 
-* ``cert`` / ``key``: this process's certificate chain and private key. A server with both
-  serves TLS; a client with both presents them when the server asks (mutual TLS).
-* ``ca``: the CA certificate(s) this process trusts. A client speaks TLS exactly when it has
-  a ``ca`` and verifies the server against it (certificate chain and name: the host of the
-  address it dials, or ``server_name`` when set). A server with ``client_auth`` requires
-  every client to present a certificate signed by ``ca``. A client with a certificate but
-  no ``ca`` is refused (``ValueError``): it would otherwise dial in plaintext, silently.
-
-Missing or unreadable files raise ``ValueError`` naming the flag, when the credentials are
-built (at start), never later. A private key readable by other users is logged as a warning
-(``kvmesh.ops.file_perms``).
+See docs/architecture.md#rpc-auth-limits-tls-retries.
 """
 from __future__ import annotations
 

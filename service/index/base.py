@@ -1,51 +1,14 @@
 """The index backend contract: what every backend stores and how each operation behaves.
 
-Both implementations (``memory`` and ``redis``) follow these semantics exactly; a property
-test drives them with the same random streams and compares them with a brute-force model.
+Both backends (memory, redis) follow it exactly; a property test compares them with a
+brute-force model. Lookup counts, per worker, the consecutive blocks from block 0 it holds.
+A batch is applied all or nothing and idempotently by seq (a gap applies nothing: resync);
+an orphan stored event is skipped; calls of another incarnation raise
+:class:`StaleIncarnation`; a snapshot replaces the worker's entries; a live worker id is
+never taken over from another address or credential (:class:`WorkerIdInUse`). Times are
+the caller's milliseconds, so backends hold no clock.
 
-State, per namespace ``ns`` (model + block size + hash algo, see :func:`namespace`):
-
-- block hash -> {worker_id: tier bitmask} (bit ``1 << (tier - 1)``: 1 GPU, 2 CPU, 4 disk);
-- per worker: the set of hashes it holds (what purge, IndexCleared and snapshots drop; its
-  size is the worker's ``indexed_blocks``, which the block cap reads);
-- per worker: a record (address, model, last applied event seq, load, last heartbeat);
-- provisional entries: block hash -> {worker_id: expiry_ms}.
-
-Rules:
-
-- Lookup walks the request's chain from block 0 and, per worker, counts the consecutive
-  blocks from block 0 it holds (a real entry, or an unexpired provisional one, counted as
-  GPU). It stops as soon as no worker is left. Workers matching nothing are absent.
-- ``IndexStored(hashes, parent)``: ``parent`` empty means the chain starts at block 0 (root =
-  ``hashes[0]``); otherwise the parent must be a block the worker holds at that moment, or the
-  whole event is skipped (an orphan can never be reached by a lookup). Storing ORs the tier
-  bit. ``IndexRemoved`` clears the tier bit (tier 0: every tier); an entry with no bit left is
-  gone. ``IndexCleared`` drops every entry of the worker. Provisional entries are not touched
-  by events.
-- A batch is applied all or nothing: unknown worker -> nothing; every seq <= the record's
-  last seq -> duplicate, nothing; first seq > last seq + 1 -> gap, nothing (resync). Events
-  are idempotent by seq: a batch that overlaps applied events (a retry of a publish whose
-  answer was lost, carrying new events after the old ones) applies exactly its events with
-  seq > last seq, as if the worker had sent only those.
-- Incarnations: every worker process draws a random non-zero uint64 at start and sends it
-  with each call; ``register`` stores it in the record. ``heartbeat``, ``apply_events`` and
-  ``sync_worker`` whose incarnation differs from the record's raise
-  :class:`StaleIncarnation` and change nothing, checked in the same atomic step that would
-  apply them (a delayed batch of a dead process can never land on its successor's record,
-  whose seqs start at 1 again). 0 means "no incarnation" (a client that predates the field):
-  it only matches a record registered with 0, so such clients keep the old behaviour and a
-  process that has an incarnation is never mistaken for one that has none.
-- A snapshot replaces the worker's entries; it is an unordered set of chains: a block is kept
-  iff following parents inside the snapshot reaches a chain start (``resolve_snapshot``).
-- ``register`` drops whatever an earlier registration of the same worker id left (in any
-  namespace) and starts a fresh record with last seq 0 and the new incarnation. Takeover
-  guard: with ``live_after_ms``, a record of that id whose last heartbeat is newer (a LIVE
-  worker) and whose address or credential fingerprint differs from the new one is kept
-  and :class:`WorkerIdInUse` raised, checked in the same atomic step. The same address
-  and credential may re-register at once (a worker restarted on its port); anything else
-  waits until the old record stops heartbeating for a liveness timeout.
-
-Times are milliseconds given by the caller (the service's clock), so backends hold no clock.
+See docs/architecture.md#index-backend-contract.
 """
 from __future__ import annotations
 

@@ -1,31 +1,13 @@
 """The redis backend on a multi-shard Redis Cluster: every script touches one slot, and
 what touches many is split per slot (``RedisBackend.from_url`` picks this class for a
-``redis+cluster://`` URL; a single server keeps ``RedisBackend``'s single scripts).
+``redis+cluster://`` URL).
 
-Same keys as ``redis/keys.py`` says, same answers as the single-server backend and the memory
-backend (``tests/service/test_cluster_index.py`` runs their tests on 3 shards). Control keys
-share the slot ``{ctl}``: registration, heartbeat and purge are single scripts there. Block
-keys spread over 64 tags (their slots evenly over the shards), so one shared system prompt
-spreads over every shard. Round trips are parallel over the shards (``nodes.py``: one
-write per node):
+Same keys and answers as the single-server and memory backends. A lookup is one parallel
+round trip; a batch or snapshot three (begin on the control slot, a wave of per-tag writes,
+end). A lookup racing a batch can only see a match cut short, never a block the worker did
+not hold. A step that fails midway leaves ``pend`` set, so the worker resyncs.
 
-- lookup: 1, the live map's version and the provisional marker (control slot) and one
-  ``MGET`` per tag of the prompt (provisional keys too when the marker is up); the walk in
-  the service as for one server (``redis/walk.py``). Each shard's reads are each an instant of
-  that shard; a lookup racing an event batch may see part of it, which can only cut a
-  worker's match short (the walk stops at the first missing block), never show a block
-  the worker did not hold at some instant of the round trip.
-- events (``APPLY``): 3, the begin step (checks, handles, ``pend``) with the parents of the
-  batch's stored blocks read beside it, the wave of per-tag writes (``TAG_WRITE``, each in
-  event order; the orphan check was done here on the parents' values, since only this
-  batch writes this worker's entries while ``pend`` is set), the end step (seq, ``n``).
-- snapshot (``SYNC``): 3, the same shape; provisional entries: 1 (the marker beside the
-  per-tag scripts); sweep, shard checks, recovery: ``cluster_upkeep.py``, ``handle_fence.py``.
-
-A step that fails midway (a shard down) raises ``IndexUnavailable`` and leaves ``pend``
-set: the worker's next batch is answered GAP (and its heartbeat, after
-``PEND_STALE_MS``, asks for a snapshot), and the snapshot repairs whatever part was
-written. Scripts are ``redis/lua/cluster_*.lua``.
+See docs/architecture.md#redis-cluster-details.
 """
 from __future__ import annotations
 

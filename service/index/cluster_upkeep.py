@@ -1,33 +1,12 @@
 """Upkeep of the index on a multi-shard Redis Cluster, run by every service replica's
 janitor each second (``ClusterBackend.sweep``).
 
-Contract:
+:meth:`Upkeep.check_shards` moves the generation when a shard came back empty or older;
+:meth:`Upkeep.recover` rebuilds a lost control slot (under a lock, before any registration);
+:meth:`Upkeep.sweep` is the single-server sweep split per slot, fenced and layout-checked.
+Costs one command when nothing was retired.
 
-- :meth:`Upkeep.check_shards`: ``shard_identity.check``: one parallel round trip reads the
-  control slot's generation ``kvm:{ctl}:gen`` and compares each tag's sentinel ``{T}!``
-  with the identity of the primary serving its slot. A sentinel gone (its shard came back
-  empty) or naming another server process (a restart from an older dump, a promoted
-  replica: its data may be older) moves the generation (``LOST``), so every worker is
-  asked for a snapshot (its next heartbeat or batch: ``cluster_heartbeat.lua`` /
-  ``cluster_apply_begin.lua``), and the sentinels are stamped again. Until the snapshots land,
-  lookups may see the shard's older entries. A generation gone means the control slot
-  was lost: :meth:`recover`.
-- :meth:`Upkeep.recover` (also run by a registration that finds no generation): under a
-  lock (one replica at a time), deletes every block and provisional key of every shard
-  (handles are counted from 1 again, so an old entry would count for a new worker) and
-  every fence, starts the ticket counter and sets every tag's fence floor to its start
-  (``handle_fence.py``), stamps the sentinels, then sets the generation; registrations are
-  refused until then.
-- :meth:`Upkeep.sweep`: the sweep of ``redis/lua/sweep.lua`` split per slot (the scripts
-  ``redis/lua/cluster_*.lua``): ``sweep_begin`` (control slot) starts a cycle with the
-  retired handles no writer still uses (busy ones wait); before its first scan step the
-  cycle's handles are fenced on every tag (``tag_fence``, then ``sweep_fenced``: a late
-  wave of them is refused, ``handle_fence.py``); each step ``SCAN``s every primary not
-  done from its cursor, between two layout samples (``sweep_layout.py``), the keys found
-  are cleaned per tag (``tag_clean``), and ``sweep_step`` stores the cursors (compare-and-set) or
-  starts over a node whose layout changed; the cycle's handles are free once every
-  primary's scan came back to 0 and a later step found no layout changed. Costs one
-  command when nothing was retired.
+See docs/architecture.md#redis-cluster-details.
 """
 from __future__ import annotations
 

@@ -1,21 +1,12 @@
 """The engine: one model, one prefix-caching KV pool, continuous batching.
 
-``Engine.step()`` runs one batched forward over what the scheduler picked: decodes of
-running sequences and (chunks of) prefills of admitted ones. A prefill computes only the
-tokens after the verified cached prefix; the model attends to the cached blocks through the
-block table. Greedy output is therefore identical with and without cache hits (tests
-compare against Hugging Face transformers).
+``Engine.step()`` runs one batched forward over what the scheduler picked. A prefill computes
+only the tokens after the verified cached prefix, so greedy output is identical with and
+without cache hits. With KV tiers, each step runs the manager's copy orders after scheduling
+and before the forward. Two ways in: the batch ``generate`` call, and ``add_request`` +
+``step`` for a long-lived loop (``AsyncEngine``).
 
-KV tiers (``tiers``, a ``TierConfig``; default off): blocks the device pool evicts go to
-host memory, then to disk files, and come back before the prefill that needs them. The
-manager decides and the copy executor (``worker.kv_io.copy_executor``) moves the bytes: each step
-runs the manager's copy orders after scheduling and before the forward (offloads complete
-before it; onboards run in the background and a request whose onboard is in flight is not
-scheduled), and finishes the onboards that completed before scheduling the next step.
-
-Two ways in: the batch call ``generate(prompts, max_tokens, ...)``, and ``add_request`` +
-``step`` for a long-lived loop (``worker.engine.async_engine.AsyncEngine`` drives that from
-asyncio).
+See docs/architecture.md#worker-engine-and-model.
 """
 from __future__ import annotations
 

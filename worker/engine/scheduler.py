@@ -1,19 +1,11 @@
 """Continuous batching: which sequences run this step, and how many tokens each.
 
-Each step has a token budget (``max_batched_tokens``). Running sequences go first, in
-arrival order: a decode takes one token, an unfinished (chunked) prefill takes what the
-budget leaves. Then waiting sequences are admitted while the budget, ``max_seqs`` and free
-blocks allow; a long prompt is prefilled in chunks over several steps, so decodes of other
-sequences never stall behind it.
+Each step has a token budget: running sequences first (decode 1 token, chunked prefill what
+is left), then waiting ones while budget, ``max_seqs`` and blocks allow. A sequence that
+cannot get a block preempts the most recently admitted one by recompute; ``allocate_slots``
+succeeds whole or changes nothing, so the pool is never corrupted.
 
-When a running sequence cannot get a block, the most recently admitted running sequence is
-preempted by recompute: its blocks are freed (they stay cached, so re-admission is mostly a
-cache hit) and it goes back to the front of the waiting queue. Preemption never corrupts
-the pool: ``allocate_slots`` either succeeds whole or changes nothing.
-
-With lower tiers, a waiting sequence whose prefix continues on CPU or disk is onboarded
-first (``KVCacheManager.start_onboard``); while that copy is in flight it is skipped and the
-sequences behind it may be admitted. Once the copy is done its blocks are device hits.
+See docs/architecture.md#worker-engine-and-model.
 """
 from __future__ import annotations
 

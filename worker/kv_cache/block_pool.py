@@ -1,30 +1,13 @@
 """The block pool: every KV block of one tier, the free queue, and the prefix-cache map.
 
-Rules (vLLM v1 automatic prefix caching, plus token verification and head-placement of
-unhashed blocks):
+vLLM v1's automatic prefix caching: all blocks exist from start-up; a block is referenced
+(``ref_cnt > 0``, never in the free queue) or free (in it); ``cached`` maps a hash to the
+blocks holding it (duplicates allowed) and is dropped lazily, on eviction or reset. Freed
+blocks go to the tail (a request's in reverse), unhashed ones to the head. A hit is returned
+only when its tokens match the caller's (a collision is a miss), and a failed step's blocks
+are uncached so an unwritten block is never a hit.
 
-- All blocks exist from start-up. A block is either referenced (``ref_cnt > 0``, held by
-  running requests, never in the free queue) or free (``ref_cnt == 0``, in the free queue).
-- ``cached`` maps a block hash to the blocks holding it, by block id. Several blocks may hold
-  one hash (block tables are append-only, so a block computed twice is never merged), and a
-  free block may stay cached until it is handed out again.
-- Cached blocks are only dropped lazily: when :meth:`get_new_blocks` pops one from the head
-  of the free queue (an eviction) or on :meth:`reset_prefix_cache`.
-- :meth:`free_blocks` appends blocks reaching ``ref_cnt == 0`` to the tail in the order
-  given; callers pass a request's blocks in REVERSE, so a chain's last block sits nearest
-  the head and is evicted first. Blocks without a hash hold nothing reusable: they go to the
-  HEAD so they are handed out before any cached block.
-- ``eviction="layered"`` splits the free queue in two classes (:class:`LayeredFreeQueue`):
-  unhashed and decode-generated blocks (``block.decoded``, set by the manager) are handed out
-  before prefill-computed ones; the rules above hold inside each class.
-- Every cached block carries its :class:`BlockContent`; :meth:`get_cached_block` only
-  returns a block whose content matches the caller's tokens, so a hash collision is a miss.
-- A cached block's KV is written, or is being written by the step in progress. A step that
-  fails hands the blocks it cached to :meth:`uncache_blocks`, so a hash whose only holders
-  were never written is neither a hit here nor (after its ``PoolRemoved``) in the index.
-- Lower tiers hook evictions (``on_evict``: the hashes whose last block just went, called
-  before their ``PoolRemoved``) and emit their events in this pool's one seq stream
-  (:meth:`emit_stored`, :meth:`emit_removed`). Without them, nothing here changes.
+See docs/architecture.md#worker-kv-cache.
 """
 from __future__ import annotations
 

@@ -1,29 +1,12 @@
 """Offload: blocks evicted from the device pool move down the lower tiers instead of vanishing.
 
-:class:`Offloader` owns the CPU tier and the optional disk tier of one worker, hooks the
-device pool's evictions (``BlockPool.on_evict``) and records the copy orders
-(``transfers``) the data plane executes. Rules:
+:class:`Offloader` owns the CPU and optional disk tier of one worker, hooks the pool's
+evictions and records the copy orders the data plane executes. A hash moves down when its
+LAST device block goes; orphans are never offloaded; events go through the pool's one seq
+stream, arrival below before departure above; a copy reported lost takes its entry out at
+once, so a block whose bytes were never written is never announced or onboarded.
 
-- A hash is offloaded when its LAST device block is evicted (duplicates stay on the
-  device), into the CPU tier; if the CPU tier is full, its LRU victim is spilled to disk
-  (when there is a disk tier with room or a victim of its own) or dropped. A hash the tier
-  already holds is only refreshed (same content) or skipped (a collision: other content).
-- An orphan (its parent held on no tier, and not block 0) is not offloaded: a lookup from
-  block 0 can never reach it.
-- An entry keeps its device block's eviction class (``decoded``), refreshed on every tier
-  holding the block whenever the device evicts it again, and a spill carries it down.
-- Events go through the device pool's one seq stream, a block's arrival below before its
-  departure above: ``PoolStored(cpu)`` then the pool's ``PoolRemoved(gpu)``;
-  ``PoolStored(disk)`` then ``PoolRemoved(cpu)`` for a spill; ``PoolRemoved(<tier>)`` for
-  a drop.
-- Orders (see :mod:`.transfers`): a ``Spill`` of a slot precedes the ``Offload`` that reuses
-  it; a disk hash dropped gets a ``Drop`` (delete its file), deferred while an in-flight
-  copy still reads that file, and skipped if the hash is back on disk by then.
-- A copy the data plane reports lost (:meth:`Offloader.forget_lost`) takes its entry out at
-  once (``PoolRemoved(<tier>)``; a disk entry's ``Drop`` removes a partial file): an entry
-  whose bytes were never written is never spilled, announced on disk or onboarded. A CPU
-  entry spilled before the report was refused on its way (its slot was bad), so its disk
-  entry is reported lost too.
+See docs/architecture.md#worker-kv-cache.
 """
 from __future__ import annotations
 

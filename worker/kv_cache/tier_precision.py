@@ -1,18 +1,10 @@
 """The index's precision per tier: how much of what it promised on each tier the worker had.
 
-The router tells the worker, with each request, how many prompt tokens the index said this
-worker held on each tier (``GenerateRequest.index_matched_tokens_by_tier``); the worker knows
-what it really served, per tier (``cached_tokens_by_tier``). A promised token is *kept*
-when the worker served a token from that tier or a faster one (gpu < cpu < disk): a block
-promised on the CPU tier and found on the device (onboarded meanwhile) kept the promise; a
-block promised on the device and found only on the CPU tier, or found nowhere, missed it.
+A promised token is *kept* when the worker served a token from that tier or a faster one
+(gpu < cpu < disk). Promises are capped at the prompt's length and matched to served tokens
+by counts, fastest tier first: exact when both chains are ordered by tier.
 
-A promise is capped at the prompt's length (a router cannot promise more tokens than the
-prompt has; a larger wire value, up to 2^64 - 1, would overflow the uint64 counters).
-Counts, not positions, are compared: promises are matched to served tokens fastest tier
-first, each promise taking what is left on its own tier or faster ones. When both chains
-are ordered by tier (a device head, a lower tail, as the manager keeps them) this is exact;
-a lower tail mixing CPU and disk blocks is scored by its totals per tier.
+See docs/architecture.md#worker-kv-cache.
 """
 from __future__ import annotations
 

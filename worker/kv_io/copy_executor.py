@@ -1,44 +1,13 @@
 """The copy executor: moves KV blocks between the device pool, host memory and disk files.
 
-The KV cache manager decides (``Offload`` / ``Spill`` / ``Onboard``, see
-``worker.kv_cache.transfers``); the engine hands each order to this executor, which owns the
-host-memory tier (``host``: ``[cpu_blocks, layers, 2, block_size, kv_heads, head_dim]``, one
-contiguous slot per block, the device cache's per-block slice ``cache[:, :, block]``) and the
-disk tier's files (a :class:`~worker.kv_io.disk_store.DiskStore`).
+It owns the host-memory tier and the disk store and runs the manager's orders so that a step
+never reads a block whose copy is not done: ``offload`` has completed (for the next forward)
+when it returns; ``spill`` copies the slot out at once and writes the file in the background;
+``onboard`` is asynchronous (``poll`` returns the finished ones); every copy that did not
+happen is reported by ``take_lost``. Not thread-safe: call everything but ``copy_in`` from
+the engine thread.
 
-Ordering contracts (what keeps a step from ever reading a block whose copy is not done):
-
-- :meth:`offload` copies device blocks into host slots and has completed, as far as the next
-  forward can tell, when it returns: on a CPU device it is a plain memcpy on the caller's
-  thread; on CUDA the copies run on the side stream and the compute stream waits on their
-  event, so the forward that reuses the device blocks runs after them.
-- :meth:`spill` copies a slot's bytes out at once (so the next offload may overwrite the
-  slot) and writes the file on the background thread; with ``MAX_QUEUED`` jobs pending it
-  first waits for the thread (memory stays bounded when the disk is slower than evictions).
-- Every copy that does not happen is reported (:meth:`take_lost`, a
-  ``worker.kv_cache.transfers.Lost`` each) for the engine to hand to
-  ``KVCacheManager.copies_lost``: an offload that raised (its slots are marked bad too, so
-  nothing reads them), a spill refused because its slot holds no good copy or failing
-  before its write was queued, a background write that failed (unless a later write of
-  that hash is still pending: that one will make the file).
-- :meth:`onboard` is asynchronous: the copies (host slot or disk file -> freshly allocated
-  device blocks, which no request reads until the manager's ``finish_onboard``) run on the
-  background thread; :meth:`poll` returns the finished ones. A copy that raises (a damaged
-  file, an injected fault) ends that onboard with ``ok=False``: the request recomputes.
-- Two background threads, each FIFO: onboards on one, disk writes and deletes on the other
-  (an onboard never waits behind the spills its own allocation caused). A read of a disk
-  block waits for the pending write of that hash, so it always sees the write ordered
-  before it; a delete runs after the writes ordered before it. (The manager never drops a
-  disk block while a copy reads it.)
-
-CUDA: pinned host memory and a side stream with events; the engine thread waits for a copy
-only when a spill reads a slot whose offload is still running. Disk reads go through a
-pinned staging buffer; the onboard thread synchronises the side stream at the end of each
-run of same-tier copies (that is also what the timings measure). This path is written for,
-but not exercised by, the tests: CI and this development machine have no GPU.
-
-Not thread-safe: call everything but :meth:`copy_in` (the onboard thread's) from the
-engine thread.
+See docs/architecture.md#worker-data-plane.
 """
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
 """The disk tier's MAC key: a secret only this worker holds, kept across restarts.
 
-Block files are authenticated with HMAC-SHA256 under this key (``worker.kv_io.disk_store``), so a
-file someone else wrote, or rewrote, is never served: without the key nobody can make a file
-that verifies. The disk tier's point is surviving restarts, so the key must too:
+``KVMESH_DISK_KEY`` (environment only) when set, else ``<disk dir>/disk.key`` (random,
+0600, created race-free). A key file that is not a regular private file of the right size
+owned by this user stops the start: it may have leaked.
 
-- ``KVMESH_DISK_KEY`` (environment, never a command line), when set: its UTF-8 bytes, at
-  least ``MIN_ENV_KEY`` of them (e.g. ``openssl rand -hex 32``). Workers that share a
-  disk directory on purpose share it this way.
-- Otherwise ``<disk dir>/disk.key``: ``KEY_BYTES`` random bytes, mode 0600, created on first
-  use with ``O_EXCL | O_NOFOLLOW`` in the worker's 0700 directory. Made under a temporary
-  name and linked into place, so two workers starting at once agree on one key and nobody
-  ever reads half of one. An existing key file is used only if it is a regular file of
-  exactly ``KEY_BYTES`` bytes, owned by this user and closed to everyone else; anything else
-  stops the start with a clear error (a key others could read may have leaked, and a
-  rewritten one would make every file unreadable anyway: delete it to start afresh, the
-  blocks are then recomputed).
+See docs/architecture.md#worker-data-plane.
 """
 from __future__ import annotations
 

@@ -1,49 +1,13 @@
 """The disk tier's files: one file per KV block, private, authenticated, written atomically.
 
-Layout. Files live in ``<disk_dir>/<fingerprint[:16] hex>/<block hash hex>.kvb``: the
-subdirectory is the model fingerprint (``kvmesh.contract``: the whole parsed model config,
-architecture, dtype, block size, a weight sample, hash algorithm and root hash), so a worker
-started with another model, config or hash seed on the same ``disk_dir`` never even lists
-the other's files. ``<disk_dir>/disk.key`` is the MAC key (``worker.kv_io.disk_key``).
+Files live under a directory named by the model fingerprint (another model or seed never
+sees them), 0700/0600, never through a symlink. Each carries a MAC'd CBOR header and a MAC'd
+payload, so without the worker's key nobody can write a file that passes. ``write`` is atomic
+(temporary file + ``os.replace``); ``read`` returns a payload only when every check passes,
+else deletes the file and raises :class:`CorruptBlock`; ``scan`` keeps every verified file
+and deletes the rest. Not thread-safe per hash: the copy executor's FIFO thread serialises.
 
-Who can touch them. Both directories are 0700 and every file 0600 (a block's header holds
-its prompt tokens and its tenant's cache salt). A ``disk_dir`` or fingerprint directory that
-another user owns, or that its group or others may write, is refused at start
-(:class:`~kvmesh.ops.file_perms.UnsafePath`): whoever can write it could plant files. Files are
-created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` and opened with ``O_NOFOLLOW``: a symlink
-planted at a block's path is never followed.
-
-One file::
-
-    MAGIC (8 bytes) | header length H (u32 LE) | header (CBOR, H bytes)
-    | HMAC-SHA256(header key, MAGIC..header) (32 bytes) | payload (header["nbytes"] bytes)
-
-The header is a CBOR map: ``v`` (format version), ``fp`` (the full fingerprint), ``hash``,
-``parent`` (None for a chain's first block), ``tokens``, ``extra`` (the block's extra keys,
-tuples as arrays), ``nbytes`` and ``mac`` (HMAC-SHA256 of the payload under the payload
-key). The two keys are derived from the worker's secret key (one per use, so a tag of one
-kind never verifies as the other). The header's own MAC lets :meth:`DiskStore.scan` trust
-the tokens and hashes a file announces without reading every payload; the payload's MAC
-(inside the authenticated header) is checked by :meth:`DiskStore.read`. Without the key
-nobody can write a file that passes: KV someone else planted or rewrote is never served.
-
-Contracts:
-
-- :meth:`DiskStore.write` is atomic (a private temporary file in the same directory, then
-  ``os.replace``): a reader sees the old file, the new file or none, never a part of one.
-  No fsync: a file a crash left torn fails its checks and is recomputed, like any other.
-- :meth:`DiskStore.read` returns a payload only when every check passes (a regular file,
-  magic, version, fingerprint, header MAC, the requested hash, exact size, payload MAC).
-  Otherwise it deletes the file and raises :class:`CorruptBlock`: a damaged or forged
-  block is recomputed, never used.
-- :meth:`DiskStore.scan` returns the entries of every file whose header verifies and is
-  well-formed, oldest first, and deletes leftover temporary files and every other file.
-  One bad file never stops a start: whatever is wrong with it, it is deleted and counted.
-- ``rejected`` counts the files deleted as unusable (scan and read; ``/metrics``:
-  ``kvmesh_worker_disk_files_rejected_total``).
-
-Not thread-safe per hash: the engine serialises all operations on one hash through the
-copy executor's FIFO thread (a write, then reads, then the delete).
+See docs/architecture.md#worker-data-plane.
 """
 from __future__ import annotations
 

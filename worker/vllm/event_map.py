@@ -1,30 +1,11 @@
 """A kvmesh pool's KV events as vLLM publishes its own (``kvmesh.events.vllm`` structs).
 
-The two streams describe the same cache with different rules, so this is a translation, not
-a renaming:
+A translation, not a renaming: vLLM removes every physical copy, so a removal is published
+once per stored copy; vLLM's events carry the untagged extra keys, read from the pool when
+the event is taken. A block whose keys cannot be found is not published (nor its later
+removal): a consumer may miss a block, never hold one the pool does not. Not thread-safe.
 
-- Copies. kvmesh stores a hash each time a block caching it is filled (duplicates included)
-  but removes it once, when the LAST block holding it goes. vLLM removes every physical
-  block: a consumer counts copies per hash. So the map counts the copies it published per
-  (tier, hash) and, on kvmesh's one removal, publishes the hash once per copy; a consumer
-  counting as vLLM's consumers do reaches 0 exactly when kvmesh's pool no longer holds it.
-- Extra keys. vLLM's stored event (``VllmStored``) carries, per block, the keys its hash includes,
-  untagged: the LoRA name, ``(mm_identifier, offset)`` pairs, the cache salt on block 0
-  (``extra_keys``; ``None`` for a block without any), and the adapter's name in
-  ``lora_name``. kvmesh's events carry hashes and tokens only; the keys are in the cached
-  block's content (its tagged keys, ``kvmesh.hashing``), read from the pool when the event
-  is taken (on the engine thread, right after the step that emitted it) and remembered per
-  hash while any tier holds it (a block moving to a lower tier keeps its keys). A block
-  whose keys cannot be found (it was stored and dropped within one step) is not published,
-  nor is anything after it in that event, nor its later removal: a consumer may miss a
-  block, never hold one the pool does not.
-- Tiers. ``medium`` is the tier's (``GPU``, ``CPU``, ``STORAGE``).
-- Hashes. vLLM's ``ExternalBlockHash``: the digest's low 8 bytes as an int
-  (``as_int``, vLLM's default), or the digest's bytes.
-- ``lost`` (the pool dropped unread events): ``VllmCleared`` first, then what follows;
-  consumers drop everything and learn the cache again as blocks are stored.
-
-Not thread-safe: one engine thread calls :meth:`VllmEventMap.translate`.
+See docs/architecture.md#worker-vllm-face.
 """
 from __future__ import annotations
 

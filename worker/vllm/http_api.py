@@ -1,26 +1,11 @@
 """``kvmesh worker --http-port``: the engine behind an OpenAI-compatible HTTP server, as vLLM's.
 
-Routes: ``POST /v1/completions`` (token-id prompts, and text prompts through the worker's
-tokenizer, ``kvmesh.openai.tokenizer``: vLLM's rules), ``POST /v1/chat/completions`` (when the
-tokenizer has a chat template), ``GET /v1/models``, ``GET /v1/models/{id}`` and
-``GET /health``. As vLLM, a chat without ``max_tokens`` generates until EOS or the context
-limit (the model's context, or the KV pool when that holds less: vLLM's ``max_model_len``
-never exceeds its KV cache). Its Prometheus page
-(vLLM's names: ``worker.vllm.metrics``) is not served here: prefix-cache hits are every
-caller's, so the page is on the worker's metrics listener (``--metrics-host``, loopback by
-default; ``worker.main``), never next to this API. A ``model`` naming one of the worker's
-LoRA adapters (``--lora-modules NAME=PATH``, vLLM's flag) runs the request under that
-adapter, whose (name, path) the engine hashes; ``cache_salt`` salts the prefix as vLLM
-does. Bodies, their validation and errors: ``kvmesh.openai`` (the gateway's own), with
-vLLM's error body (``OpenAIError.vllm_body``); the engine takes no stop strings (400).
-Responses carry ``usage.prompt_tokens_details.cached_tokens`` (the prompt tokens the prefix
-cache served), which vLLM reports with ``--enable-prompt-tokens-details``.
+Completions, chat completions (with a chat template), models and health, with vLLM's rules
+and error body. The vLLM metrics page is never served here (prefix-cache hits are every
+caller's). A stream starts only once the first tokens exist, so a failure before them is an
+HTTP status; after them, a last ``data: {"error": ...}`` event.
 
-Errors: 400 for a request the engine can never serve, 401 without the worker's access token
-(when it has one: ``Authorization: Bearer``), 404 for an unknown model, 500 when the engine
-step failed (the worker's fault: a router fails over). A stream starts only once the first
-tokens exist, so any failure before them is an HTTP status, never a broken stream; after
-them, an error arrives as a last ``data: {"error": ...}`` event before ``[DONE]``.
+See docs/architecture.md#worker-vllm-face.
 """
 from __future__ import annotations
 

@@ -1,25 +1,10 @@
 """The vLLM metrics of ``kvmesh worker --http-port``, in vLLM's metric names.
 
-They are served on the worker's metrics listener (``--metrics-host:--metrics-port``, loopback
-by default, with the ``kvmesh_worker_*`` families; ``worker.main``), not on the HTTP API's
-port: the prefix-cache counters sum every caller's hits, and the API port faces callers.
+Served on the worker's metrics listener (loopback by default), never on the HTTP API's port,
+with vLLM's labels, so whatever reads a vLLM engine's page reads a worker's the same way.
+Figures are read at scrape time from the engine's plain integers.
 
-Whatever reads a vLLM engine's Prometheus page (``kvmesh bridge vllm``'s load, dashboards
-built for vLLM) reads a kvmesh worker's the same way. Every family carries vLLM's labels,
-``model_name`` (the served model) and ``engine`` (the data-parallel rank: ``"0"``):
-
-- ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` (gauges): the scheduler's
-  queues;
-- ``vllm:kv_cache_usage_perc`` (gauge, 0..1): the fraction of device blocks held by
-  requests (cached blocks no request holds count as free, as in vLLM);
-- ``vllm:cache_config_info`` (gauge 1, the configuration as labels): ``block_size``,
-  ``num_gpu_blocks``, ``num_cpu_blocks``, ``enable_prefix_caching``;
-- ``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits`` (counters, tokens),
-  ``vllm:num_preemptions`` (counter);
-- ``vllm:request_prompt_tokens`` (histogram), ``vllm:prompt_tokens`` and
-  ``vllm:generation_tokens`` (counters): requests finished through the HTTP API.
-
-Figures are read at scrape time from the engine's plain integers (as ``worker.rpc.metrics``).
+See docs/architecture.md#worker-vllm-face.
 """
 from __future__ import annotations
 

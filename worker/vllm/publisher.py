@@ -1,29 +1,12 @@
 """``kvmesh worker --vllm-events``: publish the worker's KV events on vLLM's ZMQ protocol.
 
-Any consumer built for vLLM's KV events (llm-d, Dynamo, ``kvmesh bridge vllm``) can then index
-a kvmesh worker. What goes on the wire is what vLLM's ``ZmqEventPublisher`` sends
-(``kvmesh.events.vllm``: the current map encoding):
+What goes on the wire is what vLLM's ``ZmqEventPublisher`` sends (PUB batches numbered from
+0 per process, an optional replay ROUTER over the last batches, no snapshot), so any consumer
+of vLLM's events can index a kvmesh worker. Non-local endpoints need CURVE (the events carry
+token ids and salts). Events are translated on the engine thread; numbering, sending and
+replay run on the worker's event loop.
 
-- a PUB socket on ``endpoint``; one message per engine step that changed the cache,
-  ``[topic, seq, payload]``, ``seq`` counting batches from 0 for this process (so it starts
-  again at 0 when the worker restarts, as a consumer expects of an engine restart), the
-  payload a ``KVEventBatch`` of vLLM's events (``worker.vllm.event_map`` translates);
-- a replay ROUTER on ``replay`` (optional): ``[b"", start_seq]`` is answered with the
-  buffered batches whose seq is at least ``start_seq``, oldest first, then the end marker;
-  the last ``buffer`` batches (vLLM's 10,000) are kept. As with vLLM there is no snapshot:
-  what left the buffer is gone. One answer holds at most ``replay_max_batches`` batches and
-  ``replay_max_bytes`` bytes, and each caller draws on a budget of batches
-  (``worker.vllm.replay_budget``): past it, its requests go unanswered.
-- Who may connect (``kvmesh.events.zmq_curve``): the events carry prompts' token ids and tenants'
-  salts, so without ``curve`` both endpoints must be local (loopback, ipc); any other one is
-  refused at ``__init__``. With ``curve`` both sockets are CURVE servers and only its listed
-  client keys complete a handshake (a ZAP handler on the publisher's own context).
-- A PUB socket drops what a slow subscriber cannot take (past ``hwm`` messages, vLLM's
-  100,000); the subscriber sees the gap in ``seq`` and replays.
-
-Threads: events are translated on the engine thread, right after the step (the block keys
-are read from the pool there: ``deliver``, a ``worker.engine.event_tap`` consumer); numbering,
-encoding, sending and replay run on the worker's event loop, so the buffer has one owner.
+See docs/architecture.md#worker-vllm-face.
 """
 from __future__ import annotations
 

@@ -1,26 +1,10 @@
 """How many buffered batches each caller of a worker's replay socket may pull, and how fast.
 
-One 9-byte replay request used to be answered with the whole buffer (10,000 batches, tens of
-MiB): an amplifier, repeated as often as anyone liked. Two bounds now hold:
+Per request at most ``max_batches`` batches and ``max_bytes`` bytes; per caller (CURVE key,
+else peer address) a token bucket, every request costing at least one: a refused request is
+just a replay that did not answer, which consumers survive.
 
-- per request: at most ``max_batches`` batches and ``max_bytes`` bytes of payload (the
-  publisher's ``replay_max_batches``/``replay_max_bytes``); the answer then ends with the end
-  marker, and a consumer asks again from where it stopped;
-- per caller: a bucket of ``burst`` batches refilled at ``rate`` batches a second; every
-  request costs at least one, so empty replays are bounded too. A request finding the bucket
-  empty is not answered (counted as ``replays_refused``): to the consumer this is a replay
-  socket that did not answer, which it already survives (``bridge.subscriber``: the gap
-  clears the engine's entries, the index under-claims).
-
-The defaults let a legitimate consumer do what one does: a full replay when it connects and a
-second one from 0 when it finds the engine restarted (``burst``: two buffers), then probes
-and gap fills of a few batches.
-
-Who "a caller" is: the CURVE client key when the socket is CURVE (the ZAP handler's
-``User-Id``), otherwise the peer's address. Not the ROUTER routing id: every connection gets a
-fresh one (the bridge opens one per request) and a caller may choose its own, so it bounds no
-one. The set of callers is bounded by construction: without CURVE a replay socket binds only
-loopback (``kvmesh.events.zmq_curve.is_local``), with CURVE only listed keys get in.
+See docs/architecture.md#worker-vllm-face.
 """
 from __future__ import annotations
 

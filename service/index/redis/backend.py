@@ -1,35 +1,12 @@
 """Redis / Valkey index backend (redis-py asyncio with hiredis), same semantics as memory.
 
-The key layout and value encodings are in ``keys.py``: one STRING per block, named by its
-raw hash behind a one-byte cluster tag, holding sorted 4-byte (worker handle, tier bits)
-entries; control keys (registry, records, live handles per namespace) share one slot.
-The scripts that write are ``lua/*.lua`` (loaded by ``lua.py``).
+Lookups run no script (one MULTI/EXEC snapshot of hand-packed reads, the walk in the
+service); every write is one Lua script, loaded once and called by SHA (reloaded after
+``NOSCRIPT``). A worker's entries are all dropped at once by retiring its handle; the sweep
+reclaims them later. A ``redis+cluster://`` URL gets ``ClusterBackend``. Heartbeat times
+come from the replicas' clocks: keep them NTP-synced.
 
-Why STRING keys read with MGET: O(1) per block and one command for all the blocks of a
-prompt (a listpack HASH would scan linearly per field); a 35-byte key with a short value
-is one 80-byte allocation. Why handles instead of worker ids: 3 bytes per entry, and a
-worker's entries can all be dropped at once (registration, IndexCleared, snapshot, purge) by
-retiring its handle, so no per-worker reverse index is needed (it cost 175 B per entry);
-the sweep (:meth:`RedisBackend.sweep`, called by the service's janitor) reclaims retired
-handles' entries later. The block cap and ``indexed_blocks`` read the record's entry
-count ``n``.
-
-Lookups run no script: one MULTI/EXEC snapshot of hand-packed reads (``resp.py``), then
-the walk in the service (``walk.py``). Round trips: Route = 1 (the lookup; +1 when the
-namespace's live map or provisional marker changed since this replica last looked) + 1
-when it records provisional entries; events, snapshots, heartbeats, registration and
-purge = 1 script each. Scripts are loaded once (``SCRIPT LOAD``) and called by SHA; after
-a ``NOSCRIPT`` (a restarted or flushed server) they are loaded again and the call is
-retried once.
-
-Redis Cluster: registration, heartbeat and purge touch the control slot only; a block
-key's slot depends on its hash alone (64 tags spread evenly over the slots), so a chain,
-even one shared prefix, spreads over every shard. The lookup's snapshot, ``provisional``,
-``apply``, ``sync`` and ``sweep`` as written here touch block keys of many slots (and the
-control slot), which a standalone server (or one shard, or Sentinel) executes atomically;
-for a ``redis+cluster://`` URL, ``from_url`` returns ``ClusterBackend``
-(``service/index/cluster.py``), which splits each of them per slot.
-Heartbeat timestamps come from the service replicas' clocks: keep them NTP-synced.
+See docs/architecture.md#the-redis-layout-serviceindexredis.
 """
 from __future__ import annotations
 

@@ -1,53 +1,14 @@
-"""The redis backend's key names and value encodings, the one place that knows them: the
-scripts take block keys built here (``tests/service/test_redis_index.py`` checks the
-keyspace against this docstring).
+"""The redis backend's key names and value encodings, the one place that knows them.
 
-Two kinds of keys (``NS`` = ``namespace(model, block_size, algo)``, percent-encoded, so it
-holds no ``{``, ``}`` or ``|``; ``HASH`` is a block hash as raw bytes, 32 or 16 of them)::
+Scripts take block keys built here, so the tag rule lives here alone. A block key is the
+block's raw hash behind a one-byte cluster tag (``{T}HASH``, its value sorted 4-byte
+(handle, tier bits) entries); every control key shares the tag ``{ctl}`` (one slot). The
+tag depends on the hash alone, so one chain spreads over every shard and a writer needs
+nothing but the hash. A *handle* names one worker's current entries: retiring it drops them
+all at once for every reader; the sweep deletes them later. The full key table (checked by
+``tests/service/test_redis_index.py``) is in the architecture page.
 
-    {T}HASH                  STRING  who holds the block: sorted 4-byte entries
-                                     (3-byte worker handle, big-endian; 1 byte of tier bits)
-    p{T}HASH NS              STRING  ";worker|expiry_ms;..." provisional holders (key TTL)
-    kvm:{ctl}:workers        HASH    worker id -> NS                          (registry)
-    kvm:{ctl}:w:NS|ID        HASH    the worker's record (address, seq, load, h, n, ...)
-    kvm:{ctl}:live:NS        HASH    handle (decimal) -> worker id, live handles only;
-                                     'v': its version (changes with every handle drawn
-                                     or retired), 'c': the count behind the version
-    kvm:{ctl}:pm:NS          STRING  "1" while provisional entries of NS may exist (TTL)
-    kvm:{ctl}:handles        STRING  the last handle ever drawn (INCR)
-    kvm:{ctl}:free           SET     handles swept clean, drawn again before new ones
-    kvm:{ctl}:dead           SET     retired handles whose entries the sweep still drops
-    kvm:{ctl}:cycle          SET     the handles the running sweep cycle drops
-    kvm:{ctl}:sweep          HASH    the running sweep cycle's SCAN cursor (on a Redis
-                                     Cluster: 'id' and one cursor per primary)
-
-On a multi-shard Redis Cluster only (``cluster.py``, ``cluster_upkeep.py``)::
-
-    {T}!                     STRING  the tag's sentinel: the identity (run_id:master_replid)
-                                     of the primary serving the slot when last checked;
-                                     gone or another = back empty or older
-                                     (``shard_identity.py``)
-    {T}#                     HASH    the tag's fences: 3-byte handle (or '*': all) -> the
-                                     ticket at and below which its writes are refused
-                                     (``handle_fence.py``)
-    kvm:{ctl}:gen            STRING  the block shards' generation (moves when one is lost
-                                     or back older)
-    kvm:{ctl}:ticket         STRING  the begin steps' ticket counter (``handle_fence.py``)
-    kvm:{ctl}:busy           ZSET    'handle:token' -> ms: handles a batch may still write
-    kvm:{ctl}:recover        STRING  the lock of the control slot's recovery (TTL)
-
-``T`` is one tag byte chosen by the hash's first byte (:func:`tag`): 64 tags, picked so
-their Redis Cluster slots spread evenly over 16,384 (with S shards owning equal slot
-ranges, no shard owns more than 1.125x its share of tags for S = 2..10). A block's key
-depends on its hash alone, so keys of one chain, even of one shared prefix, spread over
-every shard, and a write needs nothing but the hash. Every control key shares the tag
-``ctl`` (one slot): registration, purge and handle bookkeeping are single-slot.
-
-A *handle* (1 .. 2**24 - 1) names one worker's current set of entries: registration, a
-Cleared event, a snapshot and the block-cap backstop give the worker a fresh handle and
-retire the old one, which drops all its entries at once for every reader (lookups only
-count handles of ``live:NS``). The sweep (``SWEEP``) later deletes retired handles' entries
-and returns the handles to ``free``.
+See docs/architecture.md#the-redis-layout-serviceindexredis.
 """
 from __future__ import annotations
 

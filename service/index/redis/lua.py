@@ -1,21 +1,10 @@
 """The Lua of the redis backends: one file per script in ``lua/``, loaded here and only here.
 
-File format (``tests/service/test_lua.py`` checks every file):
+A file is a ``--`` header (not sent), then the body with ``--@include NAME`` (the fragment
+``_NAME.lua``) and ``${NAME}`` (:data:`CONSTANTS`) expanded; an unknown name is an error.
+A script's text is fixed at import, so its SHA is the same on every replica of one version.
 
-- a header, the leading ``--`` lines up to the first empty line: what the script does, its
-  KEYS and ARGV (a fragment: those it reads of its includer's) and what it returns. The
-  header and that empty line are not sent.
-- the body, sent verbatim but for two rules:
-
-  - a line ``--@include NAME`` is replaced by the body of the fragment ``_NAME.lua``, its
-    own includes resolved. Fragments (the ``_``-named files) are helpers shared between
-    scripts, never sent alone. Every fragment ends with a newline, so a script's text is
-    the plain concatenation of its pieces: nothing added, nothing lost.
-  - ``${NAME}`` is replaced by :data:`CONSTANTS`'s ``NAME`` (the layout's prefix and sizes
-    from ``keys.py``, the cluster's timings); an unknown name is an error.
-
-A script's text is fixed at import, so its SHA (what ``EVALSHA`` names) is the same on
-every replica of one version.
+See docs/architecture.md#the-redis-layout-serviceindexredis.
 """
 from __future__ import annotations
 
