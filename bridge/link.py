@@ -1,25 +1,13 @@
 """One engine (one data-parallel rank) as a worker of the index: :class:`kvmesh.link.Link`
 fed by the rank's ``EngineState``.
 
-The link is a kvmesh worker's (its contract is in ``kvmesh.link.link``); this module says
-what a rank feeds it. Registration carries this bridge's hash algorithm and root hash (the
-bridge rehashes every block, so those are kvmesh's, not the engine's) and the model given,
-else the one the engine's metrics name. Events come from the subscriber
-(:meth:`EngineLink.on_events`, on the ingest loop), already in wire form where the state
-makes them so. Snapshots are the state's.
+Registration carries the bridge's hash algorithm and root hash (it rehashes every block) and
+the model given, else the engine's. Every heartbeat first scrapes the engine's ``/metrics``
+(a failed scrape sends none: a silent engine leaves routing); none is sent while the ingest
+loop is hung or the path to the index is wedged. Past capacity the pending events are shed
+for a snapshot, at most once per ``shed_interval_s``.
 
-Liveness follows the engine's metrics: every heartbeat first scrapes the engine
-(``bridge.engine_load``); a failed scrape sends none, so an engine whose ``/metrics`` stops
-answering leaves routing after the service's liveness timeout, like a silent worker, and
-comes back once it answers. Without a load source the link heartbeats an empty load. The
-bridge process heartbeats from a ``BeatThread`` (``beats``), and a heartbeat still tells the
-truth about the bridge: none is sent while the ingest loop has not turned for a liveness
-timeout (a hung bridge), nor while events wait and none was acknowledged for a liveness
-timeout (a wedged path to the index).
-
-Past capacity the events side sheds instead of queueing: when the pending events outweigh
-a snapshot of the state (plus one batch), they are dropped for a snapshot, at most once per
-``shed_interval_s``. Load never causes a registration.
+See docs/architecture.md#the-index-link-kvmeshlink.
 """
 from __future__ import annotations
 

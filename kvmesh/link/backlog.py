@@ -1,19 +1,12 @@
 """KV events of one worker waiting to be published to the index, and the batches they leave in.
 
-Both sides that feed the index use it: a kvmesh worker's service link (its ``Outbox`` of
-``kvmesh.events.pool.PoolEvent``) and the vLLM bridge's engine link (its ``Pending``
-``index_pb2.KvEvent``). Each names its own event type, how many block hashes an event carries,
-and its bound; the contract is the same:
+Used by both link adapters (the worker's ``Outbox``, the bridge's ``Pending``). Bounded: past
+``max_blocks`` the whole backlog is dropped and :meth:`Backlog.add` says so (the link then
+resyncs with a snapshot). Ordered: events leave oldest first, only by sequence number
+(:meth:`Backlog.drop_through`), so a batch in flight removes only what it carried. One
+thread (the link's event loop): no locking.
 
-- Bounded: while the service is unreachable (or slower than the engine) events pile up here,
-  each with its block hashes and tokens. Past ``max_blocks`` (an event weighs 1 + its block
-  hashes, its tokens being proportional) the whole backlog is dropped and :meth:`Backlog.add`
-  says so: the link then resyncs with a snapshot, which covers every dropped event, and
-  carries on with the events after it.
-- Ordered: events come with consecutive seqs and leave oldest first, only by sequence
-  number (:meth:`Backlog.drop_through`), never by count, so a batch being published while
-  the backlog is dropped and refilled removes only what it carried.
-- Used from one thread (the link's event loop): no locking.
+See docs/architecture.md#the-index-link-kvmeshlink.
 """
 from __future__ import annotations
 

@@ -1,18 +1,12 @@
 """The thread a link heartbeats from: its own event loop, apart from the events loop.
 
-Why: the ingest loop (every engine's subscriber and event publisher) runs flat out past
-capacity, and a heartbeat queued behind thousands of batches arrives late; the service then
-declares the engine dead, and its return costs a snapshot (or, past the purge delay, a new
-registration): the bridge used to collapse that way. Heartbeats, the engines' ``/metrics``
-scrapes and registrations run here instead, each link with its own gRPC channel created on
-this loop, so they only wait for the GIL (released every few milliseconds by the busy
-thread), never for the ingest loop's queue.
+A heartbeat queued behind a busy ingest loop arrives late and costs a resync; here it waits
+only for the GIL. :meth:`submit` runs a coroutine on this loop (a cancellable
+``concurrent.futures.Future``); :meth:`call` runs one and waits from another loop;
+:meth:`stop` cancels and joins. Loop-bound objects (gRPC aio channels, asyncio locks) used
+here are created here; :func:`wake` sets an event of one loop from any thread.
 
-Contract: :meth:`submit` runs a coroutine on this loop and returns a
-``concurrent.futures.Future`` (cancelling it cancels the coroutine); :meth:`call` runs one
-and waits for it from another loop; :meth:`stop` cancels what still runs and joins the
-thread. Objects bound to a loop (gRPC aio channels, asyncio locks) used here must be created
-and used here only; :func:`wake` sets an event of one loop from any thread.
+See docs/architecture.md#the-index-link-kvmeshlink.
 """
 from __future__ import annotations
 
