@@ -3,7 +3,7 @@ what touches many is split per slot (``RedisBackend.from_url`` picks this class 
 ``redis+cluster://`` URL; a single server keeps ``RedisBackend``'s single scripts).
 
 Same keys as ``redis/keys.py`` says, same answers as the single-server backend and the memory
-backend (``tests/service/test_cluster_index.py`` runs their tests on 3 shards). Control keys
+backend (``tests/service/index/test_cluster.py`` runs their tests on 3 shards). Control keys
 share the slot ``{ctl}``: registration, heartbeat and purge are single scripts there. Block
 keys spread over 64 tags (their slots evenly over the shards), so one shared system prompt
 spreads over every shard. Round trips are parallel over the shards (``nodes.py``: one

@@ -1,5 +1,5 @@
 """The redis backend's key names and value encodings, the one place that knows them: the
-scripts take block keys built here (``tests/service/test_redis_index.py`` checks the
+scripts take block keys built here (``tests/service/index/redis/test_backend.py`` checks the
 keyspace against this docstring).
 
 Two kinds of keys (``NS`` = ``namespace(model, block_size, algo)``, percent-encoded, so it

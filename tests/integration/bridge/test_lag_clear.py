@@ -13,7 +13,7 @@ import pytest
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from tests.bridge.cluster import Engine, Running, chain, removed, router
-from tests.bridge.test_overload import Watch, spin, tokens
+from tests.integration.bridge.test_overload import Watch, spin, tokens
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from bench.replay.revision_policy import PolicyAtRevision, load, resolve
 from bench.replay.rows import parse_row
 from bench.replay.trace import TokenSynth, TraceRequest, load_trace
 from service.config import CostWeights
-from tests.bench.test_replay import cli
+from tests.bench.replay.test_replay import cli
 
 CFG = ReplayConfig(workers=4, block_size=16, capacity_blocks=2000)
 # The last commit before the routing branch: service/policy.py, one module, whose kvmesh

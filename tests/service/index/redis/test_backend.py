@@ -24,7 +24,7 @@ from service.index.base import (
     WorkerLoad,
 )
 from service.index.redis import RedisBackend, keys, resp
-from tests.service.test_backends import NS, T0, H, rec
+from tests.service.index.test_base import NS, T0, H, rec
 
 
 def count_writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:

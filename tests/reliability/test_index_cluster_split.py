@@ -22,7 +22,7 @@ from service.index.base import (
 )
 from service.index.cluster import CTL_SLOT, TAG_SLOTS, ClusterBackend
 from service.index.redis import RedisBackend, keys
-from tests.service.test_backends import NS, T0, H, rec
+from tests.service.index.test_base import NS, T0, H, rec
 
 
 def _node_of(cluster: RedisClusterServer, slot: int) -> int:

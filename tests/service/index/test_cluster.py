@@ -8,14 +8,14 @@ Tests marked ``cluster_layout`` need every index script single-slot (``ClusterBa
 ``service/index/cluster.py``); with the first layout they failed at the first ``register``
 (redis-py: ``EVALSHA - all keys must map to the same key slot``):
 
-- every semantics test of ``test_backends`` and the redis/memory/model property test, on
+- every semantics test of ``tests.service.index.test_base`` and the redis/memory/model property test, on
   the cluster;
 - the spread: on a workload where every chain shares one system prompt (as every request
   of the Mooncake conversation trace does), no shard holds more than 1.5x the mean number
   of keys nor spends more than 1.5x the mean Redis time on lookups.
 
 The split itself, attacked (a wave cut midway, shards back empty, the sweep racing a late
-writer): ``test_cluster_split.py``.
+writer): ``tests/reliability/test_index_cluster_split.py``.
 """
 from __future__ import annotations
 
@@ -42,9 +42,9 @@ from service.index.base import (
     namespace,
 )
 from service.index.redis import RedisBackend
-from tests.service import test_backends as semantics
-from tests.service.test_backend_property import check, ops
-from tests.service.test_backends import NS, T0, H
+from tests.service.index import test_base as semantics
+from tests.service.index.test_backend_property import check, ops
+from tests.service.index.test_base import NS, T0, H
 
 SHARDS = 3
 SPREAD_BAR = 1.5  # issue 16: no shard above 1.5x the mean keys / lookup time
@@ -52,11 +52,11 @@ SPREAD_BAR = 1.5  # issue 16: no shard above 1.5x the mean keys / lookup time
 
 @pytest.fixture
 def backend_factory(redis_cluster_url: str) -> Callable[[], IndexBackend]:
-    """Overrides ``test_backends``' fixture for the tests imported below: the cluster."""
+    """Overrides ``tests.service.index.test_base``' fixture for the tests imported below: the cluster."""
     return lambda: RedisBackend.from_url(redis_cluster_url)
 
 
-# Every semantics test of test_backends that takes a backend, collected again in this module,
+# Every semantics test of tests.service.index.test_base that takes a backend, collected again in this module,
 # where ``backend_factory`` is the cluster.
 for _name, _test in inspect.getmembers(semantics, inspect.isfunction):
     if _name.startswith("test_") and "backend_factory" in inspect.signature(_test).parameters:
