@@ -11,8 +11,8 @@ from service.index import cluster as cluster_mod
 from service.index.base import BlockMatch, IndexEvent, IndexStored
 from service.index.cluster import TAG_SLOTS, ClusterBackend
 from service.index.redis import keys
-from tests.service.index.test_base import NS, T0, H, rec
 from tests.reliability.test_index_cluster_split import _node_of, run
+from tests.service.index.test_base import NS, T0, H, rec
 
 
 def _late_wave(b: ClusterBackend, chain: list[bytes], ticket: int, h: int):

@@ -20,8 +20,8 @@ from service.index.base import (
 )
 from service.index.cluster import CTL_SLOT, ClusterBackend
 from service.index.redis import RedisBackend, keys
-from tests.service.index.test_base import NS, T0, rec
 from tests.reliability.test_index_cluster_split import _chain_on, _node_of, run
+from tests.service.index.test_base import NS, T0, rec
 
 
 def restart_from_dump(cluster: RedisClusterServer, i: int, dump_dir: Path) -> None:

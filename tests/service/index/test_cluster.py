@@ -8,8 +8,8 @@ Tests marked ``cluster_layout`` need every index script single-slot (``ClusterBa
 ``service/index/cluster.py``); with the first layout they failed at the first ``register``
 (redis-py: ``EVALSHA - all keys must map to the same key slot``):
 
-- every semantics test of ``tests.service.index.test_base`` and the redis/memory/model property test, on
-  the cluster;
+- every semantics test of ``tests.service.index.test_base`` and the redis/memory/model
+  property test, on the cluster;
 - the spread: on a workload where every chain shares one system prompt (as every request
   of the Mooncake conversation trace does), no shard holds more than 1.5x the mean number
   of keys nor spends more than 1.5x the mean Redis time on lookups.
@@ -52,12 +52,13 @@ SPREAD_BAR = 1.5  # issue 16: no shard above 1.5x the mean keys / lookup time
 
 @pytest.fixture
 def backend_factory(redis_cluster_url: str) -> Callable[[], IndexBackend]:
-    """Overrides ``tests.service.index.test_base``' fixture for the tests imported below: the cluster."""
+    """Overrides the fixture of ``tests.service.index.test_base`` for the tests imported
+    below: the cluster."""
     return lambda: RedisBackend.from_url(redis_cluster_url)
 
 
-# Every semantics test of tests.service.index.test_base that takes a backend, collected again in this module,
-# where ``backend_factory`` is the cluster.
+# Every semantics test of tests.service.index.test_base that takes a backend, collected again
+# in this module, where ``backend_factory`` is the cluster.
 for _name, _test in inspect.getmembers(semantics, inspect.isfunction):
     if _name.startswith("test_") and "backend_factory" in inspect.signature(_test).parameters:
         globals()[_name] = pytest.mark.cluster_layout(_test)
