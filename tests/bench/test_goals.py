@@ -1,4 +1,5 @@
-"""The goals the benches print: issue 23's, judged from one run's rows."""
+"""The goals the benches print (kvmesh against every baseline, the peers, the oracle and its
+past), judged from one run's rows."""
 from __future__ import annotations
 
 import dataclasses

@@ -76,7 +76,7 @@ def test_up_prints_service_addresses_and_sigterm_removes_every_actor(ray_cluster
 def test_a_model_the_worker_nodes_cannot_load_ends_in_one_line(ray_cluster, tmp_path):
     """On a Ray cluster the model path is the nodes' (the driver may lack it), so it is not
     checked before start; the worker actor's failed constructor is the cause, said at once
-    (it used to wait out the 180 s start timeout) in the last line (issue 24, item 7)."""
+    (it used to wait out the 180 s start timeout) in the last line."""
     missing = tmp_path / "no-such-model"
     start = time.monotonic()
     up = Up("--backend", "ray", "--ray-address", ray_cluster.address, "--workers", "1",

@@ -1,4 +1,4 @@
-"""Every ``kvmesh up`` start failure a user can cause ends in one line (issue 24, item 7).
+"""Every ``kvmesh up`` start failure a user can cause ends in one line.
 
 Each case runs the real command and asserts: a non-zero exit, no traceback, and a last line
 ``error: ...`` that names the cause and the flag to change. Each is fast: the port-taken

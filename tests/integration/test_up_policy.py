@@ -1,4 +1,4 @@
-"""``kvmesh up`` routes with the policy its user asked for (issue 24, item 4).
+"""``kvmesh up`` routes with the policy its user asked for.
 
 A real ``kvmesh up``: its service must answer every Route that names no policy with the one
 given by ``--policy`` or by ``KVMESH_POLICY`` (the flag winning over the variable), and its

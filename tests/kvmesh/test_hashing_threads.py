@@ -1,4 +1,4 @@
-"""Every public hashing function is safe under concurrent use (issue 11, item 2).
+"""Every public hashing function is safe under concurrent use.
 
 The fast CBOR path keeps a process-wide table of token encodings that is built on first use.
 A race while it is built poisons it for the life of the process, so each round runs against

@@ -1,4 +1,4 @@
-"""Worker incarnations (issue 11 item 9) and retried publishes (item 10) through the
+"""Worker incarnations (a stale one is refused) and retried publishes (idempotent) through the
 service's RPCs, on both backends, and a real worker process killed and restarted under the
 same id while a delayed batch of its dead predecessor arrives."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""What answers at one engine's endpoints cannot stop, bloat or stall the bridge (issue 22
-items 6 and 7), against real ZMQ sockets on loopback: a crafted batch is a malformed batch
+"""What answers at one engine's endpoints cannot stop, bloat or stall the bridge,
+against real ZMQ sockets on loopback: a crafted batch is a malformed batch
 of that engine alone, a subscriber that fails is restarted, a replay without end is capped
 in count and bytes, an oversized message is refused by ``ZMQ_MAXMSGSIZE``, and a 10 MB
 batch is applied in slices while the other engines and the loop keep turning."""

@@ -1,4 +1,4 @@
-"""Issue 12 item 7, the credential parts kept on purpose, each pinned by a test: every token
+"""The credential parts kept on purpose, each pinned by a test: every token
 check is a constant-time comparison, the worker access token is the agreed one-way
 derivation of the router token, records keep a fingerprint (never a token), and a service
 refuses credential sets that would make the router token a worker credential."""

@@ -1,4 +1,4 @@
-"""Issue 12 item 2: a live worker id cannot be taken over; a dead one can. Both backends,
+"""A live worker id cannot be taken over; a dead one can. Both backends,
 through the service's RPCs on a real gRPC server (Redis: the session's real Valkey).
 
 The index remembers the address and the credential fingerprint a worker registered with; a

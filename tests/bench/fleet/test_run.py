@@ -81,7 +81,8 @@ def test_a_short_fleet_run_over_one_redis() -> None:
 @pytest.mark.integration
 @pytest.mark.cluster_layout
 def test_a_short_fleet_run_over_three_shards_spreads_keys_and_lookups() -> None:
-    """Issue 16: through 3 shards, with one system prompt shared by every request, no shard
+    """The single-slot layout spreads load: through 3 shards, with one system prompt shared by
+    every request, no shard
     holds more than 1.5x the mean keys or spends more than 1.5x the mean time on routes."""
     # 512 blocks: the third worker's share of this trace has no prompt under 4,096 tokens
     # a plaintext bus when the Valkey has no TLS: a test host (deploy.redis_cluster)

@@ -1,4 +1,4 @@
-"""The index on a real 3-primary Redis Cluster (issue 16, section 2).
+"""The index on a real 3-primary Redis Cluster, every script on one slot.
 
 Lookups and provisional entries across shards (``test_single_slot_operations_run_on_the_
 cluster``), and losing one primary costs only its slots (``test_a_lost_primary_fails_only_
@@ -47,7 +47,7 @@ from tests.service.index.test_backend_property import check, ops
 from tests.service.index.test_base import NS, T0, H
 
 SHARDS = 3
-SPREAD_BAR = 1.5  # issue 16: no shard above 1.5x the mean keys / lookup time
+SPREAD_BAR = 1.5  # no shard above 1.5x the mean keys / lookup time
 
 
 @pytest.fixture
