@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections.abc import Awaitable
 
 import grpc
 import numpy as np
@@ -14,14 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from client.convert import pack_tokens, route_request, unpack_tokens
-from kvmesh.hashing import block_hashes
+from kvmesh.hashing import block_hashes, none_hash
 from kvmesh.v1 import index_pb2 as pb
 from service import validate
 from service.config import ServiceConfig
 from service.hash_memo import BlockHashMemo
 from service.index.memory import MemoryBackend
 from service.validate import RequestError
-from tests.service.protocol_worker import BS, ProtocolWorker, prompt, serve
+from tests.grpc_codes import code_of
+from tests.service.protocol_worker import BS, ProtocolWorker, prompt, route, serve
 
 CFG = ServiceConfig(max_prompt_tokens=64)
 INVALID, TOO_BIG = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -156,5 +158,98 @@ def test_through_the_server_packed_and_old_route_alike_and_bad_prompts_are_refus
                     await svc.stub.Route(req)
                 assert e.value.code() == INVALID
             assert await backend.workers(with_blocks=True) == before
+
+    asyncio.run(main())
+
+
+# --- Through the server, bad input gets a precise status code and changes nothing.
+
+H32 = b"\x01" * 32
+
+
+def test_bad_requests_get_clear_codes_and_change_nothing(redis_url: str) -> None:
+    cfg = ServiceConfig(backend="redis", redis_url=redis_url, max_prompt_tokens=100,
+                        max_batch_events=10, max_snapshot_blocks=20)
+
+    async def main() -> None:
+        async with serve(cfg) as r:
+            s = r.stub
+            a = ProtocolWorker(s, "a")
+            await a.join()
+            await a.store(prompt(24))
+
+            async def state() -> tuple:
+                st = await s.Stats(pb.StatsRequest())
+                res = await route(s, prompt(25))
+                return ([(w.worker_id, w.indexed_blocks, w.last_seq) for w in st.workers],
+                        [(c.worker_id, c.matched_tokens) for c in res.candidates])
+
+            before = await state()
+
+            def reg(**kw: object) -> Awaitable[object]:
+                fields = dict(worker_id="b", address="h:1", model="tiny", block_size=4,
+                              hash_algo="sha256_cbor", root_hash=none_hash("sha256_cbor"))
+                fields.update(kw)
+                return s.RegisterWorker(pb.RegisterWorkerRequest(**fields))  # type: ignore
+
+            def pub(*events: pb.KvEvent, wid: str = "a") -> Awaitable[object]:
+                return s.PublishEvents(pb.PublishEventsRequest(worker_id=wid, events=events))
+
+            def stored(*hashes: bytes, parent: bytes = b"") -> pb.BlockStored:
+                return pb.BlockStored(block_hashes=hashes, parent_hash=parent)
+
+            nxt = a.seq + 1
+            cases = {
+                "empty prompt": (route(s, []), INVALID),
+                "oversized prompt": (route(s, prompt(101)), TOO_BIG),
+                "negative token": (route(s, [1, 2, -3]), INVALID),
+                "salt over 4 KiB": (route(s, prompt(8), salt="x" * 4097), INVALID),
+                "unknown policy": (route(s, prompt(8), policy="fastest"), INVALID),
+                "mm outside prompt": (route(s, prompt(8), mm=[pb.MultimodalItem(
+                    identifier="img", offset=6, length=5)]), INVALID),
+                "lora without name": (route(s, prompt(8), lora=pb.Lora(path="/x")), INVALID),
+                "bad worker id": (reg(worker_id="bad id!"), INVALID),
+                "bad address": (reg(address="nowhere"), INVALID),
+                "unknown algo": (reg(hash_algo="md5"), INVALID),
+                "short root hash": (reg(root_hash=b"\x00" * 16), INVALID),
+                "zero block size": (reg(block_size=0), INVALID),
+                "free > total": (s.Heartbeat(pb.HeartbeatRequest(worker_id="a", load=pb.WorkerLoad(
+                    free_blocks=5, total_blocks=4))), INVALID),
+                "unknown worker events": (pub(pb.KvEvent(seq=1, stored=stored(H32)), wid="zz"),
+                                          grpc.StatusCode.NOT_FOUND),
+                "short block hash": (pub(pb.KvEvent(seq=nxt, stored=stored(b"\x01" * 31))),
+                                     INVALID),
+                "short parent hash": (pub(pb.KvEvent(seq=nxt, stored=stored(H32, parent=b"\x02"))),
+                                      INVALID),
+                "empty stored": (pub(pb.KvEvent(seq=nxt, stored=stored())), INVALID),
+                "no event kind": (pub(pb.KvEvent(seq=nxt)), INVALID),
+                "seq 0": (pub(pb.KvEvent(seq=0, cleared=pb.AllBlocksCleared())), INVALID),
+                "out of order": (pub(pb.KvEvent(seq=nxt, cleared=pb.AllBlocksCleared()),
+                                     pb.KvEvent(seq=nxt + 2, cleared=pb.AllBlocksCleared())),
+                                 INVALID),
+                "valid then malformed": (pub(pb.KvEvent(seq=nxt, cleared=pb.AllBlocksCleared()),
+                                             pb.KvEvent(seq=nxt + 1, stored=stored(b"x"))),
+                                         INVALID),
+                "too many events": (pub(*[pb.KvEvent(seq=nxt + i, cleared=pb.AllBlocksCleared())
+                                          for i in range(11)]), TOO_BIG),
+                "snapshot bad hash": (s.SyncWorker(pb.SyncWorkerRequest(
+                    worker_id="a", seq=9, blocks=[stored(b"\x01")])), INVALID),
+                "snapshot too big": (s.SyncWorker(pb.SyncWorkerRequest(
+                    worker_id="a", seq=9, blocks=[stored(*[H32] * 21)])), TOO_BIG),
+                "snapshot unknown worker": (s.SyncWorker(pb.SyncWorkerRequest(
+                    worker_id="zz", seq=1)), grpc.StatusCode.NOT_FOUND),
+            }
+            for name, (call, want) in cases.items():
+                assert await code_of(call) == want, name
+            assert await state() == before
+
+    asyncio.run(main())
+
+
+def test_default_prompt_limit_is_one_million_tokens() -> None:
+    async def main() -> None:
+        async with serve(ServiceConfig()) as r:
+            await ProtocolWorker(r.stub, "a").join()
+            assert await code_of(route(r.stub, [1] * 1_000_001)) == TOO_BIG
 
     asyncio.run(main())

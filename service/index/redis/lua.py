@@ -1,6 +1,6 @@
 """The Lua of the redis backends: one file per script in ``lua/``, loaded here and only here.
 
-File format (``tests/service/test_lua.py`` checks every file):
+File format (``tests/service/index/redis/test_lua.py`` checks every file):
 
 - a header, the leading ``--`` lines up to the first empty line: what the script does, its
   KEYS and ARGV (a fragment: those it reads of its includer's) and what it returns. The
