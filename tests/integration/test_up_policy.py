@@ -3,7 +3,7 @@
 A real ``kvmesh up``: its service must answer every Route that names no policy with the one
 given by ``--policy`` or by ``KVMESH_POLICY`` (the flag winning over the variable), and its
 output says which one runs. It used to start the service with ``--policy kvmesh`` whatever
-the environment said, and had no ``--policy``. (The Ray backend: tests/deploy/test_ray_cli.)
+the environment said, and had no ``--policy``. (The Ray backend: tests/integration/ray/test_cli.py.)
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """KvmeshRequestRouter's decisions, with fake replicas and a scripted index (no Ray needed).
 
-The end-to-end path (real Serve replicas, a real index) is in test_ray_serve.py.
+The end-to-end path (real Serve replicas, a real index) is in tests/integration/ray/test_serve.py.
 """
 from __future__ import annotations
 

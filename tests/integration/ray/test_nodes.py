@@ -22,7 +22,7 @@ import ray
 from client import KvmeshClient
 from deploy.ray import RayCluster, RaySpec
 from deploy.waiting import wait_until
-from tests.deploy.conftest import STORE
+from tests.integration.ray.conftest import STORE
 
 NODE = {"num_cpus": 1, "num_gpus": 1, "resources": {"kvmesh_gpu_node": 1},
         "object_store_memory": STORE}

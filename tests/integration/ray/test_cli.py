@@ -19,7 +19,7 @@ from client import KvmeshClient
 from deploy.waiting import wait_until
 from kvmesh.v1 import index_pb2, index_pb2_grpc
 from service.worker_tokens import mint
-from tests.deploy.conftest import kvmesh_actors
+from tests.integration.ray.conftest import kvmesh_actors
 from tests.kvmesh_up import Up
 
 SECRET = "ray-cli-worker-secret-0123456789"

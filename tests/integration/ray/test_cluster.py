@@ -20,7 +20,7 @@ from tests.cluster_scenarios import (
     replicas_agree,
     shared_prefix_goes_to_its_holder,
 )
-from tests.deploy.conftest import kvmesh_actors
+from tests.integration.ray.conftest import kvmesh_actors
 
 
 @pytest.fixture(scope="module")

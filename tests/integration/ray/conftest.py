@@ -1,4 +1,4 @@
-"""One small Ray cluster for the whole tests/deploy package.
+"""One small Ray cluster for the whole tests/integration/ray package.
 
 ``ray.cluster_utils.Cluster`` with only a head node is a plain local Ray (what
 ``ray.init(num_cpus=4)`` starts: 4 logical CPUs, no dashboard, an 80 MB object store); the
