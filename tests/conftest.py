@@ -45,7 +45,7 @@ for _var in ("PYTHONHASHSEED", "KVMESH_HASH_SEED"):
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "cluster_layout: runs on a real Redis Cluster and needs every index script "
-        "to touch one slot (issue 16's layout); fails with the first layout, by design")
+        "to touch one slot (the single-slot layout); fails with the first layout, by design")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,5 +1,5 @@
 """A large batch applied in slices (``bridge.batch_slices``) gives the index what applying it
-whole gives; past ``max_blocks`` a batch is malformed and changes nothing (issue 22 item 7)."""
+whole gives; past ``max_blocks`` a batch is malformed and changes nothing."""
 from __future__ import annotations
 
 import pytest

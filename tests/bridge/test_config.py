@@ -117,7 +117,7 @@ def test_bad_configs_say_what_is_wrong(tmp_path, text: str, match: str) -> None:
 def test_a_config_holding_tokens_readable_by_others_is_warned_about(
         tmp_path, caplog: pytest.LogCaptureFixture, mode: int, tokens: bool,
         warned: bool) -> None:
-    """Item 11b of issue 22: service tokens in a ``--config`` file others can read are
+    """Service tokens in a ``--config`` file others can read are
     warned about as ``--tenant-keys`` files are (a file without tokens holds no secret)."""
     path = tmp_path / "fleet.toml"
     token = 'service-token = "kvw1.secret"\n' if tokens else ""

@@ -105,7 +105,8 @@ def test_pin_prints_each_worker_and_fails_when_one_did(cluster) -> None:
 
 
 def test_pin_cut_short_by_a_cap_is_reported_and_fails(cluster) -> None:
-    """Issue 22 item 8: a worker whose pin cap stopped the pin says so, and the verb exits
+    """A pin cut by the cap is a failure: a worker whose pin cap stopped the pin says so, and the
+    verb exits
     1, instead of a bare "0 blocks pinned" that reads as success."""
     index = FakeIndex(token="adm")
     index.pinned = [index_pb2.PinnedWorker(worker_id="w1", pinned_blocks=4, chain_blocks=10,

@@ -1,4 +1,5 @@
-"""Issue 22 item 8 over real processes (Valkey, a service with router and admin tokens, one
+"""Automatic pins and the admin's pins share the cap, over real processes (Valkey, a service with
+router and admin tokens, one
 worker started with ``--auto-pin``): traffic under the caller's own salt fills the worker's
 pin cap with automatic pins, yet the admin's ``PinPrefix`` still pins (automatic pins give
 way), and a pin the cap cuts short says so all the way to the client and the CLI."""

@@ -177,7 +177,7 @@ def test_a_shard_back_older_is_resynced_and_claims_nothing_evicted(
     promoted replica or a restart from RDB/AOF serves): the service replicas' janitors see
     another server process behind its slots, move the generation, the worker (its real
     service link) resyncs, and the index stops claiming the evicted blocks."""
-    from tests.service.test_cluster_rollback import restart_from_dump, save_dump
+    from tests.reliability.test_index_cluster_rollback import restart_from_dump, save_dump
 
     shards = sharded.redis_cluster
     assert shards is not None

@@ -1,5 +1,5 @@
-"""Secrets of a `kvmesh up` cluster stay out of command lines and output (issue 12, items 1
-and 3), and a user's own Redis URL with a password over TLS (`rediss://`) works.
+"""Secrets of a `kvmesh up` cluster stay out of command lines and output,
+and a user's own Redis URL with a password over TLS (`rediss://`) works.
 
 Attack: any local user reads every process's ``/proc/PID/cmdline`` (``ps``) and whatever
 the launcher prints or logs; anyone who reaches the cluster's Redis rewrites the index.

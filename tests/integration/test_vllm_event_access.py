@@ -1,5 +1,5 @@
 """Who can read a ``kvmesh worker``'s vLLM KV events (every tenant's prompt ids and salts), on
-real processes: the attack of issue 22 item 2 (a caller without any credential asks the replay
+real processes: the attack (a caller without any credential asks the replay
 socket for a tenant's prompt), and the settings that would have allowed it refused at start."""
 from __future__ import annotations
 

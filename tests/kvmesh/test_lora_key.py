@@ -1,4 +1,4 @@
-"""One definition of a request's LoRA for the service and the worker (issue 11, item 6).
+"""One definition of a request's LoRA for the service and the worker.
 
 The service turns ``RouteRequest.lora`` into the LoRA it hashes (``service.validate.route``)
 and the worker turns ``GenerateRequest.lora`` into the one its KV cache hashes

@@ -1,5 +1,5 @@
 """A failed engine step, end to end: the index never advertises the blocks the step cached
-but never wrote, and the retry's output equals a fresh engine's (issue 11, item 1).
+but never wrote, and the retry's output equals a fresh engine's.
 
 Real parts in one process (``in_process.linked_worker``): the service over the session's
 Valkey, a worker's engine, gRPC server and service link; the worker's model is wrapped (in

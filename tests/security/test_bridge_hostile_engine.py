@@ -1,4 +1,4 @@
-"""Issue 22 item 6, real processes: whoever answers at one engine's event endpoint sends a
+"""A hostile engine endpoint, real processes: whoever answers at one engine's event endpoint sends a
 batch nested 3,000 deep (msgspec raised RecursionError, which ended the bridge process and
 took every engine it bridges out of routing). Now: a malformed batch of that engine alone;
 the process lives, the other engine stays live and routed, and the hostile engine's next

@@ -1,4 +1,4 @@
-"""Issue 12 item 2, performed against real processes: a Valkey, a service and a worker
+"""Taking over a live worker id, performed against real processes: a Valkey, a service and a worker
 started by ``LocalCluster`` (as ``kvmesh up --token`` does, plus a shared worker token that
 the attacker also holds), and an attacker's own gRPC worker server.
 

@@ -1,4 +1,4 @@
-"""Attacks on the disk KV tier (issue 22 item 5), with real files and real worker processes.
+"""Attacks on the disk KV tier, with real files and real worker processes.
 
 - Whoever can write the tier's directory plants KV served as a hit: a directory another
   user owns or others may write is refused at start; inside the worker's own directory,

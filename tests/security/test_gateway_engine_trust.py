@@ -1,6 +1,6 @@
 """Attack: one bound worker token points the gateway's traffic, engine key and tenants' salts
-at an address of its choosing (issue 22, item 4), and reads other tenants' cache hits on
-the gateway's ``/metrics`` (item 9).
+at an address of its choosing, and reads other tenants' cache hits on the gateway's
+``/metrics``.
 
 Real processes: ``kvmesh service`` (router token, worker secret) and ``kvmesh gateway`` with
 tenant keys, an engine key (``KVMESH_ENGINE_API_KEY``) and one listed engine

@@ -1,4 +1,4 @@
-"""Security properties that were sound before issue 12 and must stay so (its item 7), each
+"""Security properties that were sound before the credential hardening and must stay so, each
 pinned by a test here or named in the report next to the existing test that covers it."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Attack: client-given strings forging service log lines (issue 12, item 6).
+"""Attack: client-given strings forging service log lines.
 
 ``RegisterWorker`` used to check only the ``host:port`` shape of an address and log it raw:
 an address with newlines wrote a line of the attacker's choosing ("purged worker ...") into

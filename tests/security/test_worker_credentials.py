@@ -1,4 +1,5 @@
-"""Issue 22 item 1, against real processes: what a router presents to a worker is valid on
+"""Worker credentials are per worker, against real processes: what a router presents to a worker is
+valid on
 that worker only, and nothing a worker receives lets it call another worker.
 
 The attack (``../shared/repro/security/01_hostile_worker_cross_tenant_oracle.py``): a worker

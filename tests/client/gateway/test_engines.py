@@ -79,7 +79,7 @@ def offer(stack: Stack, *addresses: tuple[str, str]) -> None:
     stack.index.candidates = [candidate(w, addr) for w, addr in addresses]
 
 
-# --- item 4: where the gateway's traffic and engine keys go ---------------------------------
+# --- where the gateway's traffic and engine keys go ----------------------------------------
 
 def test_an_unlisted_engine_gets_nothing_and_a_kvmesh_worker_serves(engines: Engines,
                                                                     stack: Stack) -> None:
@@ -170,7 +170,7 @@ def test_a_bad_engine_flag_is_a_flag_error(tmp_path: Path) -> None:
         build_config("127.0.0.1:1", engine_keys=keys)
 
 
-# --- item 10: --insecure-shared-cache hides an engine's cache hits ---------------------------
+# --- --insecure-shared-cache hides an engine's cache hits ------------------------------------
 
 def test_shared_cache_zeroes_an_engines_cached_tokens_in_whole_answers(
         engines: Engines, stack: Stack) -> None:

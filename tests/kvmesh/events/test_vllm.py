@@ -223,7 +223,8 @@ _DEEP = 3000  # past the interpreter's recursion limit: msgspec raised Recursion
 ], ids=["events", "batch", "maps", "extra_keys"])
 @pytest.mark.parametrize("packed", [False, True])
 def test_any_decode_failure_is_a_malformed_batch(payload: bytes, packed: bool) -> None:
-    """Issue 22 item 6: whatever crafted bytes make the decoder raise (here RecursionError,
+    """A decode failure of any kind is malformed: whatever crafted bytes make the decoder raise
+    (here RecursionError,
     which escaped the bridge's ``except ValueError`` and ended the process) is
     ``MalformedBatch``, a ``ValueError``, with the cause chained."""
     with pytest.raises(ve.MalformedBatch) as err:

@@ -1,5 +1,5 @@
 """TLS settings that would silently weaken a process: a client certificate without a CA
-(plaintext), and private keys other users can read (issue 12, item 6)."""
+(plaintext), and private keys other users can read."""
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,4 @@
-"""A failed engine step never leaves a cache hit whose KV was not written (issue 11, item 1).
+"""A failed engine step never leaves a cache hit whose KV was not written.
 
 The model's forward is made to raise on one chosen call (the first, one in the middle of a
 chunked prefill, one of a decode batch). Afterwards: every block cached now was cached

@@ -1,4 +1,4 @@
-"""Unread KV events are bounded (issue 11, item 4): an ``Engine`` nobody takes events from
+"""Unread KV events are bounded: an ``Engine`` nobody takes events from
 (a worker without ``--service``, or the engine used directly) keeps at most
 ``max_pending_blocks`` blocks' worth of them, and a reader that missed some resyncs from a
 snapshot and is exact again."""

@@ -169,7 +169,7 @@ def test_reset_clears_every_tier_and_deletes_disk_files():
 
 
 def test_a_failed_offload_drops_its_cpu_entries_before_they_spill_or_are_announced():
-    """Issue 22 item 14: the offload batch fails (the plane reports it lost, as the engine
+    """A lost offload: the offload batch fails (the plane reports it lost, as the engine
     does after executing a step's orders): the CPU entries go at once, ``PoolRemoved(cpu)``
     after their ``PoolStored(cpu)``, so the pressure that follows spills and announces
     nothing of them on disk, and the snapshot does not list them."""

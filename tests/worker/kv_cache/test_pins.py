@@ -314,7 +314,8 @@ def hot(m, tokens, salt=None, hits=9):
 
 
 def test_an_explicit_pin_displaces_automatic_pins_at_the_cap():
-    """Issue 22 item 8: hot traffic (any caller's own salted prefix) fills the cap with
+    """Automatic pins leave the admin room: hot traffic (any caller's own salted prefix) fills the
+    cap with
     automatic pins; the admin's pin still takes the cap, and is told when the cap cut it."""
     m, _ = manager(auto_pin=True)  # cap 3
     hot(m, SYS, salt="attacker")

@@ -145,7 +145,7 @@ def disk_files(e: Engine) -> set[bytes]:
 
 
 def test_a_failed_offload_never_announces_its_blocks_on_disk(tiny, want, tmp_path):
-    """Issue 22 item 14: the copy device -> host raises mid-step. The manager is told before
+    """A failed copy: the copy device -> host raises mid-step. The manager is told before
     the step's events go out: every CPU entry of that batch is removed (``PoolRemoved
     cpu`` in the same batch of events as its ``PoolStored cpu``; a spill of it in the same
     step is refused and withdrawn likewise), so the pressure that follows never spills it,
@@ -493,7 +493,8 @@ def test_random_traffic_with_failing_copies_aborts_and_damaged_files(tiny, tmp_p
     {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},
 ], ids=lambda e: next(iter(e)))
 def test_a_restart_with_an_edited_config_never_serves_the_old_disk_kv(tmp_path, edit):
-    """Issue 22 item 12: the same weights under another config.json (a context extension,
+    """The fingerprint covers the config: the same weights under another config.json (a context
+    extension,
     another RoPE base or norm epsilon) wrote other KV bytes; a restart on the same disk
     directory must recompute, and its greedy output must be the uncached run's."""
     from worker.model import loader

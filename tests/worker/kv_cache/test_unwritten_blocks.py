@@ -1,4 +1,4 @@
-"""Blocks cached by a step that failed are uncached; written ones stay (issue 11, item 1).
+"""Blocks cached by a step that failed are uncached; written ones stay.
 
 ``BlockPool.uncache_blocks`` drops the hashes of blocks whose KV was never written and
 reports removal only for hashes no other block holds; ``KVCacheManager.step`` applies it

@@ -130,7 +130,7 @@ def test_keep_only(store):
     assert [e.block_hash for e in store.scan()] == [entry(2).block_hash]
 
 
-# --- who can read, plant or redirect files (issue 22 item 5) --------------------------------
+# --- who can read, plant or redirect files -----------------------------------------------
 
 def mode(p) -> int:
     return stat.S_IMODE(os.lstat(p).st_mode)

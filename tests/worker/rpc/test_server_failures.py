@@ -1,5 +1,5 @@
-"""The worker server while its engine fails: clear codes, never UNKNOWN (issue 11, items 1
-and 5), and a request cancelled before the engine thread took it is not run (item 12)."""
+"""The worker server while its engine fails: clear codes, never UNKNOWN, and a request
+cancelled before the engine thread took it is not run."""
 from __future__ import annotations
 
 import asyncio
