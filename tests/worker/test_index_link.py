@@ -1,4 +1,4 @@
-"""The service link (issue 11, items 4 and 7): its outbox is bounded while the service is
+"""The worker's index link: its outbox is bounded while the service is
 unreachable, a backlog larger than the service's batch limit is split, a single event the
 service refuses is replaced by a snapshot, and heartbeats never wait on any of it.
 
@@ -94,7 +94,7 @@ def test_outbox_batches_within_limits_and_leaves_by_seq():
     assert [e.seq for e in box.batch(10, 10)] == [3] and box.blocks == 2
 
 
-# --- item 4: bounded while the service is unreachable ------------------------------------
+# --- bounded while the service is unreachable ---------------------------------------------
 
 
 def test_outbox_stays_bounded_while_the_service_is_down_and_resyncs_after(redis_url):
@@ -123,7 +123,7 @@ def test_outbox_stays_bounded_while_the_service_is_down_and_resyncs_after(redis_
     asyncio.run(main())
 
 
-# --- item 7: heartbeats never wait on publishing ------------------------------------------
+# --- heartbeats never wait on publishing ---------------------------------------------------
 
 
 LIVE = {"heartbeat_interval_s": 0.1, "liveness_timeout_s": 0.4, "purge_after_s": 5.0}
