@@ -22,9 +22,9 @@ Q = [n + 500 for n in P]  # another three-block prompt
 
 
 @pytest.fixture
-def service(redis_server: RedisServer) -> Iterator[str]:
-    if not redis_server.alive:
-        redis_server.start()
+def service(redis_server: RedisServer, redis_url: str) -> Iterator[str]:
+    """A service process over an empty index (``redis_url`` empties it): the test counts every
+    worker the index lists, and other suites leave theirs behind."""
     proc = start_service(redis_server)
     try:
         yield proc.address
