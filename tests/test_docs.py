@@ -75,3 +75,36 @@ def test_the_readme_layout_names_paths_that_exist() -> None:
         if m.group(2).endswith("/"):
             parents.append(m.group(2))
     assert checked > 20 and missing == []
+
+
+def _resolves(parts: list[str]) -> bool:
+    """A dotted name is a module of this tree and attributes of it; a package takes one
+    attribute at most (what its ``__init__`` exports)."""
+    for n in range(len(parts), 0, -1):
+        path = ROOT.joinpath(*parts[:n])
+        if path.with_suffix(".py").exists():
+            return True
+        if (path / "__init__.py").exists():
+            return n >= len(parts) - 1
+    return False
+
+
+def test_the_docs_name_files_and_modules_that_exist() -> None:
+    """A path or module the docs name in backticks is one of this tree's (a module may be
+    followed by its attributes: ``kvmesh.contract.TIERS``)."""
+    tops = ("kvmesh", "worker", "service", "client", "bridge", "deploy", "bench", "tests",
+            "tools", "proto", "docs")
+    missing, checked = [], 0
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for name in re.findall(r"`([\w./-]+)`", page.read_text()):
+            if "/" in name and name.split("/")[0] in tops and re.search(
+                    r"\.(py|lua|c|proto|md)$|/$", name):
+                checked += 1
+                if not (ROOT / name).exists():
+                    missing.append(f"{page.name}: {name}")
+            elif re.fullmatch(r"(kvmesh|worker|service|client|bridge|deploy|bench)(\.\w+)+",
+                              name):
+                checked += 1
+                if not _resolves(name.split(".")):
+                    missing.append(f"{page.name}: {name}")
+    assert checked > 200 and missing == []
