@@ -22,11 +22,16 @@ $(STAMP): pyproject.toml setup.py kvmesh/_chain.c
 	touch $(STAMP)
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --hypothesis-profile=full
 
-# The edit loop: everything but the tests that start processes, Redis, Ray or clusters.
+# The edit loop: no `integration` tests (they start processes, Redis, Ray or clusters), no
+# `slow` ones, property tests under the light hypothesis profile (tests/conftest.py), on two
+# xdist workers (a test file stays on one worker, so its module fixtures start once); it
+# prints the slowest tests so that a new slow one is seen. Bytecode is cached even where the
+# environment says not to: compiling and assert-rewriting every module again costs ~8 s a run.
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not integration"
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -m "not integration and not slow" \
+		--hypothesis-profile=fast -n 2 --dist loadfile --durations=15
 
 demo: install
 	$(BIN)/kvmesh demo

@@ -23,6 +23,7 @@ import typer
 
 from bench import workload
 from bench.workload import Session, WorkloadSpec
+from kvmesh.contract import KVMESH, ROUND_ROBIN
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ def write_plot(results: list[PolicyResult], path: str) -> None:
 def verdict(results: list[PolicyResult]) -> str:
     """Two lines of at most 80 columns: the ratios, then the figures behind them."""
     by = {r.policy: r for r in results}
-    k, rr = by.get("kvmesh"), by.get("round_robin")
+    k, rr = by.get(KVMESH), by.get(ROUND_ROBIN)
     if k is None or rr is None:
         return "verdict: run with both kvmesh and round_robin to compare"
     hit = k.hit_rate / rr.hit_rate if rr.hit_rate else float("inf")

@@ -1,18 +1,10 @@
 """Layered eviction and automatic pinning vs vLLM's LRU: token hit rate of one worker's KV
 manager on two workloads, in simulated steps (no model; the real ``KVCacheManager``).
 
-- ``chat``: multi-turn conversations, each under one of a few shared system prompts; a turn's
-  prompt is the whole history (earlier prompts AND earlier outputs) plus a new user message,
-  so decode-generated blocks ARE reused by the next turn.
-- ``mooncake``: the Mooncake conversation trace (``../shared/traces``), prompts from its
-  hash ids; outputs are synthetic and never reused (a replay cannot know them).
+Workloads: ``chat`` (histories reuse decode-generated blocks) and ``mooncake`` (outputs never
+reused). The hit rate is the manager's own. Run: ``python -m bench.eviction [--quick] [--json]``.
 
-The loop: at most ``concurrency`` running requests; each step admits waiting requests (FIFO,
-whole prompt at once) and decodes one token of every running one; a decode that finds no
-block preempts the newest request (recompute, as the scheduler does). The hit rate is the
-manager's own (first admissions: cached prompt tokens / prompt tokens).
-
-Run: ``python -m bench.eviction [--quick] [--json]``.
+See docs/architecture.md#end-to-end-and-serving-benches.
 """
 from __future__ import annotations
 
@@ -22,6 +14,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
+from kvmesh.contract import EVICTIONS
 from worker.kv_cache import KVCacheManager, KVRequest
 
 
@@ -173,7 +166,7 @@ def main() -> None:
         probe = Chat(convs=convs)
         total = sum(len(j.prompt) for j in _all_turns(probe)) // bs
         blocks = max(64, int(total * frac))
-        for eviction in ("lru", "layered"):
+        for eviction in EVICTIONS:
             for auto in (False, True):
                 chat = Chat(convs=convs)
                 r = simulate(chat.first_jobs(), blocks, bs, eviction=eviction,
@@ -182,7 +175,7 @@ def main() -> None:
                        "eviction": eviction, "auto_pin": auto, **r}, args.json)
     limit = 300 if args.quick else 1000
     for blocks in (4_000, 12_000):
-        for eviction in ("lru", "layered"):
+        for eviction in EVICTIONS:
             for auto in (False, True):
                 jobs = mooncake_jobs(args.trace, limit, 512, gap=20)
                 r = simulate(jobs, blocks, bs, eviction=eviction, auto_pin=auto,

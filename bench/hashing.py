@@ -28,7 +28,8 @@ def _plain_chain(tokens: list[int], block_size: int, algo: str) -> list[bytes]:
 
 def run(num_tokens: int = 4096, block_size: int = 16, vocab: int = 128_256,
         repeats: int = 30, seed: int = 0) -> list[dict]:
-    from kvmesh.hashing import ALGOS, block_hashes
+    from kvmesh.contract import ALGOS
+    from kvmesh.hashing import block_hashes
 
     rng = random.Random(seed)
     tokens = [rng.randrange(vocab) for _ in range(num_tokens)]

@@ -1,25 +1,11 @@
 """``kvmesh bench serve``: Ray Serve routers side by side on one workload.
 
-The same Serve deployment (``KvmeshReplica``: one kvmesh worker engine per replica, fresh
-and empty) is deployed once per router, side by side, and each app gets the same requests
-(``bench.workload.text_rounds`` of ``SERVE_WORKLOAD``: tenants with salts sharing an app's
-system prompts, multi-turn chats) through a streaming ``DeploymentHandle``, in the same
-order and concurrency, the apps taking turns round by round (one app busy at a time):
+The same Serve deployment is deployed once per router (kvmesh's, Ray's prefix affinity with
+and without load balance, power-of-two) and gets the same requests in the same order, one app
+busy at a time. Reported: hit rate against the ceiling, caller and replica TTFT, requests per
+replica. ``compare(...)`` leaves no Serve app or actor behind.
 
-- ``kvmesh``: ``KvmeshRequestRouter`` (the kvmesh index: longest cached prefix, salted,
-  eviction-aware, weighed by load);
-- ``prefix_affinity``: Ray's ``PrefixCacheAffinityRouter`` (ray.llm) with its default
-  settings, fed the request's text as ``prompt`` exactly as Ray Serve LLM does;
-- ``prefix_affinity_lb``: the same with ``imbalanced_threshold=2`` (power-of-two choices
-  whenever replica queues differ by more than 2), a load-aware setting;
-- ``pow2``: Serve's default ``PowerOfTwoChoicesRequestRouter``.
-
-Reported per router: token hit rate (tokens the replicas really served from their prefix
-cache / prompt tokens; the replicas measure it), the ceiling (perfect routing, unbounded
-caches), mean and p90 time to first token measured by the caller (routing + queueing +
-prefill), the replicas' own mean TTFT, and how many requests each replica got.
-Only the kvmesh app's replicas register with the kvmesh index.
-Contract: ``compare(...)`` returns that as a dict and leaves no Serve app or actor behind.
+See docs/architecture.md#end-to-end-and-serving-benches.
 """
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
 """Another git revision's kvmesh, to run under this bench: before and after in one run.
 
-``kvmesh bench e2e --against REV`` starts a cluster whose service replicas and workers run
-the code of ``REV`` while the bench, its load and its client stay this tree's (the
-instrument stays the same, the system under test changes). :func:`source_tree` extracts the
-revision (``git archive REV``, as ``bench.bridge_ingest`` does) into a temporary directory;
-``deploy.local.ClusterSpec.code_dir`` runs the children from it (first on ``PYTHONPATH`` and
-their working directory, which ``python -m`` puts before ``PYTHONPATH``; this tree's editable
-install is a meta-path finder consulted after both). :func:`service_flags` says which
-``kvmesh service`` flags that revision knows, so the bench passes it none it would refuse.
+:func:`source_tree` extracts ``REV`` (``git archive``) for a cluster's children to run from,
+while the bench and client stay this tree's; :func:`service_flags` says which service flags
+REV knows. The C hash extension is reused or rebuilt, else a warning says hashing runs in Python.
 
-The C fast path of the block hashes (``kvmesh._chain``) is a built file, not in git: the
-revision gets this installation's build when its ``_chain.c`` is the same, else one built in
-place; without either its hashing would run in Python, slower, and the comparison would
-measure that (a warning says so).
+See docs/architecture.md#end-to-end-and-serving-benches.
 """
 from __future__ import annotations
 

@@ -1,25 +1,11 @@
 """What a router did, from its route log (``service.route_log``): how often it left the
 holder of a prefix, why, and on how stale a load.
 
-Per decision, the *holder* is the candidate holding the most blocks of the prompt (the
-best ranked of them on a tie) and the router *left the holder* when the chosen worker holds
-fewer. Why: the holder's cost exceeded the chosen one's although its prefill (and
-saturation) terms were lower, so some load term outweighed them; the reason is the group
-of terms whose excess over the chosen worker's is the largest:
+The holder is the candidate holding the most blocks of the prompt; the reason for leaving it
+is the group of cost terms whose excess over the chosen worker's is largest (``queue``,
+``load``, ``wait``, ``evict``, ``tie``, ``other``, ``no terms``).
 
-- ``queue``: prefill queued on the holder (the ``queue`` term);
-- ``load``: its decode load (``decode`` + ``running``);
-- ``wait``: its wait for room (``wait``);
-- ``evict``: the cached blocks admitting it there evicts (``evict``);
-- ``tie``: equal costs, the coin chose;
-- ``other``: no load term in excess (e.g. a lower-tier match credited less, a pool too
-  small for the prompt);
-- ``no terms``: the policy weighs none (the baselines: leaving is what they do).
-
-Load age: ``load_age_ms`` of every candidate of every decision (how old the heartbeat
-behind what the policy saw was), and of the chosen worker alone; ``stale_left``: the
-decisions that left the holder for a worker whose reported load was older than
-``STALE_MS``.
+See docs/architecture.md#end-to-end-and-serving-benches.
 """
 from __future__ import annotations
 

@@ -1,31 +1,11 @@
 """The one workload model of the benchmarks: tenants, system prompts, chats, sizes, a seed.
 
-Every generator is deterministic in its ``WorkloadSpec`` (one seeded ``random.Random``): the
-same spec always gives the same requests, in the same order. Token ids are bytes (0..255),
-the tiny model's vocabulary. Each tenant has its own cache salt (``tenant-<i>``): tenants
-never share KV, even for identical text. The generators give the shapes the benchmarks need:
+Every generator is deterministic in its ``WorkloadSpec``: the same spec gives the same
+requests in the same order. Token ids are bytes (the tiny model's vocabulary); each tenant has
+its own cache salt. ``sessions`` (the demo), ``stream`` (bench e2e), ``text_rounds`` (bench
+serve), ``chat_trace`` (a Mooncake-format trace); ``ceiling_tokens`` scores a perfect router.
 
-- ``sessions(spec)`` (``kvmesh demo``): ``requests`` requests as sessions arriving open loop
-  at ``rate_per_s`` sessions/s; a session's turns run in order, sessions run concurrently.
-  A ``chat_fraction`` of sessions are chats (the tenant's system prompt, then up to
-  ``turns_per_chat`` turns, each appending the previous answer and a new message); the rest
-  are RAG (the tenant's template prefix, a popular document among ``docs_per_tenant``, one
-  question).
-- ``stream(spec)`` (``kvmesh bench e2e``): ``requests`` single requests, each one tenant's
-  system prompt plus a fresh question, Poisson arrivals at ``rate_per_s`` requests/s; the
-  tenant is uniform, or with ``hot_share`` > 0 ``tenant-0`` with that probability and else
-  uniform over the others (skewed load).
-- ``text_rounds(spec)`` (``kvmesh bench serve``): every tenant holds ``chats_per_tenant``
-  chats over ``system_prompts`` app prompts shared by all tenants; round ``k`` holds turn
-  ``k`` (of ``turns_per_chat``) of every chat in a seeded shuffled order, and each turn
-  extends the chat's previous turn. Text is ASCII and ``token_ids == list(text.encode())``
-  (a character per token): a text-based router (Ray's ``PrefixCacheAffinityRouter``) and a
-  token-based one see the same prefixes.
-
-- ``chat_trace(spec)`` (``kvmesh bench trace chat``, then ``kvmesh bench replay``): a
-  multi-tenant chat service as a Mooncake-format trace (``ChatTraceSpec``; see its docstring).
-
-``ceiling_tokens(rounds, block_size)`` scores rounds against a perfect router.
+See docs/architecture.md#replay-and-simulation.
 """
 from __future__ import annotations
 

@@ -1,22 +1,11 @@
 """A large batch's events cut into slices of bounded work, applied in order, same result.
 
-``EngineState`` applies a batch larger than ``caps.SLICE_BYTES`` slice by slice so that the
-subscriber can give the shared ingest loop a turn in between (``bridge.caps`` says why).
+:func:`slices` groups the events so no slice holds more than ``size`` units, cutting an event
+into consecutive pieces (a stored piece names the previous piece's last block as parent);
+applying the slices in order gives the index the same blocks as the batch whole (only the
+recorded reason for blocks below an unroutable one may differ).
 
-Contract of :func:`slices`: the events in order, grouped so that no slice holds more than
-``size`` units (a block hash is one unit; an event with none, such as ``AllBlocksCleared``,
-is one); an event of more than ``size`` blocks is cut into consecutive pieces. Applying the
-slices one after the other gives the index the same blocks as applying the batch whole:
-
-- a ``BlockRemoved`` piece holds the next hashes of the event (removals go in order);
-- a ``BlockStored`` piece after the first names the last block of the piece before as its
-  parent (held by then: the same chain), with its tokens and extra keys; a piece after the
-  first never starts a chain, as no block but an event's first does. An event whose tokens
-  do not cover its blocks exactly (or of another block size) cannot be rebuilt whole or in
-  pieces: its pieces carry no tokens, so each is unroutable for the same reason.
-
-Only the reason recorded for blocks below an unroutable block may differ (a later piece
-counts them as ``parent_unroutable``); which blocks the index holds does not.
+See docs/architecture.md#bridge-ingest-and-recovery.
 """
 from __future__ import annotations
 
@@ -24,23 +13,23 @@ from collections.abc import Iterator, Sequence
 
 import msgspec
 
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 
 
-def units(events: Sequence[ve.Event]) -> int:
+def units(events: Sequence[ve.VllmEvent]) -> int:
     """The work of a batch's events: block hashes, plus one per event without any."""
-    return sum(len(ev.block_hashes) or 1 if ev.__class__ is not ve.AllBlocksCleared else 1
+    return sum(len(ev.block_hashes) or 1 if ev.__class__ is not ve.VllmCleared else 1
                for ev in events)
 
 
-def slices(events: Sequence[ve.Event], size: int, block_size: int
-           ) -> Iterator[list[ve.Event]]:
+def slices(events: Sequence[ve.VllmEvent], size: int, block_size: int
+           ) -> Iterator[list[ve.VllmEvent]]:
     """``events`` in slices of at most ``size`` units (see the module contract)."""
-    part: list[ve.Event] = []
+    part: list[ve.VllmEvent] = []
     room = size
     for ev in events:
         for piece in _pieces(ev, size, block_size):
-            n = len(piece.block_hashes) or 1 if piece.__class__ is not ve.AllBlocksCleared else 1
+            n = len(piece.block_hashes) or 1 if piece.__class__ is not ve.VllmCleared else 1
             if n > room:
                 yield part
                 part, room = [], size
@@ -50,13 +39,13 @@ def slices(events: Sequence[ve.Event], size: int, block_size: int
         yield part
 
 
-def _pieces(ev: ve.Event, size: int, block_size: int) -> Iterator[ve.Event]:
-    if ev.__class__ is ve.AllBlocksCleared or len(ev.block_hashes) <= size:
+def _pieces(ev: ve.VllmEvent, size: int, block_size: int) -> Iterator[ve.VllmEvent]:
+    if ev.__class__ is ve.VllmCleared or len(ev.block_hashes) <= size:
         yield ev
         return
     hashes = ev.block_hashes
     n = len(hashes)
-    if not isinstance(ev, ve.BlockStored):
+    if not isinstance(ev, ve.VllmStored):
         for i in range(0, n, size):
             yield msgspec.structs.replace(ev, block_hashes=hashes[i:i + size])
         return

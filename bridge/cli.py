@@ -7,23 +7,23 @@ the flags (one engine, ``--dp-ranks`` ranks) or from ``--config FILE`` (many; se
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import typer
 
-from kvmesh import cli_options as opt
-from kvmesh.hashing import ALGOS, DEFAULT_ALGO
+from kvmesh.contract import ALGOS, DEFAULT_ALGO
+from kvmesh.ops import cli_options as opt
 
 # The worker credential, as `kvmesh worker --service-token` (never the router token);
 # `--token` is accepted as its short name.
-ServiceToken = Annotated[str | None, typer.Option(
-    "--service-token", "--token", envvar="KVMESH_WORKER_TOKEN",
+ServiceToken = opt.retold(
+    opt.ServiceToken, "--token",
     help="Token presented to the service: the shared --worker-token, or a token bound to "
-    "the worker id (`kvmesh worker-token`; with --dp-ranks, one per rank in --config).")]
-HashAlgo = Annotated[Literal[ALGOS], typer.Option(
-    "--hash-algo", envvar="KVMESH_HASH_ALGO", metavar="ALGO",
+    "the worker id (`kvmesh worker-token`; with --dp-ranks, one per rank in --config).")
+HashAlgo = opt.retold(
+    opt.HashAlgo,
     help=f"kvmesh's block-hash algorithm (the cluster's, not the engine's: the bridge "
-    f"rehashes): {opt.choices(ALGOS)}.")]
+    f"rehashes): {opt.choices(ALGOS)}.")
 _ENGINE_FLAGS = ("worker_id", "address", "events", "replay", "model", "block_size", "dp_ranks",
                  "metrics_url", "lora", "num_blocks", "topic", "curve_server_key")
 
@@ -89,8 +89,8 @@ def register(app: typer.Typer) -> None:
 
         from bridge.config import EngineSpec, load_config, parse_loras
         from bridge.main import BridgeOptions, serve
-        from kvmesh.channel import parse_addresses
-        from kvmesh.tls import tls_files
+        from kvmesh.rpc.channel import parse_addresses
+        from kvmesh.rpc.tls import tls_files
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         # flags the user gave (typer vendors click: its ParameterSource is compared by name)

@@ -1,24 +1,10 @@
 """What the bridge bridges: engines (from flags or a config file) and their ranks.
 
-An engine is one vLLM deployment: its OpenAI server (``address``, a URL), its KV-event
-endpoints (``events``, ``replay``: rank 0's) and its ``/metrics``. With ``dp_ranks`` N > 1,
-rank r publishes on the events and replay ports + r (vLLM offsets both by the rank), its load
-is the ``engine="r"`` samples of the same ``/metrics`` page, and it registers as worker
-``ID-dp{r}`` (rank 0 as ``ID-dp0``); with one rank the worker id is ``ID``. Every rank of an
-engine registers the engine's address, ``http://host:port`` (``https://`` for an https URL;
-``kvmesh.engine_address``): vLLM serves them behind one API server, and the scheme tells
-routers that the worker is an HTTP engine, not a kvmesh gRPC worker.
+An engine is one vLLM deployment (API server URL, event and replay endpoints, ``/metrics``);
+rank r of ``dp_ranks`` > 1 publishes on the ports + r and registers as ``ID-dp{r}``. A config
+file (YAML or TOML) holds ``engines`` and the process-wide flags; the command line wins.
 
-A config file (``--config``, YAML or TOML by its suffix) holds ``engines``, a list of tables
-with the ``kvmesh bridge vllm`` flags as keys (``worker-id`` or ``worker_id``, ``address``,
-``events``, ``replay``, ``model``, ``block-size``, ``dp-ranks``, ``metrics-url``, ``lora``:
-a ``NAME=PATH`` list or a ``{NAME: PATH}`` table, ``num-blocks``, ``topic``,
-``service-token``: one, or a list of one per rank; ``curve-server-key``), and, at the top
-level, the process-wide flags (``service``, ``service-token``, ``hash-algo``, ``hash-seed``,
-``tls-ca``, ``tls-cert``, ``tls-key``, ``metrics-port``, ``metrics-host``, ``curve-key``); a
-flag given on the command line wins over the file. A file holding a service token that its
-group or others may read is warned about (``kvmesh.file_perms``), as ``--tenant-keys`` files
-are.
+See docs/architecture.md#bridge-configuration-and-load.
 """
 from __future__ import annotations
 
@@ -29,8 +15,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from kvmesh.engine_address import http_address
-from kvmesh.file_perms import warn_if_readable_by_others
+from kvmesh.ops.file_perms import warn_if_readable_by_others
+from kvmesh.rpc.engine_address import http_address
 
 GLOBAL_KEYS = ("service", "service_token", "hash_algo", "hash_seed", "tls_ca", "tls_cert",
                "tls_key", "metrics_port", "metrics_host", "curve_key")
@@ -52,7 +38,7 @@ class EngineSpec:
     # this engine's own credential: one token, or one per rank (tokens bound to worker ids)
     service_token: str | tuple[str, ...] | None = None
     # the engine's CURVE public key (Z85, or its NAME.key file): its event sockets are CURVE
-    # servers (kvmesh.zmq_curve); the bridge presents --curve-key
+    # servers (kvmesh.events.zmq_curve); the bridge presents --curve-key
     curve_server_key: str | None = None
 
     def __post_init__(self) -> None:

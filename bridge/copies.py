@@ -1,28 +1,10 @@
 """Copies per tier of one engine's blocks, counted by engine hash and by chain hash.
 
-``EngineState``'s bookkeeping (its module docstring has the contract): vLLM stores and removes
-every physical block, so a hash held twice is removed twice; the index hears ``stored`` when a
-(chain hash, tier) goes from no copy to one and ``removed`` when it goes back to none.
+``EngineState``'s bookkeeping: the index hears ``stored`` when a (chain hash, tier) goes from
+no copy to one and ``removed`` when it goes back to none. The bulk forms give exactly the
+state and events of the per-block forms, and run only when their preconditions hold.
 
-Layout, chosen so that the common batch (a run of new, distinct blocks stored on one tier;
-later the same run removed) is a few set and dict operations in C rather than a Python step
-per block:
-
-- ``chain``: engine hash -> its chain hash (``None``: unroutable), for every engine hash with
-  a copy on some tier.
-- ``copies[t]``: the engine hashes with at least one copy on tier ``t``; ``extra[t]``: how
-  many copies beyond the first (only hashes held more than once there, which is rare).
-- ``parent``: chain hash -> its parent (``b""`` at block 0), for every chain hash some engine
-  hash holds on some tier (insertion order: the order chains were first held).
-- ``on[t]``: the chain hashes with at least one engine hash holding them on tier ``t``;
-  ``more[t]``: how many engine hashes beyond the first (distinct engine hashes that rebuild
-  to one chain hash: rare).
-- ``memo``: engine hash -> chain hash of the last ``memo_blocks`` engine hashes whose last
-  copy went (oldest first), so a block stored again need not be rehashed.
-
-The bulk forms (``hold_new``, ``release``'s fast path) give exactly the state, the index
-events and their order of the per-block forms; they only apply when their preconditions hold
-(checked in C), else the per-block form runs.
+See docs/architecture.md#bridge-engine-state.
 """
 from __future__ import annotations
 

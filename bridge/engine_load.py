@@ -1,23 +1,10 @@
 """An engine's load, read from vLLM's Prometheus ``/metrics`` (the cost model's inputs).
 
-vLLM labels its gauges ``model_name`` and ``engine`` (the data-parallel rank, one API server
-exporting every rank it fronts). ``parse_load`` reads, for one rank (samples whose ``engine``
-label is the rank; a family without that label counts for every rank):
+``parse_load`` reads one data-parallel rank's samples (running, waiting, blocks, estimated
+decode and queued prefill); without the rank's ``vllm:num_requests_running`` the engine did
+not answer (``None``). Ranks sharing an API server share one scrape per heartbeat.
 
-- ``running`` / ``waiting``: ``vllm:num_requests_running`` / ``vllm:num_requests_waiting``;
-- ``total_blocks``: the ``num_gpu_blocks`` label of ``vllm:cache_config_info``, else the
-  operator's ``num_blocks``, else 0 (unknown: the router's free-block guard is off for it);
-- ``free_blocks``: ``total_blocks * (1 - vllm:kv_cache_usage_perc)`` (``gpu_cache_usage_perc``
-  in older releases), rounded down; vLLM's usage counts blocks held by requests, so cached
-  blocks no request holds are free, as kvmesh's workers count them;
-- ``decode_tokens`` (estimate): the blocks in use times the block size, the context of the
-  running requests;
-- ``queued_prefill_tokens`` (estimate): ``waiting`` times the mean prompt length so far
-  (``vllm:request_prompt_tokens`` histogram), the prefill still queued.
-
-The rank's ``vllm:num_requests_running`` sample is required: without it the engine did not
-answer for that rank (``None``), as when the scrape fails. ``Scraper`` fetches one URL (ranks
-sharing an API server share one scrape per heartbeat).
+See docs/architecture.md#bridge-configuration-and-load.
 """
 from __future__ import annotations
 

@@ -1,41 +1,13 @@
 """One vLLM engine's cache as the kvmesh index sees it: pure state, no I/O.
 
-Input: the engine's event batches in ``seq`` order (``ingest``). Output: kvmesh index events
-(``index_pb2.KvEvent``, numbered from 1 by ``out_seq``, exactly what ``PublishEvents`` takes)
-and, for a resync, a snapshot (``SyncWorker``'s blocks).
+Input: the engine's batches in ``seq`` order; output: index events numbered from 1, and
+snapshots. Every engine hash maps to the kvmesh chain hash of the same block, rehashed with
+the bridge's algo and seed; a block that cannot be rebuilt exactly (and its descendants) is
+never indexed: the index may under-claim, never over-claim. Copies are counted per tier, so
+the index hears ``stored``/``removed`` only on the first and last copy. ``check(seq)`` places
+a batch (next, first, gap, behind).
 
-Invariants:
-
-- Every engine block hash the engine holds maps to the kvmesh chain hash of the same block,
-  recomputed with ``kvmesh.hashing`` (this bridge's algo and seed, so the engine's own hash
-  algorithm and seed need not match kvmesh's) from the event's ``token_ids``, the block's
-  extra keys (``bridge.extra_keys``: LoRA map, salt, multimodal) and the parent's chain hash.
-  A block that cannot be rebuilt exactly (and every block chained below it) maps to nothing
-  and is never indexed: the index may under-claim, never over-claim.
-- Copies are counted per (engine hash, tier) (``bridge.copies``): vLLM stores and removes
-  every PHYSICAL block, so a hash held twice is removed twice. The index hears ``stored``
-  when a (chain hash, tier) goes from no copy to one and ``removed`` when it goes back to
-  none, never otherwise.
-- A removal of a hash the state does not hold on that tier changes nothing (it was stored
-  before the state started, or before a clear) and is counted in ``stats.unknown_removes``.
-- ``AllBlocksCleared`` (in a batch) and ``clear()`` forget every block and emit one
-  ``cleared`` to the index. ``clear()`` also forgets the seq position: the next batch is
-  accepted as a fresh start (after an engine restart or a gap nothing can fill).
-- Only events of KV-cache group ``group`` (``None`` counts as 0) with this ``block_size`` are
-  indexed; other groups and unknown mediums are ignored.
-- The blocks of one event that are new are rebuilt in one ``chain_hashes`` call. The chain
-  hashes of the last ``memo_blocks`` engine hashes whose last copy went (``memo``) may be
-  kept, so a block evicted and stored again (a popular prefix, a block moving between tiers)
-  is not rehashed. Sound because an engine hash names its content and parent (the engine's
-  hash chain), so it always rebuilds to the same chain hash; ``clear()`` forgets the memo too
-  (another engine process may hash with another seed). The memo costs every removal a few
-  dict operations and saves a rehash only for blocks stored again: by default it is kept
-  only when the chain hash runs in Python (~1.5 µs a block, against ~0.3 µs in C).
-
-Seq tracking: ``check(seq)`` says whether a batch is the next one, the first one, ahead of it
-(a gap: ask the replay socket from ``replay_from``, the last applied seq, whose payload
-``is_anchor`` must still match, or the engine restarted) or behind it (a replayed duplicate, or
-an engine restart: the caller tells which by ``is_anchor``/payload).
+See docs/architecture.md#bridge-engine-state.
 """
 from __future__ import annotations
 
@@ -49,11 +21,12 @@ from bridge.batch_slices import slices, units
 from bridge.copies import Copies
 from bridge.extra_keys import Unroutable, block_extra, event_lora
 from bridge.index_events import IndexEvents, snapshot_runs
-from kvmesh import vllm_events as ve
-from kvmesh.hashing import DEFAULT_ALGO, Extra, Lora, chain_hashes, compiled_chain, none_hash
+from kvmesh.contract import DEFAULT_ALGO, TIERS
+from kvmesh.events import vllm as ve
+from kvmesh.hashing import Extra, Lora, chain_hashes, compiled_chain, none_hash
 from kvmesh.v1 import index_pb2
 
-TIER_INDEX = {"gpu": 0, "cpu": 1, "disk": 2}  # positions in PB_TIERS
+TIER_INDEX = {t: i for i, t in enumerate(TIERS)}  # positions in PB_TIERS
 MEMO_BLOCKS = 65_536  # the memo's default size where the chain hash runs in Python
 _MEDIUM_INDEX = {m: TIER_INDEX[t] for m, t in ve.TIERS.items()}
 
@@ -72,7 +45,7 @@ class StateStats:
     removed_blocks: int = 0
     unknown_removes: int = 0
     ignored_events: int = 0    # other KV-cache groups, unknown mediums
-    clears: int = 0            # AllBlocksCleared received, or clear() called
+    clears: int = 0            # VllmCleared received, or clear() called
     rehashed: int = 0          # blocks whose chain hash was computed
     memo_hits: int = 0         # blocks stored again whose chain hash the memo still had
     unroutable: Counter[str] = field(default_factory=Counter)  # by reason, per new block
@@ -83,7 +56,7 @@ class EngineState:
 
     ``bulk=False`` applies every event block by block: the same results, slower (the
     reference the bulk paths are tested against). ``wire=True``: the index events come as
-    ``bridge.wire.Wire`` (the same events, serialized as the link sends them; the bridge
+    ``kvmesh.events.wire.Wire`` (the same events, serialized as the link sends them; the bridge
     process's states), else as ``index_pb2.KvEvent`` messages."""
 
     def __init__(self, *, block_size: int, algo: str = DEFAULT_ALGO, seed: str | None = None,
@@ -198,13 +171,13 @@ class EngineState:
         self.stats.batches += 1
         return self._events(batch.events)
 
-    def _events(self, events: list[ve.Event]) -> list[index_pb2.KvEvent]:
+    def _events(self, events: list[ve.VllmEvent]) -> list[index_pb2.KvEvent]:
         runs = IndexEvents(self._next_out, self.wire)
         # vLLM's block pool emits one BlockRemoved per evicted block: consecutive removals of
         # one tier are released as one list (the same result: ``release`` goes in order)
         # (``bulk=False``: each event on its own, the reference)
         gone: list = []
-        gone_tier, bulk, group, removed = -1, self._copies.bulk, self.group, ve.BlockRemoved
+        gone_tier, bulk, group, removed = -1, self._copies.bulk, self.group, ve.VllmRemoved
         for ev in events:
             if ev.__class__ is removed:  # as ``_tier``, inline: there is one per block
                 t = _MEDIUM_INDEX.get(ev.medium)
@@ -220,7 +193,7 @@ class EngineState:
             if gone:
                 self._release(gone, gone_tier, runs)
                 gone = []
-            if isinstance(ev, ve.BlockStored):
+            if isinstance(ev, ve.VllmStored):
                 self._stored(ev, runs)
             else:
                 self._forget(runs)
@@ -229,14 +202,14 @@ class EngineState:
         runs.flush()
         return runs.events
 
-    def _tier(self, ev: ve.BlockStored | ve.BlockRemoved) -> int | None:
+    def _tier(self, ev: ve.VllmStored | ve.VllmRemoved) -> int | None:
         tier = _MEDIUM_INDEX.get(ev.medium)
         if tier is None or (ev.group_idx or 0) != self.group:
             self.stats.ignored_events += 1
             return None
         return tier
 
-    def _stored(self, ev: ve.BlockStored, runs: IndexEvents) -> None:
+    def _stored(self, ev: ve.VllmStored, runs: IndexEvents) -> None:
         t = self._tier(ev)
         if t is None:
             return
@@ -289,7 +262,7 @@ class EngineState:
                 parent = cp.hold(hashes[k], parent, t, runs)
             i = j
 
-    def _rebuild(self, ev: ve.BlockStored, i: int, j: int, parent: bytes | None,
+    def _rebuild(self, ev: ve.VllmStored, i: int, j: int, parent: bytes | None,
                  lora: Lora | None, reason: str | None
                  ) -> tuple[list[bytes | None], str | None]:
         """The chain hashes of the event's blocks ``[i, j)`` (all new) below ``parent``

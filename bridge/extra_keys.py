@@ -1,28 +1,10 @@
 """vLLM's published extra keys -> kvmesh's tagged extra keys, for one block.
 
-vLLM hashes a block with extra keys (LoRA, multimodal items, cache salt, prompt embeddings) but
-publishes them untagged in ``BlockStored.extra_keys``, one entry per block, in this order: the
-LoRA name (a bare string, every block of a LoRA request), ``(mm_identifier, offset)`` pairs
-(offset relative to the block start, may be negative), the cache salt (a bare string, block 0
-only), prompt-embedding digests (bytes). kvmesh hashes ``("lora", name, path)``, ``("mm",
-identifier, offset)``, ``("cache_salt", salt)`` in that order (``kvmesh/hashing.py``), so the
-bridge rebuilds those from the published keys.
+vLLM publishes the keys it hashed untagged; kvmesh hashes ``("lora", name, path)``,
+``("mm", id, offset)``, ``("cache_salt", salt)``. A block whose keys cannot be rebuilt exactly
+(an unmapped adapter, prompt embeddings, an unknown shape) is never indexed, with its reason.
 
-Exactness rules (a block the bridge cannot rebuild exactly is never indexed: the index may
-under-claim an engine's cache, never over-claim it):
-
-- LoRA: events carry the adapter NAME only (``lora_name``); kvmesh's key also needs the PATH.
-  The bridge is given a map ``--lora NAME=PATH`` per engine (the adapters that engine loads;
-  vLLM identifies an adapter by its name, so within one engine a name means one path). A block
-  of an adapter missing from the map is not indexed (``unknown_lora``), and neither is one that
-  only carries the deprecated ``lora_id`` (``lora_without_name``). A router then routes a LoRA
-  request exactly when it names the same (name, path) the operator mapped.
-- The salt: a bare string on block 0 that is not the LoRA name (when salt and LoRA name are
-  equal, the first occurrence is the LoRA's, as vLLM writes LoRA first). A bare string anywhere
-  else cannot be placed: ``extra_key``.
-- Prompt-embedding digests (bytes): kvmesh requests are token ids, so no request can ever match
-  such a block: ``prompt_embeds``.
-- Any other shape (a key a later vLLM adds): ``extra_key``.
+See docs/architecture.md#bridge-engine-state.
 """
 from __future__ import annotations
 
@@ -42,7 +24,7 @@ class Unroutable(ValueError):
 
 def event_lora(lora_name: str | None, lora_id: int | None,
                loras: Mapping[str, str]) -> Lora | None:
-    """The (name, path) of a ``BlockStored``'s adapter; ``None`` without one.
+    """The (name, path) of a ``VllmStored``'s adapter; ``None`` without one.
 
     Raises ``Unroutable`` for an adapter the map does not name."""
     if lora_name is None:

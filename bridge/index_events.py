@@ -1,5 +1,9 @@
 """kvmesh index events in their wire form (``index_pb2``), built from block-level changes.
 
+The bridge's vLLM -> index boundary: ``engine_state`` reads vLLM's structs
+(``kvmesh.events.vllm``) into block changes and this builds the index's events from them, as
+messages or as ``kvmesh.events.wire`` bytes (the same events).
+
 Tiers are positions in ``PB_TIERS`` (0 gpu, 1 cpu, 2 disk). A chain's first block has parent
 ``b""``, as ``PublishEvents`` and ``SyncWorker`` expect.
 """
@@ -7,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from bridge.wire import Wire
+from kvmesh.contract import TIER_PB, TIERS
+from kvmesh.events.wire import Wire
 from kvmesh.v1 import index_pb2
 
-PB_TIERS = (index_pb2.TIER_GPU, index_pb2.TIER_CPU, index_pb2.TIER_DISK)
+PB_TIERS = tuple(TIER_PB[t] for t in TIERS)
 # Hashes in one index event: a PublishEvents batch may carry at most the service's
 # --max-batch-hashes (8192 by default) and an event is never split across batches.
 MAX_RUN = 1024
@@ -20,7 +25,7 @@ class IndexEvents:
     """Index events being built, numbered by ``next_seq``: consecutive chain blocks of one
     tier share one message (``stored`` of a block whose parent is the run's last block extends
     the run; ``removed`` of one tier extends a removal run), up to ``MAX_RUN`` hashes.
-    ``flush()`` ends the last run. ``wire=True``: each event a ``bridge.wire.Wire`` (the
+    ``flush()`` ends the last run. ``wire=True``: each event a ``kvmesh.events.wire.Wire`` (the
     same event, already as the link sends it) instead of a message."""
 
     def __init__(self, next_seq: Callable[[], int], wire: bool = False) -> None:

@@ -1,18 +1,10 @@
 """How far one engine's ingest trails the engine, against a bound, whatever the engine's clock.
 
-The subscriber asks after every live batch it applies (``observe(ts)``, ``ts`` the batch's
-engine time stamp) whether ingest is behind past the bound; it then looks for removals among
-the queued batches and, finding one, clears the engine (``bridge.subscriber`` has the policy).
+Age is the growth of ``bridge clock - batch ts`` over its smallest value seen, so a skewed
+engine clock is harmless; after a lag clear the next batch may rebase it. The subscriber asks
+``observe(ts)`` after every live batch and clears the engine when behind with removals queued.
 
-Age, not the raw clock difference: ``offset = bridge wall clock - ts`` mixes the engine's
-clock skew with the delay, so the age is the offset's growth over its smallest value seen
-(the ``baseline``: skew plus the quickest delivery). A skewed engine clock is then harmless
-and hosts out of NTP only cost precision. The baseline follows the engine's clock down at
-once (a smaller offset); a clock stepping back looks like a jump in age, so after a lag
-clear (``cleared()``) the next batch observed, taken from an emptied socket and so fresh,
-moves the baseline to itself (a ``rebase``) if it still measures past the bound. A bridge
-already behind at its first live batch measures age only beyond that delay (the baseline
-comes down as soon as it catches up).
+See docs/architecture.md#bridge-ingest-and-recovery.
 """
 from __future__ import annotations
 

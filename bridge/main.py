@@ -5,7 +5,7 @@ a ``Subscriber`` reading the rank's events into it, an ``EngineLink`` publishing
 state emits and heartbeating the load a ``LoadSource`` scrapes (ranks sharing a ``/metrics``
 URL share one ``Scraper``). ``serve`` runs them until ``stop`` is set or SIGINT/SIGTERM.
 The links heartbeat (and scrape) from one ``BeatThread``, apart from the ingest loop, so
-that a bridge past capacity keeps its engines live (``bridge.link`` has the contract).
+that a bridge past capacity keeps its engines live (``kvmesh.link.link`` has the contract).
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from bridge.beat_thread import BeatThread
 from bridge.config import EngineSpec, RankSpec, check_unique, ranks
 from bridge.engine_load import LoadSource, Scraper
 from bridge.engine_state import EngineState
@@ -24,9 +23,11 @@ from bridge.link import EngineLink
 from bridge.metrics import BridgeMetrics
 from bridge.subscriber import Subscriber
 from bridge.supervisor import supervise
-from kvmesh.hashing import DEFAULT_ALGO, none_hash, resolve_seed
-from kvmesh.tls import TlsFiles
-from kvmesh.zmq_curve import CurveClient
+from kvmesh.contract import DEFAULT_ALGO
+from kvmesh.events.zmq_curve import CurveClient
+from kvmesh.hashing import none_hash, resolve_seed
+from kvmesh.link.beat_thread import BeatThread
+from kvmesh.rpc.tls import TlsFiles
 
 
 @dataclass(frozen=True)

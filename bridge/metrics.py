@@ -1,28 +1,9 @@
 """Prometheus metrics of one bridge process, per engine rank (label ``worker_id``).
 
-Counters and gauges are read at scrape time from the objects that keep them (the
-subscriber's, the state's and the link's own statistics), so nothing is counted twice;
+Read at scrape time from the objects that keep the counts (nothing counted twice);
 ``kvmesh_bridge_lag_seconds`` is observed by the link as the service acknowledges events.
 
-- traffic: ``batches_total`` (the engine's event batches applied: their rate is the events
-  per second), ``blocks_stored_total`` / ``blocks_removed_total`` (physical copies, as the
-  engine reported them), ``rehashed_blocks_total``, ``memo_hits_total``,
-  ``unroutable_blocks_total{reason}``, ``indexed_blocks``;
-- the stream's health: ``gaps_total``, ``replays_total``, ``replayed_batches_total``,
-  ``replay_failures_total``, ``restarts_total`` (another engine process detected),
-  ``unfilled_total`` (losses nothing could fill: the engine's entries were cleared),
-  ``duplicates_total``, ``malformed_total``, ``clears_total``, ``disconnects_total``,
-  ``lag_clears_total`` (ingest behind past its bound with removals queued: the engine's
-  entries were cleared and its queued batches, ``skipped_batches_total``, dropped unread;
-  ``bridge.subscriber`` has the policy);
-- the index side: ``heartbeats_total``, ``registrations_total``, ``resyncs_total``,
-  ``events_published_total``, ``silent_beats_total`` (heartbeats skipped: the engine's
-  metrics did not answer), ``pending_events``, ``up`` (registered, metrics answering);
-- ``behind_seconds``: now minus the engine's timestamp of the last batch the state applied
-  (how far ingest trails the engine while batches keep coming; 0 before the first);
-- ``lag_seconds``: from the engine's batch timestamp (its clock: keep hosts in NTP) until the
-  index acknowledged the batch's events (a clear the bridge decided: from that moment).
-  Replayed history counts with its age.
+See docs/architecture.md#bridge-configuration-and-load.
 """
 from __future__ import annotations
 

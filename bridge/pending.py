@@ -1,15 +1,15 @@
 """Index events of one engine waiting to be published (``PublishEvents``), bounded.
 
-A :class:`kvmesh.backlog.Backlog` of ``index_pb2.KvEvent`` (or the same events as
-``bridge.wire.Wire``), the same one a kvmesh worker's
+A :class:`kvmesh.link.backlog.Backlog` of ``index_pb2.KvEvent`` (or the same events as
+``kvmesh.events.wire.Wire``), the same one a kvmesh worker's
 outbox is (the contract is there: consecutive seqs, leaving only by seq, the whole backlog
 dropped for a snapshot past ``max_blocks``); this module only says what an index event
 carries and how much of them the bridge keeps.
 """
 from __future__ import annotations
 
-from bridge.wire import Wire
-from kvmesh.backlog import Backlog
+from kvmesh.events.wire import Wire
+from kvmesh.link.backlog import Backlog
 from kvmesh.v1 import index_pb2
 
 MAX_BLOCKS = 262_144  # about a second of a busy fleet's events, a few MB

@@ -1,20 +1,10 @@
 """One replay request to a vLLM engine's replay ROUTER, its answer held within caps.
 
-A fresh DEALER per request sends ``[b"", start]`` and collects ``(seq, payload)`` replies
-until the end marker. What comes back is anyone's (``bridge.caps``), so the answer is cut
-short (``complete`` False), never held without limit, when:
+A fresh DEALER per request collects replies until the end marker; the answer is cut short
+(``complete`` False), never held without limit, on a timeout between replies, a malformed
+reply, or past ``max_batches``/``max_bytes``. The subscriber resumes from where it stopped.
 
-- ``timeout`` seconds pass between two replies (an engine gone, a ROUTER that dropped the
-  rest past its send high-water mark);
-- a reply does not parse (``malformed``);
-- more than ``max_batches`` replies or ``max_bytes`` of payload came (``capped``): a peer
-  that streams replies without the end marker. Real engines buffer ``REPLAY_BUFFER``
-  batches; an answer cut by the caps is applied as far as it goes, and the subscriber's
-  next round resumes from there, as after replies the ROUTER dropped.
-
-Memory: the kept replies, at most ``max_bytes`` (plus the one that crossed it), and the
-socket's queue, at most ``max_batches + 1`` messages of ``caps.MAX_MESSAGE_BYTES`` each
-(``ZMQ_MAXMSGSIZE``; the reader drains it as it arrives, and closing the socket frees it).
+See docs/architecture.md#bridge-ingest-and-recovery.
 """
 from __future__ import annotations
 
@@ -25,7 +15,7 @@ import zmq
 import zmq.asyncio
 
 from bridge import caps
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 
 
 @dataclass

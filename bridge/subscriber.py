@@ -1,64 +1,15 @@
 """Read one vLLM engine's KV events over ZMQ into an ``EngineState``, recovering from losses.
 
 A SUB socket takes the live stream; a fresh DEALER per request asks the engine's replay
-ROUTER for buffered batches (``kvmesh.vllm_events`` has the framing). Every index event the
-state produces goes to ``on_events`` in order.
+ROUTER for buffered batches. Every index event the state produces goes to ``on_events`` in
+order. What holds: a (re)connection, a gap or a quiet stream resyncs from the last applied
+batch, which must come back byte for byte (else the engine restarted or moved on: clear and
+rebuild from its buffer); a loss nothing can fill clears the engine, so the index may
+under-claim, never over-claim; a removal waits in the socket at most ``max_lag_s`` (then the
+engine is cleared); the shared ingest loop turns at least every ``TURN_S``. Stop by
+cancelling the task running ``run()``.
 
-Recovery (a "resync" asks the replay socket from ``state.replay_from``):
-
-- Every (re)connection of the SUB socket (a finished handshake) resyncs, so the state learns
-  what the engine published before the bridge existed or while it was away.
-- A gap in the live ``seq`` resyncs; so does a quiet stream every ``probe_interval`` seconds,
-  which catches a lost last batch and a restart of an idle engine.
-- A replay cut short (vLLM's ROUTER drops replies past its send high-water mark, silently) is
-  resumed from the last batch applied, a few rounds at most.
-- A resync first checks the anchor: the replay must start with the last applied batch, byte
-  for byte. If it does, the rest of the replay fills the gap. If the engine no longer has it
-  (its buffer of 10,000 batches moved past it: ``unfilled``) or it differs or is missing
-  (another engine process: ``restarts``), the state is cleared (the index hears ``cleared``)
-  and rebuilt from everything the engine still buffers (a second replay, from 0).
-- A live batch behind the state is a duplicate when the last replay delivered the same bytes
-  under that seq (live messages queue while a replay runs), otherwise the engine restarted
-  (seq went backwards): clear, resync.
-- Without a replay socket, or when it does not answer within ``replay_timeout``, a gap that
-  nothing filled clears the state and the stream restarts from the batch at hand; without a
-  replay socket, so does every reconnection (the PUB socket dropped what it sent meanwhile).
-- After a disconnect, the first live batch is applied only after a resync proved the anchor
-  (an engine restarted while the SUB socket was away may already be past the expected seq);
-  if no replay answers, the state is cleared before it is applied.
-- A batch that does not decode or apply (whatever it raises: ``ve.MalformedBatch``) is a
-  lost batch: clear. A batch is applied in slices (``EngineState.ingest_parts``), the loop
-  given a turn between two once ``TURN_S`` is spent. Sockets refuse frames past
-  ``caps.MAX_MESSAGE_BYTES``; replays keep what ``bridge.replay``'s caps allow.
-- Anything else that escapes ``run`` (a bug, a sink that raised) ends only this task:
-  ``bridge.supervisor`` restarts it (``reset`` first: the state is cleared).
-
-Bounded staleness (``max_lag_s``; the bridge passes half the service's liveness timeout its
-link learned): heartbeats, on their own thread, keep a bridge past its capacity live while
-its batches queue in the SUB socket; a removal queued there leaves the index claiming blocks
-the engine dropped, and must not for longer than a liveness timeout. So after each live
-batch applied its age is measured (``bridge.lag``: growth over the clock offset's minimum,
-safe against a skewed engine clock). Past the bound, ingest is ``behind``: before each next
-batch, what the socket holds is moved, unread, to the subscriber's own queue (order kept;
-``TURN_S`` at a time), each payload searched for a removal's tag (``BlockRemoved``,
-``AllBlocksCleared``: a msgpack string in every encoding vLLM used; a string field holding
-one only errs towards clearing). Batches of stores only are applied as before (the index
-under-claims meanwhile, which routing tolerates). A removal found clears the engine (the
-index hears ``cleared``: it under-claims, never over-claims; ``lag_clears``), drops the
-queue and the socket's backlog unread (``skipped``) until the socket is empty, and ingest
-resumes from the next batch (the state takes it as FIRST). So does an own queue grown past
-``rcvhwm``. The engine stays registered: nothing here touches the link's heartbeats. A
-replay could not save the clear: it returns the same backlog, older. A removal waits at most
-the bound plus one batch's apply (it is younger than the batch whose age crossed the bound);
-the other half of the liveness timeout covers that batch, the clear's publish and the
-index's answer. Live batches queued behind a replay are checked only once it ends.
-
-The ingest loop is shared by every engine of the process: a drain stops after ``DRAIN``
-batches or ``TURN_S`` seconds, and a replay of thousands of batches yields every ``TURN_S``,
-so the loop turns (other engines, publishes, the watchdog the heartbeats read) at least that
-often. Live messages queue in the socket meanwhile; a replay applies them afterwards.
-
-Stop by cancelling the task running ``run()``; sockets are closed on the way out.
+See docs/architecture.md#bridge-ingest-and-recovery.
 """
 from __future__ import annotations
 
@@ -78,9 +29,9 @@ from bridge.engine_state import EngineState, SeqCheck
 from bridge.lag import Bound, Lag
 from bridge.replay import ReplayStats, fetch
 from bridge.wake import Wake
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
+from kvmesh.events.zmq_curve import CurveClient
 from kvmesh.v1 import index_pb2
-from kvmesh.zmq_curve import CurveClient
 
 Sink = Callable[[list[index_pb2.KvEvent]], None]
 REMOVALS = (b"BlockRemoved", b"AllBlocksCleared")  # the tags of events that drop blocks
@@ -124,7 +75,7 @@ class Subscriber:
         self.probe_interval = probe_interval
         self.rcvhwm = rcvhwm
         self.ctx = ctx or zmq.asyncio.Context.instance()
-        self.curve = curve  # the engine's sockets are CURVE servers (kvmesh.zmq_curve)
+        self.curve = curve  # the engine's sockets are CURVE servers (kvmesh.events.zmq_curve)
         self.stats = SubscriberStats()
         # the last replay (seq -> hash of payload: a replay's rounds hold no payload longer
         # than their own), to recognise queued live copies

@@ -1,19 +1,10 @@
 """Wait for ZMQ sockets on the asyncio loop without ``zmq.asyncio.Poller``.
 
-Why: at 200k blocks/s most of a subscriber's wakes find one batch, and the poller's wake
-(futures per socket, ``add_reader``/``remove_reader`` and an ``EVENTS`` read per socket, a
-``zmq.poll`` per wake) cost a tenth of what the batches' ingest does. Here each socket's FD
-has one reader for the socket's life and a wait is one future.
+One reader per socket FD for the socket's life and one future per wait (the poller cost a
+tenth of the ingest). ZMQ's FD is edge-triggered, so ``poll`` reads ``EVENTS`` of every socket
+not known empty before waiting, and a caller says ``emptied`` after draining to ``zmq.Again``.
 
-ZMQ's FD is edge-triggered: it signals that the socket's state changed, not that a message
-is there, and nothing signals again for messages already queued. A message arriving after
-the socket was found empty (its ``EVENTS`` without ``POLLIN``, or a receive that raised
-``zmq.Again``: both take the socket's pending commands and then find no message) does
-signal. So ``poll`` reads ``EVENTS`` before waiting for every socket not known empty (one
-that ``poll`` returned readable stays unknown until the caller says ``emptied``), and a
-reader wakes the waiter only when its socket's ``EVENTS`` says readable. ``EVENTS`` costs a
-syscall (a ``poll`` of the socket's signal): the hot path, a drain to ``zmq.Again``, reads it
-once per wake, in the reader. Readers are removed by ``close``, before the sockets close.
+See docs/architecture.md#bridge-ingest-and-recovery.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from client.errors import KvmeshError
     from client.results import Candidate, GenerateResult, PinResult, RouteResult
     from client.sync_client import KvmeshClient
-    from kvmesh.tls import TlsFiles
+    from kvmesh.rpc.tls import TlsFiles
 
 _EXPORTS = {
     "AsyncKvmeshClient": "client.async_client",
@@ -26,7 +26,7 @@ _EXPORTS = {
     "GenerateResult": "client.results",
     "PinResult": "client.results",
     "RouteResult": "client.results",
-    "TlsFiles": "kvmesh.tls",
+    "TlsFiles": "kvmesh.rpc.tls",
 }
 
 __all__ = ["AsyncKvmeshClient", "Candidate", "GenerateResult", "KvmeshClient", "KvmeshError",

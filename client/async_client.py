@@ -2,7 +2,7 @@
 
 Same contract, same requests and results as the blocking client (see ``client.sync_client``):
 service calls fail over between replicas and ``generate`` restarts the request on the next
-candidate worker as the retry table (``kvmesh.retry``) says, a stream only before its first
+candidate worker as the retry table (``kvmesh.rpc.retry``) says, a stream only before its first
 token; every other failure raises ``KvmeshError``. Channels are created on first use inside
 the running event loop; use one client per loop and ``await client.close()`` (or
 ``async with``) when done.
@@ -28,7 +28,7 @@ from client.convert import (
 from client.errors import BrokenStream, KvmeshError
 from client.failover import Failures
 from client.results import GenerateResult, PinResult, RouteResult, TokenChunk
-from kvmesh.retry import Source
+from kvmesh.rpc.retry import Source
 from kvmesh.v1 import index_pb2, worker_pb2
 
 __all__ = ["AsyncKvmeshClient", "TokenChunk"]

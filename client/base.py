@@ -2,7 +2,7 @@
 and turning a call's arguments into requests (no I/O here).
 
 Each client adds only its I/O: how a channel is dialled (:meth:`BaseClient._dial`, sync or
-``grpc.aio``) and the loops that drive ``kvmesh.retry`` (replicas) and
+``grpc.aio``) and the loops that drive ``kvmesh.rpc.retry`` (replicas) and
 ``client.failover.Candidates`` (workers). Invariant: at most one channel per address, made
 on first use and shared by service and worker stubs; none after :meth:`BaseClient._close_all`.
 """
@@ -26,10 +26,10 @@ from client.convert import (
 from client.errors import KvmeshError
 from client.failover import Candidates, no_worker_error
 from client.results import RouteResult
-from kvmesh.auth import WorkerAccess
-from kvmesh.channel import Dialer, parse_addresses
-from kvmesh.retry import ReplicaRing
-from kvmesh.tls import TlsFiles
+from kvmesh.rpc.auth import WorkerAccess
+from kvmesh.rpc.channel import Dialer, parse_addresses
+from kvmesh.rpc.retry import ReplicaRing
+from kvmesh.rpc.tls import TlsFiles
 from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2_grpc
 
 

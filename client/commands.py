@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from kvmesh.cli_options import (
+from kvmesh.contract import TIERS
+from kvmesh.openai import vocab
+from kvmesh.ops.cli_options import (
     DEFAULT_SERVICE,
     AdminToken,
     Policy,
@@ -38,23 +40,18 @@ Text = Annotated[str | None, typer.Option("--text", help="Prompt text (byte-leve
 Salt = Annotated[str | None, typer.Option("--salt", help="Cache salt (tenant isolation).")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Per-call timeout, seconds.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
-TIERS = ("gpu", "cpu", "disk")  # KV tiers, fastest first, as the wire names them
 TINY_MODEL = "tiny"  # the worker's built-in model: byte vocabulary, random weights
 
 
 def encode_text(text: str) -> list[int]:
-    """Byte-level tokens of ``text``: UTF-8 bytes -> ids 0..255, no BOS (the tiny model's
-    vocabulary, identical to ``worker.model.tokenizer.ByteTokenizer().encode(text)``).
-
-    Encoded here rather than imported from the worker, whose package loads torch (seconds)
-    for what is a one-line transformation.
-    """
-    return list(text.encode("utf-8"))
+    """Byte-level tokens of ``text``, no BOS: the tiny model's vocabulary
+    (``kvmesh.openai.vocab``, torch-free)."""
+    return vocab.encode(text)
 
 
 def decode_bytes(token_ids: list[int]) -> str:
     """Byte-level tokens back to text; ids outside 0..255 (special tokens) are dropped."""
-    return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
+    return vocab.decode(token_ids)
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -86,7 +83,7 @@ def _client(service: str, token: str | None, timeout: float,
     a one-line error and exit 1 (bad flags: exit 2)."""
     from client.errors import KvmeshError
     from client.sync_client import KvmeshClient
-    from kvmesh.tls import tls_files
+    from kvmesh.rpc.tls import tls_files
 
     try:
         ca, cert, key = tls

@@ -17,7 +17,7 @@ from google.protobuf.message import Message
 
 from client.errors import BrokenStream
 from client.results import Candidate, GenerateResult, PinnedWorker, PinResult, RouteResult
-from kvmesh.auth import WorkerAccess
+from kvmesh.rpc.auth import WorkerAccess
 from kvmesh.v1 import index_pb2, worker_pb2
 
 _U32 = "I" if array.array("I").itemsize == 4 else "L"  # the array typecode of a uint32
@@ -33,7 +33,7 @@ def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
 def worker_metadata(access: WorkerAccess | None, worker_id: str,
                     ) -> tuple[tuple[str, str], ...]:
     """The call metadata for worker ``worker_id``: its own access token minted by
-    ``access`` (``kvmesh.auth.WorkerAccess`` of the router token; None: an open cluster),
+    ``access`` (``kvmesh.rpc.auth.WorkerAccess`` of the router token; None: an open cluster),
     never the router token itself, which lets its holder Route and read Stats, nor a token
     valid on any other worker: the index names the workers a client calls, so a worker is
     trusted less than the service, and less than its peers."""

@@ -3,7 +3,7 @@
 Contract: every failure of a client call surfaces as :class:`KvmeshError`, whose ``code`` is
 the gRPC status code (``grpc.StatusCode``) the server or transport reported and whose
 ``message`` is the server's own text. Which failures are first retried elsewhere (another
-service replica, another candidate worker) is decided by ``kvmesh.retry.TABLE``; only when
+service replica, another candidate worker) is decided by ``kvmesh.rpc.retry.TABLE``; only when
 every option is spent, or the table surfaces the code, does the caller see an error.
 """
 from __future__ import annotations

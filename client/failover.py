@@ -1,8 +1,8 @@
 """Failover decisions shared by the sync and asyncio clients (no I/O here).
 
 Service replicas are stateless and interchangeable: calls go to the last replica that
-answered (``kvmesh.retry.ReplicaRing``) and rotate through the others when the retry table
-(``kvmesh.retry.TABLE``) says so. Workers are tried in the service's ranking order (best
+answered (``kvmesh.rpc.retry.ReplicaRing``) and rotate through the others when the retry table
+(``kvmesh.rpc.retry.TABLE``) says so. Workers are tried in the service's ranking order (best
 candidate first): :class:`Candidates` is the one statement of "route, then try candidates in
 order", which both clients drive with their own I/O (a blocking loop, an ``async for``).
 :class:`Failures` turns the failed attempts of one call into the error the caller sees,
@@ -17,8 +17,8 @@ import grpc
 from client.convert import StreamAssembler
 from client.errors import BrokenStream, KvmeshError
 from client.results import Candidate, GenerateResult, RouteResult, TokenChunk
-from kvmesh.engine_address import is_http
-from kvmesh.retry import Action, Source, decide
+from kvmesh.rpc.engine_address import is_http
+from kvmesh.rpc.retry import Action, Source, decide
 from kvmesh.v1 import worker_pb2
 
 __all__ = ["Attempt", "Candidates", "Failures", "no_worker_error"]

@@ -1,30 +1,13 @@
 """``KvmeshClient``: the blocking router-side client of a kvmesh cluster.
 
-Contract:
+Service calls fail over between replicas as the retry table says; ``generate`` restarts a
+failed request on the next ranked worker, returns only a finished result and never runs a
+finished request twice (``generate_stream`` fails over only before its first token). The
+router token goes to service calls only; each worker gets its own access token. With a TLS
+``ca`` every channel is TLS. Failures raise ``KvmeshError`` listing every attempt.
+Thread-safe: channels are created once and shared.
 
-* ``addresses`` are metadata-service replicas. Every service call goes to the replica that
-  last answered and fails over to the others in turn when the retry table
-  (``kvmesh.retry.TABLE``: UNAVAILABLE, a deadline, RESOURCE_EXHAUSTED, INTERNAL ...) says so.
-* ``generate`` routes, then streams from the best candidate worker; when that attempt fails
-  with a code the table retries (worker down, past the deadline, out of room, a failed
-  engine step ...) or the stream drops, the whole request restarts on the next candidate.
-  A result is returned only when a worker finished the request, never a partial one, and a
-  finished request is never run again. ``generate_stream`` yields the tokens as they come
-  and fails over the same way, but only before its first token (``kvmesh.retry``).
-* ``token`` (the router token) is sent as ``authorization: Bearer <token>`` on service calls
-  only (``admin_token``, when given, on ``pin``/``unpin`` instead); each worker gets its
-  own ``kvmesh.auth.worker_access_token(token, worker_id)`` instead (the id of the route
-  candidate called), so a worker (or a fake one whose address reached the index) never
-  learns a token that can Route or call any other worker.
-* ``tls`` (``kvmesh.tls.TlsFiles``): with a ``ca``, every channel (service and workers) is
-  TLS and verifies the server's certificate against it; ``cert``/``key`` are presented as a
-  client certificate when a server requires one. Without it, channels are plaintext.
-* Every other gRPC failure raises ``KvmeshError`` with the server's code and message (and
-  the earlier failed attempts, if any); when every option failed, the last failure's code
-  with every attempt listed.
-
-The client is thread-safe: channels (one per address, services and workers alike) are
-created once and shared.
+See docs/architecture.md#the-client.
 """
 from __future__ import annotations
 
@@ -46,7 +29,7 @@ from client.convert import (
 from client.errors import BrokenStream, KvmeshError
 from client.failover import Failures
 from client.results import GenerateResult, PinResult, RouteResult, TokenChunk
-from kvmesh.retry import Source
+from kvmesh.rpc.retry import Source
 from kvmesh.v1 import index_pb2, worker_pb2
 
 
@@ -105,7 +88,7 @@ class KvmeshClient(BaseClient):
                  mm: Iterable[MmSpec] = (), policy: str | None = None,
                  ignore_eos: bool = False, routed: RouteResult | None = None) -> GenerateResult:
         """Route the prompt, then generate on the chosen worker, restarting the request on
-        the next candidate when the retry table says so (``kvmesh.retry``) or the stream ends
+        the next candidate when the retry table says so (``kvmesh.rpc.retry``) or the stream ends
         early. ``routed``: a ``route`` answer for this very prompt (same salt, LoRA and mm)
         to use instead of routing again.
 

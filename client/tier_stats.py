@@ -3,41 +3,47 @@
 Input: the ``worker_stats`` dicts (``WorkerService.Stats`` as plain Python, see
 ``client.convert.worker_stats_dict``) that ``kvmesh stats`` collects, each with ``tiers``
 (one dict per enabled tier, ``TierStats``'s fields), ``pinned_blocks`` and
-``mean_matched_tokens``. Per worker and tier: load factor (cached / capacity blocks), hit
-rate (the tier's hit tokens over the worker's queried prompt tokens), evictions and
-offloads (per second when two samples ``window_s`` apart are given), onboards (blocks,
-bytes, mean time per block) and the index's precision on that tier (share of the tokens it
-promised there that the worker still had there or on a faster tier).
+``mean_matched_tokens``. Per worker and tier: load factor, hit rate, evictions and offloads
+(per second when two samples ``window_s`` apart are given), onboards (blocks, bytes, mean
+time per block) and the index's precision on that tier. Each tier dict is read back into
+its ``TierStats``; the figures it implies are ``kvmesh.tier_figures``' (the worker's
+Prometheus page derives them there too).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from kvmesh.tier_figures import (
+    TierStats,
+    hit_rate,
+    kept_share,
+    load_factor,
+    onboard_s_per_block,
+    tier_stats,
+)
+
 if TYPE_CHECKING:
     from rich.table import Table
 
 
-def _rate(now: Mapping[str, Any], before: Mapping[str, Any] | None, key: str,
-          window_s: float) -> str:
+def _rate(now: TierStats, before: TierStats | None, field: str, window_s: float) -> str:
     if before is None or window_s <= 0:
-        return f"{now.get(key, 0):,}"
-    return f"{(now.get(key, 0) - before.get(key, 0)) / window_s:,.1f}/s"
+        return f"{getattr(now, field):,}"
+    return f"{(getattr(now, field) - getattr(before, field)) / window_s:,.1f}/s"
 
 
-def _precision(t: Mapping[str, Any]) -> str:
-    promised = t.get("index_promised_tokens", 0)
-    if not promised:
+def _precision(t: TierStats) -> str:
+    kept = kept_share(t)
+    return "-" if kept is None else f"{kept:.1%} of {t.index_promised_tokens:,}"
+
+
+def _onboard(t: TierStats) -> str:
+    per_s = onboard_s_per_block(t)
+    if per_s is None:
         return "-"
-    return f"{1 - t.get('index_missed_tokens', 0) / promised:.1%} of {promised:,}"
-
-
-def _onboard(t: Mapping[str, Any]) -> str:
-    blocks = t.get("onboard_blocks", 0)
-    if not blocks:
-        return "-"
-    per_ms = t.get("onboard_seconds", 0.0) * 1e3 / blocks
-    return f"{blocks:,} ({t.get('onboard_bytes', 0) / 2**20:,.1f} MiB, {per_ms:.3f} ms/blk)"
+    return (f"{t.onboard_blocks:,} ({t.onboard_bytes / 2**20:,.1f} MiB, "
+            f"{per_s * 1e3:.3f} ms/blk)")
 
 
 def tier_rows(worker_id: str, stats: Mapping[str, Any],
@@ -46,15 +52,14 @@ def tier_rows(worker_id: str, stats: Mapping[str, Any],
     """The table rows of one worker's ``worker_stats`` (one per tier; none without tiers).
     ``before``: the same worker's stats ``window_s`` seconds earlier, for per-second rates."""
     queries = (stats.get("cache") or {}).get("queries", 0)
-    old = {t["tier"]: t for t in (before or {}).get("tiers", ())}
+    old = {t.tier: t for t in map(tier_stats, (before or {}).get("tiers", ()))}
     rows = []
-    for t in stats.get("tiers", ()):
-        cap = t.get("capacity_blocks", 0)
-        load = t.get("cached_blocks", 0) / cap if cap else 0.0
-        prev = old.get(t["tier"]) if before is not None else None
+    for t in map(tier_stats, stats.get("tiers", ())):
+        prev = old.get(t.tier) if before is not None else None
         rows.append([
-            worker_id, t["tier"], f"{t.get('cached_blocks', 0):,}/{cap:,} ({load:.0%})",
-            f"{t.get('hit_tokens', 0) / queries:.1%}" if queries else "-",
+            worker_id, t.tier,
+            f"{t.cached_blocks:,}/{t.capacity_blocks:,} ({load_factor(t):.0%})",
+            f"{hit_rate(t, queries):.1%}" if queries else "-",
             _rate(t, prev, "evictions", window_s), _rate(t, prev, "offloads", window_s),
             _onboard(t), _precision(t)])
     return rows

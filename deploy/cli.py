@@ -12,10 +12,13 @@ from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
-from kvmesh import cli_options as opt
+from kvmesh.ops import cli_options as opt
+from worker.kv_cache.tier_config import TierConfig
+
+_TIERS = TierConfig()  # the tier defaults, written there only
 
 if TYPE_CHECKING:
-    from kvmesh.tls import TlsFiles
+    from kvmesh.rpc.tls import TlsFiles
 
 
 def register(app: typer.Typer) -> None:
@@ -45,26 +48,25 @@ def register(app: typer.Typer) -> None:
         tls_key: opt.TlsKey = None,
         tls_ca: opt.TlsCa = None,      # every process verifies its peers with it
         tls_client_auth: opt.TlsClientAuth = False,
-        cpu_blocks: opt.CpuBlocks = 0,
-        disk_blocks: opt.DiskBlocks = 0,
-        disk_dir: opt.DiskDir = None,  # each worker's files: <disk-dir>/<worker id>
-        eviction: opt.Eviction = "lru",
-        auto_pin: opt.AutoPin = False,
+        cpu_blocks: opt.CpuBlocks = _TIERS.cpu_blocks,
+        disk_blocks: opt.DiskBlocks = _TIERS.disk_blocks,
+        disk_dir: opt.DiskDir = _TIERS.disk_dir,  # each worker's files: <disk-dir>/<worker id>
+        eviction: opt.Eviction = _TIERS.eviction,
+        auto_pin: opt.AutoPin = _TIERS.auto_pin,
         verbose: bool = typer.Option(False, help="echo every child's output"),
     ) -> None:
         """Start Redis/Valkey, the service and N workers; Ctrl-C or SIGTERM stops them all."""
         import time
         import traceback
 
-        from kvmesh.redact import redact_url
-        from kvmesh.tls import tls_files
+        from kvmesh.ops.redact import redact_url
+        from kvmesh.rpc.tls import tls_files
         from service.worker_tokens import MIN_SECRET_BYTES
-        from worker.main import check_tiers
 
-        tiers = dict(cpu_blocks=cpu_blocks, disk_blocks=disk_blocks, disk_dir=disk_dir,
-                     eviction=eviction, auto_pin=auto_pin)
+        tiers = TierConfig(cpu_blocks=cpu_blocks, disk_blocks=disk_blocks, disk_dir=disk_dir,
+                           eviction=eviction, auto_pin=auto_pin)
         try:
-            check_tiers(cpu_blocks, disk_blocks, disk_dir)
+            tiers.check()
             tls = tls_files(tls_cert, tls_key, tls_ca, tls_client_auth)
         except ValueError as e:
             _refuse(str(e))
@@ -92,7 +94,7 @@ def register(app: typer.Typer) -> None:
                        ray_address=ray_address, gpus_per_worker=gpus_per_worker,
                        service_replicas=service_replicas, block_size=block_size,
                        num_blocks=num_blocks, token=token, worker_secret=worker_secret or None,
-                       policy=policy, **tiers)
+                       policy=policy, tiers=tiers)
             except LaunchError as e:
                 _say_error(str(e))
                 _exit_now(1)
@@ -108,7 +110,7 @@ def register(app: typer.Typer) -> None:
             block_size=block_size, num_blocks=num_blocks, token=token, policy=policy,
             service_replicas=service_replicas, echo=verbose,
             worker_secret=worker_secret or None, tls=tls, redis_shards=redis_shards,
-            insecure_cluster_bus=insecure_cluster_bus, **tiers))
+            insecure_cluster_bus=insecure_cluster_bus, tiers=tiers))
         if bus_warning:
             print(f"WARNING: {bus_warning}", flush=True)
         code = 1

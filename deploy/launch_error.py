@@ -1,23 +1,11 @@
 """Start failures a user can fix, said in one line.
 
-A launcher (``kvmesh up``, local or Ray) fails to start for reasons its user causes and can
-fix: a port already taken, a model directory that is missing or unreadable, no Valkey/Redis
-server to start, a Ray address where nothing answers. Each must end the command with ONE
-line that names the cause and the flag to change, not a traceback whose cause sits at the
-bottom of a child's output.
+:class:`LaunchError`'s ``str()`` is that one line, naming the cause and the flag (``kvmesh up``
+prints ``error: <line>`` and exits 1; any other exception keeps its traceback).
+:class:`ChildExited` is a child that ended before it was ready; :func:`cause_of` picks the
+line of its output that says why.
 
-Contract:
-
-- :class:`LaunchError` is such a failure; ``str()`` is that one line (no newline).
-  ``kvmesh up`` prints it as ``error: <line>`` on stderr, last, and exits 1; any other
-  exception is a bug and keeps its traceback.
-- :class:`ChildExited` is a child server that ended before it was ready: it carries the
-  child's name, exit code and :func:`cause_of` its output, so the launcher that knows what
-  the child was for (service replica, worker) can name the flag.
-- :func:`cause_of` picks, from a child's output, the line that says why it ended: the last
-  ``error: ...`` line (kvmesh commands' own one-line errors), else the last line of a
-  traceback (``SomeError: message``; the launchers start children with plain tracebacks,
-  see ``deploy.process``), else the last non-blank line.
+See docs/architecture.md#local-launcher-and-stopping.
 """
 from __future__ import annotations
 

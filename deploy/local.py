@@ -1,37 +1,13 @@
 """A whole kvmesh cluster on this machine: Redis/Valkey, service replica(s), N workers.
 
-Everything is a real process: an embedded Valkey (a cluster of ``redis_shards`` primaries
-when that is above 1, ``deploy.redis_cluster``; or ``--redis-url``), ``python -m
-service`` and ``python -m worker`` children on free loopback ports. ``LocalCluster`` is what
-``kvmesh up``, ``kvmesh demo``, the end-to-end benchmarks and the integration tests use.
-``stop()`` ends every child within ``timeout`` seconds (SIGTERM, then SIGKILL).
+Every part is a real child process on free loopback ports; ``LocalCluster`` is what ``kvmesh
+up``, the demo, the end-to-end benchmarks and the integration tests use, and ``stop()`` ends
+every child within ``timeout``. Each child gets only its own credentials (a worker never the
+router token, the secret or the Redis URL), always in its environment, never on its command
+line. A spec default never overrides what a child reads from its environment. Start failures
+a user can fix raise ``LaunchError``.
 
-Credentials (who holds what):
-
-- the embedded Valkey requires a random password; its URL (``redis://:PW@...``) goes to the
-  service replicas only, in ``KVMESH_REDIS_URL``; an embedded cluster is mutual TLS under a
-  CA made at start (its URL names the service's client certificate), or refused when the
-  Valkey binary has no TLS unless ``insecure_cluster_bus`` (``deploy.redis_cluster``);
-- the service replicas get the router token (``KVMESH_TOKEN``) and the worker secret
-  (``KVMESH_WORKER_SECRET``; generated when the spec has neither a secret nor a shared
-  worker token, so worker calls never accept the router token);
-- each worker gets only its own minted token (``KVMESH_WORKER_TOKEN``) and the token its
-  WorkerService requires, ``worker_access_token(router token, its worker id)``
-  (``KVMESH_WORKER_ACCESS_TOKEN``, valid on that worker only): never the router token, the
-  secret, the Redis URL or anything that lets it call another worker.
-
-Every secret travels in the child's environment, never on its command line (``ps`` and
-``/proc/PID/cmdline`` show that to every local user); every secret variable is set, empty
-when unused, so nothing leaks in from the launcher's own environment.
-
-Settings a child reads from its environment (``KVMESH_POLICY``, ``KVMESH_HASH_SEED``...) are
-passed as flags only when the spec sets them: a spec default never overrides what the
-child would have read (``policy=None`` runs the service's own default, its
-``KVMESH_POLICY`` if set, else ``kvmesh``).
-
-Start failures a user can fix raise ``deploy.launch_error.LaunchError``, one line naming the
-flag: ``model`` not a model directory, no Redis server to start, a ``redis_url`` that does
-not answer, a service ``port`` already taken, a child that exits while starting.
+See docs/architecture.md#local-launcher-and-stopping.
 """
 from __future__ import annotations
 
@@ -50,11 +26,12 @@ from deploy.redis_server import RedisServer
 from deploy.start_checks import check_model, check_redis_url, embedded_redis, port_taken
 from deploy.stopping import budget
 from deploy.waiting import wait_until
-from kvmesh.auth import worker_access_token
+from kvmesh.rpc.auth import worker_access_token
+from worker.kv_cache.tier_config import TierConfig
 
 if TYPE_CHECKING:
     from client import KvmeshClient
-    from kvmesh.tls import TlsFiles
+    from kvmesh.rpc.tls import TlsFiles
 
 
 @dataclass
@@ -80,11 +57,7 @@ class ClusterSpec:
     hash_seed: str | None = None
     heartbeat_s: float = 1.0
     max_batched_tokens: int = 2048
-    cpu_blocks: int = 0               # KV tiers of every worker (0: off)
-    disk_blocks: int = 0
-    disk_dir: str | None = None       # each worker's files go to <disk_dir>/<worker id>
-    eviction: str = "lru"
-    auto_pin: bool = False
+    tiers: TierConfig = TierConfig()  # every worker's; disk files in <disk_dir>/<worker id>
     policy: str | None = None         # None: the service's default (its KVMESH_POLICY, else
     #                                   kvmesh)
     host: str = "127.0.0.1"
@@ -201,7 +174,7 @@ class LocalCluster:
             proc.cmd[3:] = self._service_args(port, i)
         else:
             if self.spec.route_log_dir:
-                from kvmesh.file_perms import private_dir
+                from kvmesh.ops.file_perms import private_dir
 
                 private_dir(self.spec.route_log_dir, "route_log_dir")
             proc = self._child(f"service-{i}", "service", self._service_args(port, i),
@@ -300,19 +273,9 @@ class LocalCluster:
 
 
 def tier_args(s: ClusterSpec, worker_id: str) -> list[str]:
-    """The tier flags of worker ``worker_id`` (none when the spec keeps the defaults)."""
-    args = []
-    if s.cpu_blocks:
-        args += ["--cpu-blocks", str(s.cpu_blocks)]
-    if s.disk_blocks:
-        args += ["--disk-blocks", str(s.disk_blocks)]
-    if s.disk_dir:  # absolute: a worker of another tree (code_dir) runs from there
-        args += ["--disk-dir", str(Path(os.path.abspath(s.disk_dir)) / worker_id)]
-    if s.eviction != "lru":
-        args += ["--eviction", s.eviction]
-    if s.auto_pin:
-        args.append("--auto-pin")
-    return args
+    """The tier flags of worker ``worker_id`` (none when the spec keeps the defaults); its
+    disk directory absolute: a worker of another tree (``code_dir``) runs from there."""
+    return s.tiers.of_worker(worker_id, absolute=True).argv()
 
 
 def _tls_args(tls: TlsFiles | None) -> list[str]:

@@ -3,7 +3,7 @@
 Both ``kvmesh service`` and ``kvmesh worker`` print one line ``... listening on HOST:PORT``
 once they accept calls; :class:`ServerProcess` starts the child, waits for that line and
 keeps the rest of its output (the last lines, for error messages). Children die with the
-launcher (``kvmesh.lifecycle``) so a killed launcher leaves nothing behind.
+launcher (``kvmesh.ops.lifecycle``) so a killed launcher leaves nothing behind.
 
 A child that ends before that line raises :class:`deploy.launch_error.ChildExited` at once
 (not at the timeout), naming the line of its output that says why; children print plain

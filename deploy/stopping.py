@@ -1,36 +1,12 @@
 """Stopping a launcher within one deadline, leaving no process behind, whatever the load.
 
-``kvmesh up`` (local and Ray backends) and the ``kvmesh bench`` / ``kvmesh demo`` runs start
-trees of processes: Valkey, service and worker children, and with a Ray of their own the
-GCS, raylet, Ray workers and what those start. On a loaded host a graceful stop of each,
-one after the other, with per-step timeouts, can take far longer than a supervisor waits,
-and a child whose parent died first is re-parented out of reach.
+:class:`StopDeadline` makes the process a child subreaper (so orphans stay findable) and
+watches signals on a thread: the first signal starts the clock, and at ``deadline_s`` every
+descendant is SIGKILLed and the process ends, wherever the main thread is. :func:`budget` is
+what a cluster's ``stop`` may spend; :func:`guard_command` does the same for a foreground
+command; :func:`end_descendants` ends and reaps what is left.
 
-Contract (:class:`StopDeadline`):
-
-- ``install()`` (main thread) makes this process a child subreaper (Linux
-  ``PR_SET_CHILD_SUBREAPER``): an orphaned descendant is re-parented to it, not to init, so
-  :func:`descendants` still finds it. It installs the SIGINT/SIGTERM handler and a
-  signal wakeup fd, so the first signal is seen by a watchdog thread at once, even while
-  the main thread is blocked in C code.
-- The first signal: ``stop`` is set, and ``interrupt`` (if set: before the launcher is
-  ready) raises ``KeyboardInterrupt`` in the main thread so a start in progress unwinds. The
-  clock starts: :meth:`remaining` is the graceful budget. Further signals change nothing.
-- At ``deadline_s`` after the first signal (:data:`DEADLINE_S`, under the 10 s a supervisor
-  waits) the watchdog SIGKILLs every descendant and ends the process (exit 1), wherever
-  the main thread is. The graceful path is expected to end before: the launcher stops its
-  cluster within :meth:`remaining`, then calls :func:`end_descendants`.
-- :func:`guard_command` is the same for a foreground command that has no stop loop of its
-  own (``kvmesh bench ...``, ``kvmesh demo``): the first signal raises ``KeyboardInterrupt``
-  wherever the command is, so its ``finally`` blocks stop what it started; the watchdog
-  ends what is left at the deadline; and at a normal exit every descendant still there is
-  ended (Python's default SIGTERM would end the command at once, leaving its Valkey).
-- :func:`budget` is what a cluster's ``stop(timeout)`` may spend: ``timeout``, or less once
-  a signal started the clock (``LocalCluster`` and ``RayCluster`` ask it), so a stop deep
-  in a bench's ``finally`` fits the deadline too.
-- :func:`end_descendants` SIGTERMs every descendant still there, SIGKILLs those left at
-  its deadline, repeats until none is left (a child started meanwhile included), and reaps
-  the zombies that are this process's own children.
+See docs/architecture.md#local-launcher-and-stopping.
 """
 from __future__ import annotations
 

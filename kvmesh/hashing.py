@@ -1,44 +1,13 @@
 """The block-hash chain: byte-identical to vLLM v1's prefix-caching hashes (vLLM >= 0.31).
 
-A block's hash is ``H((parent_hash, tuple(block_token_ids), extra_keys_or_None))`` and only
-FULL blocks are hashed. Block 0's parent is ``none_hash(algo, seed) = H(seed)``. Every worker
-and every service replica of one cluster must agree on ``algo`` and ``seed``, otherwise the
-index silently finds nothing (the service checks the root hash at registration for that).
-Processes pick the seed at start with ``resolve_seed``, by vLLM's rule: ``--hash-seed``, else
-``PYTHONHASHSEED``, else ``"vllm-none-hash"`` (sha256 algorithms only; see there for xxhash).
+A block's hash is ``H((parent_hash, tuple(block_token_ids), extra_keys_or_None))`` over FULL
+blocks only; block 0's parent is ``none_hash(algo, seed)``. Every worker and service replica of
+a cluster must agree on ``algo`` and ``seed`` (``resolve_seed``, vLLM's rule), or the index
+silently finds nothing. Extra keys are vLLM's tagged tuples (LoRA, multimodal, cache salt).
+The CBOR encoder and the optional C extension write exactly the bytes ``cbor2`` canonical
+would; tests cross-check them.
 
-Algorithms (the names vLLM uses for ``--prefix-caching-hash-algo``):
-
-- ``sha256``: pickle at the highest protocol, SHA-256 (32 bytes)
-- ``sha256_cbor``: canonical CBOR, SHA-256 (32 bytes); the default, reproducible anywhere
-- ``xxhash``: pickle at the highest protocol, xxh3_128 (16 bytes)
-- ``xxhash_cbor``: canonical CBOR, xxh3_128 (16 bytes)
-
-Extra keys, in this order, are tagged tuples: ``("lora", name, path)`` on every block of a
-LoRA request (``lora_key`` defines when a request has one), ``("mm", identifier, offset -
-block_start)`` for every multimodal item whose token range overlaps the block,
-``("cache_salt", salt)`` on block 0 only. No keys -> ``None``. These are exactly the keys vLLM
-hashes from 0.31 on (``generate_block_hash_extra_keys`` in vllm/v1/core/kv_cache_utils.py;
-vLLM <= 0.30 hashed them untagged, with the LoRA name only, so its salted, LoRA and
-multimodal hashes differ). vLLM's KV events still publish extra keys untagged
-(``to_event_extra_keys``: bare LoRA name, ``(identifier, offset)``, bare salt): the vLLM
-bridge (``bridge/extra_keys.py``) rebuilds the tagged keys from them (the LoRA path from its
-``--lora NAME=PATH`` map) and rehashes every block with ``chain_hashes``, so the engine's own
-algorithm and seed need not match kvmesh's. vLLM's
-fourth key, ``("prompt_embeds", sha256 of the block's embeddings)`` for prompt-embedding
-requests, is not supported: kvmesh requests are token ids only.
-
-The CBOR algorithms do not call cbor2 per block: the input always has the fixed shape
-``[bytes, [uint...], null | [...]]``, so the encoder below writes those bytes directly and
-encodes each token id once per sequence (not once per block); token ids given as a numpy
-array of unsigned ints are encoded all at once, vectorised (the service's route path).
-Tests cross-check both against ``cbor2.dumps(x, canonical=True)`` on random inputs.
-
-``sha256_cbor`` chains run in C when the optional extension ``kvmesh._chain`` is built (see
-``kvmesh/_chain.c``): the same bytes, several times faster. It hands back to the Python path
-anything it does not encode itself (negative ids, ids >= 2**64, non-ints, other sequence
-types); ``KVMESH_NO_C=1`` at import turns it off. It also reads ids straight from msgpack
-bytes (``msgspec.Raw``: the vLLM bridge hashes events without building their ints).
+See docs/architecture.md#the-hash-contract-kvmeshhashingpy.
 """
 
 from __future__ import annotations
@@ -57,6 +26,15 @@ import msgspec
 import numpy as np
 import xxhash
 
+from kvmesh.contract import (
+    ALGOS,
+    CBOR_ALGOS,
+    DEFAULT_ALGO,
+    DIGEST_BYTES,
+    SHA256_ALGOS,
+    SHA256_CBOR,
+)
+
 try:
     from kvmesh._chain import sha256_cbor_chain as _c_chain
     from kvmesh._chain import sha256_cbor_chain_packed as _c_packed
@@ -69,12 +47,10 @@ if os.environ.get("KVMESH_NO_C", "") not in ("", "0"):
 def compiled_chain(algo: str) -> bool:
     """Whether ``chain_hashes(..., algo)`` runs in C in this process (a caller that keeps
     chain hashes to avoid recomputing them weighs its bookkeeping against this)."""
-    return algo == "sha256_cbor" and _c_chain is not None
+    return algo == SHA256_CBOR and _c_chain is not None
 
 
 DEFAULT_SEED = "vllm-none-hash"
-DEFAULT_ALGO = "sha256_cbor"
-ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 
 Lora = tuple[str, str]
 MMItem = tuple[str, int, int]  # (identifier, offset, length) in prompt token positions
@@ -91,11 +67,11 @@ def _sha256_digest(data: bytes) -> bytes:
 
 
 def _digest(algo: str) -> Callable[[bytes], bytes]:
-    return _sha256_digest if algo.startswith("sha256") else xxhash.xxh3_128_digest
+    return _sha256_digest if algo in SHA256_ALGOS else xxhash.xxh3_128_digest
 
 
 def _serialize(algo: str, obj: Any) -> bytes:
-    if algo.endswith("_cbor"):
+    if algo in CBOR_ALGOS:
         return cbor2.dumps(obj, canonical=True)
     return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -133,7 +109,7 @@ def resolve_seed(algo: str | None, seed: str | None = None,
     env_seed = (os.environ if env is None else env).get("PYTHONHASHSEED")
     if env_seed is not None:
         return env_seed
-    if algo is not None and algo.startswith("xxhash"):
+    if algo is not None and algo not in SHA256_ALGOS:
         raise ValueError(
             f"hash algo {algo} needs an explicit seed: pass --hash-seed or set PYTHONHASHSEED "
             "(the same value on every worker, service replica and vLLM instance). Without "
@@ -246,19 +222,18 @@ def _cbor_extra(extra: Extra) -> bytes:
 
 # --- the chain ----------------------------------------------------------------------------
 
-_DIGEST_LEN = {"sha256_cbor": 32, "xxhash_cbor": 16}
 # a block's CBOR up to its parent's bytes: array(3), then a byte string of the digest's size
-_DIGEST_HEAD = {a: _CBOR_ARRAY3 + _head(2, n) for a, n in _DIGEST_LEN.items()}
+_DIGEST_HEAD = {a: _CBOR_ARRAY3 + _head(2, DIGEST_BYTES[a]) for a in CBOR_ALGOS}
 
 def hash_block(parent: bytes, tokens: Sequence[int], extra_keys: Extra, algo: str) -> bytes:
     """One block's hash: ``H((parent, tuple(tokens), extra_keys))``."""
     _check_algo(algo)
-    if algo == "sha256_cbor" and _c_chain is not None and len(tokens):
+    if algo == SHA256_CBOR and _c_chain is not None and len(tokens):
         out = _c_chain(parent, tokens, len(tokens),
                        None if extra_keys is None else [_cbor_extra(extra_keys)])
         if out is not None:
             return out[0]
-    if algo.endswith("_cbor"):
+    if algo in CBOR_ALGOS:
         data = b"".join((_CBOR_ARRAY3, _head(2, len(parent)), parent, _head(4, len(tokens)),
                          *_cbor_tokens(tokens), _cbor_extra(extra_keys)))
         return _digest(algo)(data)
@@ -334,7 +309,7 @@ def chain_hashes(parent: bytes, token_ids: Sequence[int] | msgspec.Raw, block_si
     ``vllm_events.decode_batch(packed=True)`` leaves it): the C chain reads it as it is; the
     Python path decodes it first."""
     _check_algo(algo)
-    in_c = algo == "sha256_cbor" and block_size > 0
+    in_c = algo == SHA256_CBOR and block_size > 0
     tails = None
     if token_ids.__class__ is msgspec.Raw:
         if in_c and _c_packed is not None:
@@ -360,14 +335,14 @@ def chain_hashes(parent: bytes, token_ids: Sequence[int] | msgspec.Raw, block_si
         tails = tails or [_CBOR_NULL] * n
     new: list[bytes] = []
     bulk = isinstance(token_ids, np.ndarray)
-    if bulk and not (token_ids.dtype.kind == "u" and algo.endswith("_cbor")):
+    if bulk and not (token_ids.dtype.kind == "u" and algo in CBOR_ALGOS):
         token_ids = token_ids.tolist()  # pickle and signed ids: exactly Python's ints
         bulk = False
-    if algo.endswith("_cbor"):
-        digest = hashlib.sha256 if algo == "sha256_cbor" else xxhash.xxh3_128
+    if algo in CBOR_ALGOS:
+        digest = hashlib.sha256 if algo in SHA256_ALGOS else xxhash.xxh3_128
         # every later parent is one of our digests
         next_head = _DIGEST_HEAD[algo]
-        head = next_head if len(parent) == _DIGEST_LEN[algo] else (
+        head = next_head if len(parent) == DIGEST_BYTES[algo] else (
             _CBOR_ARRAY3 + _head(2, len(parent)))
         tok_head = _head(4, block_size)
         join = b"".join

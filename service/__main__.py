@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import typer
 
-from kvmesh.lifecycle import die_with_parent
+from kvmesh.ops.lifecycle import die_with_parent
 from service.cli import register_service
 
 app = typer.Typer(add_completion=False, help="kvmesh metadata service.")

@@ -1,36 +1,18 @@
-"""The metadata service's access policy, enforced by ``kvmesh.auth.BearerAuth``.
+"""The metadata service's access policy, enforced by ``kvmesh.rpc.auth.BearerAuth``.
 
-Roles:
+Roles: *router* (Route, Stats, reflection), *admin* (pins), *worker* (register, heartbeat,
+publish, sync: a bound token for its own id, or the shared worker token). The router token is
+never a worker credential. A role with no token is open; a service with a router token but
+no worker credential refuses to start (:func:`check_credentials`).
 
-* *router* (``token``): Route, Stats and server reflection.
-* *admin* (``admin_token``): PinPrefix and UnpinPrefix (they hold device memory on every
-  worker, so a router token is not enough). Without an admin token they are closed when a
-  router token is configured, and open like Route when it is not (a service whose router
-  calls are open to everyone).
-* *worker*: RegisterWorker, Heartbeat, PublishEvents and SyncWorker. Accepted tokens:
-  a token minted from ``worker_secret`` for the request's own worker id (bound: acting for
-  another id is PERMISSION_DENIED, see ``service.worker_tokens``) and the shared
-  ``worker_token`` if set (unbound). The router token is NEVER a worker credential: every
-  gateway and router holds it, and a worker credential can put addresses into the index.
-
-A role with no token configured is open; the gRPC health service is always open. Missing or
-wrong tokens get UNAUTHENTICATED before any handler runs.
-
-A service with a router token but no worker credential refuses to start
-(:func:`check_credentials`, called by ``ServiceConfig``): its worker calls would otherwise
-be either open to anyone (the router token protecting Route but not the index) or closed to
-every worker (a cluster that can never serve). Give it ``--worker-secret`` (workers present
-``kvmesh worker-token --worker-id ID``) or ``--worker-token``.
-
-:func:`fingerprint` names the credential a worker registered with (stored in its record, so
-that a live worker id cannot be taken over with another credential; ``servicer``).
+See docs/architecture.md#the-service-process.
 """
 from __future__ import annotations
 
 import hashlib
 from typing import TYPE_CHECKING
 
-from kvmesh.auth import BearerAuth, Grant, Verifier, shared_token
+from kvmesh.rpc.auth import BearerAuth, Grant, Verifier, shared_token
 from service import worker_tokens
 
 if TYPE_CHECKING:  # service.config calls check_credentials

@@ -12,12 +12,12 @@ from typing import Annotated, Any, Literal, get_type_hints
 
 import typer
 
-from kvmesh import cli_options as opt
+from kvmesh.ops import cli_options as opt
 from service.config import BACKENDS, ServiceConfig, cost_weight_names
 
 # ServiceConfig fields the command exposes, with their help. Each flag is the field's name
 # (``--max-prompt-tokens``) and takes the field's type and default, so a setting is declared
-# once, in ServiceConfig; fields shared with other commands take their kvmesh.cli_options type.
+# once, in ServiceConfig; fields shared with other commands take their kvmesh.ops.cli_options type.
 _SHARED = {"redis_url": opt.RedisUrl, "policy": opt.Policy, "token": opt.Token,
            "admin_token": opt.AdminToken,
            "worker_token": opt.WorkerToken, "worker_secret": opt.WorkerSecret,
@@ -173,7 +173,7 @@ def register_worker_access_token(app: typer.Typer) -> None:
     ) -> None:
         """Print the token worker WORKER_ID (and only it) requires of its callers; clients,
         the gateway and routers derive it from the router token by themselves."""
-        from kvmesh.auth import worker_access_token
+        from kvmesh.rpc.auth import worker_access_token
 
         try:
             typer.echo(worker_access_token(token, worker_id))

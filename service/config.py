@@ -10,11 +10,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kvmesh.contract import POLICIES
 from kvmesh.hashing import DEFAULT_SEED
-from kvmesh.policies import POLICIES
 
 if TYPE_CHECKING:  # grpc stays unimported until a server is built (`kvmesh --help` is fast)
-    from kvmesh.tls import TlsFiles
+    from kvmesh.rpc.tls import TlsFiles
 
 BACKENDS = ("memory", "redis")
 
@@ -154,7 +154,7 @@ class ServiceConfig:
     max_batch_events: int = 4096
     max_batch_hashes: int = 8192          # block hashes in one PublishEvents
     max_snapshot_blocks: int = 400_000    # ~34 bytes each on the wire: fits 16 MiB
-    max_message_bytes: int = 16 * 1024 * 1024  # also gRPC's receive limit (kvmesh.limits)
+    max_message_bytes: int = 16 * 1024 * 1024  # also gRPC's receive limit (kvmesh.rpc.limits)
     max_mm_items: int = 64                # multimodal items of one Route (hashing cost is
                                           # blocks x items)
     indexed_blocks_per_pool: int = 4      # a worker may index at most this many times the
@@ -213,7 +213,7 @@ class ServiceConfig:
         """The server's TLS settings, or ``None`` for plaintext."""
         if self.tls_cert_file is None:
             return None
-        from kvmesh.tls import TlsFiles
+        from kvmesh.rpc.tls import TlsFiles
 
         return TlsFiles(cert=self.tls_cert_file, key=self.tls_key_file, ca=self.tls_ca_file,
                         client_auth=self.tls_client_auth)

@@ -1,20 +1,11 @@
 """What a lower-tier cache match is worth on one worker: the share of recomputing it that
 onboarding saves.
 
-A block found on the worker's CPU or disk tier must be copied back to the device before the
-prefill that reads it; recomputing it instead costs ``block_size`` prefill tokens. So::
+``credit(tier) = clamp(1 - onboard_us_per_block / (block_size * prefill_us_per_token), 0, 1)``
+from the worker's measured costs. Precedence per tier: the operator's explicit credit, else
+the worker's measurement, else the configured fallback.
 
-    credit(tier) = clamp(1 - onboard_us_per_block[tier] / (block_size * prefill_us_per_token),
-                         0, 1)
-
-from the costs the worker measures and reports with its load (``WorkerLoad``). A worker
-whose copies are as slow as recomputing earns nothing for the match; one whose copies are
-free earns as much as for a GPU-tier match (credit 1).
-
-Precedence, per tier: an explicit credit in :class:`service.config.CostWeights` (the
-operator's ``--cpu-credit`` / ``--disk-credit``) is used for every worker; otherwise the
-worker's measurement, when it has measured both costs; otherwise the configured fallback
-(a worker that has not measured yet, or an older worker that never does).
+See docs/architecture.md#the-cost-model-servicepolicycostpy.
 """
 from __future__ import annotations
 

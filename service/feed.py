@@ -18,13 +18,13 @@ import logging
 
 import grpc
 
+from kvmesh.contract import DIGEST_BYTES
 from kvmesh.hashing import none_hash
 from kvmesh.v1 import index_pb2 as pb
 from service import validate
 from service.clock import Clock
 from service.config import ServiceConfig
 from service.index.base import (
-    DIGEST_BYTES,
     ApplyStatus,
     BlockCap,
     IndexBackend,

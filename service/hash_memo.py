@@ -1,41 +1,13 @@
 """An exact memo of block hashes for Route: repeated prefixes are hashed once, and a prompt
 the memo knows whole costs a few lookups, not one per block.
 
-Routing hashes every prompt's whole chain, and prompts mostly share long prefixes (system
-prompts, RAG templates, earlier turns), so the service keeps computing the same blocks.
-:class:`BlockHashMemo` remembers what it computed at two grains and walks the chain through
-them before hashing what is left:
+``memo.block_hashes(...)`` takes :func:`kvmesh.hashing.block_hashes`'s arguments and always
+returns exactly what it returns: a key holds every input the hashes depend on, field by field.
+Two grains (fixed-position segments, single blocks); multimodal requests and ids outside
+``[0, 2**32)`` bypass it. Memory is bounded (two generations per grain). Safe to share
+between threads: a race can drop an entry, never return a wrong hash.
 
-- segments: ``SEGMENT_BLOCKS`` consecutive blocks at fixed positions (blocks ``[k * S, (k +
-  1) * S)``, the last one of a prompt shorter) -> their hashes. Boundaries do not depend on
-  the prompt, so prompts sharing a prefix share its whole segments; an 8K-token prompt known
-  whole is 16 lookups.
-- blocks: one block -> its hash, for where a prompt leaves a known one inside a segment.
-
-Contract:
-
-- ``memo.block_hashes(...)`` takes the arguments of :func:`kvmesh.hashing.block_hashes`
-  (token ids as a sequence or a numpy array) and always returns exactly what it returns. A
-  key is the tuple ``(context, parent, tokens)``: ``context = (algo, seed, block_size, salt,
-  lora)``, every argument the chain depends on besides the tokens; ``parent`` the hash
-  before the first block of the key (the root, ``none_hash(algo, seed)``, for block 0);
-  ``tokens`` the key's token ids as little-endian uint32 bytes (whole blocks: the block size
-  is in the context, so the length says how many). Tuple fields are compared one by one, so
-  no field can spill into another (the salt cannot pass for tokens, a block of 8 for half a
-  block of 16): two keys are equal only when every input that decides the hashes is equal,
-  and there is no collision risk beyond the hash function's own. The salt sits in every
-  key's context although it only enters block 0's hash: later blocks chain on block 0
-  anyway, so this costs no sharing.
-- Requests with multimodal items (their extra keys vary per block) and token ids outside
-  ``[0, 2**32)`` bypass the memo and are hashed directly.
-- Memory is bounded: each grain keeps two generations of at most ``capacity`` blocks each
-  (a hit in the old generation moves the entry to the young one; a full young generation
-  becomes the old one, dropping the previous old one), so at most ``2 * capacity`` block
-  entries (about 250 bytes each with 16-token blocks) and ``2 * capacity`` blocks in
-  segments (about 80 bytes a block; the hashes themselves are shared with the block
-  entries) are held, the recently used ones. ``len(memo)`` counts the block entries.
-- Safe to share between the event loop and worker threads: every stored entry is an exact
-  input/output pair, so a race can at worst drop an entry, never return a wrong hash.
+See docs/architecture.md#routing-in-the-service.
 """
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
 """A replica's view of the registered workers, and who is alive.
 
-The backend is the truth; each replica re-reads every worker record every
-``refresh_interval_s`` (one round trip for the registry + one pipelined read) and applies the
-heartbeats it handles itself at once. Liveness is computed at read time from the newest
-heartbeat known: alive iff ``now - heartbeat < liveness_timeout`` — so a worker leaves routing
-the moment its timeout passes, with no janitor involved.
+Each replica re-reads the records every ``refresh_interval_s``; alive iff
+``now - heartbeat < liveness_timeout``, computed at read time (no janitor involved). When
+the index is unreachable the last records stand. Between heartbeats Route adds the work it
+sent to a worker's load, so a burst does not pile onto one worker.
 
-When the index is unreachable the table keeps the last records it saw; ``degraded_live``
-then counts a worker alive if it was alive at the last successful refresh or has
-heartbeated to this replica since.
-
-Between heartbeats, Route adds the work it sent to a worker to that worker's load (a local,
-optimistic estimate, dropped as soon as a newer heartbeat reports the real load), so a burst
-does not pile onto one worker that looks idle.
+See docs/architecture.md#routing-in-the-service.
 """
 from __future__ import annotations
 

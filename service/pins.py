@@ -1,28 +1,12 @@
 """PinPrefix / UnpinPrefix: find the live workers that should keep a prefix in their device
 tier, and have each pin (or unpin) it through its own ``WorkerService.Pin``.
 
-Targets of a pin, among the live workers of the prefix's model:
+``max_workers == 0`` pins on every holder; ``N`` on the N best-ranked workers, which warm what
+they lack. Unpin goes to every live worker of the model. Calls run concurrently under
+``pin_timeout_s``; a worker's failure is an error string in the answer, never a failed RPC.
+Only the service (or the worker's own access token) can produce a worker's pin credential.
 
-- ``max_workers == 0``: every worker whose index entries hold (part of) the chain; each pins
-  what its device holds (no warming).
-- ``max_workers == N``: the N workers the cost model ranks best for the prefix, holders
-  first (the cost model prefers the longer, faster-tier match on the less loaded worker),
-  then non-holders when fewer than N hold it. Each is asked to warm: prefill what it lacks
-  (onboarding lower-tier blocks, computing the rest), then pin the whole chain. A prefix
-  given by block hashes cannot be prefilled: only its holders are chosen.
-
-An unpin goes to every live worker of the model (cheap, and a worker may hold a pin the
-index no longer shows). Calls run concurrently, each bounded by ``pin_timeout_s``. The
-answer has one ``PinnedWorker`` per target: the blocks pinned (or unpinned) there, of the
-chain's blocks there, and ``cap_reached`` when that worker's pin cap cut the pin short (its
-explicit pins fill the cap: automatic pins always give way), or an error string when that
-worker could not be reached or refused; the RPC itself succeeds.
-
-Credentials: a worker's ``Pin`` requires ``kvmesh.auth.worker_pin_token`` of the
-credential that worker presents to the service. This service can compute it for every
-worker (it mints bound tokens from ``worker_secret``, or holds the shared
-``worker_token``); routers cannot. Without any worker credential (an open cluster) the
-call carries that worker's own access token (of the router token and its id), if any.
+See docs/architecture.md#the-service-process.
 """
 from __future__ import annotations
 
@@ -34,17 +18,18 @@ from dataclasses import dataclass
 
 import grpc
 
-from kvmesh.auth import worker_access_token, worker_pin_token
-from kvmesh.channel import Dialer
-from kvmesh.tls import TlsFiles
+from kvmesh.contract import DIGEST_BYTES
+from kvmesh.rpc.auth import worker_access_token, worker_pin_token
+from kvmesh.rpc.channel import Dialer
+from kvmesh.rpc.tls import TlsFiles
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 from service import worker_tokens
 from service.config import ServiceConfig
-from service.index.base import DIGEST_BYTES, BlockMatch, WorkerRecord
+from service.index.base import BlockMatch, WorkerRecord
 from service.liveness import WorkerTable
 from service.policy import Policy, WorkerView
-from service.route import live_groups
+from service.route_steps import live_groups
 from service.validate import PinInput, PrefixInput, RequestError, RouteInput
 
 log = logging.getLogger("kvmesh.service")

@@ -1,143 +1,251 @@
-"""The pure steps of a Route, in the order ``IndexServicer._route`` runs them.
+"""Route (and Stats): the router-facing reads of the index, over the replica's worker table.
 
-1. ``live_groups``: the live workers serving the request's model, by namespace (one chain of
-   hashes per namespace: block size and hash algo differ between them);
-2. ``hash_in_thread`` decides where a chain is hashed;
-3. ``cap_match``: a worker's match, capped at the blocks the request can use from cache;
-4. (the policy ranks the views, given ``prefix_key`` when it reads one; the servicer records
-   provisional entries and routed load);
-5. ``response``: the answer, cut to ``max_candidates``.
+:class:`Router` holds what a Route uses: policies, the hash memo, provisional entries, the
+route log and the backend's health. A Route or Stats never fails because of the backend
+(degraded: least loaded from the worker table). Not on a dry run, the chosen worker gets
+provisional entries and the routed load. Time comes from the injected ``clock`` only.
 
-None of these touch the backend, the clock or the metrics: the servicer does, between them.
+See docs/architecture.md#routing-in-the-service.
 """
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
+import asyncio
+import logging
+import random
 
 import grpc
-import numpy as np
-import xxhash
 
-from kvmesh.hashing import Lora
+from kvmesh.contract import LEAST_LOADED
 from kvmesh.v1 import index_pb2 as pb
 from service import validate
-from service.index.base import BlockMatch, WorkerLoad, WorkerRecord
-from service.policy import Ranked
+from service.clock import Clock
+from service.config import ServiceConfig
+from service.hash_memo import BlockHashMemo
+from service.index.base import BlockMatch, IndexBackend, IndexUnavailable, WorkerRecord
+from service.liveness import WorkerTable
+from service.metrics import ServiceMetrics
+from service.policy import Policy, Ranked, WorkerView
+from service.route_log import RouteLog, decision
+from service.route_steps import (
+    cap_match,
+    hash_in_thread,
+    live_groups,
+    pb_load,
+    prefix_key,
+    response,
+    usable_blocks,
+)
 from service.validate import RequestError
 
-KEY_TOKENS = 256
-"""Tokens of a prompt that name it for ``consistent_hash``: 16 blocks of 16. A prompt's first
-tokens are its system prompt or template, what requests that can share a cache have in
-common; 256 reach past a chat template's fixed header (the same in every request, a single
-hot key) and stay inside a typical system prompt (so the user's turn, different in every
-request, does not split one prompt's requests). Counted in tokens, not blocks: one key for
-every namespace's block size and hash algorithm, so a request names the same arc of the ring
-whichever namespaces serve its model."""
+log = logging.getLogger("kvmesh.service")
 
 
-def prompt_key(tokens: Sequence[int] | np.ndarray, salt: str | None, lora: Lora | None) -> bytes:
-    """xxh3-128 of the salt, the LoRA name and the first :data:`KEY_TOKENS` token ids: what
-    requests must share to share a cache (a salt or a LoRA changes every block hash). Each
-    field is length-prefixed (no two inputs give the same bytes); an empty salt is no salt,
-    as in validation; the ids are hashed as little-endian uint64 whatever their array type.
-    The service (:func:`prefix_key`) and ``kvmesh bench replay`` both key through here."""
-    h = xxhash.xxh3_128()
-    for field in ((salt or "").encode(), (lora[0] if lora else "").encode()):
-        h.update(len(field).to_bytes(4, "little"))
-        h.update(field)
-    h.update(np.asarray(tokens[:KEY_TOKENS], dtype="<u8").tobytes())
-    return h.digest()
+class Router:
+    """Route and Stats over one backend and the replica's worker ``table``."""
 
+    def __init__(self, config: ServiceConfig, backend: IndexBackend, table: WorkerTable,
+                 metrics: ServiceMetrics, policies: dict[str, Policy], rng: random.Random,
+                 clock: Clock) -> None:
+        self.cfg = config
+        self.backend = backend
+        self.table = table
+        self.metrics = metrics
+        self.policies = policies
+        self.rng = rng
+        self.clock = clock
+        self.hash_memo = BlockHashMemo()  # shared prefixes are hashed once (exact memo)
+        self._down_until_ms = 0  # until then Route answers degraded at once
+        self._forced_refresh_ms = 0  # last refresh a Route forced (see _forced_refresh)
+        # None (the default): no record is even built (service.route_log)
+        self.route_log = RouteLog(config.route_log) if config.route_log else None
 
-def prefix_key(inp: validate.RouteInput) -> bytes:
-    """The key of a validated Route for the policies that read one (:func:`prompt_key`)."""
-    return prompt_key(inp.tokens, inp.salt, inp.lora)
+    def close(self) -> None:
+        """Release what the router holds open (the route log)."""
+        if self.route_log is not None:
+            self.route_log.close()
 
+    # --- backend health -----------------------------------------------------------------
 
-def hash_work(n_tokens: int, block_size: int, n_mm: int) -> int:
-    """Units of hashing work of one chain: its blocks x (1 + its multimodal items)."""
-    return (n_tokens // max(block_size, 1) + 1) * (1 + n_mm)
+    def mark_down(self) -> None:
+        self._down_until_ms = self.clock() + int(self.cfg.degraded_retry_s * 1000)
 
+    def mark_up(self) -> None:
+        self._down_until_ms = 0
 
-def hash_in_thread(inp: validate.RouteInput, block_size: int, threshold: int) -> bool:
-    """Whether hashing ``inp``'s chain is worth a worker thread (``threshold``: units of
-    :func:`hash_work` from which the event loop would stall heartbeats for too long)."""
-    return hash_work(len(inp.tokens), block_size, len(inp.mm)) >= threshold
+    @property
+    def index_down(self) -> bool:
+        return self.clock() < self._down_until_ms
 
+    async def refresh(self) -> None:
+        """Re-read every worker record (the background loop calls this)."""
+        records = await self.backend.workers()
+        now = self.clock()
+        self.table.replace_all(records, now)
+        self.mark_up()
+        self.metrics.live_workers.set(len(self.table.live(now)))
 
-def usable_blocks(n_tokens: int, block_size: int) -> int:
-    """Blocks a prompt of ``n_tokens`` can take from cache: the last token is always
-    computed, so a block ending on it cannot be used."""
-    return (n_tokens - 1) // block_size
+    # --- Route --------------------------------------------------------------------------
 
+    async def route(self, inp: validate.RouteInput) -> pb.RouteResponse:
+        """Live workers by namespace, their cached matches, the policy's ranking, then (not
+        on a dry run) the chosen worker's provisional entries and routed load. Whenever the
+        index cannot answer, the answer comes from the worker table (degraded)."""
+        now = self.clock()
+        groups = None if self.index_down else await self._groups(inp.model, now)
+        if groups is None:
+            return self._degraded(inp, now)
+        try:
+            views, chains, held = await self._views(inp, groups, now)
+        except IndexUnavailable:
+            return self._degraded(inp, now)
+        policy = self.policies[inp.policy]
+        key = prefix_key(inp) if policy.reads_key else b""  # a few us: only for its readers
+        ranked = policy.rank(len(inp.tokens), views, self.rng, key=key)
+        if self.route_log is not None and not inp.dry_run:
+            self.route_log.write(decision(self.clock(), policy, len(inp.tokens), ranked,
+                                          self.table))
+        if not inp.dry_run:
+            best = ranked[0].view
+            await self._provisional(best, chains[best.ns], held[best.ns, best.worker_id], now)
+            self.table.add_work(best.worker_id, max(len(inp.tokens) - best.matched_tokens, 0))
+        return self._answer(inp, ranked, inp.policy, degraded=False)
 
-def cap_match(m: BlockMatch, blocks: int) -> BlockMatch:
-    """At most ``blocks`` matched blocks, dropping the slowest tiers first (offloaded blocks
-    are a chain's tail: it is evicted tail first)."""
-    extra = m.blocks - blocks
-    if extra <= 0:
-        return m
-    disk = max(m.disk - extra, 0)
-    extra -= m.disk - disk
-    cpu = max(m.cpu - extra, 0)
-    extra -= m.cpu - cpu
-    return BlockMatch(blocks, m.gpu - extra, cpu, disk)
+    def _live_groups(self, model: str, now: int, degraded: bool) -> dict[str, list[WorkerRecord]]:
+        return live_groups(self.table.live(now, degraded), model)
 
+    async def hashes(self, inp: validate.RouteInput, block_size: int, algo: str) -> list[bytes]:
+        """``inp``'s chain of block hashes for one namespace, through the memo; in a worker
+        thread when it is long enough to stall the event loop (``hash_thread_work``)."""
+        def run() -> list[bytes]:
+            return self.hash_memo.block_hashes(inp.tokens, block_size, algo=algo,
+                                               seed=self.cfg.hash_seed, salt=inp.salt,
+                                               lora=inp.lora, mm=inp.mm)
 
-def live_groups(live: list[WorkerRecord], model: str) -> dict[str, list[WorkerRecord]]:
-    """The ``live`` workers serving ``model`` (empty: the only model served), by namespace.
+        if hash_in_thread(inp, block_size, self.cfg.hash_thread_work):
+            return await asyncio.to_thread(run)
+        return run()
 
-    Raises INVALID_ARGUMENT when ``model`` is empty and several are served, UNAVAILABLE when
-    no live worker serves it."""
-    if not model:
-        models = sorted({r.model for r in live})
-        if len(models) > 1:
-            raise RequestError(validate.INVALID, f"several models are served "
-                               f"({', '.join(models)}): set RouteRequest.model")
-        model = models[0] if models else ""
-    groups: dict[str, list[WorkerRecord]] = {}
-    for r in live:
-        if r.model == model:
-            groups.setdefault(r.ns, []).append(r)
-    if not groups:
-        raise RequestError(grpc.StatusCode.UNAVAILABLE, "no live worker serves model "
-                           f"{model!r}" if model else "no live worker is registered")
-    return groups
+    def _answer(self, inp: validate.RouteInput, ranked: list[Ranked], policy: str,
+                degraded: bool) -> pb.RouteResponse:
+        """The response, counted in the metrics."""
+        self.metrics.routes.labels(policy, str(degraded).lower()).inc()
+        self.metrics.prompt_tokens.inc(len(inp.tokens))
+        if ranked:
+            self.metrics.matched_tokens.inc(ranked[0].matched_tokens)
+        if degraded:
+            self.metrics.degraded.inc()
+        return response(inp, ranked, policy, degraded)
 
+    def _degraded(self, inp: validate.RouteInput, now: int) -> pb.RouteResponse:
+        """Route from the worker table alone (least loaded first): the index is down."""
+        groups = self._live_groups(inp.model, now, degraded=True)
+        views = [WorkerView(r.worker_id, r.address, self.table.load(r), BlockMatch(),
+                            r.block_size, r.ns) for recs in groups.values() for r in recs]
+        ranked = self.policies[LEAST_LOADED].rank(len(inp.tokens), views, self.rng)
+        if self.route_log is not None and not inp.dry_run:
+            self.route_log.write(decision(self.clock(), self.policies[LEAST_LOADED],
+                                          len(inp.tokens), ranked, self.table, degraded=True))
+        return self._answer(inp, ranked, LEAST_LOADED, degraded=True)
 
-def pb_load(load: WorkerLoad) -> pb.WorkerLoad:
-    """``load`` as its message (a new one: the caller may change it)."""
-    return pb.WorkerLoad(running=load.running, waiting=load.waiting,
-                         queued_prefill_tokens=load.queued_prefill_tokens,
-                         free_blocks=load.free_blocks, total_blocks=load.total_blocks,
-                         decode_tokens=load.decode_tokens,
-                         prefill_us_per_token=load.prefill_us_per_token,
-                         onboard_us_per_block_cpu=load.onboard_us_per_block_cpu,
-                         onboard_us_per_block_disk=load.onboard_us_per_block_disk,
-                         tier_blocks=load.tier_blocks,
-                         free_empty_blocks=load.free_empty_blocks)
+    async def _groups(self, model: str, now: int) -> dict[str, list[WorkerRecord]] | None:
+        """The live workers of ``model`` by namespace; ``None``: answer degraded."""
+        try:
+            return self._live_groups(model, now, degraded=False)
+        except RequestError as e:
+            if e.code != grpc.StatusCode.UNAVAILABLE:
+                raise
+            # An emptied/restarted Redis forgets every worker until they re-register (one
+            # heartbeat): answer from what this replica last knew instead of failing.
+            if self.table.lost(now):
+                return None
+            if not await self._forced_refresh(now):
+                raise
+        return self._live_groups(model, self.clock(), degraded=False)
 
+    async def _forced_refresh(self, now: int) -> bool:
+        """Refresh for a Route that found no worker: some may have registered through
+        another replica since this one's last refresh. At most once every
+        ``forced_refresh_min_s``, so a flood of routes for an unserved model cannot turn
+        into a flood of reads. False: throttled, or the index is unreachable."""
+        if now - self._forced_refresh_ms < int(self.cfg.forced_refresh_min_s * 1000):
+            return False
+        self._forced_refresh_ms = now
+        try:
+            await self.refresh()
+        except IndexUnavailable:
+            return False
+        return True
 
-@functools.lru_cache(maxsize=4096)
-def _shared_load(load: WorkerLoad) -> pb.WorkerLoad:
-    """The message of ``load``, built once per distinct load (a worker's changes only with
-    its heartbeats). Shared: never changed, only copied into candidates."""
-    return pb_load(load)
+    async def _views(self, inp: validate.RouteInput, groups: dict[str, list[WorkerRecord]],
+                     now: int) -> tuple[list[WorkerView], dict[str, list[bytes]],
+                                        dict[tuple[str, str], int]]:
+        """What the policy sees of each live worker (its match capped at the usable
+        blocks), each namespace's chain, and the blocks each (ns, worker) holds uncapped.
+        Raises IndexUnavailable (the index marked down) when a lookup fails."""
+        views: list[WorkerView] = []
+        chains: dict[str, list[bytes]] = {}
+        held: dict[tuple[str, str], int] = {}
+        for ns, recs in groups.items():
+            bs, algo = recs[0].block_size, recs[0].algo
+            chain = chains[ns] = await self.hashes(inp, bs, algo)
+            matches = await self.lookup(ns, chain, recs, now) if chain else {}
+            usable = usable_blocks(len(inp.tokens), bs)
+            for r in recs:
+                m = matches.get(r.worker_id, BlockMatch())
+                held[ns, r.worker_id] = m.blocks
+                views.append(WorkerView(r.worker_id, r.address, self.table.load(r),
+                                        cap_match(m, usable), bs, ns))
+        return views, chains, held
 
+    async def lookup(self, ns: str, chain: list[bytes], recs: list[WorkerRecord],
+                     now: int) -> dict[str, BlockMatch]:
+        """Each of ``recs``' match of ``chain`` in ``ns``, counted in the metrics; a failure
+        marks the index down and is raised."""
+        try:
+            matches = await self.backend.lookup(ns, chain, now, [r.worker_id for r in recs])
+        except IndexUnavailable as e:
+            log.warning("index lookup failed, answering degraded: %s", e)
+            self.metrics.lookups.labels("error").inc()
+            self.mark_down()
+            raise
+        self.metrics.lookups.labels("ok").inc()
+        return matches
 
-def response(inp: validate.RouteInput, ranked: list[Ranked], policy: str,
-             degraded: bool) -> pb.RouteResponse:
-    """The answer: the best ``max_candidates`` (0: all) of ``ranked``, best first."""
-    if inp.max_candidates:
-        ranked = ranked[:inp.max_candidates]
-    out = pb.RouteResponse(degraded=degraded, prompt_tokens=len(inp.tokens), policy=policy)
-    for r in ranked:
-        view = r.view
-        cand = out.candidates.add(worker_id=view.worker_id, address=view.address,
-                                  matched_tokens=r.matched_tokens, tier=view.match.tier,
-                                  cost=r.cost, load=_shared_load(view.load))
-        by_tier = cand.matched_tokens_by_tier  # set one by one: a dict argument is slower
-        for tier, tokens in view.matched_tokens_by_tier.items():
-            by_tier[tier] = tokens
-    return out
+    async def _provisional(self, best: WorkerView, chain: list[bytes], start: int,
+                           now: int) -> None:
+        """Record that ``best`` will compute and hold ``chain[start:]``: said at once, so
+        the next route of the same prefix goes there too (a failure only loses that)."""
+        if start >= len(chain):
+            return
+        try:
+            await self.backend.add_provisional(best.ns, chain, best.worker_id, start, now,
+                                               int(self.cfg.provisional_ttl_s * 1000))
+        except IndexUnavailable as e:
+            log.warning("could not record provisional entries: %s", e)
+            self.mark_down()
+
+    # --- Stats --------------------------------------------------------------------------
+
+    async def stats(self) -> pb.StatsResponse:
+        """Every worker record with its blocks; from the worker table (degraded) when the
+        index cannot answer."""
+        degraded = self.index_down
+        records: list[WorkerRecord] = []
+        if not degraded:
+            try:
+                records = await self.backend.workers(with_blocks=True)
+            except IndexUnavailable:
+                self.mark_down()
+                degraded = True
+        if degraded:
+            records = self.table.all()
+            self.metrics.degraded.inc()
+        now = self.clock()
+        self.metrics.live_workers.set(len(self.table.live(now)))
+        infos = [pb.WorkerInfo(
+            worker_id=r.worker_id, address=r.address, model=r.model,
+            alive=self.table.alive(r, now), load=pb_load(r.load),
+            indexed_blocks=max(r.indexed_blocks, 0), last_seq=r.last_seq,
+            heartbeat_age_s=max(now - r.heartbeat_ms, 0) / 1000.0) for r in records]
+        return pb.StatsResponse(workers=infos, counters=self.metrics.summary(),
+                                degraded=degraded)

@@ -1,32 +1,11 @@
 """The route log: one JSON line per routing decision, to see what the router did and why.
 
-``kvmesh service --route-log FILE`` (``ServiceConfig.route_log``; off by default, and then
-nothing is built or written). Every Route that routes appends one line; dry runs are not
-logged (they route nothing: no provisional entries, no routed work), degraded answers are,
-marked. A line holds::
+``kvmesh service --route-log FILE`` (off by default). Every Route that routes appends one
+line (dry runs do not): the policy, and per candidate its match, cost, load, load age and
+cost terms. A line never holds token ids, salts or other prompt content. The file is 0600,
+each line one ``write``; a failed write never fails a Route.
 
-    {"t_ms": 1718000000123,          # the replica's clock at the decision
-     "policy": "kvmesh", "degraded": false, "prompt_tokens": 1600,
-     "candidates": [                  # every worker the policy ranked, best (chosen) first
-       {"worker": "worker-1",
-        "matched": {"gpu": 96, "cpu": 0, "disk": 0},   # blocks, as the policy credited them
-        "cost": 1234.5,
-        "load": {"running": 3, "waiting": 1, "queued_prefill_tokens": 800,
-                 "free_blocks": 40, "free_empty_blocks": 12, "decode_tokens": 4000},
-        "load_age_ms": 412,           # now - the heartbeat that reported the load
-        "pending": {"requests": 1, "tokens": 64},       # routed here since that heartbeat
-        "terms": {"prefill": 128.0, "saturation": 0.0, "queue": 800.0, "decode": 400.0,
-                  "running": 48.0, "wait": 0.0}},      # kvmesh only (KvmeshPolicy.terms)
-       ...]}
-
-``load`` is what the policy saw: the reported load plus ``pending`` (``service.liveness``).
-
-Privacy: a line never holds token ids, salts, LoRA names, multimodal identifiers or tenant
-labels (token ids and salts never leave the service): of the prompt only its length.
-
-The file is created mode 0600 (``kvmesh.file_perms``) and appended to; each line is one
-``write`` on the service's loop (no buffer to lose at a crash, a few microseconds a route).
-A failed write (disk full) never fails a Route: it is logged once and the line is dropped.
+See docs/architecture.md#routing-in-the-service.
 """
 from __future__ import annotations
 
@@ -75,7 +54,7 @@ class RouteLog:
     """An open route log; :meth:`write` appends one record, :meth:`close` ends it."""
 
     def __init__(self, path: str | Path) -> None:
-        from kvmesh.file_perms import open_private_append
+        from kvmesh.ops.file_perms import open_private_append
 
         self.path = str(path)
         self._fd: int | None = open_private_append(path, "--route-log")

@@ -1,22 +1,11 @@
 """The metadata service process: grpc.aio server + background refresh and janitor loops.
 
-Usage::
+``create_server(addr, ServiceConfig(...))`` returns the server and its port. Replicas hold no
+state beyond caches, so any number may serve one Redis. Refresh re-reads worker records (and
+ends a degraded period); the janitor purges silent workers (atomic, so racing replicas are
+harmless). Also serves ``grpc.health.v1`` and reflection.
 
-    server, port = await create_server("127.0.0.1:0", ServiceConfig(...))
-    await server.start()
-    ...
-    await server.stop(grace=1.0)
-
-Any number of replicas can serve one Redis: a replica holds no state of its own beyond
-caches (see ``service.servicer``). Background tasks of a started server:
-
-- refresh (every ``refresh_interval_s``): re-read worker records; a success also ends a
-  degraded period, so recovery from a Redis outage is automatic;
-- janitor (every ``janitor_interval_s``): purge workers silent for ``purge_after_s``. Several
-  replicas may race; the purge is atomic and re-checks the heartbeat, so that is harmless.
-
-Besides IndexService the server exposes the standard ``grpc.health.v1.Health`` (SERVING for
-"" and "kvmesh.v1.IndexService") and server reflection.
+See docs/architecture.md#the-service-process.
 """
 from __future__ import annotations
 
@@ -29,7 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from kvmesh.limits import RequestLimits, server_options
+from kvmesh.rpc.limits import RequestLimits, server_options
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from service.auth import service_auth
@@ -68,7 +57,7 @@ class IndexServer:
         """Serve, start the background loops and (if configured) the metrics endpoint."""
         cfg = self.config
         with contextlib.suppress(IndexUnavailable):
-            await self.servicer.refresh()  # a down index at start is fine: it is retried
+            await self.servicer.router.refresh()  # a down index at start is fine: it is retried
         await self.grpc_server.start()
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -114,9 +103,9 @@ class IndexServer:
 
     async def _refresh(self) -> None:
         try:
-            await self.servicer.refresh()
+            await self.servicer.router.refresh()
         except IndexUnavailable:
-            self.servicer.mark_down()
+            self.servicer.router.mark_down()
             raise
 
     async def _janitor(self) -> None:
@@ -140,7 +129,7 @@ async def create_server(address: str, config: ServiceConfig,
     bound port; call ``await server.start()`` next. Raises ``RuntimeError`` if the port
     cannot be bound and ``ValueError`` if a TLS file cannot be read. The server enforces
     ``config``'s tokens
-    (``service.auth``), TLS, and request limits (``kvmesh.limits``).
+    (``service.auth``), TLS, and request limits (``kvmesh.rpc.limits``).
     """
     if backend is None:
         backend = open_backend(config.backend, config.redis_url, config.redis_timeout_s,

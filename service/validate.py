@@ -16,15 +16,15 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from kvmesh.hashing import ALGOS, lora_key
+from kvmesh.contract import ALGOS, DIGEST_BYTES
+from kvmesh.hashing import lora_key
 from kvmesh.v1 import index_pb2 as pb
 from service.config import POLICIES, ServiceConfig
 from service.index.base import (
-    DIGEST_BYTES,
-    Cleared,
-    KvEvent,
-    Removed,
-    Stored,
+    IndexCleared,
+    IndexEvent,
+    IndexRemoved,
+    IndexStored,
     WorkerLoad,
 )
 
@@ -85,7 +85,7 @@ def load(msg: pb.WorkerLoad) -> WorkerLoad:
 def address(value: str) -> str:
     """A worker's ``host:port``: the host an RFC 1123 hostname, an IPv4 address or a
     bracketed IPv6 one (``[::1]:50051``), the port 1-65535; an HTTP engine's is the same
-    after ``http://`` or ``https://`` (``kvmesh.engine_address``). Anything else (newlines,
+    after ``http://`` or ``https://`` (``kvmesh.rpc.engine_address``). Anything else (newlines,
     spaces, ``@``, a path) is refused: addresses reach logs, clients and gRPC targets."""
     bare = value.partition("://")[2] if value.startswith(("http://", "https://")) else value
     m = _ADDRESS.fullmatch(bare) if len(value) <= 256 else None
@@ -146,7 +146,7 @@ def _hashes(raw: Sequence[bytes], digest: int) -> tuple[bytes, ...]:
     return hs
 
 
-def _stored(msg: pb.BlockStored, digest: int) -> Stored:
+def _stored(msg: pb.BlockStored, digest: int) -> IndexStored:
     if not msg.block_hashes:
         raise _Bad("BlockStored has no block_hashes")
     parent = msg.parent_hash
@@ -156,20 +156,20 @@ def _stored(msg: pb.BlockStored, digest: int) -> Stored:
     tier = msg.tier
     if tier not in _TIERS:
         raise _Bad(f"unknown tier {tier}")
-    return Stored(_hashes(msg.block_hashes, digest), bytes(parent), tier or 1)
+    return IndexStored(_hashes(msg.block_hashes, digest), bytes(parent), tier or 1)
 
 
 def _where(i: int, seq: int) -> str:
     return f"events[{i}] (seq {seq})"
 
 
-def events(msgs: list[pb.KvEvent], digest: int, cfg: ServiceConfig) -> list[KvEvent]:
+def events(msgs: list[pb.KvEvent], digest: int, cfg: ServiceConfig) -> list[IndexEvent]:
     """Typed events with consecutive seqs >= 1; raises on anything malformed (the first
     offending event, checks in a fixed order, so the message is deterministic)."""
     if len(msgs) > cfg.max_batch_events:
         raise RequestError(TOO_BIG, f"{len(msgs)} events in one batch; the limit is "
                            f"{cfg.max_batch_events} (--max-batch-events)")
-    out: list[KvEvent] = []
+    out: list[IndexEvent] = []
     n_hashes = 0
     max_hashes = cfg.max_batch_hashes
     prev = 0
@@ -182,20 +182,20 @@ def events(msgs: list[pb.KvEvent], digest: int, cfg: ServiceConfig) -> list[KvEv
                                f"be consecutive (previous was {prev})")
         prev = seq
         kind = ev.WhichOneof("event")
-        op: Stored | Removed | Cleared
+        op: IndexStored | IndexRemoved | IndexCleared
         try:
             if kind == "removed":
                 rm = ev.removed
                 tier = rm.tier
                 if tier not in _TIERS:
                     raise _Bad(f"unknown tier {tier}")
-                op = Removed(_hashes(rm.block_hashes, digest), tier)
+                op = IndexRemoved(_hashes(rm.block_hashes, digest), tier)
                 n_hashes += len(op.hashes)
             elif kind == "stored":
                 op = _stored(ev.stored, digest)
                 n_hashes += len(op.hashes)
             elif kind == "cleared":
-                op = Cleared()
+                op = IndexCleared()
             else:
                 raise _Bad("no stored/removed/cleared set")
         except _Bad as e:
@@ -203,18 +203,18 @@ def events(msgs: list[pb.KvEvent], digest: int, cfg: ServiceConfig) -> list[KvEv
         if n_hashes > max_hashes:
             raise RequestError(TOO_BIG, f"more than {max_hashes} block hashes in "
                                "one batch (--max-batch-hashes); split it")
-        out.append(KvEvent(seq, op))
+        out.append(IndexEvent(seq, op))
     return out
 
 
-def snapshot(req: pb.SyncWorkerRequest, digest: int, cfg: ServiceConfig) -> list[Stored]:
+def snapshot(req: pb.SyncWorkerRequest, digest: int, cfg: ServiceConfig) -> list[IndexStored]:
     if req.seq >= MAX_SEQ:
         raise RequestError(INVALID, "seq must be below 2**53")
     total = sum(len(b.block_hashes) for b in req.blocks)
     if total > cfg.max_snapshot_blocks:
         raise RequestError(TOO_BIG, f"snapshot of {total} blocks; the limit is "
                            f"{cfg.max_snapshot_blocks} (--max-snapshot-blocks)")
-    out: list[Stored] = []
+    out: list[IndexStored] = []
     for i, b in enumerate(req.blocks):
         try:
             out.append(_stored(b, digest))

@@ -5,7 +5,7 @@ with ``kvmesh worker-token --worker-id ID`` (or :func:`mint`) and gives the work
 own token. The service recomputes the MAC, so it needs no table of tokens, new workers join
 without touching the service, and every replica accepts the same tokens. A worker that
 holds only its own token cannot forge another id's MAC, so it can act only for itself
-(``kvmesh.auth`` enforces the request's ``worker_id`` equals the bound id).
+(``kvmesh.rpc.auth`` enforces the request's ``worker_id`` equals the bound id).
 
 Revoking one worker means rotating the secret (and re-minting the others' tokens).
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from kvmesh.auth import Grant, Verifier
+from kvmesh.rpc.auth import Grant, Verifier
 
 MIN_SECRET_BYTES = 16
 _LABEL = b"kvmesh worker token v1\x00"  # domain separation: this MAC means nothing else
@@ -44,7 +44,7 @@ def bound_worker(secret: str, token: str) -> str | None:
 
 
 def verifier(role: str, secret: str) -> Verifier:
-    """A ``kvmesh.auth`` verifier granting ``role`` bound to the token's worker id."""
+    """A ``kvmesh.rpc.auth`` verifier granting ``role`` bound to the token's worker id."""
 
     def verify(token: str) -> Grant | None:
         worker_id = bound_worker(secret, token)

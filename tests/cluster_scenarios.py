@@ -1,5 +1,5 @@
 """What a kvmesh cluster must do whatever runs it: local processes (tests/integration) or
-Ray actors (tests/deploy) run these same scenarios against their own cluster."""
+Ray actors (tests/integration/ray) run these same scenarios against their own cluster."""
 from __future__ import annotations
 
 import random

@@ -8,8 +8,8 @@ import time
 import zmq
 
 from deploy.process import ServerProcess
-from kvmesh import vllm_events as ve
-from kvmesh.zmq_curve import CurveClient
+from kvmesh.events import vllm as ve
+from kvmesh.events.zmq_curve import CurveClient
 
 BS = 4
 _HTTP = re.compile(r"HTTP on :(\d+)")

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from google.protobuf.message import Message
 from hypothesis import strategies as st
 
-from kvmesh.hashing import ALGOS, none_hash
+from kvmesh.contract import ALGOS
+from kvmesh.hashing import none_hash
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import worker_pb2 as wpb
 

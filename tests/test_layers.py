@@ -94,3 +94,56 @@ def test_the_cli_aggregator_imports_no_verb_until_it_runs() -> None:
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# Inside ``kvmesh/``, its parts point one way too: the contract and the generated stubs at the
+# bottom, the index link and the OpenAI surface at the top, nothing importing the link.
+# part -> the parts it may import (``_chain`` is the C fast path of hashing).
+KVMESH_PARTS = {
+    "v1": set(),
+    "_chain": set(),
+    "contract": {"v1"},
+    "hashing": {"contract", "_chain"},
+    "ops": {"contract"},
+    "tier_figures": {"contract", "v1"},
+    "rpc": {"contract", "ops", "v1"},
+    "openai": {"contract", "ops"},
+    "events": {"contract", "hashing", "ops", "v1", "_chain"},
+    "link": {"contract", "hashing", "ops", "rpc", "events", "v1"},
+}
+
+
+def _kvmesh_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "kvmesh" and len(parts) > 1 else None
+
+
+def kvmesh_violations() -> list[str]:
+    out = []
+    for path in sorted((ROOT / "kvmesh").rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        part = _kvmesh_part(".".join(rel.with_suffix("").parts))
+        if part is None or part == "__init__":
+            continue
+        if part not in KVMESH_PARTS:
+            out.append(f"{rel.as_posix()}: kvmesh/{part} is not in KVMESH_PARTS: place it")
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(rel))):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = ([f"kvmesh.{a.name}" for a in node.names] if node.module == "kvmesh"
+                         else [node.module])
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                other = _kvmesh_part(name)
+                if other and other != part and other not in KVMESH_PARTS[part]:
+                    out.append(f"{rel.as_posix()}:{node.lineno}: kvmesh/{part} imports "
+                               f"kvmesh/{other}")
+    return out
+
+
+def test_kvmesh_parts_only_point_down() -> None:
+    found = kvmesh_violations()
+    assert not found, "kvmesh/ parts importing up or sideways:\n" + "\n".join(found)

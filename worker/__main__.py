@@ -1,7 +1,7 @@
 """`python -m worker ...` is `kvmesh worker ...`."""
 import typer
 
-from kvmesh.lifecycle import die_with_parent
+from kvmesh.ops.lifecycle import die_with_parent
 from worker.cli import register
 
 die_with_parent()

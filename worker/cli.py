@@ -1,14 +1,25 @@
-"""`kvmesh worker`: run one worker process."""
+"""`kvmesh worker`: run one worker process.
+
+Each flag is written once, as a parameter of the command; :func:`options_of` turns the
+parameters into ``worker.main.WorkerOptions`` by name (a flag named as a field passes as is;
+the tier, TLS and ``--service`` flags are converted), so the defaults are those of
+``WorkerOptions`` and ``TierConfig``, written there only.
+"""
 from __future__ import annotations
 
-from typing import Annotated
+from dataclasses import fields
+from typing import Annotated, Any
 
 import typer
 
-from kvmesh import cli_options as opt
+from kvmesh.ops import cli_options as opt
+from worker.kv_cache.tier_config import TierConfig
 from worker.main import WorkerOptions
 
-_DEFAULTS = WorkerOptions()  # the defaults are WorkerOptions', written once there
+_DEFAULTS = WorkerOptions()
+_TIERS = TierConfig()
+_TIER_FLAGS = tuple(f.name for f in fields(TierConfig))
+_TLS_FLAGS = ("tls_cert", "tls_key", "tls_ca", "tls_client_auth")  # tls_files' order
 
 
 def register(app: typer.Typer) -> None:
@@ -53,11 +64,11 @@ def register(app: typer.Typer) -> None:
         )] = _DEFAULTS.max_inflight_per_conn,
         max_message_bytes: Annotated[int, typer.Option(
             help="largest request, bytes")] = _DEFAULTS.max_message_bytes,
-        cpu_blocks: opt.CpuBlocks = _DEFAULTS.cpu_blocks,
-        disk_blocks: opt.DiskBlocks = _DEFAULTS.disk_blocks,
-        disk_dir: opt.DiskDir = None,
-        eviction: opt.Eviction = _DEFAULTS.eviction,
-        auto_pin: opt.AutoPin = _DEFAULTS.auto_pin,
+        cpu_blocks: opt.CpuBlocks = _TIERS.cpu_blocks,
+        disk_blocks: opt.DiskBlocks = _TIERS.disk_blocks,
+        disk_dir: opt.DiskDir = _TIERS.disk_dir,
+        eviction: opt.Eviction = _TIERS.eviction,
+        auto_pin: opt.AutoPin = _TIERS.auto_pin,
         vllm_events: Annotated[str | None, typer.Option(
             help="publish KV events on vLLM's ZMQ protocol at this PUB endpoint "
             "(tcp://127.0.0.1:5557; any other interface needs --vllm-curve-key), for kvmesh "
@@ -90,41 +101,40 @@ def register(app: typer.Typer) -> None:
         )] = None,
     ) -> None:
         """Run one worker: KV pool + model + gRPC WorkerService (+ index registration)."""
+        flags = dict(locals())  # first: exactly the parameters above, by name
         import asyncio
         import logging
 
-        from kvmesh.hashing import resolve_seed
-        from kvmesh.tls import tls_files
-        from worker.main import access_token_of, check_tiers, check_vllm, serve, vllm_curve
+        from worker.main import serve, vllm_curve
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-        services = tuple(a.strip() for a in (service or "").split(",") if a.strip())
         try:
-            check_tiers(cpu_blocks, disk_blocks, disk_dir)
-            tls = tls_files(tls_cert, tls_key, tls_ca, tls_client_auth)
-            hash_seed = resolve_seed(hash_algo, hash_seed)
-            if token and worker_id:  # else serve() derives it once the port names the id
-                access_token, token = access_token_of(token, access_token, worker_id), None
-            loras = check_vllm(vllm_events, vllm_replay, vllm_hash_form, http_port, model,
-                               tokenizer, lora_modules or [])
-        except ValueError as e:
-            raise typer.BadParameter(str(e)) from e
-        options = WorkerOptions(
-            port=port, host=host, model=model, block_size=block_size, num_blocks=num_blocks,
-            worker_id=worker_id, services=services, token=token, access_token=access_token,
-            service_token=service_token or None, hash_algo=hash_algo,
-            hash_seed=hash_seed, device=device, heartbeat_s=heartbeat_s,
-            max_batched_tokens=max_batched_tokens, metrics_port=metrics_port,
-            metrics_host=metrics_host, tls=tls,
-            max_inflight_per_conn=max_inflight_per_conn,
-            max_message_bytes=max_message_bytes, cpu_blocks=cpu_blocks,
-            disk_blocks=disk_blocks, disk_dir=disk_dir, eviction=eviction,
-            auto_pin=auto_pin, vllm_events=vllm_events, vllm_replay=vllm_replay,
-            vllm_hash_form=vllm_hash_form, http_port=http_port,
-            served_model_name=served_model_name, tokenizer=tokenizer, lora_modules=loras,
-            vllm_curve_key=vllm_curve_key, vllm_curve_clients=vllm_curve_clients)
-        try:
+            options = options_of(flags)
             vllm_curve(options)  # refused here, before the model loads
         except ValueError as e:
             raise typer.BadParameter(str(e)) from e
         asyncio.run(serve(options))
+
+
+def options_of(flags: dict[str, Any]) -> WorkerOptions:
+    """The ``WorkerOptions`` of ``kvmesh worker``'s parameters (``flags``, by name); raises
+    ``ValueError`` for flags that cannot work, before the model loads. A parameter that is
+    neither a field nor converted here is a ``TypeError``: every flag reaches the worker."""
+    from kvmesh.hashing import resolve_seed
+    from kvmesh.rpc.tls import tls_files
+    from worker.main import access_token_of, check_vllm
+
+    f = dict(flags)
+    tiers = TierConfig(**{name: f.pop(name) for name in _TIER_FLAGS})
+    tiers.check()
+    tls = tls_files(*(f.pop(name) for name in _TLS_FLAGS))
+    services = tuple(a.strip() for a in (f.pop("service") or "").split(",") if a.strip())
+    f["hash_seed"] = resolve_seed(f["hash_algo"], f["hash_seed"])
+    if f["token"] and f["worker_id"]:  # else serve() derives it once the port names the id
+        f["access_token"] = access_token_of(f["token"], f["access_token"], f["worker_id"])
+        f["token"] = None
+    f["lora_modules"] = check_vllm(f["vllm_events"], f["vllm_replay"], f["vllm_hash_form"],
+                                   f["http_port"], f["model"], f["tokenizer"],
+                                   f["lora_modules"] or [])
+    f["service_token"] = f["service_token"] or None
+    return WorkerOptions(services=services, tls=tls, tiers=tiers, **f)

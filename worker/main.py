@@ -8,10 +8,12 @@ import socket
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from kvmesh.tls import TlsFiles
+from kvmesh.contract import DEFAULT_ALGO
+from kvmesh.rpc.tls import TlsFiles
+from worker.kv_cache.tier_config import TierConfig
 
 if TYPE_CHECKING:
-    from kvmesh.zmq_curve import CurveServer
+    from kvmesh.events.zmq_curve import CurveServer
 
 log = logging.getLogger("kvmesh.worker")
 
@@ -21,7 +23,7 @@ class WorkerOptions:
     """Everything ``serve`` reads; ``kvmesh worker`` maps its flags onto it.
 
     Clients authenticate to the worker with ``access_token``, this worker's own token
-    (``kvmesh.auth.worker_access_token(router token, worker_id)``; valid on no other
+    (``kvmesh.rpc.auth.worker_access_token(router token, worker_id)``; valid on no other
     worker). Given only the router ``token``, the worker derives its own once its id is
     known (the id may be ``<hostname>-<port>``) and drops the router token
     (:func:`access_token_of`), so it never holds a credential of the service or of another
@@ -38,7 +40,7 @@ class WorkerOptions:
     token: str | None = None          # router token (--token): only derives access_token
     access_token: str | None = None   # its own WorkerService token (--access-token)
     service_token: str | None = None  # what it presents to the service (--service-token)
-    hash_algo: str = "sha256_cbor"
+    hash_algo: str = DEFAULT_ALGO
     hash_seed: str | None = None      # None: kvmesh.hashing.resolve_seed's default (as vLLM)
     device: str | None = None
     heartbeat_s: float = 1.0
@@ -48,16 +50,12 @@ class WorkerOptions:
     tls: TlsFiles | None = None       # cert/key: serve TLS; ca: verify the service (the link)
     max_inflight_per_conn: int = 1024
     max_message_bytes: int = 16 << 20
-    cpu_blocks: int = 0               # host-memory KV tier (0: off)
-    disk_blocks: int = 0              # disk KV tier (0: off)
-    disk_dir: str | None = None       # its files (a restart on it re-announces them)
-    eviction: str = "lru"             # device-pool eviction order (kvmesh.tiers.EVICTIONS)
-    auto_pin: bool = False            # pin hot prefixes automatically
+    tiers: TierConfig = TierConfig()  # KV tiers, eviction order, automatic pins
     # vLLM's protocols (none by default): KV events on ZMQ, an OpenAI HTTP server
     vllm_events: str | None = None    # PUB endpoint, e.g. tcp://127.0.0.1:5557
     vllm_replay: str | None = None    # replay ROUTER endpoint, e.g. tcp://127.0.0.1:5558
     vllm_hash_form: str = "int"       # block hashes as vLLM's int form, or "bytes"
-    # CURVE for the event sockets (kvmesh.zmq_curve): needed for any non-loopback endpoint,
+    # CURVE for the event sockets (kvmesh.events.zmq_curve): needed for any non-loopback endpoint,
     # and whenever the worker has an access token
     vllm_curve_key: str | None = None      # its zmq.auth certificate, with the secret key
     vllm_curve_clients: str | None = None  # directory of the consumers' public certificates
@@ -73,7 +71,7 @@ def access_token_of(token: str | None, access_token: str | None,
     ``kvmesh worker-access-token``), else the one derived from the router ``token`` and
     ``worker_id``, else None (open). Raises ``ValueError`` when both are given and disagree
     (a worker that no client of this router token could call: e.g. another worker's)."""
-    from kvmesh.auth import worker_access_token
+    from kvmesh.rpc.auth import worker_access_token
 
     derived = worker_access_token(token, worker_id) if token else None
     if access_token and derived and access_token != derived:
@@ -83,22 +81,6 @@ def access_token_of(token: str | None, access_token: str | None,
     return access_token or derived
 
 
-def check_tiers(cpu_blocks: int, disk_blocks: int, disk_dir: str | None) -> None:
-    """Raise ``ValueError`` for tier settings no engine accepts (before the model loads),
-    a ``--disk-dir`` another user owns or others may write included."""
-    from kvmesh.file_perms import check_private_dir
-
-    if cpu_blocks < 0 or disk_blocks < 0:
-        raise ValueError("--cpu-blocks and --disk-blocks must be >= 0")
-    if disk_blocks and not disk_dir:
-        raise ValueError("--disk-blocks needs --disk-dir")
-    if disk_blocks and not cpu_blocks:
-        raise ValueError("--disk-blocks needs --cpu-blocks (blocks reach disk through the "
-                         "host tier)")
-    if disk_blocks:  # a directory others control is refused now, not after the model loads
-        check_private_dir(disk_dir, "--disk-dir")
-
-
 def check_vllm(events: str | None, replay: str | None, hash_form: str, http_port: int | None,
                model: str, tokenizer: str | None, loras: list[str]) -> dict[str, str]:
     """Raise ``ValueError`` for vLLM-protocol flags that cannot work (before the model
@@ -106,7 +88,7 @@ def check_vllm(events: str | None, replay: str | None, hash_form: str, http_port
     ``vllm_curve``."""
     from pathlib import Path
 
-    from worker.vllm_publisher import HASH_FORMS
+    from worker.vllm.publisher import HASH_FORMS
 
     if replay and not events:
         raise ValueError("--vllm-replay needs --vllm-events")
@@ -128,14 +110,14 @@ def check_vllm(events: str | None, replay: str | None, hash_form: str, http_port
 
 
 def vllm_curve(opts: WorkerOptions) -> CurveServer | None:
-    """The CURVE identity of the event sockets (a ``kvmesh.zmq_curve.CurveServer``), or
+    """The CURVE identity of the event sockets (a ``kvmesh.events.zmq_curve.CurveServer``), or
     None for plain ZMQ; ``ValueError`` when the settings leave the events open to callers
     the worker's other APIs refuse: a non-loopback endpoint without keys
-    (``worker.vllm_publisher.check_endpoints``), or a worker requiring an access token whose
+    (``worker.vllm.publisher.check_endpoints``), or a worker requiring an access token whose
     events any local process could read (they carry the prompts and salts the token guards).
     """
-    from kvmesh.zmq_curve import CurveServer
-    from worker.vllm_publisher import check_endpoints
+    from kvmesh.events.zmq_curve import CurveServer
+    from worker.vllm.publisher import check_endpoints
 
     if not opts.vllm_events:
         return None
@@ -155,13 +137,13 @@ def vllm_curve(opts: WorkerOptions) -> CurveServer | None:
 async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or SIGINT/SIGTERM). Prints one ``listening on`` line
     once the server accepts calls; launchers wait for it."""
-    from kvmesh.auth import worker_pin_token
     from kvmesh.hashing import none_hash, resolve_seed
-    from worker.async_engine import AsyncEngine
-    from worker.engine import Engine
-    from worker.scheduler import SchedulerConfig
-    from worker.server import create_server
-    from worker.service_link import ServiceLink
+    from kvmesh.rpc.auth import worker_pin_token
+    from worker.engine.async_engine import AsyncEngine
+    from worker.engine.engine import Engine
+    from worker.engine.scheduler import SchedulerConfig
+    from worker.index_link import ServiceLink
+    from worker.rpc.server import create_server
 
     curve = vllm_curve(opts)  # before the model loads (it reads --token/--access-token)
     router_token = opts.token  # only derives this worker's own access token; not kept
@@ -177,13 +159,12 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
         opts.model, block_size=opts.block_size, num_blocks=opts.num_blocks, device=opts.device,
         hash_algo=opts.hash_algo, hash_seed=opts.hash_seed,
         scheduler=SchedulerConfig(max_batched_tokens=opts.max_batched_tokens),
-        cpu_blocks=opts.cpu_blocks, disk_blocks=opts.disk_blocks, disk_dir=opts.disk_dir,
-        eviction=opts.eviction, auto_pin=opts.auto_pin)
+        tiers=opts.tiers)
     runner = AsyncEngine(engine)
     publisher = None
     if opts.vllm_events:  # before the first step: its consumers get every event from seq 1
-        from worker.event_tap import EventTap
-        from worker.vllm_publisher import VllmPublisher
+        from worker.engine.event_tap import EventTap
+        from worker.vllm.publisher import VllmPublisher
 
         publisher = VllmPublisher(opts.vllm_events, opts.vllm_replay,
                                   block_size=opts.block_size, hash_form=opts.vllm_hash_form,
@@ -218,14 +199,14 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     metrics_note = ""
     vllm_metrics = None
     if opts.http_port is not None:
-        from worker.vllm_metrics import VllmMetrics
+        from worker.vllm.metrics import VllmMetrics
 
         vllm_metrics = VllmMetrics(runner, opts.served_model_name or opts.model)
     if opts.metrics_port is not None or vllm_metrics is not None:
         # one unauthenticated listener on --metrics-host for every page: the HTTP API's
         # vLLM page too (its prefix-cache hits are every caller's), on a free port when
         # --http-port is given without --metrics-port
-        from worker.metrics import WorkerMetrics
+        from worker.rpc.metrics import WorkerMetrics
 
         servicer.metrics = WorkerMetrics(runner, worker_id, servicer.tier_precision)
         if vllm_metrics is not None:
@@ -251,7 +232,7 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
                            credentials=link_creds)
         tasks.append(asyncio.create_task(link.run()))
     tiers_note = "".join(f", {n} {tier} blocks" for tier, n in
-                         (("cpu", opts.cpu_blocks), ("disk", opts.disk_blocks)) if n)
+                         (("cpu", opts.tiers.cpu_blocks), ("disk", opts.tiers.disk_blocks)) if n)
     print(f"kvmesh worker {worker_id} listening on {address} "
           f"({engine.kv.num_blocks} blocks of {opts.block_size}{tiers_note}{metrics_note})",
           flush=True)
@@ -280,10 +261,10 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
 
 
 async def _start_http(opts: WorkerOptions, runner, metrics) -> tuple[tuple, int]:
-    """Serve the OpenAI HTTP API (``worker.http_api``; ``metrics``: the ``VllmMetrics`` it
+    """Serve the OpenAI HTTP API (``worker.vllm.http_api``; ``metrics``: the ``VllmMetrics`` it
     counts into, served by the metrics listener); ((server, task), bound port)."""
-    from kvmesh.vllm_tokenizer import TINY, VllmTokenizer
-    from worker.http_api import HttpApi, serve_http
+    from kvmesh.openai.tokenizer import TINY, VllmTokenizer
+    from worker.vllm.http_api import HttpApi, serve_http
 
     source = opts.tokenizer or (None if opts.model == TINY else opts.model)
     api = HttpApi(runner, model_name=opts.served_model_name or opts.model,

@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-TINY = "tiny"  # worker.model.loader.TINY, without importing torch
+from kvmesh.openai.vocab import TINY
 
 
 def check_model_source(source: str) -> None:

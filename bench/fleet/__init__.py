@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 
-from kvmesh import cli_options as opt
+from kvmesh.ops import cli_options as opt
 
 __all__ = ["print_report", "register"]
 

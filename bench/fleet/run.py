@@ -1,22 +1,11 @@
 """The fleet run: a real Redis (one server or an S-shard cluster), one or more real service
 processes, N simulated workers (:mod:`bench.fleet.sim`) and a router, in four phases.
 
-Phases (each ``phase_s`` long, after a warm-up of publishing, at least ``warmup_s`` and until
-every worker has prefilled its pool's worth of tokens, so evictions run as in steady state):
+Phases ``idle``, ``events``, ``routes``, ``mixed`` after a warm-up to steady state; Redis CPU
+per entry and per route is each phase's minus the idle rate, per shard. Links drain between
+phases, so each phase's operations are its own.
 
-1. ``idle``: workers heartbeat, nothing else: what the shards spend on their own (heartbeats,
-   the replicas' refresh reads); subtracted, pro rata, from the other phases;
-2. ``events``: every worker prefills at ``tokens_per_s`` and publishes; no routes;
-3. ``routes``: no new events; routes arrive at ``routes_per_s`` (open loop, each a fresh
-   ``route()`` of a prompt a worker prefilled recently, so it is indexed);
-4. ``mixed``: both at once: event lag and route latency under load.
-
-Redis CPU per entry (per route) of a shard = (its commandstats microseconds in the phase -
-its idle rate x the phase's length) / entries applied (routes answered) in the phase; the
-same with the shard process's CPU time (``INFO cpu``: networking and parsing included).
-Commandstats time is elapsed time inside commands: on a host with fewer cores than busy
-processes it includes time the server was descheduled, so compare it with the CPU figure.
-Between phases the workers stop and the links drain, so each phase's operations are its own.
+See docs/architecture.md#replay-and-simulation.
 """
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
 """One simulated worker of ``kvmesh bench fleet``: a real KV cache manager fed by a trace, and
 the real service link publishing its events.
 
-Nothing runs a model. :class:`FleetWorker` owns a real :class:`worker.kv_cache.KVCacheManager`
-and takes its trace requests in turn as a prefilling GPU does: look up the cached prefix,
-then allocate the rest in chunks of ``chunk_tokens`` (each chunk caches its full blocks at
-once, so ``BlockStored`` events come per chunk and evictions interleave), paced to
-``tokens_per_s`` prefilled (uncached) tokens. A finished prompt keeps its blocks while it
-"decodes" among the last ``running`` requests, then frees them (they stay cached until
-evicted). The events are the manager's own; the link is :class:`worker.service_link.
-ServiceLink`, unchanged, on the bench's event loop: it registers, heartbeats the load below,
-batches the events and resyncs with snapshots exactly as a worker process does.
+Nothing runs a model: :class:`FleetWorker` prefills its trace requests in chunks at a set
+rate through a real ``KVCacheManager``, and the unchanged ``ServiceLink`` registers,
+heartbeats, publishes and resyncs as a worker does. Event lag: events taken to applied.
 
-Event lag: the moment the manager's events are taken (after a chunk) to the moment the link
-learns the service applied them (a PublishEvents answered, or a snapshot that covers them).
+See docs/architecture.md#replay-and-simulation.
 """
 from __future__ import annotations
 
@@ -23,11 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.replay.trace import TokenSynth, TraceRequest
-from worker.kv_cache import KVCacheManager, KVEvent, KVRequest
-from worker.service_link import ServiceLink
+from kvmesh.events.pool import PoolEvent
+from worker.index_link import ServiceLink
+from worker.kv_cache import KVCacheManager, KVRequest
 
 
-def entries(ev: KVEvent) -> int:
+def entries(ev: PoolEvent) -> int:
     """(block, worker) index entries an event writes: its hashes (1 for a clear)."""
     return len(getattr(ev, "block_hashes", ())) or 1
 
@@ -35,9 +29,9 @@ def entries(ev: KVEvent) -> int:
 class _Manager(KVCacheManager):
     """The manager, noting when each batch of events leaves it (``taken``)."""
 
-    taken: Callable[[list[KVEvent]], None] = staticmethod(lambda events: None)
+    taken: Callable[[list[PoolEvent]], None] = staticmethod(lambda events: None)
 
-    def take_events(self) -> list[KVEvent]:
+    def take_events(self) -> list[PoolEvent]:
         events = super().take_events()
         if events:
             self.taken(events)
@@ -45,7 +39,7 @@ class _Manager(KVCacheManager):
 
 
 class _Engine:
-    """What the link reads of ``worker.engine.Engine``."""
+    """What the link reads of ``worker.engine.engine.Engine``."""
 
     def __init__(self, kv: KVCacheManager) -> None:
         self.kv = kv
@@ -53,7 +47,7 @@ class _Engine:
 
 
 class _Runner:
-    """What the link uses of ``worker.async_engine.AsyncEngine``: the engine, its load, and
+    """What the link uses of ``worker.engine.async_engine.AsyncEngine``: the engine, its load, and
     ``call`` (here on the loop itself: there is no engine thread)."""
 
     def __init__(self, engine: _Engine) -> None:
@@ -101,7 +95,7 @@ class FleetWorker:
 
     # --- lag accounting -----------------------------------------------------------------
 
-    def _taken(self, events: list[KVEvent]) -> None:
+    def _taken(self, events: list[PoolEvent]) -> None:
         n = sum(entries(ev) for ev in events)
         self.made += n
         self._pending.append((events[-1].seq, time.monotonic(), n))

@@ -17,7 +17,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from service.index.base import KvEvent, Removed, Stored
+from service.index.base import IndexEvent, IndexRemoved, IndexStored
 
 
 @dataclass(frozen=True)
@@ -59,28 +59,28 @@ class Dataset:
         return {self.worker_ids[w]: self.layout.held(j)
                 for j, w in enumerate(self.holders_of[chain])}
 
-    def batches(self, worker: int) -> list[list[KvEvent]]:
+    def batches(self, worker: int) -> list[list[IndexEvent]]:
         """The event batches worker ``worker`` publishes to index everything it holds."""
         lay = self.layout
-        events: list[KvEvent] = []
+        events: list[IndexEvent] = []
         for c, hs in enumerate(self.holders_of):
             if worker not in hs:
                 continue
             chain = self.chains[c][:lay.held(hs.index(worker))]
             for a in range(0, len(chain), lay.event_blocks):
-                op = Stored(tuple(chain[a:a + lay.event_blocks]), chain[a - 1] if a else b"")
-                events.append(KvEvent(len(events) + 1, op))
+                op = IndexStored(tuple(chain[a:a + lay.event_blocks]), chain[a - 1] if a else b"")
+                events.append(IndexEvent(len(events) + 1, op))
         return [events[i:i + lay.batch_events]
                 for i in range(0, len(events), lay.batch_events)]
 
 
-    def evictions(self, worker: int) -> list[list[KvEvent]]:
+    def evictions(self, worker: int) -> list[list[IndexEvent]]:
         """Batches of BlockRemoved events by which worker ``worker`` evicts the tail half of
         every prefix it holds (the last ``held - held // 2`` blocks, tail first), seqs
         continuing after :meth:`batches`."""
         lay = self.layout
         seq = sum(len(b) for b in self.batches(worker))
-        events: list[KvEvent] = []
+        events: list[IndexEvent] = []
         for c, hs in enumerate(self.holders_of):
             if worker not in hs:
                 continue
@@ -88,7 +88,7 @@ class Dataset:
             tail = self.chains[c][held // 2:held][::-1]
             for a in range(0, len(tail), lay.event_blocks):
                 seq += 1
-                events.append(KvEvent(seq, Removed(tuple(tail[a:a + lay.event_blocks]))))
+                events.append(IndexEvent(seq, IndexRemoved(tuple(tail[a:a + lay.event_blocks]))))
         return [events[i:i + lay.batch_events]
                 for i in range(0, len(events), lay.batch_events)]
 

@@ -20,7 +20,7 @@ from collections.abc import Collection, Sequence
 import redis.asyncio as aioredis
 
 from service.index.base import BlockMatch
-from service.index.keys import block_key, entries, live_key, live_map, tag
+from service.index.testing import block_key, entries, live_key, live_map, tag
 
 
 def _tally(c: list[int], mask: int) -> None:

@@ -1,28 +1,10 @@
 """One `kvmesh bench index` run: build a large index in a real Valkey, then measure it.
 
-Phases, on a private ``start_redis()`` server with the production ``RedisBackend``:
+On a private server with the production ``RedisBackend``: register, build (events/s), memory
+per entry, lookups (kvmesh's against the ``GET``/``MGET`` walks, interleaved, every answer
+checked), then evictions.
 
-1. register ``workers`` workers, note ``INFO memory`` ``used_memory``;
-2. build: every worker publishes its event batches (:mod:`bench.index.data`) through
-   ``apply_events``, all workers concurrently (one asyncio task each, like real workers);
-   the wall time gives events/s, batches/s and entries/s;
-3. memory: ``used_memory`` delta / entries (goal <= 100 B) right after the build (with
-   the build's connection buffers) and settled (:func:`_settled_memory`), per distinct
-   block, split (``MEMORY USAGE``) into the block keys' own allocations and the rest;
-4. lookups, interleaved query by query (rotating who goes first) so all see the same
-   server state and load: kvmesh's one-round-trip lookup (``RedisBackend.lookup``), and
-   the two walks in Python of :mod:`bench.index.pipelined` (a ``GET`` per block, llm-d's
-   way; an ``MGET`` per cluster tag, a Redis Cluster's way), on the same chains. A query is
-   a whole held chain plus ``tail_blocks`` new blocks (a shared prefix and a new question),
-   with all workers allowed (what the service passes). Client-side p50/p99 and the server's
-   own time per lookup (``INFO commandstats`` usec deltas around each call alone; for
-   kvmesh ``MULTI`` + ``EXEC``, which includes the commands EXEC runs, so
-   ``lookup_server_us_per_block`` is everything Redis spends per block of the prompt), then
-   each kind's server process CPU (``INFO cpu``) over the same queries run alone, are
-   reported, and every answer is checked against the others
-   (``identical``) and the dataset (``correct``);
-5. evictions: every worker removes the tail half of what it holds (BlockRemoved, tail
-   first): Redis time per entry removed, and lookups checked against the dataset again.
+See docs/architecture.md#index-route-and-bridge-benches.
 """
 from __future__ import annotations
 
@@ -37,12 +19,13 @@ import redis.asyncio as aioredis
 
 from bench.index import pipelined
 from bench.index.data import Dataset, Layout, plan
-from service.index.base import ApplyStatus, BlockMatch, Removed, WorkerRecord, namespace
-from service.index.keys import block_key
+from kvmesh.contract import DEFAULT_ALGO
+from service.index.base import ApplyStatus, BlockMatch, IndexRemoved, WorkerRecord, namespace
 from service.index.redis import RedisBackend
+from service.index.testing import block_key
 
 BLOCK_SIZE = 16
-ALGO = "sha256_cbor"
+ALGO = DEFAULT_ALGO
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -113,7 +96,7 @@ async def _evict(backend: RedisBackend, ns: str, data: Dataset) -> dict[str, Any
     concurrently); Redis time per entry removed, and lookups of 20 chains afterwards."""
     plans = [data.evictions(w) for w in range(len(data.worker_ids))]
     removed = sum(len(ev.op.hashes) for p in plans for b in p for ev in b
-                  if isinstance(ev.op, Removed))
+                  if isinstance(ev.op, IndexRemoved))
 
     async def publish(w: int) -> None:
         for batch in plans[w]:

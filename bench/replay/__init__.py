@@ -16,7 +16,7 @@ from pathlib import Path
 
 import typer
 
-from kvmesh.policies import POLICIES as INDEX_POLICIES
+from kvmesh.contract import POLICIES as INDEX_POLICIES
 from service.config import BACKENDS
 
 __all__ = ["INDEX_POLICIES", "PEERS", "POLICIES", "register"]

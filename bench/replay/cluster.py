@@ -1,40 +1,12 @@
 """The simulated cluster: workers with a real KV cache manager, a clock, and a cost model.
 
-Nothing runs a model. Each :class:`SimWorker` owns one real
-:class:`worker.kv_cache.KVCacheManager` and follows the engine's call sequence
-(``get_computed_blocks`` -> ``allocate_slots`` -> ... -> ``free``), so hits, evictions and the
-KV events are the real ones; only the time a step takes comes from :class:`CostModel`.
+Nothing runs a model. Each :class:`SimWorker` owns one real ``KVCacheManager`` and follows the
+engine's call sequence, so hits, evictions and KV events are the real ones; only step times
+come from :class:`CostModel`. Per worker: FIFO, prefill first, decode space reserved at
+admission (no preemption), steps between two events simulated in one jump; lower tiers
+onboard on a copy engine. A request that can never fit is rejected (counted).
 
-Scheduling, per worker (vLLM-like, prefill first, FIFO):
-
-- A routed request waits in FIFO order; as it joins the queue its cached prefix moves to the
-  most recently used end of the free queue (``KVCacheManager.keep_warm``, as the engine's
-  scheduler does), so the admissions ahead of it evict other blocks first. The head is
-  admitted when the pool has free blocks for its whole sequence (prompt + output: decode
-  space is reserved at admission, so a request never needs preemption) and fewer than
-  ``max_running`` requests run. Admission
-  looks up the cache, allocates the prompt (caching its full blocks at once, as vLLM does at
-  scheduling time), then the output slots; the hit is counted here.
-- Its prefill then runs alone for ``prefill_s_per_token * uncached tokens``; running
-  requests do not decode meanwhile. TTFT = end of prefill - arrival (queueing + prefill).
-- Otherwise the running requests decode together: one step takes
-  ``decode_step_s + decode_s_per_ctx_token * context tokens of the batch`` and gives each
-  one token. A request holds its blocks for its ``output_length`` tokens, then frees them
-  (the chain's tail first), so cache pressure comes from capacity and concurrency.
-- Steps between two events (a finish, the next arrival) are simulated in one jump.
-
-A request whose prompt + output can never fit in one worker's pool is rejected (counted).
-Several workers may share one manager (the oracle's pooled cache); each keeps its own clock
-and queue.
-
-Lower tiers (a manager with ``cpu_blocks`` / ``disk_blocks``; ``kvmesh bench tiers``): before
-admitting the head, the worker asks the manager to onboard the rest of its chain from the
-CPU/disk tiers (``start_onboard``). The copy runs on the worker's copy engine (one at a
-time, priced by :class:`CostModel`) while running requests keep decoding; the head waits
-for it (FIFO), then is admitted with the onboarded blocks as device hits
-(``finish_onboard``). The offloads and spills that admission orders are synchronous (the
-evicted block is reused by that very step), so they lengthen its prefill. A manager without
-lower tiers takes exactly the steps it took before.
+See docs/architecture.md#replay-and-simulation.
 """
 from __future__ import annotations
 
@@ -44,8 +16,9 @@ import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from kvmesh.events.pool import PoolEvent
 from service.index.base import WorkerLoad
-from worker.kv_cache import KVCacheManager, KVEvent, KVRequest
+from worker.kv_cache import KVCacheManager, KVRequest
 
 from .copies import CopyTotals
 from .trace import TraceRequest
@@ -174,7 +147,7 @@ class SimWorker:
         self._tie = itertools.count()
         self._prefill: tuple[float, float, int] | None = None  # start, end, tokens
         # The prefill the waiting requests will do, counted as the engine's scheduler counts
-        # it (worker/scheduler.py): what is cached at submit, or computed by a request ahead.
+        # it (worker/engine/scheduler.py): what is cached at submit, or computed by a request ahead.
         self._waiting_tokens = 0
         self._promised: Counter[bytes] = Counter()  # full blocks of the waiting requests
         self._lower = len(manager.tier_stats()) > 1  # a CPU or disk tier to onboard from
@@ -203,7 +176,7 @@ class SimWorker:
         """Requests routed here and not finished (what a router counts per replica)."""
         return len(self.waiting) + len(self.running)
 
-    def take_events(self) -> list[KVEvent]:
+    def take_events(self) -> list[PoolEvent]:
         return self.kv.take_events()
 
     # --- simulation -------------------------------------------------------------------

@@ -1,29 +1,11 @@
 """Peer routers that keep their own idea of the caches instead of reading a KV index.
 
-Both see what a router in front of the workers sees: the prompt, and how many requests each
-worker has in flight. Neither sees evictions.
+:class:`ApproxTreeRouter` (SGLang's cache-aware policy, its defaults) and
+:class:`RayPrefixTreeRouter` (Ray Serve's ``PrefixTree``, driven as
+``PrefixCacheAffinityRouter`` drives it). Both see only the prompt and requests in flight;
+neither sees evictions.
 
-- :class:`ApproxTreeRouter` (``approx_tree``): SGLang router's cache-aware policy. It keeps
-  an approximate radix tree per worker of the prompts it ROUTED there. If the load is
-  imbalanced (``max - min > balance_abs_threshold`` and ``max > min * balance_rel_threshold``,
-  load = requests in flight) it picks the least loaded worker; otherwise the worker with the
-  longest match if the match rate exceeds ``cache_threshold``; otherwise the worker whose
-  tree is smallest (SGLang's "most cache space left" fallback). The prompt is inserted into
-  the chosen worker's tree. Defaults are SGLang's documented ones (0.5, 32, 1.0001). Its
-  LRU bound ``max_tree_size`` (2**24 characters, ~4 characters per token) is applied every
-  ``eviction_interval_s`` of simulated time, as SGLang's background eviction does.
-  The tree's edges are the trace's 512-token chunks (with how many of a chunk's tokens were
-  routed), which is the token-level radix tree compressed: a chunk's tokens are a function
-  of its id, and two different chunks share no prefix to speak of. Like SGLang's text tree
-  it is blind to salts and LoRA.
-- :class:`RayPrefixTreeRouter` (``ray_prefix_tree``): Ray Serve's ``PrefixTree``, imported
-  from the installed ``ray`` package, driven the way ``PrefixCacheAffinityRouter`` drives
-  it: the prompt as text (one character per token here), power-of-two choices when the
-  queue-length spread exceeds ``imbalanced_threshold`` (Ray's default: never), else the
-  tenants holding the longest match when the match rate reaches ``match_rate_threshold``
-  (0.1), else the tenants with the fewest characters; among the candidates the shortest
-  queue wins; after routing the text is inserted for the chosen replica. Ray's optional tree
-  eviction is off by default and off here.
+See docs/architecture.md#replay-and-simulation.
 """
 from __future__ import annotations
 

@@ -1,29 +1,11 @@
 """The replay loop: a trace through the simulated cluster under one routing policy.
 
-For each request, in arrival order, at simulated time ``t = timestamp``:
+Per request, at its timestamp: the workers advance, their KV events go to the real index
+backend, the router picks a worker with the inputs the service's ``Route`` would give it, and
+the request is queued there. Each row gets fresh workers, router and namespace; ``oracle``
+(one pooled cache) is the hit-rate bound. Simulated time is the backends' clock.
 
-1. every worker runs its own events up to ``t`` (:meth:`SimWorker.advance`);
-2. each worker's KV events (``take_events()``) go to the index backend through its API, as a
-   worker's publisher would send them (one batch per worker, consecutive seqs);
-3. the router picks a worker: the real policies (``service.policy``) get the same inputs as
-   the service's ``Route``: a lookup of the prompt's usable chain (the last token is always
-   computed) through ``IndexBackend.lookup``, each worker's live load, then provisional
-   entries for the chosen worker; the peers (:mod:`bench.replay.peers`) use their own trees.
-   ``consistent_hash``, ``least_loaded``, ``round_robin`` and ``random`` never read matches,
-   so they skip steps 2 and 3's index calls (their choices cannot differ); ``consistent_hash``
-   gets the service's key (``service.route.prompt_key`` of the synthesized prompt);
-4. the request is queued on that worker.
-
-Rows are named by labels (:mod:`.rows`): a policy, a variant ``kvmesh[weight=value,...]``, or
-``kvmesh@REV`` (the policy of a git revision); each row gets fresh workers, router and index
-namespace.
-
-``oracle`` is the same workers sharing ONE pooled manager of all their blocks (a global KV
-cache every worker reads at no cost, nothing duplicated), each request going to the worker
-with the least queued prefill: the hit-rate upper bound, and the TTFT of that ideal cluster.
-
-Index operations run on one asyncio loop; simulated time is the trace's, so the backends
-get it in milliseconds as their clock.
+See docs/architecture.md#replay-and-simulation.
 """
 from __future__ import annotations
 
@@ -37,25 +19,30 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvmesh.hashing import DEFAULT_ALGO
+from kvmesh.contract import (
+    CONSISTENT_HASH,
+    DEFAULT_ALGO,
+    LEAST_LOADED,
+    RANDOM,
+    ROUND_ROBIN,
+    TIER_PB,
+)
+from kvmesh.events.pool import PoolEvent, PoolRemoved, PoolStored
 from service.config import CostWeights
 from service.index import IndexBackend, open_backend
 from service.index.base import (
-    TIER_CPU,
-    TIER_DISK,
-    TIER_GPU,
     ApplyStatus,
     BlockMatch,
-    Cleared,
-    KvEvent,
-    Removed,
-    Stored,
+    IndexCleared,
+    IndexEvent,
+    IndexRemoved,
+    IndexStored,
     WorkerRecord,
     namespace,
 )
 from service.policy import Policy, WorkerView
-from service.route import prompt_key
-from worker.kv_cache import BlockRemoved, BlockStored, KVCacheManager, KVEvent, KVRequest
+from service.route_steps import prompt_key
+from worker.kv_cache import KVCacheManager, KVRequest
 
 from . import INDEX_POLICIES, POLICIES
 from .cluster import CostModel, SimRequest, SimWorker
@@ -66,7 +53,7 @@ from .trace import TokenSynth, TraceRequest
 
 # Policies whose ranking never reads the matches: the index cannot change their choices, so
 # their replay skips it (same results, half the time).
-MATCH_BLIND = frozenset({"consistent_hash", "least_loaded", "round_robin", "random"})
+MATCH_BLIND = frozenset({CONSISTENT_HASH, LEAST_LOADED, ROUND_ROBIN, RANDOM})
 
 
 @dataclass(frozen=True)
@@ -145,17 +132,17 @@ class PolicyResult:
         }
 
 
-TIERS = {"gpu": TIER_GPU, "cpu": TIER_CPU, "disk": TIER_DISK}
+TIERS = TIER_PB  # the index's tier numbers are the wire's
 
 
-def to_index_event(ev: KVEvent) -> KvEvent:
+def to_index_event(ev: PoolEvent) -> IndexEvent:
     """A KV manager event as the service's index applies it (what the worker publishes)."""
-    if isinstance(ev, BlockStored):
-        return KvEvent(ev.seq, Stored(tuple(ev.block_hashes), ev.parent_hash or b"",
-                                      TIERS[ev.tier]))
-    if isinstance(ev, BlockRemoved):
-        return KvEvent(ev.seq, Removed(tuple(ev.block_hashes), TIERS[ev.tier]))
-    return KvEvent(ev.seq, Cleared())
+    if isinstance(ev, PoolStored):
+        return IndexEvent(ev.seq, IndexStored(tuple(ev.block_hashes), ev.parent_hash or b"",
+                                              TIERS[ev.tier]))
+    if isinstance(ev, PoolRemoved):
+        return IndexEvent(ev.seq, IndexRemoved(tuple(ev.block_hashes), TIERS[ev.tier]))
+    return IndexEvent(ev.seq, IndexCleared())
 
 
 class IndexRouter:

@@ -1,11 +1,11 @@
-"""Reporting a replay: JSON lines, a rich table, the issue's targets, and a comparison plot.
+"""Reporting a replay: JSON lines, a rich table, the targets below, and a comparison plot.
 
 The targets compare ``kvmesh`` with the others from ONE run: token hit rate >= 2x
 ``round_robin``'s and at least the peers' (``approx_tree``, ``ray_prefix_tree``), within
 0.01 of the pooled ``oracle``'s; load imbalance <= 1.3; the lowest p90 TTFT of all policies
 (``oracle`` is a bound, not a policy, and is left out of that comparison); against each
-revision row ``kvmesh@REV``, a hit rate at least REV's and a p99 TTFT no worse (issue 23:
-every change to the cost model judged before and after in one run). Checks whose rows did
+revision row ``kvmesh@REV``, a hit rate at least REV's and a p99 TTFT no worse (so
+every change to the cost model is judged before and after in one run). Checks whose rows did
 not run are skipped. Rows of the ``kvmesh`` policy other than the plain one (variants
 ``kvmesh[...]``, revisions: :mod:`.rows`) are never rivals.
 """
@@ -19,6 +19,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from kvmesh.contract import ROUND_ROBIN
 
 from .replay import PolicyResult
 from .rows import base_policy
@@ -39,7 +41,7 @@ def targets(results: Sequence[PolicyResult]) -> list[tuple[str, bool, str]]:
         return []
     out: list[tuple[str, bool, str]] = []
     hit = k.token_hit_rate
-    for other, factor in (("round_robin", 2.0), ("approx_tree", 1.0), ("ray_prefix_tree", 1.0)):
+    for other, factor in ((ROUND_ROBIN, 2.0), ("approx_tree", 1.0), ("ray_prefix_tree", 1.0)):
         r = by.get(other)
         if r is None:
             continue
@@ -71,7 +73,7 @@ def targets(results: Sequence[PolicyResult]) -> list[tuple[str, bool, str]]:
 
 def print_table(results: Sequence[PolicyResult], title: str, console: Console) -> None:
     """The human-readable table, then the targets."""
-    rr = next((r.token_hit_rate for r in results if r.policy == "round_robin"), 0.0)
+    rr = next((r.token_hit_rate for r in results if r.policy == ROUND_ROBIN), 0.0)
     table = Table(title=title)
     for col in ("policy", "requests", "hit rate", "x rr", "imbalance", "prefill tok",
                 "mean TTFT s", "p90 TTFT s", "p99 TTFT s", "util", "evictions", "wall s"):

@@ -1,28 +1,17 @@
 """The ``kvmesh`` policy as it was at a git revision, beside the live one (``--against REV``).
 
-A cost-model change is judged before and after in ONE run: the system under test is the
-policy; the bench around it (simulator, index, the views it builds) stays the live code.
+REV's policy modules are read with ``git show`` into a private package (imports rewritten by
+AST), so the live ``service.policy`` is never touched; :class:`PolicyAtRevision` adapts it to
+the live interface. The bench around the policy stays the live code.
 
-REV's policy code is read with ``git show`` from the repository the live ``service`` package
-is in: ``service/policy.py`` (before the split into a package) or ``service/policy/``, and
-the modules the policy owns, ``service/config.py`` (REV's own ``CostWeights``: its fields and
-its defaults) and ``service/credits.py`` (the tier credits that read those weights) where REV
-has them. They are written to a temporary directory as a private package
-``_kvmesh_at_<sha>`` and imported from there, with their imports of one another rewritten to
-the private names (import statements only, through the AST), so the live ``service.policy``
-is never touched. Every other import (``service.index.base``: ``WorkerLoad``,
-``BlockMatch``) resolves to the live modules, whose fields are a superset of what older code
-reads.
-
-:class:`PolicyAtRevision` adapts REV's policy to the live interface: the views become REV's
-own ``WorkerView`` (when REV's declares only fields the live one has), ``key`` is passed
-only if REV's ``rank`` takes it, and the ranking comes back over the caller's views.
+See docs/architecture.md#replay-and-simulation.
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 import random
 import subprocess
@@ -68,6 +57,14 @@ class _Rename(ast.NodeTransformer):
 
     def __init__(self, package: str) -> None:
         self.package = package
+        self.gone: set[str] = set()  # ``kvmesh`` modules REV imports that the live tree lacks
+
+    def _moved(self, module: str) -> str | None:
+        """REV's own copy of a shared ``kvmesh`` module the live tree no longer has."""
+        if not module.startswith("kvmesh.") or importlib.util.find_spec(module) is not None:
+            return None
+        self.gone.add(module)
+        return f"{self.package}._kvmesh.{module[len('kvmesh.'):]}"
 
     def _private(self, module: str) -> str | None:
         for name in OWNED:
@@ -81,7 +78,8 @@ class _Rename(ast.NodeTransformer):
             if node.module == "service" and all(a.name in OWNED for a in node.names):
                 node.module = self.package
             else:
-                node.module = self._private(node.module) or node.module
+                node.module = (self._private(node.module) or self._moved(node.module)
+                               or node.module)
         return node
 
     def visit_Import(self, node: ast.Import) -> ast.Import:
@@ -118,6 +116,17 @@ def load(rev: str, repo: Path | None = None) -> ModuleType:
             dest = root / Path(path).relative_to("service")
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_text(ast.unparse(ast.fix_missing_locations(tree)) + "\n")
+        done: set[str] = set()
+        while rename.gone - done:  # REV's shared modules since moved or merged, vendored
+            module = min(rename.gone - done)
+            done.add(module)
+            path = module.replace(".", "/") + ".py"
+            tree = rename.visit(ast.parse(_git(repo, "show", f"{sha}:{path}"), path))
+            dest = root / "_kvmesh" / Path(path).relative_to("kvmesh")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            (root / "_kvmesh" / "__init__.py").touch()
+            dest.write_text(ast.unparse(ast.fix_missing_locations(tree)) + "\n")
+            paths.append(f"service/_kvmesh/{dest.relative_to(root / '_kvmesh')}")
         sys.path.insert(0, tmp)
         try:
             # every module now: the files go with the directory

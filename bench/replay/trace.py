@@ -1,23 +1,10 @@
 """Mooncake-format traces: loading, and turning hash ids into token ids and block hashes.
 
-A trace line is ``{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids":
-[...]}`` plus optional ``salt`` (a string) and ``lora`` (a name, or ``[name, path]``). Each
-hash id names one 512-token chunk of the prompt; ids are prefix-dependent (equal ids mean the
-same chunk after the same prefix), and the last chunk is cut to ``input_length``.
+Each hash id names one 512-token chunk (prefix-dependent); tokens are synthesised statelessly
+(``splitmix64``), so the same id always gives the same tokens. Block hashes are the real
+chain, memoized per chunk (valid because ids are prefix-dependent).
 
-Token synthesis (:class:`TokenSynth`): token ``i`` of chunk ``h`` is
-``splitmix64(h * 512 + i) % vocab`` - deterministic, identical on every machine, and with no
-state, so the same id always gives the same 512 tokens and different ids give unrelated ones.
-
-Block hashes are the real :func:`kvmesh.hashing.extend_block_hashes` chain. Hashing every
-request from scratch would hash the conversation trace's ~145M tokens once per policy, so the
-chain is memoized per chunk: because ids are prefix-dependent, the hashes of the blocks that
-END inside chunk ``j`` depend only on ``(salt, lora, hash_ids[j])``, whatever the block size
-(a block straddling two chunks is determined by both, and ``hash_ids[j]`` determines its
-predecessor). Each chunk's segment is hashed once and stored as one ``bytes`` (digests
-concatenated); a request's chain is the concatenation of its chunks' segments, cut to the
-prompt's full blocks. A trace that breaks prefix-dependence gets wrong hashes for reused ids;
-the KV managers' token verification still refuses to serve wrong blocks.
+See docs/architecture.md#replay-and-simulation.
 """
 from __future__ import annotations
 
@@ -27,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvmesh.hashing import DEFAULT_ALGO, Lora, extend_block_hashes, none_hash
+from kvmesh.contract import DEFAULT_ALGO
+from kvmesh.hashing import Lora, extend_block_hashes, none_hash
 
 CHUNK_TOKENS = 512
 DEFAULT_VOCAB = 32_000  # Llama-2's vocabulary (the Mooncake paper's model family)

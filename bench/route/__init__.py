@@ -1,36 +1,11 @@
 """`kvmesh bench route`: Route latency through the real client for short and long prompts.
 
-This module is the command and its tables; the pieces: :mod:`bench.route.fleet` (protocol
-workers and the indexed prompts), :mod:`bench.route.measure` (the run),
-:mod:`bench.route.breakdown` (where the time goes), :mod:`bench.route.serve` (the service
-child process).
+The command and its tables (pieces: ``fleet``, ``measure``, ``breakdown``, ``serve``). Real
+Valkey and two service processes (shipped, and without the hash memo), protocol workers
+holding 16-, 2,048- and 8,192-token chains; reported through ``KvmeshClient``: latency per
+size, routes/s with the CPU each process spent, and where the time goes.
 
-Setup, all real: a Valkey server, two replicas of the metadata service over it, each its own
-process (``create_server``, redis backend, default settings, run by ``python -m
-bench.route.serve``): the service as shipped and the same with its block-hash memo replaced
-by plain hashing (what the memo buys, side by side). ``workers`` protocol workers register,
-heartbeat and publish BlockStored events over gRPC exactly like real ones (no model: this
-measures the service). Three prompts of 16, 2,048 and 8,192 tokens are indexed: worker ``i``
-of ``W`` holds the first ``ceil((i + 1) / W)`` of each chain, so the lookup walks every block
-with a candidate set that shrinks as it goes, and the last worker holds the whole prompt.
-
-Measured through ``client.KvmeshClient`` (one client per replica), sizes and replicas
-interleaved by rounds so all see the same machine load:
-
-- p50 / p99 of ``route(dry_run=True)`` per size (nothing changes between calls), then one
-  pass without ``dry_run`` on the shipped replica (provisional entries and load accounting);
-- the ratio of each size's p50 to the 16-token p50 (goal: 8K <= 1.5x);
-- routes/s with ``threads`` threads sharing the client, per size, with the CPU time the
-  service process, Redis and the client process spent per route meanwhile (``/proc``);
-- where the time goes, per size: the service's own handler time (its Prometheus histogram:
-  sum / count over the dry-run pass), and each step of a route timed alone in this process:
-  request build + serialize (client), parse + validate (service), block hashing (service;
-  cold and through its memo), ranking + the answer, the lookup (its Redis time, from SLOWLOG,
-  and its round trip), response parsing;
-- with ``--baseline PATH``, a third replica runs the service of another source tree (say a
-  checkout of main before issue 16) over its own Redis and its own protocol fleet (its
-  index layout may differ), routed with the old ``token_ids`` field: before and after
-  side by side in one run.
+See docs/architecture.md#index-route-and-bridge-benches.
 """
 from __future__ import annotations
 

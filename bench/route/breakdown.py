@@ -35,7 +35,7 @@ def breakdown(prompts: dict[int, list[int]], chains: dict[int, list[bytes]], red
     from service.index.base import BlockMatch, WorkerLoad, namespace
     from service.index.redis import RedisBackend
     from service.policy import WorkerView, make_policies
-    from service.route import cap_match, response, usable_blocks
+    from service.route_steps import cap_match, response, usable_blocks
 
     cfg = ServiceConfig()
     ns = namespace("tiny", BLOCK_SIZE, ALGO)

@@ -8,9 +8,11 @@ import random
 import threading
 from typing import Any
 
+from kvmesh.contract import DEFAULT_ALGO
+
 SIZES = (16, 2048, 8192)
 BLOCK_SIZE = 16
-ALGO = "sha256_cbor"
+ALGO = DEFAULT_ALGO
 VOCAB = 128_256
 
 

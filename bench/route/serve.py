@@ -33,7 +33,7 @@ async def _serve(redis_url: str, metrics_port: int, memo: bool = True) -> None:
                         liveness_timeout_s=30.0, purge_after_s=60.0)
     server, port = await create_server("127.0.0.1:0", cfg)
     if not memo:
-        server.servicer.hash_memo = _NoMemo()  # type: ignore[assignment]
+        server.servicer.router.hash_memo = _NoMemo()  # type: ignore[assignment]
     await server.start()
     print(f"bench service listening on 127.0.0.1:{port}", flush=True)
     stop = asyncio.Event()

@@ -10,8 +10,9 @@ from __future__ import annotations
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from client.gateway.errors import OpenAIError
+from client.gateway.errors import respond
 from client.gateway.limits import DEFAULT_MAX_BODY_BYTES
+from kvmesh.openai.errors import OpenAIError
 
 
 def _too_large(limit: int) -> str:
@@ -33,8 +34,8 @@ class BodyLimit:
             return
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await OpenAIError(413, _too_large(self.max_bytes),
-                              code="body_too_large").response()(scope, receive, send)
+            refusal = OpenAIError(413, _too_large(self.max_bytes), code="body_too_large")
+            await respond(refusal)(scope, receive, send)
             return
         seen = 0
 

@@ -1,27 +1,21 @@
-"""The prompt of a chat request: the model's own chat template, or the gateway's simple one.
+r"""The prompt of a chat request: the model's own chat template, or the gateway's simple one.
 
-With ``--tokenizer DIR`` whose tokenizer has a chat template, messages are rendered and
-tokenized exactly as vLLM does (``kvmesh.vllm_tokenizer``: the template through a sandboxed
-Jinja, ``add_generation_prompt``, ``continue_final_message``, ``tools``,
-``chat_template_kwargs`` and ``add_special_tokens`` read from the request as vLLM reads them),
-so the ids the gateway routes by are the ids an engine hashes.
+With a tokenizer that has a chat template, messages render and tokenize exactly as vLLM
+does, so the gateway routes by the ids an engine hashes. Otherwise each message is
+``<|role|>\ncontent\n`` and ``<|assistant|>\n`` follows, so a chat repeating its history
+renders to a prompt whose start is byte-identical to the previous turn's.
 
-Otherwise every message becomes ``<|role|>\ncontent\n``, and ``<|assistant|>\n`` follows
-the last one so the model answers as the assistant (also for a ``--model-dir`` whose
-``tokenizer_config.json`` ships its own template, which is then not rendered); a chat that
-repeats its history renders to a prompt whose start is byte-identical to the previous turn's,
-which is exactly what prefix caching needs.
+See docs/architecture.md#the-openai-gateway.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
-from client.gateway.errors import OpenAIError
-from client.gateway.schemas import ChatCompletionRequest
 from client.gateway.tokenizer import Tokenizer
-from kvmesh.vllm_tokenizer import ChatTemplateError, VllmTokenizer
+from kvmesh.openai.errors import OpenAIError
+from kvmesh.openai.requests import ChatCompletionRequest
+from kvmesh.openai.tokenizer import ChatTemplateError, VllmTokenizer
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
@@ -69,18 +63,12 @@ def render_chat(messages: Sequence[tuple[str, str]]) -> str:
     return "".join(lines)
 
 
-def chat_ids(tokenizer: Tokenizer, body: ChatCompletionRequest, raw: bytes) -> list[int]:
+def chat_ids(tokenizer: Tokenizer, body: ChatCompletionRequest) -> list[int]:
     """The prompt ids of a chat request: the model's chat template as vLLM renders it when
     the tokenizer has one (``--tokenizer``), else the gateway's simple template."""
     if isinstance(tokenizer, VllmTokenizer) and tokenizer.chat is not None:
-        doc = json.loads(raw)
         try:
-            return tokenizer.chat_ids(
-                doc["messages"], add_special_tokens=doc.get("add_special_tokens") is True,
-                add_generation_prompt=doc.get("add_generation_prompt", True) is not False,
-                continue_final_message=doc.get("continue_final_message") is True,
-                tools=doc.get("tools"), documents=doc.get("documents"),
-                chat_template_kwargs=doc.get("chat_template_kwargs"))
+            return tokenizer.chat_ids(body.message_dicts(), **body.template_options())
         except (ChatTemplateError, TypeError, AttributeError) as exc:
             raise OpenAIError(400, f"the chat template refused the messages: {exc}",
                               param="messages") from None

@@ -15,11 +15,11 @@ import typer
 
 from client.gateway.limits import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONCURRENT
 from client.gateway.tokenizer import TINY, TINY_CONTEXT
-from kvmesh.cli_options import DEFAULT_SERVICE, Service, TlsCa, TlsCert, TlsKey, Token
+from kvmesh.ops.cli_options import DEFAULT_SERVICE, Service, TlsCa, TlsCert, TlsKey, Token
 
 if TYPE_CHECKING:
     from client.gateway.app import GatewayConfig
-    from kvmesh.tls import TlsFiles
+    from kvmesh.rpc.tls import TlsFiles
 
 
 def _has_chat_template(model_dir: Path) -> bool:
@@ -73,7 +73,7 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
     the client side of TLS to the kvmesh service and workers (its files are read here).
     ``max_model_len`` defaults to the model's own context; ``limits`` holds the other
     ``GatewayConfig`` limits by field name. ``tokenizer_dir`` (``--tokenizer``) tokenizes as
-    vLLM does, chat template included (``kvmesh.vllm_tokenizer``), and is the model's
+    vLLM does, chat template included (``kvmesh.openai.tokenizer``), and is the model's
     directory for the name and context when no model is given. ``engine_allow`` (addresses,
     with ``engine_api_key``) and ``engine_keys`` (a file of per-engine keys) list the HTTP
     engines requests may be forwarded to (``client.gateway.engines``); ``metrics_key`` opens
@@ -84,7 +84,7 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
     from client.gateway.engines import EngineList
     from client.gateway.tenants import Tenancy
     from client.gateway.tokenizer import load_tokenizer
-    from kvmesh.channel import parse_addresses
+    from kvmesh.rpc.channel import parse_addresses
 
     addresses = parse_addresses(service)
     if tls is not None:
@@ -93,7 +93,7 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
         model_dir = tokenizer_dir  # the model is the tokenizer's
     source = str(model_dir) if model_dir is not None else model
     if tokenizer_dir is not None:
-        from kvmesh.vllm_tokenizer import VllmTokenizer
+        from kvmesh.openai.tokenizer import VllmTokenizer
 
         tokenizer = VllmTokenizer.load(tokenizer_dir)
     else:
@@ -194,7 +194,7 @@ def gateway_cmd(
 ) -> None:
     """Serve an OpenAI-compatible API (completions, chat, streaming) routed by kvmesh."""
     try:
-        from kvmesh.tls import tls_files
+        from kvmesh.rpc.tls import tls_files
 
         config = build_config(service, model, model_dir, served_model_name, token,
                               tenant_keys, salt_secret, generate_timeout,

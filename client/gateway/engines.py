@@ -1,27 +1,11 @@
 """The operator's list of HTTP engines the gateway may forward to, and each engine's key.
 
-A worker registers its own address with the index, and one bound worker token is enough to
-register any ``http(s)://`` address. So a ``Route`` answer can never decide where the
-gateway's traffic goes: a request carries the tenant's prompt and salt, and the gateway
-presents an engine key (vLLM's ``--api-key``). The gateway forwards to an HTTP engine only
-when the operator listed its address here, sends the request to the address as listed (not
-as registered), and presents each engine only the key configured for that address.
-Everything else a ``Route`` answer names as an HTTP engine is refused (routed around; see
-``client.gateway.app``).
+A ``Route`` answer can never decide where the gateway's traffic goes: it forwards only to
+addresses listed here (``--engine-allow``, ``--engine-keys``), sends to the address as listed,
+and presents each engine only its own key. Addresses compare in one canonical form
+``scheme://host:port``.
 
-Sources, merged (a file entry wins over a flag for the same address):
-
-- ``--engine-allow ADDRESS`` (repeatable, or comma-separated; ``KVMESH_ENGINE_ALLOW``): these
-  engines get ``--engine-api-key`` (``KVMESH_ENGINE_API_KEY``), when set;
-- ``--engine-keys FILE``: per-engine keys, a JSON object ``{"<address>": "<key>" | null}`` or
-  text lines ``<address> [<key>]`` (blank lines and ``#`` comments skipped); an entry without
-  a key gets ``--engine-api-key``. The file holds secrets: a warning when others may read it.
-
-Addresses are compared in one canonical form, ``scheme://host:port`` (lower-case host, the
-scheme's default port made explicit, no path): ``http://Engine:80/`` is ``http://engine:80``.
-The binding is by address, not by worker id: a worker that registers another engine's
-listed address only sends that engine traffic it may serve (with that engine's key, which
-never reaches the worker), while an unlisted address receives nothing.
+See docs/architecture.md#the-openai-gateway.
 """
 from __future__ import annotations
 
@@ -34,8 +18,8 @@ from urllib.parse import urlsplit
 
 from client.gateway.key_file import key_file_pairs
 from client.results import Candidate
-from kvmesh.engine_address import is_http
-from kvmesh.file_perms import warn_if_readable_by_others
+from kvmesh.ops.file_perms import warn_if_readable_by_others
+from kvmesh.rpc.engine_address import is_http
 
 log = logging.getLogger("client.gateway")
 _LOGGED_AT_MOST = 1024  # unlisted addresses named in the log (a worker may register many)

@@ -1,39 +1,17 @@
-"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+"""The gateway's errors, in OpenAI's shape (``kvmesh.openai.errors.OpenAIError``).
 
-Every failure the gateway answers, including FastAPI's own validation errors (422 by
-default, 400 here) and unknown routes, uses this body so OpenAI SDKs raise their usual
-exceptions. A kvmesh failure reaches the gateway only after the client's failover
-(``kvmesh.retry.TABLE``: e.g. a worker's RESOURCE_EXHAUSTED or INTERNAL is first retried on
-the other candidates), and maps by the gRPC code it ends with:
+Every failure, FastAPI's validation errors (400 here) and unknown routes included, uses this
+body. A kvmesh failure (after the client's failover) maps by its final gRPC code to an HTTP
+status. Callers never see the cluster's inside: full texts go to the log, and the body adds
+the server's reason only for the caller's own mistakes, addresses masked.
 
-=====================  ======  ===============================================
-KvmeshError code       status  meaning
-=====================  ======  ===============================================
-INVALID_ARGUMENT       400     the request is malformed for the model/service
-OUT_OF_RANGE           400
-UNAUTHENTICATED        401     the service rejected the gateway's --token
-PERMISSION_DENIED      403
-NOT_FOUND              404
-RESOURCE_EXHAUSTED     413     every candidate refused the request as over a
-                               size limit (prompt longer than a worker's KV
-                               pool, ...): retrying it cannot help, so not 429
-UNAVAILABLE            503     no live worker or service replica
-DEADLINE_EXCEEDED      504
-anything else          500
-=====================  ======  ===============================================
-
-Callers never see the cluster's inside: a kvmesh error's full text (which names service
-replicas and workers by address, and carries gRPC transport details) is logged on the
-``client.gateway`` logger; the body says what the status means, and only for the client's
-own mistakes (400 and 413: a prompt the model cannot take) adds the server's reason, with
-anything shaped like ``host:port`` replaced by ``<address>``.
+See docs/architecture.md#the-openai-gateway.
 """
 from __future__ import annotations
 
 import logging
 import re
 from http import HTTPStatus
-from typing import Any
 
 import grpc
 from fastapi import FastAPI, Request
@@ -42,6 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from client.errors import KvmeshError
+from kvmesh.openai.errors import OpenAIError, invalid
 
 _STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -72,34 +51,10 @@ _ADDRESS = re.compile(r"(?:\b(?:ipv4|ipv6|dns|unix):)?(?:\[[0-9A-Fa-f:.%]+\]|[\w
 # ``client.failover.Failures.surface`` appends the earlier failures after this marker.
 _EARLIER = " (after "
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-          403: "permission_error", 404: "not_found_error", 413: "invalid_request_error",
-          429: "rate_limit_error"}
 
-
-class OpenAIError(Exception):
-    """An error answered as OpenAI-shaped JSON with HTTP ``status``."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, type_: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.headers = headers
-        self.message = message
-        self.param = param
-        self.code = code
-        self.type = type_ or _TYPES.get(status, "server_error" if status >= 500
-                                        else "invalid_request_error")
-
-    def body(self) -> dict[str, Any]:
-        """The JSON body: ``{"error": {"message", "type", "param", "code"}}``."""
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-    def response(self) -> JSONResponse:
-        """The HTTP response carrying ``body()``."""
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+def respond(err: OpenAIError) -> JSONResponse:
+    """The HTTP response carrying ``err.body()`` (its status and headers)."""
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
 def public_reason(message: str) -> str:
@@ -120,46 +75,29 @@ def from_kvmesh(err: KvmeshError) -> OpenAIError:
     return OpenAIError(status, message, code=err.code.name.lower())
 
 
-def _loc_param(loc: tuple[Any, ...]) -> str | None:
-    parts = [str(p) for p in loc if p != "body"]
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
-    return out or None
-
-
 def _validation(_: Request, exc: Exception) -> JSONResponse:
-    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
-    first = errors[0] if errors else {}
-    param = _loc_param(tuple(first.get("loc", ())))
-    if first.get("type") == "json_invalid" or param is None:
-        message = f"invalid JSON body: {first.get('msg', 'could not parse the request body')}"
-    else:
-        message = f"{param}: {first.get('msg', 'invalid value')}"
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more problem(s))"
-    return OpenAIError(400, message, param=param, code="invalid_request").response()
+    return respond(invalid(exc.errors() if isinstance(exc, RequestValidationError) else []))
 
 
 def _http(_: Request, exc: Exception) -> JSONResponse:
     status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
     detail = getattr(exc, "detail", None) or HTTPStatus(status).phrase
     headers = getattr(exc, "headers", None)
-    return OpenAIError(status, str(detail), headers=dict(headers) if headers else None).response()
+    return respond(OpenAIError(status, str(detail), headers=dict(headers) if headers else None))
 
 
 def _openai(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, OpenAIError)
-    return exc.response()
+    return respond(exc)
 
 
 def _kvmesh(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, KvmeshError)
-    return from_kvmesh(exc).response()
+    return respond(from_kvmesh(exc))
 
 
 def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-    return OpenAIError(500, f"internal error in the gateway: {type(exc).__name__}").response()
+    return respond(OpenAIError(500, f"internal error in the gateway: {type(exc).__name__}"))
 
 
 def install_handlers(app: FastAPI) -> None:

@@ -1,25 +1,11 @@
 """Forward a request's original body to HTTP engines (vLLM servers), best candidate first.
 
-The gateway routes a request by its prompt tokens; when the chosen worker is an HTTP engine
-(its registered address is ``http(s)://host:port``, ``kvmesh.engine_address``) that the
-operator listed (``client.gateway.engines``), the request body goes to ``{address}{path}``
-(the address as the operator listed it) byte for byte (the only change the gateway may make
-is the ``cache_salt`` its tenancy decides, see ``client.gateway.app``), and the engine's
-answer comes back unchanged: status, body, stream, and its own
-``usage.prompt_tokens_details.cached_tokens`` - zeroed (``client.gateway.hidden_usage``) for
-a request whose cache hits may not be reported. A candidate that is not listed is never
-contacted: nothing is sent to an address only a worker's registration vouches for.
+The body goes byte for byte (only the tenancy's ``cache_salt`` may change) to listed engines
+only, and the answer comes back unchanged (hidden cached-token counts zeroed). An engine that
+fails or answers 5xx is skipped while nothing reached the caller. The caller's API key never
+reaches an engine; the engine's own key does.
 
-Failover: an engine that cannot be reached (connect error, connection dropped, timeout)
-or answers 5xx is skipped for the next HTTP candidate, as long as nothing reached the
-caller: a whole body is read before it is relayed (so a body cut short fails over too), a
-stream is relayed from its first byte once the status is not 5xx. A 4xx is the caller's
-answer (the engine refused the request itself). Every failure is logged with the engine's
-address; the caller's error says only that every engine failed.
-
-The caller's ``Authorization`` header (its gateway API key) never reaches an engine; the
-engine's own key (``--engine-keys``, else ``--engine-api-key``) does, when set, and only the
-engine it was configured for.
+See docs/architecture.md#the-openai-gateway.
 """
 from __future__ import annotations
 

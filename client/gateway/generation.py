@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from client.async_client import AsyncKvmeshClient, TokenChunk
-from client.gateway.formats import Usage
 from client.gateway.textstream import TextStream
 from client.gateway.tokenizer import Tokenizer
 from client.results import GenerateResult, RouteResult
+from kvmesh.openai.responses import Usage
 
 
 @dataclass(frozen=True)

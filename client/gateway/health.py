@@ -1,20 +1,10 @@
 """Whether the cluster behind the gateway can serve: ``GET /health``; and ``GET /ping``.
 
-``/health`` answers 200 only when a request could be served now: a metadata service replica
-answers ``Stats`` and lists at least one live worker (``alive``: its heartbeats are on time).
-Otherwise it answers 503 with the reason (no replica answered, the service refused the
-gateway's credentials, no live worker), so a load balancer, or a benchmark tool's pre-flight
-check, sees what every request would see. Anyone may call it, so the reason never names a
-machine; the details go to the gateway's log (logger ``client.gateway``), once per change.
+``/health`` is 200 only when a service replica answers ``Stats`` with a live worker, else 503
+with a reason that names no machine; the verdict is cached ``ttl_s`` and a check gives up
+after ``timeout_s``. ``/ping`` is liveness only.
 
-Probes come often (every load balancer, every client's pre-flight) and ``Stats`` reads the
-whole worker table, so the service is asked at most once per ``ttl_s``: the verdict is cached
-(a failing one too: a service that is down is not hammered), concurrent checks share one
-call, and a call is given up after ``timeout_s`` (a replica that hangs is as down as one that
-refuses).
-
-``/ping`` is liveness only: 200 while the gateway's process serves HTTP, whatever the
-cluster's state (restart the gateway when it fails, not when ``/health`` does).
+See docs/architecture.md#the-openai-gateway.
 """
 from __future__ import annotations
 

@@ -1,28 +1,10 @@
 """The gateway's Prometheus metrics: ``GET /metrics`` on the API port for the metrics key
-only, or a listener of their own (``--metrics-port`` on ``--metrics-host``, loopback by
-default, no authentication, as the service's and workers').
+only, or a listener of their own (``--metrics-port``, loopback by default).
 
-The figures sum every tenant's requests (prompt and cached tokens: how much of whose prompts
-was cached, request by request for whoever polls), so no tenant key opens them: on the API
-port they need ``Authorization: Bearer <metrics key>`` (``--metrics-key``,
-``KVMESH_GATEWAY_METRICS_KEY``; 401 otherwise), and without a metrics key the API port
-serves none (404).
+The figures sum every tenant's requests, so no tenant key opens them. Labels are bounded
+(an unknown path is ``other``). Each app has its own registry.
 
-``kvmesh_gateway_requests_total{path,status}`` counts every HTTP answer (``path`` is one of
-the gateway's routes, ``/v1/models/{id}`` for any model, or ``other``, so a scanner cannot
-grow the label set);
-``kvmesh_gateway_ttft_seconds`` is each generation's time to first token as the gateway's
-kvmesh client saw it; ``kvmesh_gateway_prompt_tokens_total`` and
-``kvmesh_gateway_cached_tokens_total`` sum the prompt tokens and the cached ones *reported to
-callers*: a request whose cached count is hidden (``--insecure-shared-cache``) adds 0 there
-and its real count to ``kvmesh_gateway_shared_cache_cached_tokens_total`` instead, so the
-operator, who alone reads these, sees the shared cache work (the two sum to every cached
-token the workers served; requests an HTTP engine answered are in none of these: their usage
-is the engine's, relayed);
-``kvmesh_gateway_engine_forwards_total{outcome}`` counts what forwarding to HTTP engines did,
-``refused`` being an HTTP engine a ``Route`` answer offered that is not in the engine list.
-
-Each app has its own registry, so several gateways in one process (tests) do not collide.
+See docs/architecture.md#the-openai-gateway.
 """
 from __future__ import annotations
 
@@ -40,7 +22,7 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from client.gateway.errors import OpenAIError
+from kvmesh.openai.errors import OpenAIError
 
 # Seconds: a cached prefix answers in milliseconds, a cold long prompt in seconds.
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI
 
-from client.gateway.errors import OpenAIError
+from kvmesh.openai.errors import OpenAIError
 
 
 class ModelCards:

@@ -14,9 +14,10 @@ from __future__ import annotations
 import grpc
 
 from client.errors import KvmeshError
-from client.gateway.errors import OpenAIError, from_kvmesh
+from client.gateway.errors import from_kvmesh
 from client.gateway.tokenizer import Tokenizer
-from kvmesh.vllm_tokenizer import VllmTokenizer
+from kvmesh.openai.errors import OpenAIError
+from kvmesh.openai.tokenizer import VllmTokenizer
 
 
 def prompt_ids(tokenizer: Tokenizer, prompt: str | list[int], param: str,

@@ -16,8 +16,8 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from client.gateway.errors import OpenAIError
 from client.gateway.limits import DEFAULT_MAX_CONCURRENT, RETRY_AFTER_S
+from kvmesh.openai.errors import OpenAIError
 
 _ADDRESS_OWNER = "addr\0"
 

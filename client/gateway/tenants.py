@@ -1,35 +1,12 @@
 """Tenancy: API keys -> tenants, and the cache salt each request gets.
 
-A salt changes every block hash of a prompt, so requests with different salts never share
-cached KV. With a tenant-keys file the gateway, not the caller, decides the salt:
+With a tenant-keys file the gateway decides the salt (an HMAC of the tenant, and of its
+``cache_salt`` if any), so no tenant can produce another's. Without one, isolation is still the
+default: a request's ``cache_salt`` is its salt, and one without gets a random salt; only
+``shared=True`` shares a cache. Cached-token counts are reported only for a salt the caller
+holds; ``x-kvmesh-cache-scope`` says which cache served.
 
-    salt = hex(HMAC-SHA256(secret, "kvmesh-tenant\\0" + tenant))
-    salt = hex(HMAC-SHA256(secret, "kvmesh-tenant\\0" + tenant + "\\0" + cache_salt))
-
-The second form is used when the request carries vLLM's ``cache_salt``: a tenant may split
-its own cache further (per end user, say), but since its tenant name is inside the MAC, no
-``cache_salt`` it sends can produce another tenant's salt. Every gateway replica of a cluster
-must share ``secret`` for their tenants' prefixes to be shared; without one a random secret
-is drawn at start (salts then change on restart).
-
-Without a tenant-keys file no API key is required, and isolation is still the default
-(vLLM's CVE-2025-46570: a shared cache whose hits are visible is an oracle for other users'
-prompts): a request's ``cache_salt`` is its salt, unchanged (whoever knows that salt shares
-that cache, by choice), and a request without one gets a random salt of its own, so it
-shares nothing. Only ``shared=True`` (``--insecure-shared-cache``) sends unsalted requests
-into one cache that every caller shares.
-
-Cached-token counts are reported only for a salt the caller holds (its tenant's, its own
-``cache_salt``, or its random one): a hit there was filled by that caller, or by someone it
-chose to share with. An unsalted request in a shared cache is told 0.
-
-Every answer says which cache it was served from in ``x-kvmesh-cache-scope``: ``tenant``,
-``cache_salt``, ``shared``, or ``request`` (a random salt: nothing is reused between
-requests; the value goes on to say how to share), so a benchmark that sees no reuse is told
-why in the first response it reads.
-
-Key file formats: a JSON object ``{"<api key>": "<tenant>", ...}``, or text lines
-``<api key> <tenant>`` (blank lines and ``#`` comments skipped).
+See docs/architecture.md#the-openai-gateway.
 """
 from __future__ import annotations
 
@@ -41,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from client.gateway.key_file import key_file_pairs
-from kvmesh.file_perms import warn_if_readable_by_others
+from kvmesh.ops.file_perms import warn_if_readable_by_others
 
 SALT_CONTEXT = b"kvmesh-tenant\0"
 CACHE_SCOPE_HEADER = "x-kvmesh-cache-scope"

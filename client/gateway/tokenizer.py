@@ -1,19 +1,18 @@
 """Text <-> token ids for the gateway, without torch.
 
-Two vocabularies, matching the workers': ``tiny`` is byte-level (UTF-8 bytes are ids 0..255,
-BOS 256, EOS 257, PAD 258; the same ids as ``worker.model.tokenizer.ByteTokenizer``), and a
-model directory is tokenized with its ``tokenizer.json`` through the ``tokenizers`` library.
-``worker.model`` is deliberately not imported: it pulls in torch, which a gateway host does
-not need.
+Two vocabularies, matching the workers': ``tiny`` is byte-level (``kvmesh.openai.vocab``, the
+ids the workers' tiny model uses), and a model directory is tokenized with its
+``tokenizer.json`` through the ``tokenizers`` library.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Protocol
 
-TINY = "tiny"
-TINY_CONTEXT = 8192  # the tiny model's max_position_embeddings (worker.model.loader.TINY_CONFIG)
-_BYTE_SPECIALS = 3  # BOS 256, EOS 257, PAD 258 in the tiny vocabulary
+from kvmesh.openai import vocab
+
+TINY = vocab.TINY
+TINY_CONTEXT = vocab.CONTEXT
 
 
 class Tokenizer(Protocol):
@@ -33,13 +32,13 @@ class Tokenizer(Protocol):
 class ByteLevelTokenizer:
     """The tiny model's vocabulary: UTF-8 bytes, no BOS added (as ``kvmesh generate --text``)."""
 
-    vocab_size = 256 + _BYTE_SPECIALS
+    vocab_size = vocab.VOCAB
 
     def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+        return vocab.encode(text)
 
     def decode(self, ids: list[int]) -> str:
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+        return vocab.decode(ids)
 
 
 class JsonTokenizer:

@@ -21,7 +21,8 @@ import time
 from deploy.ray.cluster import NAMESPACE, RayCluster
 from deploy.ray.spec import RaySpec
 from deploy.stopping import StopDeadline, end_descendants
-from kvmesh.redact import redact_url
+from kvmesh.ops.redact import redact_url
+from worker.kv_cache.tier_config import TierConfig
 
 
 def _watch(cluster: RayCluster, stop: threading.Event, every_s: float = 2.0) -> None:
@@ -43,8 +44,7 @@ def run_up(workers: int, port: int, redis_url: str | None, model: str, *,
            ray_address: str | None = None, gpus_per_worker: float | None = None,
            service_replicas: int = 1, block_size: int = 16, num_blocks: int | None = None,
            token: str | None = None, worker_secret: str | None = None,
-           name: str | None = None, cpu_blocks: int = 0, disk_blocks: int = 0,
-           disk_dir: str | None = None, eviction: str = "lru", auto_pin: bool = False,
+           name: str | None = None, tiers: TierConfig = TierConfig(),
            policy: str | None = None, stop: threading.Event | None = None) -> None:
     """Run kvmesh on Ray until a signal (or ``stop``) arrives; always cleans up, within
     ``deploy.stopping``'s deadline of the signal, its own Ray's processes included. A start
@@ -55,9 +55,8 @@ def run_up(workers: int, port: int, redis_url: str | None, model: str, *,
     spec = RaySpec(workers=workers, service_replicas=service_replicas, redis_url=redis_url,
                    ray_address=ray_address, model=model, block_size=block_size,
                    num_blocks=num_blocks, gpus_per_worker=gpus_per_worker, port=port,
-                   token=token, worker_secret=worker_secret, cpu_blocks=cpu_blocks,
-                   disk_blocks=disk_blocks, disk_dir=disk_dir, eviction=eviction,
-                   auto_pin=auto_pin, policy=policy, **({"name": name} if name else {}))
+                   token=token, worker_secret=worker_secret, policy=policy,
+                   tiers=tiers, **({"name": name} if name else {}))
     cluster = RayCluster(spec)
     deadline.install()
     try:

@@ -1,36 +1,11 @@
 """A whole kvmesh cluster on Ray: Redis, service replicas and workers as actors.
 
-Usage::
+``start()`` connects to Ray (an address where nothing answers raises ``LaunchError`` at once),
+starts Redis, the replicas and the workers, and returns once every worker is alive, removing
+what it created on any failure. Actors restart on failure (not the embedded Redis); each
+worker gets only its own tokens. ``stop()`` is idempotent and safe after a failed start.
 
-    cluster = RayCluster(RaySpec(workers=4, service_replicas=2)).start()
-    client = KvmeshClient(cluster.service_addresses)
-    ...
-    cluster.stop()
-
-Contract:
-
-- ``start()`` connects to Ray (an initialized session is reused; else ``spec.ray_address``,
-  else ``RAY_ADDRESS``, else a new local Ray; an address where nothing answers raises
-  ``deploy.launch_error.LaunchError`` at once, not after Ray's endless retries), starts
-  Redis (unless ``spec.redis_url``), the service replicas (spread over nodes) and the
-  workers (a placement group, one bundle per worker), and returns once the service reports
-  every worker alive. On any failure it
-  removes what it created and re-raises.
-- Every actor is named ``<spec.name>-...`` in namespace ``kvmesh`` and restarts on failure
-  (``spec.max_restarts``), except the embedded Redis. Service replicas run on the head node
-  on fixed ports by default (``spec.service_placement``): a restarted one keeps its
-  address. A restarted worker comes back with the same worker id, a new address and an
-  empty pool, and registers by itself.
-- Credentials: the embedded Redis requires a random password (its URL goes to the service
-  replicas only); the replicas verify per-worker tokens minted from ``spec.worker_secret``
-  (random when neither it nor ``spec.worker_token`` is given), so worker calls never accept
-  the router token; each worker actor gets only its own minted token and
-  ``worker_access_token(spec.token, its worker id)`` for its WorkerService (valid on that
-  worker only), never the router token, the secret or another worker's token. Actor
-  arguments travel through Ray, not on any command line.
-- ``stop()`` asks every actor to stop, kills it, releases the placement groups and, if
-  ``start()`` created the Ray connection, disconnects (a local Ray it started ends with it).
-  Idempotent; safe after a failed start.
+See docs/architecture.md#ray-cluster-and-ray-serve.
 """
 from __future__ import annotations
 
@@ -60,9 +35,9 @@ from deploy.ray.worker_host import WorkerConfig
 from deploy.start_checks import check_model
 from deploy.stopping import budget
 from deploy.waiting import wait_until
-from kvmesh.auth import worker_access_token
-from kvmesh.hashing import DEFAULT_ALGO, resolve_seed
-from kvmesh.policies import DEFAULT_POLICY, POLICIES
+from kvmesh.contract import DEFAULT_ALGO, DEFAULT_POLICY, POLICIES
+from kvmesh.hashing import resolve_seed
+from kvmesh.rpc.auth import worker_access_token
 
 NAMESPACE = "kvmesh"
 
@@ -195,9 +170,7 @@ class RayCluster:
                 service_token=self.service_token(worker_id),
                 hash_seed=resolve_seed(DEFAULT_ALGO, s.hash_seed),
                 heartbeat_s=s.heartbeat_s, max_batched_tokens=s.max_batched_tokens,
-                device=s.device, cpu_blocks=s.cpu_blocks, disk_blocks=s.disk_blocks,
-                disk_dir=os.path.join(s.disk_dir, worker_id) if s.disk_dir else None,
-                eviction=s.eviction, auto_pin=s.auto_pin)
+                device=s.device, tiers=s.tiers.of_worker(worker_id))
             self.workers.append(WorkerActor.options(
                 name=self._name(f"worker-{number}"), namespace=NAMESPACE,
                 max_restarts=s.max_restarts, scheduling_strategy=in_bundle(group, i),

@@ -1,19 +1,10 @@
 """Where the workers go: placement groups that spread them across the Ray cluster's nodes.
 
-Contract:
+``reserve`` waits until every bundle is placed (else removes the group, ``TimeoutError``);
+``in_bundle`` places an actor; ``ON_HEAD`` and ``free_ports_on_head`` pin actors to the head
+node on fixed ports, so restarted ones keep their address.
 
-- ``reserve(bundle, count, ...)`` creates one placement group of ``count`` identical bundles
-  (strategy ``SPREAD`` by default: across nodes as far as they allow, several per node when
-  they must) and waits until Ray has placed every bundle. If the cluster cannot hold them
-  within ``timeout`` seconds the group is removed again and ``TimeoutError`` says what one
-  worker needs and what the cluster has.
-- ``in_bundle(group, i)`` is the scheduling strategy that puts an actor into bundle ``i``.
-  When a node dies, Ray re-places the group's lost bundles on surviving or new nodes and
-  restarts the actors that lived in them there.
-- ``ON_HEAD`` (actor options) pins an actor to the head node through the head node's
-  ``node:__internal_head__`` resource; ``free_ports_on_head(n)`` picks ``n`` ports that are
-  free on the head node now, so actors pinned there can be given fixed ports and come back
-  on the same address when Ray restarts them.
+See docs/architecture.md#ray-cluster-and-ray-serve.
 """
 from __future__ import annotations
 

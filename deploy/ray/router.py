@@ -1,38 +1,11 @@
 """A Ray Serve request router that asks the kvmesh index where a prompt's KV cache lives.
 
-Configure a deployment with::
+Each replica registers as worker ``serve_worker_id(replica_id)``, so the index's ranking maps
+to Serve ranks, best first (unknown replicas last). Power-of-two choices decides whenever the
+index cannot help (no address, no token ids, unreachable, degraded, no live replica named).
+TLS files are read at ``initialize_state``: a bad one raises there.
 
-    RequestRouterConfig(
-        request_router_class="deploy.ray.router:KvmeshRequestRouter",
-        request_router_kwargs={"service_addresses": ["10.0.0.5:50051"]})
-
-Contract:
-
-- Each replica of the deployment registers with the kvmesh service as worker
-  ``serve_worker_id(replica_id)`` (``deploy.ray.serve`` does that), so an index answer maps
-  back to a Serve replica without any table.
-- For a request whose first argument (or keyword) carries ``token_ids`` (attribute or dict
-  key) and optionally ``salt``, ``choose_replicas`` calls ``Route`` on the service (a real
-  routing call: it leaves provisional entries and load estimates for the chosen worker; a
-  retry of the same request asks again with ``dry_run``) and returns the service's ranking
-  as Serve ranks, best first, one replica per rank. Ray then takes the first rank whose
-  replica accepts (queue below ``max_ongoing_requests``). Replicas the index does not know
-  yet (starting) form the last rank.
-- Power-of-two choices (Ray's default router, ``PowerOfTwoChoicesRequestRouter``) decides
-  instead when no service address is configured, when the request has no token ids, when
-  the service cannot be reached within ``index_timeout_s`` (then the index is skipped for
-  ``retry_after_s``), when its answer is ``degraded`` (Redis down: no prefix knowledge) or
-  when it names none of the live replicas. The replicas share ``index_timeout_s`` (each call
-  gets its share), so the client's replica failover (``kvmesh.retry.TABLE``, the same
-  rotation and channels as every kvmesh client) can leave a hung replica for the next one
-  in time. A code the table surfaces (the request's own fault,
-  e.g. INVALID_ARGUMENT) falls back for that request only and does not skip the index.
-- ``counters`` counts ``index`` and ``fallback_*`` decisions (for logs and tests).
-- TLS to the service: ``tls_ca`` (verify the service; TLS exactly when given), plus
-  ``tls_cert``/``tls_key`` for mutual TLS and ``tls_server_name`` when the certificate
-  names another host, as in ``kvmesh.tls.TlsFiles``. The paths are read on the node the
-  router runs on, at ``initialize_state``: a missing file or a certificate without a CA
-  raises ``ValueError`` there rather than routing by power-of-two choices forever.
+See docs/architecture.md#ray-cluster-and-ray-serve.
 """
 from __future__ import annotations
 
@@ -55,9 +28,9 @@ from ray.serve._private.request_router.request_router import (
 
 from client.errors import KvmeshError
 from deploy.ray.request import request_field
-from kvmesh.channel import parse_addresses
-from kvmesh.retry import Source, retried
-from kvmesh.tls import TlsFiles
+from kvmesh.rpc.channel import parse_addresses
+from kvmesh.rpc.retry import Source, retried
+from kvmesh.rpc.tls import TlsFiles
 
 log = logging.getLogger("kvmesh.ray.router")
 _BAD = re.compile(r"[^A-Za-z0-9._:@/-]")

@@ -1,25 +1,11 @@
 """kvmesh workers as Ray Serve replicas, routed by the kvmesh index.
 
-``KvmeshReplica`` is a Serve deployment whose every replica hosts one kvmesh worker engine
-(model + KV pool + WorkerService) and registers it with the kvmesh service under the id
-``serve_worker_id(replica_id)``, so the index knows what each replica caches.
-``kvmesh_app(...)`` binds it with ``KvmeshRequestRouter`` (or any other router class).
+Every ``KvmeshReplica`` hosts one worker and registers it as ``serve_worker_id(replica_id)``;
+``generate`` yields the tokens of each step, then one ``finished=True`` dict with the cache and
+timing figures. A replica mints its own tokens at start from the secret it is given, keeping
+only those.
 
-Contract of ``KvmeshReplica.generate(request)`` (call it through a handle with
-``.options(stream=True)``): ``request`` is a ``ServeRequest`` or a dict with ``token_ids``,
-optional ``salt``, ``max_tokens`` (default 1) and ``prompt`` (text, ignored here: it is for
-text-based routers such as Ray's ``PrefixCacheAffinityRouter``). It yields one dict per
-engine step that produced tokens, ``{"token_ids": [...]}``, and ends with one dict holding
-``finished=True``, ``num_cached_tokens`` (what this replica served from its prefix cache),
-``prompt_tokens``, ``ttft_s`` (measured in the replica) and ``worker_id``. Bad requests raise
-``worker.engine.RequestError`` to the caller; the replica keeps serving.
-
-Credentials: a replica's worker id is only known once it runs, so it is given the
-service's ``worker_secret`` and the router token and mints its own tokens from them at
-start, keeping only those: its bound service token and its WorkerService's
-``worker_access_token(token, worker id)`` (valid on this replica only). A replica is thus
-as trusted as the deployment that hands it the secret (Ray actors of one cluster are one
-trust domain); workers started by ``kvmesh up`` or an operator never see either.
+See docs/architecture.md#ray-cluster-and-ray-serve.
 """
 from __future__ import annotations
 
@@ -45,7 +31,7 @@ class KvmeshReplica:
                        worker_secret: str | None = None, hash_seed: str | None = None,
                        heartbeat_s: float = 1.0, max_batched_tokens: int = 2048,
                        warmup: bool = True) -> None:
-        from kvmesh.auth import worker_access_token
+        from kvmesh.rpc.auth import worker_access_token
         from service.worker_tokens import mint
 
         self.worker_id = serve_worker_id(serve.get_replica_context().replica_id)
@@ -60,7 +46,7 @@ class KvmeshReplica:
 
     async def generate(self, request: ServeRequest | dict) -> AsyncIterator[dict[str, Any]]:
         """Stream one request's tokens, then its facts (see the module docstring)."""
-        from worker.sequence import SamplingParams
+        from worker.engine.sequence import SamplingParams
 
         params = SamplingParams(max_tokens=int(request_field(request, "max_tokens", 1) or 1),
                                 ignore_eos=True)

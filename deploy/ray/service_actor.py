@@ -1,18 +1,10 @@
 """One metadata-service replica as a Ray async actor.
 
-The replica's grpc.aio server runs on the actor's own event loop (Ray async actors run every
-``async def`` method, the constructor included, on one loop), so the actor IS the service
-process: ``address()`` answers ``host:port`` on this node's IP.
+The actor IS the service process (its server runs on the actor's loop); all state lives in
+Redis, so a restarted replica is as good as the old one, and with a fixed port keeps its
+address. ``stop()`` is idempotent.
 
-Contract:
-
-- Without a ``host`` the replica listens on the node's IP (the address it advertises) and
-  on loopback, on the same port, so ``127.0.0.1:PORT`` works on its own node as it does
-  with the local backend. With a ``host`` it listens there only.
-- Constructing the actor starts serving; a restarted actor (``max_restarts``) serves again
-  with the same arguments. All state lives in Redis, so a restarted replica is immediately
-  as good as the old one; with a fixed ``port`` it even comes back on the same address.
-- ``stop()`` stops serving (1 s grace) and closes the Redis connection; idempotent.
+See docs/architecture.md#ray-cluster-and-ray-serve.
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
-from kvmesh.policies import POLICIES
+from kvmesh.contract import POLICIES
+from worker.kv_cache.tier_config import TierConfig
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,47}")
 
@@ -65,11 +66,8 @@ class RaySpec:
     max_batched_tokens: int = 2048
     max_restarts: int = -1                # -1: restart actors forever
     device: str | None = None             # None: cuda when a GPU was assigned, else cpu
-    cpu_blocks: int = 0                   # KV tiers of every worker (0: off)
-    disk_blocks: int = 0
-    disk_dir: str | None = None           # on each worker's node: <disk_dir>/<worker id>
-    eviction: str = "lru"
-    auto_pin: bool = False
+    tiers: TierConfig = TierConfig()      # every worker's; disk files on its node, in
+    #                                       <disk_dir>/<worker id>
     policy: str | None = None             # the replicas' default routing policy (None: the
     #                                       driver's KVMESH_POLICY, else kvmesh)
     # local Ray only (ignored when connecting to an existing cluster)

@@ -1,20 +1,10 @@
 """A kvmesh worker living inside a Ray process (an actor or a Ray Serve replica).
 
-It is the same worker as ``python -m worker``, assembled from its parts on the event loop of
-the hosting process: the engine and its stepping thread, the gRPC ``WorkerService`` and the
-``ServiceLink`` that registers with the metadata service, heartbeats and publishes KV events.
+The same worker as ``python -m worker``, on the hosting process's loop: ``start`` returns once
+the gRPC server accepts calls (registration follows in the background); a fresh host always
+has an EMPTY pool; ``stop`` is idempotent.
 
-Contract:
-
-- ``await WorkerHost.start(...)`` returns once the gRPC server accepts calls; registration
-  then happens in the background (the link retries until a service replica answers). It
-  must be called on the loop that will keep running (Ray's async-actor loop).
-- A fresh host always has an EMPTY pool (``warmup`` leaves only blocks salted with a salt no
-  request uses): a restarted actor registers again under the same
-  worker id and its first snapshot tells the index that nothing is cached any more.
-- ``device=None`` picks ``cuda`` when Ray assigned this process a GPU and torch sees one,
-  ``cpu`` otherwise (a logical GPU on a CPU machine runs on the CPU).
-- ``await stop()`` closes the link, the server and the engine thread; idempotent.
+See docs/architecture.md#ray-cluster-and-ray-serve.
 """
 from __future__ import annotations
 
@@ -22,6 +12,8 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 from typing import Any
+
+from worker.kv_cache.tier_config import TierConfig
 
 
 @dataclass
@@ -44,11 +36,7 @@ class WorkerConfig:
     host: str | None = None   # None: this Ray node's IP
     port: int = 0
     warmup: bool = False      # run one salted request first (first-call costs off the clock)
-    cpu_blocks: int = 0       # KV tiers (0: off); disk_dir is on this worker's node
-    disk_blocks: int = 0
-    disk_dir: str | None = None
-    eviction: str = "lru"
-    auto_pin: bool = False
+    tiers: TierConfig = TierConfig()  # its own (disk_dir on this worker's node)
 
 
 def pick_device(requested: str | None) -> str:
@@ -67,8 +55,8 @@ class WorkerHost:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.address = ""
-        self.runner: Any = None      # worker.async_engine.AsyncEngine once started
-        self.link: Any = None        # worker.service_link.ServiceLink
+        self.runner: Any = None      # worker.engine.async_engine.AsyncEngine once started
+        self.link: Any = None        # worker.index_link.ServiceLink
         self._server: Any = None
         self._link_task: asyncio.Task[None] | None = None
 
@@ -76,12 +64,13 @@ class WorkerHost:
         """Build and serve; returns once the gRPC server is up (address known)."""
         import ray
 
-        from kvmesh.hashing import DEFAULT_ALGO, none_hash, resolve_seed
-        from worker.async_engine import AsyncEngine
-        from worker.engine import Engine
-        from worker.scheduler import SchedulerConfig
-        from worker.server import create_server
-        from worker.service_link import ServiceLink
+        from kvmesh.contract import DEFAULT_ALGO
+        from kvmesh.hashing import none_hash, resolve_seed
+        from worker.engine.async_engine import AsyncEngine
+        from worker.engine.engine import Engine
+        from worker.engine.scheduler import SchedulerConfig
+        from worker.index_link import ServiceLink
+        from worker.rpc.server import create_server
 
         cfg = self.config
         # vLLM's rule, read in this process: --hash-seed, else PYTHONHASHSEED, else the default.
@@ -90,8 +79,7 @@ class WorkerHost:
             cfg.model, block_size=cfg.block_size, num_blocks=cfg.num_blocks,
             device=pick_device(cfg.device), hash_seed=seed,
             scheduler=SchedulerConfig(max_batched_tokens=cfg.max_batched_tokens),
-            cpu_blocks=cfg.cpu_blocks, disk_blocks=cfg.disk_blocks, disk_dir=cfg.disk_dir,
-            eviction=cfg.eviction, auto_pin=cfg.auto_pin)
+            tiers=cfg.tiers)
         if cfg.warmup:  # its blocks carry a salt no request uses: they never match
             engine.generate([list(range(1, 2 * cfg.block_size + 2))], max_tokens=2,
                             salt="kvmesh-warmup")

@@ -13,7 +13,7 @@ def open_backend(kind: str, redis_url: str | None = None, timeout_s: float = 0.5
     ``redis_url`` is any URL redis-py's ``from_url`` takes, passed through unchanged: a
     password (``redis://:PASSWORD@host:port/0``, or ``user:PASSWORD@`` with ACLs) and TLS
     (``rediss://...?ssl_ca_certs=CA.pem``, also ``ssl_certfile``/``ssl_keyfile`` for a
-    client certificate). It carries a secret: never log it unredacted (kvmesh.redact).
+    client certificate). It carries a secret: never log it unredacted (kvmesh.ops.redact).
     A ``redis+cluster://`` (``rediss+cluster://``) URL, or ``cluster=True`` with a plain one,
     names a node of a Redis Cluster: the backend then uses redis-py's cluster client
     (``service.index.connect``).

@@ -1,50 +1,14 @@
 """The index backend contract: what every backend stores and how each operation behaves.
 
-Both implementations (``memory`` and ``redis``) follow these semantics exactly; a property
-test drives them with the same random streams and compares them with a brute-force model.
+Both backends (memory, redis) follow it exactly; a property test compares them with a
+brute-force model. Lookup counts, per worker, the consecutive blocks from block 0 it holds.
+A batch is applied all or nothing and idempotently by seq (a gap applies nothing: resync);
+an orphan stored event is skipped; calls of another incarnation raise
+:class:`StaleIncarnation`; a snapshot replaces the worker's entries; a live worker id is
+never taken over from another address or credential (:class:`WorkerIdInUse`). Times are
+the caller's milliseconds, so backends hold no clock.
 
-State, per namespace ``ns`` (model + block size + hash algo, see :func:`namespace`):
-
-- block hash -> {worker_id: tier bitmask} (bit ``1 << (tier - 1)``: 1 GPU, 2 CPU, 4 disk);
-- per worker: the set of hashes it holds (what purge, Cleared and snapshots drop; its
-  size is the worker's ``indexed_blocks``, which the block cap reads);
-- per worker: a record (address, model, last applied event seq, load, last heartbeat);
-- provisional entries: block hash -> {worker_id: expiry_ms}.
-
-Rules:
-
-- Lookup walks the request's chain from block 0 and, per worker, counts the consecutive
-  blocks from block 0 it holds (a real entry, or an unexpired provisional one, counted as
-  GPU). It stops as soon as no worker is left. Workers matching nothing are absent.
-- ``Stored(hashes, parent)``: ``parent`` empty means the chain starts at block 0 (root =
-  ``hashes[0]``); otherwise the parent must be a block the worker holds at that moment, or the
-  whole event is skipped (an orphan can never be reached by a lookup). Storing ORs the tier
-  bit. ``Removed`` clears the tier bit (tier 0: every tier); an entry with no bit left is gone.
-  ``Cleared`` drops every entry of the worker. Provisional entries are not touched by events.
-- A batch is applied all or nothing: unknown worker -> nothing; every seq <= the record's
-  last seq -> duplicate, nothing; first seq > last seq + 1 -> gap, nothing (resync). Events
-  are idempotent by seq: a batch that overlaps applied events (a retry of a publish whose
-  answer was lost, carrying new events after the old ones) applies exactly its events with
-  seq > last seq, as if the worker had sent only those.
-- Incarnations: every worker process draws a random non-zero uint64 at start and sends it
-  with each call; ``register`` stores it in the record. ``heartbeat``, ``apply_events`` and
-  ``sync_worker`` whose incarnation differs from the record's raise
-  :class:`StaleIncarnation` and change nothing, checked in the same atomic step that would
-  apply them (a delayed batch of a dead process can never land on its successor's record,
-  whose seqs start at 1 again). 0 means "no incarnation" (a client that predates the field):
-  it only matches a record registered with 0, so such clients keep the old behaviour and a
-  process that has an incarnation is never mistaken for one that has none.
-- A snapshot replaces the worker's entries; it is an unordered set of chains: a block is kept
-  iff following parents inside the snapshot reaches a chain start (``resolve_snapshot``).
-- ``register`` drops whatever an earlier registration of the same worker id left (in any
-  namespace) and starts a fresh record with last seq 0 and the new incarnation. Takeover
-  guard: with ``live_after_ms``, a record of that id whose last heartbeat is newer (a LIVE
-  worker) and whose address or credential fingerprint differs from the new one is kept
-  and :class:`WorkerIdInUse` raised, checked in the same atomic step. The same address
-  and credential may re-register at once (a worker restarted on its port); anything else
-  waits until the old record stops heartbeating for a liveness timeout.
-
-Times are milliseconds given by the caller (the service's clock), so backends hold no clock.
+See docs/architecture.md#index-backend-contract.
 """
 from __future__ import annotations
 
@@ -54,9 +18,10 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from urllib.parse import quote
 
-TIER_GPU, TIER_CPU, TIER_DISK = 1, 2, 3
+from kvmesh.contract import TIER_PB, TIERS
+
+TIER_GPU, TIER_CPU, TIER_DISK = (TIER_PB[t] for t in TIERS)  # the wire's Tier values
 ALL_TIERS = 0b111
-DIGEST_BYTES = {"sha256": 32, "sha256_cbor": 32, "xxhash": 16, "xxhash_cbor": 16}
 
 
 def tier_bit(tier: int) -> int:
@@ -175,28 +140,30 @@ class WorkerRecord:
     credential: str = ""
 
 
+# The index's form of a block event: what ``service.validate`` makes of a published
+# ``index_pb2.KvEvent`` (hashes checked, tier an int, parent ``b""`` at block 0).
 @dataclass(frozen=True, slots=True)
-class Stored:
+class IndexStored:
     hashes: tuple[bytes, ...]
     parent: bytes = b""
     tier: int = TIER_GPU
 
 
 @dataclass(frozen=True, slots=True)
-class Removed:
+class IndexRemoved:
     hashes: tuple[bytes, ...]
     tier: int = 0
 
 
 @dataclass(frozen=True, slots=True)
-class Cleared:
+class IndexCleared:
     pass
 
 
 @dataclass(frozen=True, slots=True)
-class KvEvent:
+class IndexEvent:
     seq: int
-    op: Stored | Removed | Cleared
+    op: IndexStored | IndexRemoved | IndexCleared
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +204,7 @@ class HeartbeatResult:
     prev_reported_seq: int = 0    # the worker's last seq as of its previous heartbeat
 
 
-def resolve_snapshot(blocks: Sequence[Stored]) -> dict[bytes, tuple[bytes, int]]:
+def resolve_snapshot(blocks: Sequence[IndexStored]) -> dict[bytes, tuple[bytes, int]]:
     """hash -> (root, tier mask) for the blocks of a snapshot that reach a chain start.
 
     A hash's parent is the one given where it first appears; cycles and chains whose first
@@ -295,7 +262,7 @@ class IndexBackend(abc.ABC):
         StaleIncarnation (storing nothing) when ``incarnation`` is not the record's."""
 
     @abc.abstractmethod
-    async def apply_events(self, worker_id: str, events: Sequence[KvEvent],
+    async def apply_events(self, worker_id: str, events: Sequence[IndexEvent],
                            incarnation: int = 0, cap: BlockCap = BlockCap()) -> ApplyResult:
         """Apply one batch atomically (see the module rules). ``events`` have consecutive
         seqs (the caller validates). Raises StaleIncarnation (applying nothing) when
@@ -303,7 +270,7 @@ class IndexBackend(abc.ABC):
         holding more than ``cap`` allows (its entries are then all dropped, seq 0)."""
 
     @abc.abstractmethod
-    async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[Stored],
+    async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[IndexStored],
                           incarnation: int = 0, cap: BlockCap = BlockCap()) -> int | None:
         """Replace the worker's entries with a snapshot and set its last seq to ``seq``.
         Returns the number of blocks indexed, or None for an unknown worker. Raises

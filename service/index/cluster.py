@@ -1,31 +1,13 @@
 """The redis backend on a multi-shard Redis Cluster: every script touches one slot, and
 what touches many is split per slot (``RedisBackend.from_url`` picks this class for a
-``redis+cluster://`` URL; a single server keeps ``RedisBackend``'s single scripts).
+``redis+cluster://`` URL).
 
-Same keys as ``keys.py`` says, same answers as the single-server backend and the memory
-backend (``tests/service/test_cluster_index.py`` runs their tests on 3 shards). Control keys
-share the slot ``{ctl}``: registration, heartbeat and purge are single scripts there. Block
-keys spread over 64 tags (their slots evenly over the shards), so one shared system prompt
-spreads over every shard. Round trips are parallel over the shards (``nodes.py``: one
-write per node):
+Same keys and answers as the single-server and memory backends. A lookup is one parallel
+round trip; a batch or snapshot three (begin on the control slot, a wave of per-tag writes,
+end). A lookup racing a batch can only see a match cut short, never a block the worker did
+not hold. A step that fails midway leaves ``pend`` set, so the worker resyncs.
 
-- lookup: 1, the live map's version and the provisional marker (control slot) and one
-  ``MGET`` per tag of the prompt (provisional keys too when the marker is up); the walk in
-  the service as for one server (``walk.py``). Each shard's reads are each an instant of
-  that shard; a lookup racing an event batch may see part of it, which can only cut a
-  worker's match short (the walk stops at the first missing block), never show a block
-  the worker did not hold at some instant of the round trip.
-- events (``APPLY``): 3, the begin step (checks, handles, ``pend``) with the parents of the
-  batch's stored blocks read beside it, the wave of per-tag writes (``TAG_WRITE``, each in
-  event order; the orphan check was done here on the parents' values, since only this
-  batch writes this worker's entries while ``pend`` is set), the end step (seq, ``n``).
-- snapshot (``SYNC``): 3, the same shape; provisional entries: 1 (the marker beside the
-  per-tag scripts); sweep, shard checks, recovery: ``cluster_upkeep.py``, ``handle_fence.py``.
-
-A step that fails midway (a shard down) raises ``IndexUnavailable`` and leaves ``pend``
-set: the worker's next batch is answered GAP (and its heartbeat, after
-``PEND_STALE_MS``, asks for a snapshot), and the snapshot repairs whatever part was
-written. Scripts are ``cluster_scripts.py``.
+See docs/architecture.md#redis-cluster-details.
 """
 from __future__ import annotations
 
@@ -40,44 +22,43 @@ import redis.exceptions as rexc
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from service.index import cluster_scripts as cs
-from service.index import cluster_upkeep, keys, nodes, resp
+from service.index import cluster_upkeep, nodes
 from service.index.base import (
     ApplyResult,
     ApplyStatus,
     BlockCap,
     BlockMatch,
-    Cleared,
+    IndexCleared,
+    IndexEvent,
+    IndexRemoved,
+    IndexStored,
     IndexUnavailable,
-    KvEvent,
     OverCap,
-    Removed,
     StaleIncarnation,
-    Stored,
     WorkerIdInUse,
     WorkerRecord,
     resolve_snapshot,
     tier_bit,
 )
-from service.index.keys import block_key, live_key, prov_marker, worker_key
-from service.index.raw_scripts import (
-    APPLY_BEGIN,
-    APPLY_END,
-    PROV_KEYS,
-    RAW_SCRIPTS,
-    SYNC_BEGIN,
-    SYNC_END,
-    TAG_WRITE,
-    RawScript,
-)
-from service.index.redis import RedisBackend
-from service.index.walk import walk
+from service.index.redis import RedisBackend, keys, lua, resp
+from service.index.redis.keys import block_key, live_key, prov_marker, worker_key
+from service.index.redis.lua import RawScript
+from service.index.redis.walk import walk
 
 __all__ = ["CTL_SLOT", "SLOT_OF_BYTE", "TAG_SLOTS", "ClusterBackend"]
 
 CTL_SLOT = key_slot(keys.REGISTRY.encode())
 TAG_SLOTS = [key_slot(bytes([t])) for t in keys.TAGS]  # by tag index
 SLOT_OF_BYTE = {t: key_slot(bytes([t])) for t in keys.TAGS}  # by the tag byte of a key
+# The scripts called by SHA inside hand-packed batches (``nodes.py``): the per-tag steps, and
+# the control slot's begin and end steps of a batch or snapshot (sent beside the batch's
+# reads, and without redis-py's cluster command path, which cost more than the step
+# itself). A node that answers ``NOSCRIPT`` gets every one of them loaded and the calls
+# sent again (:meth:`ClusterBackend.wave`).
+RAW_SCRIPTS = tuple(lua.raw(f"cluster_{n}") for n in (
+    "tag_write", "tag_clean", "prov_keys", "apply_begin", "apply_end", "sync_begin", "sync_end",
+    "tag_fence", "tag_identity"))
+TAG_WRITE, _, PROV_KEYS, APPLY_BEGIN, APPLY_END, SYNC_BEGIN, SYNC_END, _, _ = RAW_SCRIPTS
 
 
 def _b(x: Any) -> bytes:
@@ -128,11 +109,11 @@ class ClusterBackend(RedisBackend):
     def __init__(self, client: RedisCluster) -> None:
         super().__init__(client)  # type: ignore[arg-type]
         script = client.register_script
-        self._register = script(cs.REGISTER)
-        self._heartbeat = script(cs.HEARTBEAT)
-        self._lost = script(cs.LOST)
-        self._sweep_begin = script(cs.SWEEP_BEGIN)
-        self._sweep_step = script(cs.SWEEP_STEP)
+        self._register = script(lua.text("cluster_register"))
+        self._heartbeat = script(lua.text("cluster_heartbeat"))
+        self._lost = script(lua.text("cluster_lost"))
+        self._sweep_begin = script(lua.text("cluster_sweep_begin"))
+        self._sweep_step = script(lua.text("cluster_sweep_step"))
         self.upkeep = cluster_upkeep.Upkeep(self)
 
     async def load_scripts(self) -> None:
@@ -190,7 +171,7 @@ class ClusterBackend(RedisBackend):
 
     # --- events ---------------------------------------------------------------------------
 
-    async def apply_events(self, worker_id: str, events: Sequence[KvEvent],
+    async def apply_events(self, worker_id: str, events: Sequence[IndexEvent],
                            incarnation: int = 0, cap: BlockCap = BlockCap()) -> ApplyResult:
         if not events:
             return await super().apply_events(worker_id, events, incarnation, cap)
@@ -199,18 +180,18 @@ class ClusterBackend(RedisBackend):
         net, cleared, parents, width = 0, [], set(), len(block_key(bytes(32)))
         for ev in events:
             op = ev.op
-            if isinstance(op, Stored):
+            if isinstance(op, IndexStored):
                 ks = [block_key(h) for h in op.hashes]
                 pk = block_key(op.parent) if op.parent else None
                 if pk is not None:
                     parents.add(pk)
                 plan.append((ev.seq, b"S", tier_bit(op.tier), pk, ks))
                 net += len(ks)
-            elif isinstance(op, Removed):
+            elif isinstance(op, IndexRemoved):
                 ks = [block_key(h) for h in op.hashes]
                 plan.append((ev.seq, b"R", tier_bit(op.tier), None, ks))
                 net -= len(ks)
-            elif isinstance(op, Cleared):
+            elif isinstance(op, IndexCleared):
                 plan.append((ev.seq, b"C", 0, None, []))
                 cleared.append(str(ev.seq))
                 continue
@@ -295,7 +276,7 @@ class ClusterBackend(RedisBackend):
                 per_tag.setdefault(t, []).extend((*head, b"".join(tks)))
         return per_tag, applied
 
-    async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[Stored],
+    async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[IndexStored],
                           incarnation: int = 0, cap: BlockCap = BlockCap()) -> int | None:
         resolved = resolve_snapshot(blocks)
         count, token = len(resolved), secrets.token_hex(8)

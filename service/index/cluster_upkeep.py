@@ -1,33 +1,12 @@
 """Upkeep of the index on a multi-shard Redis Cluster, run by every service replica's
 janitor each second (``ClusterBackend.sweep``).
 
-Contract:
+:meth:`Upkeep.check_shards` moves the generation when a shard came back empty or older;
+:meth:`Upkeep.recover` rebuilds a lost control slot (under a lock, before any registration);
+:meth:`Upkeep.sweep` is the single-server sweep split per slot, fenced and layout-checked.
+Costs one command when nothing was retired.
 
-- :meth:`Upkeep.check_shards`: ``shard_identity.check``: one parallel round trip reads the
-  control slot's generation ``kvm:{ctl}:gen`` and compares each tag's sentinel ``{T}!``
-  with the identity of the primary serving its slot. A sentinel gone (its shard came back
-  empty) or naming another server process (a restart from an older dump, a promoted
-  replica: its data may be older) moves the generation (``LOST``), so every worker is
-  asked for a snapshot (its next heartbeat or batch: ``cluster_scripts.HEARTBEAT`` /
-  ``APPLY_BEGIN``), and the sentinels are stamped again. Until the snapshots land,
-  lookups may see the shard's older entries. A generation gone means the control slot
-  was lost: :meth:`recover`.
-- :meth:`Upkeep.recover` (also run by a registration that finds no generation): under a
-  lock (one replica at a time), deletes every block and provisional key of every shard
-  (handles are counted from 1 again, so an old entry would count for a new worker) and
-  every fence, starts the ticket counter and sets every tag's fence floor to its start
-  (``handle_fence.py``), stamps the sentinels, then sets the generation; registrations are
-  refused until then.
-- :meth:`Upkeep.sweep`: the sweep of ``sweep_script.py`` split per slot: ``SWEEP_BEGIN``
-  (control slot) starts a cycle with the retired handles no writer still uses (busy
-  ones wait: ``cluster_scripts``); before its first scan step the cycle's handles are
-  fenced on every tag (``TAG_FENCE``, then ``SWEEP_FENCED``: a late wave of them is
-  refused, ``handle_fence.py``); each step ``SCAN``s every primary not done from its
-  cursor, between two layout samples (``sweep_layout.py``), the keys found are cleaned
-  per tag (``TAG_CLEAN``), and ``SWEEP_STEP`` stores the cursors (compare-and-set) or
-  starts over a node whose layout changed; the cycle's handles are free once every
-  primary's scan came back to 0 and a later step found no layout changed. Costs one
-  command when nothing was retired.
+See docs/architecture.md#redis-cluster-details.
 """
 from __future__ import annotations
 
@@ -36,9 +15,10 @@ import secrets
 import time
 from typing import TYPE_CHECKING
 
-from service.index import keys, nodes, resp, shard_identity
+from service.index import nodes, shard_identity
 from service.index.base import IndexUnavailable
-from service.index.handle_fence import TICKET, TICKET_START, fence_key
+from service.index.handle_fence import TICKET, fence_key
+from service.index.redis import keys, lua, resp
 from service.index.sweep_layout import step_layout
 
 if TYPE_CHECKING:
@@ -59,16 +39,15 @@ def _b(x: object) -> bytes:
     return x if isinstance(x, bytes) else str(x).encode()
 SCAN_COUNT = 1000
 _KEY_LENGTHS = (19, 35)  # '{T}' + a 16- or 32-byte hash
+TAG_FENCE, TAG_CLEAN = lua.raw("cluster_tag_fence"), lua.raw("cluster_tag_clean")
 
 
 class Upkeep:
     """The janitor's work for one :class:`ClusterBackend` (see the module contract)."""
 
     def __init__(self, backend: ClusterBackend) -> None:
-        from service.index.cluster_scripts import SWEEP_FENCED
-
         self.b = backend
-        self._sweep_fenced = backend.client.register_script(SWEEP_FENCED)
+        self._sweep_fenced = backend.client.register_script(lua.text("cluster_sweep_fenced"))
 
     async def check_shards(self) -> None:
         if not await shard_identity.check(self.b):
@@ -100,9 +79,8 @@ class Upkeep:
         """The ticket counter started at the server time in microseconds, and every tag's
         fence floor there (``handle_fence.py``: no ticket of the lost counter passes)."""
         from service.index.cluster import TAG_SLOTS
-        from service.index.raw_scripts import TAG_FENCE
 
-        start = await self.b.client.eval(TICKET_START, 1, TICKET)
+        start = await self.b.client.eval(lua.text("cluster_ticket_start"), 1, TICKET)
         await self.b.wave([(TAG_SLOTS[i], TAG_FENCE.call(fence_key(i), [b"*", _b(start)]))
                            for i in range(keys.N_TAGS)])
 
@@ -132,7 +110,6 @@ class Upkeep:
 
     async def sweep(self, max_steps: int) -> int:
         from service.index.cluster import SLOT_OF_BYTE, TAG_SLOTS
-        from service.index.raw_scripts import TAG_CLEAN, TAG_FENCE
 
         await self.b.client.initialize()
         primaries = {n.name: n for n in self.b.client.get_primaries()}

@@ -1,25 +1,11 @@
 """The index's Redis client: one server (the default) or a Redis Cluster, chosen by the URL.
 
-Contract:
+``redis_client(url)`` is ``Redis.from_url`` for a plain URL and a ``RedisCluster`` for
+``redis+cluster://``; ``cluster_url``/``plain_url`` switch the scheme. A lost shard never
+takes the whole index down: other slots keep working, and a script loads when any primary
+loaded it.
 
-- ``redis_client(url, **options)`` returns redis-py's asyncio client for ``url``: a plain
-  ``redis.asyncio.Redis`` for ``redis://`` / ``rediss://`` / ``unix://`` (exactly what
-  ``Redis.from_url(url, **options)`` returns, so a single server behaves as before), and a
-  ``redis.asyncio.cluster.RedisCluster`` for ``redis+cluster://`` / ``rediss+cluster://``,
-  which discovers every node from the one in the URL and sends each command to the node
-  that serves its keys' slot. ``options`` (timeouts, ``decode_responses``, ``retry``...)
-  reach either client unchanged.
-- ``cluster_url(url)`` is ``url`` with the cluster scheme (what ``--redis-cluster`` means);
-  ``plain_url(url)`` strips it again. Both leave the password, host, port and query as
-  they are. A cluster has one database: a path other than ``/`` or ``/0`` is refused.
-- The cluster client tolerates slots it cannot reach (``require_full_coverage=False``):
-  while one primary is down, commands for the other shards' slots still succeed, and the
-  ones for the lost slots fail with a ``RedisError`` / ``OSError`` (the index then answers
-  degraded), so a lost shard never takes the whole index down.
-- Scripts too: redis-py answers a ``NOSCRIPT`` with ``SCRIPT LOAD`` on every primary, which
-  fails as a whole while one is down, even for a script bound for a live shard. Here it
-  succeeds when any primary loaded the script (a script's SHA is the same everywhere; the
-  down one loads it on its own ``NOSCRIPT`` once back).
+See docs/architecture.md#the-redis-layout-serviceindexredis.
 """
 from __future__ import annotations
 

@@ -1,99 +1,20 @@
 """Handle fences on a multi-shard Redis Cluster: a wave that lands after the sweep freed its
 handle (and the handle went to another worker) is refused, however late it comes.
 
-The race. A service replica runs a batch's begin step (``APPLY_BEGIN`` / ``SYNC_BEGIN``,
-control slot), then stalls (a GC pause, a frozen VM) for longer than the busy mark's 60 s
-(``cluster_scripts.BUSY_MS``). Meanwhile its handle ``h`` is retired (the worker resyncs),
-the sweep stops waiting for the stale busy mark, drops every entry of ``h``, frees it, and
-``h`` is drawn again for another worker. Without a fence the late wave then writes ``h``'s
-entries: the other worker is claimed to hold blocks it never had.
+Every begin step draws a ticket; a sweep cycle fences its handles on every tag with the
+ticket counter at its start before it scans, and a tag step refuses events of a handle
+fenced at or above its ticket. No clock is involved, so no stall, however long, lets a
+freed handle's entry land.
 
-Why it cannot happen. Every begin step draws a *ticket*, ``INCR kvm:{ctl}:ticket``
-(:data:`TICKET_LUA`; strictly increasing, since every begin runs on the control slot's
-one primary), and its wave carries it (``TAG_WRITE``'s ARGV[4]). A sweep cycle records
-the ticket counter when it starts (``tc``, in ``SWEEP_BEGIN``, the same script that takes
-the cycle's handles out of the dead set); before any of its scan steps, it writes
-``handle -> tc`` into every tag's fence ``{T}#`` (:data:`TAG_FENCE`; the cycle is marked
-fenced only once all 64 are written, and scan steps of an unfenced cycle are refused). A
-tag step refuses, in the same script and so atomically on its slot, every event of a
-handle whose fence is ``>=`` the wave's ticket. Now:
-
-- every begin that can write a cycle's handle ran before the cycle started (a retired
-  handle is no record's any more, so no later begin hands it out): its ticket is ``<= tc``,
-  and once a tag's fence is written, none of its writes of that handle lands on that tag;
-- a write that landed on a tag before its fence did so before the cycle's scan began,
-  so the scan finds it and drops it; the handle is free only after the whole scan;
-- the handle's next owner's begins all run after the cycle ended, so their tickets are
-  ``> tc``: the fence never refuses them (a fence only grows: :data:`TAG_FENCE` keeps the
-  largest ticket). So no entry of a freed handle survives its cycle, and none is added
-  later, however long the writer stalled. No clock is involved (the 60 s mark only saves
-  the sweep work; it is no longer what makes the race impossible).
-
-What a refused event costs: nothing a reader could see, it was an entry of a retired
-handle. Fences move with their slot (a slot migration moves ``{T}#`` with the blocks). A
-shard that comes back empty or older loses its fences with its data, but it also moves
-the generation (``shard_identity.py``): every worker resyncs onto a fresh handle, so an
-entry a stale writer could add there meanwhile belongs to a handle about to be retired
-and swept again under a fresh fence. A lost control slot restarts the ticket counter;
-its recovery deletes every fence with every block key, starts the counter at the server
-time in microseconds (as a missing counter always starts) and sets every tag's floor
-(field ``*``: refuses every handle) to that start, before any worker can register: every
-ticket the old counter gave out lies below (a counter that started at a time in
-microseconds and grows by one per begin, fewer than one per microsecond, stays below
-the clock), every new one above.
+See docs/architecture.md#redis-cluster-details.
 """
 from __future__ import annotations
 
-from service.index import keys
+from service.index.redis import keys
 
-__all__ = ["FENCE_CHECK_LUA", "TAG_FENCE", "TICKET", "TICKET_LUA", "TICKET_START", "fence_key"]
+__all__ = ["TICKET", "fence_key"]
 
 TICKET = keys.CTL + "ticket"
-
-# The control slot's ticket counter (needs ``CTL``): a missing one starts at the server
-# time in microseconds (see the module docstring), then one per begin step.
-TICKET_LUA = r"""
-local TICKET = CTL .. 'ticket'
-local function ticket()
-  if redis.call('EXISTS', TICKET) == 0 then
-    local t = redis.call('TIME')
-    redis.call('SET', TICKET, t[1] .. string.format('%06d', tonumber(t[2])))
-  end
-  return redis.call('INCR', TICKET)
-end
-"""
-
-# KEYS[1] = the ticket counter. Starts it when missing (the recovery's); returns its value.
-TICKET_START = f"local CTL = '{keys.CTL}'" + TICKET_LUA + r"""
-if redis.call('EXISTS', TICKET) == 0 then ticket() end
-return redis.call('GET', TICKET)
-"""
-
-# TAG_WRITE's check (needs ``hs``, the batch's handles, and the wave's ticket ARGV[4]):
-# refused[s] is true when handle s, or every handle ('*', the floor), is fenced at or above
-# the ticket (module docstring).
-FENCE_CHECK_LUA = r"""
-local fq, t, refused = {'*'}, tonumber(ARGV[4]), {}
-for s = 1, #hs / 3 do fq[s + 1] = string.sub(hs, 3 * s - 2, 3 * s) end
-local fv = redis.call('HMGET', string.sub(KEYS[1], 1, 3) .. '#', unpack(fq))
-local floor = tonumber(fv[1] or '0')
-for s = 1, #fq - 1 do refused[s] = floor >= t or tonumber(fv[s + 1] or '0') >= t end
-"""
-
-# KEYS[1] = the tag's fence '{T}#' (HASH: 3-byte handle, or '*' for every handle ->
-# ticket); ARGV[1] = the sweep cycle's handles (3 bytes each; '*': the floor), ARGV[2] =
-# the cycle's ticket ``tc`` (the recovery's: the counter's new start)
-# Each fence named becomes max(its fence, tc); returns how many.
-TAG_FENCE = r"""
-local t, fs = tonumber(ARGV[2]), {}
-if ARGV[1] == '*' then fs[1] = '*' end
-for p = 1, #ARGV[1] - 2, 3 do fs[#fs + 1] = string.sub(ARGV[1], p, p + 2) end
-for _, f in ipairs(fs) do
-  local cur = redis.call('HGET', KEYS[1], f)
-  if not cur or tonumber(cur) < t then redis.call('HSET', KEYS[1], f, ARGV[2]) end
-end
-return #fs
-"""
 
 
 def fence_key(tag_index: int) -> bytes:

@@ -14,14 +14,14 @@ from service.index.base import (
     ApplyStatus,
     BlockCap,
     BlockMatch,
-    Cleared,
     HeartbeatResult,
     IndexBackend,
-    KvEvent,
+    IndexCleared,
+    IndexEvent,
+    IndexRemoved,
+    IndexStored,
     OverCap,
-    Removed,
     StaleIncarnation,
-    Stored,
     WorkerIdInUse,
     WorkerLoad,
     WorkerRecord,
@@ -34,14 +34,14 @@ from service.index.base import (
 _SWEEP_AT = 4096  # provisional entries per namespace before expired ones are swept
 
 
-def _net_hashes(events: Sequence[KvEvent]) -> int:
+def _net_hashes(events: Sequence[IndexEvent]) -> int:
     """Hashes stored minus hashes removed by ``events`` (the cap's cheap estimate)."""
     n = 0
     for ev in events:
         op = ev.op
-        if isinstance(op, Stored):
+        if isinstance(op, IndexStored):
             n += len(op.hashes)
-        elif isinstance(op, Removed):
+        elif isinstance(op, IndexRemoved):
             n -= len(op.hashes)
     return n
 
@@ -113,7 +113,7 @@ class MemoryBackend(IndexBackend):
 
     # --- events -------------------------------------------------------------------------
 
-    async def apply_events(self, worker_id: str, events: Sequence[KvEvent],
+    async def apply_events(self, worker_id: str, events: Sequence[IndexEvent],
                            incarnation: int = 0, cap: BlockCap = BlockCap()) -> ApplyResult:
         rec = self._current(worker_id, incarnation)
         if rec is None:
@@ -134,7 +134,7 @@ class MemoryBackend(IndexBackend):
         # most of the service's CPU, and the event loop waits on it (the call is atomic).
         for ev in new:
             op = ev.op
-            if isinstance(op, Stored):
+            if isinstance(op, IndexStored):
                 hs = op.hashes
                 root = held.get(op.parent) if op.parent else hs[0]
                 if root is None:
@@ -149,7 +149,7 @@ class MemoryBackend(IndexBackend):
                         blocks[h] = {worker_id: bits}
                     else:
                         entry[worker_id] = entry.get(worker_id, 0) | bits
-            elif isinstance(op, Removed):
+            elif isinstance(op, IndexRemoved):
                 keep = ~tier_bit(op.tier)
                 for h in op.hashes:
                     if h not in held:
@@ -164,7 +164,7 @@ class MemoryBackend(IndexBackend):
                         if not entry:
                             del blocks[h]
                     del held[h]
-            elif isinstance(op, Cleared):
+            elif isinstance(op, IndexCleared):
                 self._forget_all(worker_id)
                 held = self._held.setdefault(worker_id, {})
         limit = cap.limit(rec.load.total_blocks + rec.load.tier_blocks)
@@ -176,7 +176,7 @@ class MemoryBackend(IndexBackend):
         rec.last_seq = events[-1].seq
         return ApplyResult(ApplyStatus.OK, len(new), rec.last_seq)
 
-    async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[Stored],
+    async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[IndexStored],
                           incarnation: int = 0, cap: BlockCap = BlockCap()) -> int | None:
         rec = self._current(worker_id, incarnation)
         if rec is None:

@@ -1,26 +1,12 @@
 """Hand-packed commands sent straight to the primaries of a Redis Cluster, one write per
-node, every node in parallel: the cluster backend's one round trip (``cluster.py``).
+node, every node in parallel: the cluster backend's one round trip.
 
-Why not redis-py's cluster pipeline: it packs every argument in Python (about 0.4 µs each,
-as ``resp.py`` says) and decodes replies with the client's ``decode_responses``; block
-values are raw bytes, and a lookup sends one ``MGET`` per tag of the prompt.
+Replies come back in the order given (an error reply as its ``ResponseError``); ``MOVED``
+refreshes the slot map and resends once. Reads may retry a failed node once; writes never
+(a script whose reply was lost would run twice). A connection that failed midway is closed,
+never pooled with unread replies.
 
-Contract:
-
-- :func:`on_slots` sends each ``(slot, command)`` (a RESP array: ``resp.command`` /
-  ``resp.mget``) to the primary serving ``slot`` and returns the raw replies in the order
-  given; an error reply comes back as its ``ResponseError`` instance (the others are
-  still read). A ``MOVED`` reply refreshes the slot map and sends those commands once more
-  (a moved command did not run).
-- :func:`on_nodes` is the same for ``(node, command)`` pairs (``SCAN``, ``SCRIPT LOAD``).
-- A node that cannot be reached raises ``ConnectionError`` / ``TimeoutError`` (after the
-  other nodes' replies are in, so no task is left behind). With ``retry=True`` (reads: a
-  retry is safe) a failed node is tried once more on a fresh connection, as a pooled
-  connection may have outlived a restarted node; writes are never retried (a script that
-  ran but whose reply was lost would run twice).
-- A connection that fails or is cancelled midway is closed, never pooled with unread
-  replies; a network error also closes the node's idle connections (they would fail the
-  same way once each, after a restart).
+See docs/architecture.md#redis-cluster-details.
 """
 from __future__ import annotations
 

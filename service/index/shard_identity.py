@@ -1,43 +1,12 @@
-"""Which process's data a block tag's slot holds, and what the janitor does when that
-changed: a shard that came back EMPTY or OLDER (a replica promoted after its primary lost
-the last writes, a restart from an RDB or AOF a second old) moves the generation, so every
-worker resyncs (``cluster_scripts``: a record whose ``g`` differs is asked for a snapshot).
+"""Which process's data a block tag's slot holds, and what the janitor does when that changed.
 
-The identity of a primary is ``run_id:master_replid`` (``INFO server`` / ``INFO
-replication``). ``run_id`` is new at every start of a server process, so a restart, from
-whatever file, changes it; a different node serving the slot (a failover, a slot moved)
-has another ``run_id``; ``master_replid`` is new whenever a replica is promoted, so a node
-that was a replica meanwhile (failed over, then failed back within a check) changes too.
-Each tag's sentinel ``{T}!`` holds the identity of the primary that served the tag's slot
-when the janitor last stamped it. The sentinel lives IN the slot, so it is persisted,
-replicated, restored and migrated WITH the data it vouches for: a shard back from an old
-dump holds the old sentinel, and a replica holds its primary's; both differ from the
-identity now serving. A tag whose sentinel is gone (back empty) or names another
-identity is *changed*.
+Each tag's sentinel ``{T}!`` (in the slot, so it travels with the data) names the primary
+(``run_id:master_replid``) that served it when last stamped. A sentinel gone or naming
+another identity means the shard came back empty or older: the generation moves
+(compare-and-set) before the tag is stamped again, and every worker resyncs. False
+positives cost one resync, nothing else.
 
-Contract (:func:`check`, every service replica's janitor, every second: one parallel round
-trip, 64 read-only scripts, when nothing changed):
-
-- ``TAG_IDENTITY`` runs in the tag's slot and reads ``INFO`` in the same script, so the
-  identity is that of the primary serving the slot at that instant (a node that does not
-  serve it answers ``MOVED``), compared with the sentinel beside it, atomically. A slot
-  whose keys are migrating right now (``ASK`` / ``TRYAGAIN``) is checked once moved.
-- On a change: the generation is read again (after the change was seen), then moved by
-  ``LOST`` from that value (compare-and-set: of several replicas that saw the change, one
-  moves it; a replica whose value is already old finds it moved, and any move after its
-  read came after the change). Only then are the changed tags stamped, each only if the
-  identity serving it is still the one the check saw (a second restart in between is left
-  for the next check). So no change is ever stamped without a move of the generation
-  after it, and every worker snapshot that counts was written after the change.
-- Until the workers' snapshots land (a heartbeat, about a second, plus the snapshot),
-  lookups may see the older entries; after, none: the snapshots' fresh handles replace
-  every old entry (readers count live handles only).
-
-False positives cost one resync of every worker, nothing else: a clean restart that lost
-nothing (AOF ``always``), a planned failover, a slot migrated to another primary, and the
-first check after an upgrade (sentinels then held ``1``). A ``DEBUG RELOAD`` or a manual
-``RESTORE`` of older values into the same running process is not seen (no identity
-changed); neither happens to a primary by itself.
+See docs/architecture.md#redis-cluster-details.
 """
 from __future__ import annotations
 
@@ -46,41 +15,25 @@ from typing import TYPE_CHECKING
 
 import redis.exceptions as rexc
 
-from service.index import keys, nodes, resp
+from service.index import nodes
+from service.index.redis import keys, lua, resp
 
 if TYPE_CHECKING:
     from service.index.cluster import ClusterBackend
 
-__all__ = ["SENTINELS", "TAG_IDENTITY_LUA", "check", "stamp_all"]
+__all__ = ["SENTINELS", "check", "stamp_all"]
 
 log = logging.getLogger(__name__)
 
 SENTINELS = [b"{" + bytes([t]) + b"}!" for t in keys.TAGS]  # by tag index
 GEN = keys.CTL + "gen"
 _MIGRATING = (rexc.AskError, rexc.TryAgainError)  # the slot's keys are moving right now
-
-# KEYS[1] = the tag's sentinel '{T}!'; ARGV[1] = '' (check), an identity (stamp it if it
-# still serves the slot) or '*' (stamp whatever identity serves it)
-# Returns, checking: '' when the sentinel names the identity serving the slot, else that
-# identity; stamping: 1 stamped, 0 not (another identity serves the slot now).
-TAG_IDENTITY_LUA = r"""
-local info = redis.call('INFO', 'server', 'replication')
-local id = string.match(info, 'run_id:(%x+)') .. ':' .. string.match(info, 'master_replid:(%x+)')
-if ARGV[1] == '' then
-  if redis.call('GET', KEYS[1]) == id then return '' end
-  return id
-end
-if ARGV[1] ~= '*' and ARGV[1] ~= id then return 0 end
-redis.call('SET', KEYS[1], id)
-return 1
-"""
-
+TAG_IDENTITY = lua.raw("cluster_tag_identity")
 
 async def check(b: ClusterBackend) -> bool:
     """The janitor's check (module contract): False when the control slot has no
     generation (the caller recovers), else True (the generation moved if a tag changed)."""
     from service.index.cluster import CTL_SLOT, TAG_SLOTS
-    from service.index.raw_scripts import TAG_IDENTITY
 
     batch = [(CTL_SLOT, resp.command(b"GET", GEN.encode()))] + [
         (TAG_SLOTS[i], TAG_IDENTITY.call(s, [b""])) for i, s in enumerate(SENTINELS)]
@@ -110,6 +63,5 @@ async def check(b: ClusterBackend) -> bool:
 async def stamp_all(b: ClusterBackend) -> None:
     """Every sentinel stamped with the identity serving its slot (the recovery's start)."""
     from service.index.cluster import TAG_SLOTS
-    from service.index.raw_scripts import TAG_IDENTITY
 
     await b.wave([(TAG_SLOTS[i], TAG_IDENTITY.call(s, [b"*"])) for i, s in enumerate(SENTINELS)])

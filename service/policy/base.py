@@ -4,7 +4,7 @@
 EVERY worker it was given (callers fail over down the list), best first, each with a
 ``cost`` (lower is better; its unit depends on the policy) and the matched tokens it
 credited. Ties are broken with ``rng`` so that a miss never lands on the same replica every
-time. ``key`` is a digest of the prompt's salt, LoRA and first tokens (``service.route.
+time. ``key`` is a digest of the prompt's salt, LoRA and first tokens (``service.route_steps.
 prefix_key``); only a policy with ``reads_key`` set (``consistent_hash``) reads it, and
 callers compute it for those only (the others get ``b""``). Policies are pure apart from
 counters and caches (``round_robin``'s position, ``consistent_hash``'s rings); the service

@@ -10,13 +10,14 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from kvmesh.contract import LEAST_LOADED, PREFIX_ONLY, RANDOM, ROUND_ROBIN
 from service.policy.base import Policy, Ranked, WorkerView
 
 
 class PrefixOnlyPolicy(Policy):
     """Longest cached prefix wins; cost = tokens left to prefill."""
 
-    name = "prefix_only"
+    name = PREFIX_ONLY
 
     def rank(self, prompt_tokens: int, workers: Sequence[WorkerView],
              rng: random.Random, key: bytes = b"") -> list[Ranked]:
@@ -28,7 +29,7 @@ class PrefixOnlyPolicy(Policy):
 class LeastLoadedPolicy(Policy):
     """Fewest requests in flight (running + waiting), then fewest queued prefill tokens."""
 
-    name = "least_loaded"
+    name = LEAST_LOADED
 
     def rank(self, prompt_tokens: int, workers: Sequence[WorkerView],
              rng: random.Random, key: bytes = b"") -> list[Ranked]:
@@ -40,7 +41,7 @@ class LeastLoadedPolicy(Policy):
 class RoundRobinPolicy(Policy):
     """Workers sorted by id, rotated by one position per call (per service replica)."""
 
-    name = "round_robin"
+    name = ROUND_ROBIN
 
     def __init__(self) -> None:
         self._next = 0
@@ -59,7 +60,7 @@ class RoundRobinPolicy(Policy):
 class RandomPolicy(Policy):
     """A uniformly random order."""
 
-    name = "random"
+    name = RANDOM
 
     def rank(self, prompt_tokens: int, workers: Sequence[WorkerView],
              rng: random.Random, key: bytes = b"") -> list[Ranked]:

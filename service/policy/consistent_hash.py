@@ -1,25 +1,12 @@
 """The ``consistent_hash`` policy: a static partition of prefixes over the workers, with
-bounded loads. What a plain L7 balancer, SGLang's and AIBrix's simple modes run; at
-saturation the honest bar (every prefix has a home, and only the overflow of a hot one is
-computed anywhere else).
+bounded loads: the honest bar at saturation.
 
-Ring: each worker owns ``vnodes`` points, ``xxh3_64("{worker_id}#{i}")`` (stable across
-processes and machines: never Python's ``hash()``). A request's point is ``xxh3_64(key)``,
-``key`` being ``service.route.prefix_key`` (salt, LoRA name, the prompt's first tokens); its
-worker order is the ring walked clockwise from that point, each worker at its first point.
-Adding or removing a worker moves only the keys of the arcs it gains or loses (about 1/n).
+A ring of ``vnodes`` xxh3 points per worker (stable across processes); a request's order is
+the ring walked clockwise from its key's point; a worker at or over ``ceil(c * (m + 1) / n)``
+of the ``m`` requests in flight moves after every worker that is not. Every worker is
+returned, cost = its position; the index is never read.
 
-Bounded loads (Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with Bounded Loads";
-HAProxy's ``hash-balance-factor``, Envoy's ``hash_balance_factor``): with ``m`` requests in
-flight over ``n`` workers (running + waiting), a worker holding ``ceil(c * (m + 1) / n)`` or
-more is full and moves after every worker that is not, so the request lands on the first
-non-full worker clockwise and no worker holds more than that bound once it is placed. Some
-worker is always below the bound when ``c >= 1`` (the loads sum to ``m < n * bound``).
-
-Contract: every worker is returned, cost = its position in the order (0 first), matched
-tokens as the index reported them (the ranking never reads them). An empty ``key`` (a
-caller with no prefix to name) is the point 0: every unkeyed request shares one home worker
-and spills over the bound like any key, a stable order rather than a random one.
+See docs/architecture.md#routing-policies.
 """
 from __future__ import annotations
 
@@ -30,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import xxhash
 
+from kvmesh.contract import CONSISTENT_HASH
 from service.policy.base import Policy, Ranked, WorkerView
 
 DEFAULT_VNODES = 160
@@ -76,7 +64,7 @@ class Ring:
 class ConsistentHashPolicy(Policy):
     """The worker owning ``key``'s arc of the ring, unless full (see the module docstring)."""
 
-    name = "consistent_hash"
+    name = CONSISTENT_HASH
     reads_key = True
 
     def __init__(self, balance: float = DEFAULT_BALANCE, vnodes: int = DEFAULT_VNODES) -> None:

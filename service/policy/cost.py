@@ -1,27 +1,12 @@
 """The ``kvmesh`` policy: the least estimated work, in prefill-token units, term by term.
 
-For a request of ``P`` prompt tokens and each live worker ``w``::
+``cost = prefill * N_w + saturation * N_w / P * Q_min + queue * Q_w + decode * D_w +
+running * R_w + wait * deficit_w * block_size + evict * evicted_w * block_size``; the
+cheapest worker wins (ties at random), and a worker whose pool cannot hold the prompt ranks
+last. At saturation (``Q_min > 0``) each recomputed token weighs the fleet's backlog floor,
+so a holder keeps its prefix.
 
-    N_w  = P - credited matched tokens          (what w must prefill; service.credits)
-    cost = prefill_weight    * N_w
-         + saturation_weight * N_w / P * Q_min  (the fleet's backlog, see below)
-         + queue_weight      * Q_w              (prefill already queued on w)
-         + decode_weight     * D_w + running_weight * R_w   (w's decode load)
-         + wait_weight       * deficit_w * block_size       (waiting for room, room.py)
-         + evict_weight      * evicted_w * block_size       (cached blocks it evicts, room.py)
-
-and the cheapest worker wins (ties at random). A worker whose whole pool cannot hold the
-prompt ranks after every other.
-
-Saturation: ``Q_min`` is the least prefill queued on any candidate. While some worker is
-idle it is 0 and the rule is the plain trade of queueing against recomputing. When every
-worker has a backlog, moving a request off the worker that holds its prefix no longer buys
-throughput (no worker would idle meanwhile) but its recompute still costs capacity that
-every queued request waits for, and it evicts another tenant's blocks on the new worker; so
-each recomputed token also weighs the fleet's backlog floor, in proportion to the share of
-the prompt recomputed. A holder with a backlog a few times the floor keeps its prefix
-(what a static partition gets right at saturation); skewed load, where the other workers
-are idle, still moves it.
+See docs/architecture.md#the-cost-model-servicepolicycostpy.
 """
 from __future__ import annotations
 

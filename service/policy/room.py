@@ -1,28 +1,12 @@
 """Room: whether a worker can admit a request now, and what waiting for room costs.
 
-Admitting a request takes off the worker's free queue its new blocks (the uncached part) AND
-its device hits that are free: a cached block no running request holds sits in the free
-queue, and touching it takes it out, so it is no room for new blocks. The router knows the
-request's device hits ``h`` and, from the worker's load, its free blocks ``F`` and how many of
-them hold no hash (``E``, ``WorkerLoad.free_empty_blocks``). At most ``min(h, F - E)`` hits
-can be free, so the room the router is sure of is::
+The room the router is sure of is ``F - min(h, F - E)`` (free blocks ``F``, of them ``E``
+without a hash, device hits ``h``): exact when no free block holds a hash or there is no hit,
+else short by at most the hits running requests hold. A short worker queues the request, so
+the deficit is a cost (never more than the request's own new blocks), not an exclusion; only
+a worker whose whole pool is smaller than the prompt is excluded.
 
-    room = F - min(h, F - E)
-
-It is exact when no free block holds a hash (``E == F``: every hit is in use, or there is
-none) and when the request has no hit; otherwise it may under-count the room by the hits
-that running requests hold, never by more than ``min(h, F - E)`` blocks. (A worker that does
-not report ``E`` reports 0: every free block may be a hit.)
-
-A worker short of room does not refuse the request: it queues it until its running requests
-free enough blocks. In steady state a worker frees blocks as fast as it fills them, one per
-``block_size`` tokens of work, so the wait for ``deficit`` blocks is about
-``deficit * block_size`` tokens of work: the cost model charges that (in prefill-token
-units) instead of excluding the worker. The deficit is at most the request's own new
-blocks, so a busy holder is never charged more than recomputing the request's uncached
-part, while a cold worker's recompute of the whole prompt is charged in full: "does not fit
-now" can move a request only when the hit is small. Only a worker whose whole pool is
-smaller than the prompt is excluded (it can never admit it).
+See docs/architecture.md#the-cost-model-servicepolicycostpy.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from bench.variants import Variant, parse, parse_list
-from kvmesh.policies import POLICIES
+from kvmesh.contract import POLICIES
 
 
 def test_a_variant_overrides_weights_and_names_its_row() -> None:

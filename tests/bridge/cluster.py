@@ -20,8 +20,8 @@ from bridge.main import BridgeOptions, Rank, build, run
 from deploy.process import ServerProcess
 from deploy.redis_server import RedisServer
 from deploy.waiting import eventually
-from kvmesh import vllm_events as ve
-from kvmesh.channel import parse_addresses
+from kvmesh.events import vllm as ve
+from kvmesh.rpc.channel import parse_addresses
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from tests.bridge.fake_metrics import FakeMetrics
@@ -55,14 +55,14 @@ def port_pair() -> tuple[int, int]:
 
 def stored(hashes: Sequence[int], tokens: Sequence[int], parent: int | None = None, *,
            block_size: int, medium: str | None = None, lora: str | None = None,
-           keys: list | None = None) -> ve.BlockStored:
-    return ve.BlockStored(block_hashes=list(hashes), parent_block_hash=parent,
-                          token_ids=list(tokens), block_size=block_size, lora_id=None,
-                          medium=medium, lora_name=lora, extra_keys=keys)
+           keys: list | None = None) -> ve.VllmStored:
+    return ve.VllmStored(block_hashes=list(hashes), parent_block_hash=parent,
+                         token_ids=list(tokens), block_size=block_size, lora_id=None,
+                         medium=medium, lora_name=lora, extra_keys=keys)
 
 
-def removed(hashes: Sequence[int], medium: str | None = None) -> ve.BlockRemoved:
-    return ve.BlockRemoved(block_hashes=list(hashes), medium=medium)
+def removed(hashes: Sequence[int], medium: str | None = None) -> ve.VllmRemoved:
+    return ve.VllmRemoved(block_hashes=list(hashes), medium=medium)
 
 
 class Engine:
@@ -90,7 +90,7 @@ class Engine:
         self.metrics.stop()
 
 
-def chain(tokens, parent=None, first=1, **kw) -> ve.BlockStored:
+def chain(tokens, parent=None, first=1, **kw) -> ve.VllmStored:
     n = len(tokens) // BS
     return stored(range(first, first + n), tokens, parent, block_size=BS, **kw)
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 
 
 class FakeEngine:
@@ -48,7 +48,7 @@ class FakeEngine:
         self.router.bind(f"tcp://127.0.0.1:{port}")
         self._task = asyncio.get_running_loop().create_task(self._serve())
 
-    def publish(self, *events: ve.Event, drop: bool = False) -> int:
+    def publish(self, *events: ve.VllmEvent, drop: bool = False) -> int:
         seq, self.seq = self.seq, self.seq + 1
         payload = ve.encode_batch(ve.KVEventBatch(ts=time.time(), events=list(events),
                                                   data_parallel_rank=0))

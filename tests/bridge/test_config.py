@@ -117,14 +117,14 @@ def test_bad_configs_say_what_is_wrong(tmp_path, text: str, match: str) -> None:
 def test_a_config_holding_tokens_readable_by_others_is_warned_about(
         tmp_path, caplog: pytest.LogCaptureFixture, mode: int, tokens: bool,
         warned: bool) -> None:
-    """Item 11b of issue 22: service tokens in a ``--config`` file others can read are
+    """Service tokens in a ``--config`` file others can read are
     warned about as ``--tenant-keys`` files are (a file without tokens holds no secret)."""
     path = tmp_path / "fleet.toml"
     token = 'service-token = "kvw1.secret"\n' if tokens else ""
     path.write_text(f'{token}[[engines]]\nworker-id = "a"\naddress = "http://h:8000"\n'
                     'events = "tcp://h:5557"\n')
     path.chmod(mode)
-    with caplog.at_level(logging.WARNING, logger="kvmesh.file_perms"):
+    with caplog.at_level(logging.WARNING, logger="kvmesh.ops.file_perms"):
         top, engines = load_config(path)
     assert [e.worker_id for e in engines] == ["a"]
     hits = [r.getMessage() for r in caplog.records if "readable by other users" in r.getMessage()]

@@ -8,7 +8,7 @@ import pytest
 
 from bridge.engine_state import MEMO_BLOCKS, EngineState, SeqCheck
 from kvmesh import hashing
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 from kvmesh.hashing import block_hashes, compiled_chain
 from kvmesh.v1 import index_pb2
 from tests.bridge.index_view import IndexView, view
@@ -19,13 +19,13 @@ TOKENS = list(range(100, 112))  # three blocks
 
 def stored(hashes, tokens, parent=None, *, medium=None, lora=None, keys=None, group=None,
            block_size=BS, lora_id=None):
-    return ve.BlockStored(block_hashes=list(hashes), parent_block_hash=parent,
-                          token_ids=list(tokens), block_size=block_size, lora_id=lora_id,
-                          medium=medium, lora_name=lora, extra_keys=keys, group_idx=group)
+    return ve.VllmStored(block_hashes=list(hashes), parent_block_hash=parent,
+                         token_ids=list(tokens), block_size=block_size, lora_id=lora_id,
+                         medium=medium, lora_name=lora, extra_keys=keys, group_idx=group)
 
 
 def removed(hashes, medium=None, group=None):
-    return ve.BlockRemoved(block_hashes=list(hashes), medium=medium, group_idx=group)
+    return ve.VllmRemoved(block_hashes=list(hashes), medium=medium, group_idx=group)
 
 
 def batch(*events, ts=1.0):
@@ -174,7 +174,7 @@ def test_orphans_block_sizes_groups_and_mediums() -> None:
 
 def test_all_blocks_cleared() -> None:
     st = EngineState(block_size=BS)
-    out = st.apply(batch(stored([1, 2], TOKENS[:8]), ve.AllBlocksCleared(),
+    out = st.apply(batch(stored([1, 2], TOKENS[:8]), ve.VllmCleared(),
                          stored([3], TOKENS[:4])))
     assert [e.WhichOneof("event") for e in out] == ["stored", "cleared", "stored"]
     assert st.indexed_blocks == 1 and st.stats.clears == 1

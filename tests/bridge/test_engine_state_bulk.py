@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from bridge import index_events
 from bridge.engine_state import EngineState
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 from kvmesh.hashing import hash_block, none_hash
 from kvmesh.v1 import index_pb2
 from tests.bridge.index_view import IndexView
@@ -101,7 +101,7 @@ class Engine:
         vLLM's block pool emits evictions (the state releases such runs together)."""
         ev = self.event(op)
         if op[0] == "remove" and len(op) > 8 and op[8]:
-            return [ve.BlockRemoved(block_hashes=[h], medium=ev.medium)
+            return [ve.VllmRemoved(block_hashes=[h], medium=ev.medium)
                     for h in ev.block_hashes]
         return [ev]
 
@@ -109,9 +109,9 @@ class Engine:
         kind = op[0]
         if kind in ("clear", "group", "medium"):
             if kind == "clear":
-                return ve.AllBlocksCleared()
-            return ve.BlockRemoved(block_hashes=[1], medium="GPU" if kind == "group" else
-                                   "NVME", group_idx=1 if kind == "group" else None)
+                return ve.VllmCleared()
+            return ve.VllmRemoved(block_hashes=[1], medium="GPU" if kind == "group" else
+                                  "NVME", group_idx=1 if kind == "group" else None)
         _, c, i, n, medium, flag = op[:6]
         blocks = self.chains[c]
         if kind == "remove" and i < 0 and c in self.last:
@@ -129,7 +129,7 @@ class Engine:
                 hashes += [h for h, _, _ in self.chains[-1][i:i + n]]
             if op[6]:
                 hashes.reverse()
-            return ve.BlockRemoved(block_hashes=hashes, medium=medium)
+            return ve.VllmRemoved(block_hashes=hashes, medium=medium)
         self.last[c] = (i, len(run), medium)
         tokens = [t for _, tok, _ in run for t in tok]
         keys = [k for _, _, k in run]
@@ -138,11 +138,11 @@ class Engine:
             tokens += run[0][1]
             keys.append(run[0][2])
         lora_name, lora_id = self.loras[c]
-        return ve.BlockStored(block_hashes=hashes,
-                              parent_block_hash=blocks[i - 1][0] if i else None,
-                              token_ids=tokens, block_size=BS, lora_id=lora_id, medium=medium,
-                              lora_name=lora_name,
-                              extra_keys=keys if any(k is not None for k in keys) else None)
+        return ve.VllmStored(block_hashes=hashes,
+                             parent_block_hash=blocks[i - 1][0] if i else None,
+                             token_ids=tokens, block_size=BS, lora_id=lora_id, medium=medium,
+                             lora_name=lora_name,
+                             extra_keys=keys if any(k is not None for k in keys) else None)
 
 
 def same(a: EngineState, b: EngineState) -> None:
@@ -253,13 +253,13 @@ def test_one_removal_of_two_engine_hashes_of_one_chain(bulk: bool) -> None:
     x = [hash_block(none_hash(), tokens[:BS], None, "sha256_cbor")]
     x.append(hash_block(x[0], tokens[BS:], None, "sha256_cbor"))
     state = EngineState(block_size=BS, bulk=bulk)
-    stored = [ve.BlockStored(block_hashes=hs, parent_block_hash=None, token_ids=tokens,
-                             block_size=BS, lora_id=None, medium=None, lora_name=None)
+    stored = [ve.VllmStored(block_hashes=hs, parent_block_hash=None, token_ids=tokens,
+                            block_size=BS, lora_id=None, medium=None, lora_name=None)
               for hs in ([1, 2], [11, 12])]
     view = IndexView().apply(state.apply(ve.KVEventBatch(ts=1.0, events=stored)))
     assert set(view.held) == {(x[0], index_pb2.TIER_GPU), (x[1], index_pb2.TIER_GPU)}
     out = state.apply(ve.KVEventBatch(ts=1.0, events=[
-        ve.BlockRemoved(block_hashes=[1, 11, 2], medium=None)]))
+        ve.VllmRemoved(block_hashes=[1, 11, 2], medium=None)]))
     assert [list(e.removed.block_hashes) for e in out] == [[x[0]]]
     assert set(view.apply(out).held) == {(x[1], index_pb2.TIER_GPU)}
     assert state.indexed_blocks == 1 and state.stats.removed_blocks == 3

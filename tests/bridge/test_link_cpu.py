@@ -8,7 +8,7 @@ import gc
 import pytest
 
 from bridge.main import quiet_gc
-from bridge.service_conn import publish_head, publish_request
+from kvmesh.link.request import publish_head, publish_request
 from kvmesh.v1 import index_pb2 as pb
 
 
@@ -41,6 +41,7 @@ def test_a_serialized_request_parses_to_the_message_the_stub_would_send(
                                     incarnation=incarnation)
 
 
+@pytest.mark.slow
 def test_the_collector_is_tuned_while_serving_and_restored_after() -> None:
     before, frozen = gc.get_threshold(), gc.get_freeze_count()
     with quiet_gc(young=12_345):

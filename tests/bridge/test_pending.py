@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from bridge.pending import Pending, hashes_of
-from kvmesh.backlog import BatchLimits
+from kvmesh.link.backlog import BatchLimits
 from kvmesh.v1 import index_pb2 as pb
 
 

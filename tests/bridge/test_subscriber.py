@@ -9,7 +9,7 @@ import pytest
 from bridge.engine_state import EngineState
 from bridge.subscriber import Subscriber
 from deploy.waiting import eventually
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 from kvmesh.hashing import block_hashes
 from kvmesh.v1 import index_pb2
 from tests.bridge.fake_vllm import FakeEngine
@@ -22,12 +22,12 @@ WITHIN = 10.0
 
 
 def stored(hashes, tokens, parent=None):
-    return ve.BlockStored(block_hashes=list(hashes), parent_block_hash=parent,
-                          token_ids=list(tokens), block_size=BS, lora_id=None, medium=None,
-                          lora_name=None)
+    return ve.VllmStored(block_hashes=list(hashes), parent_block_hash=parent,
+                         token_ids=list(tokens), block_size=BS, lora_id=None, medium=None,
+                         lora_name=None)
 
 
-def root(n: int, h: int) -> ve.BlockStored:
+def root(n: int, h: int) -> ve.VllmStored:
     """A one-block chain whose tokens are all ``n``; engine hash ``h``."""
     return stored([h], [n] * BS)
 
@@ -109,7 +109,7 @@ def test_history_from_before_the_bridge_is_replayed_then_live_follows() -> None:
             want = set(block_hashes(list(range(12)), BS))
             await b.until(lambda: b.holds() == want)
             assert engine.requests[0] == 0 and b.stats.replayed == 2
-            engine.publish(ve.BlockRemoved(block_hashes=[3], medium="GPU"))
+            engine.publish(ve.VllmRemoved(block_hashes=[3], medium="GPU"))
             await b.until(lambda: len(b.holds()) == 2)
             assert b.stats.restarts == b.stats.unfilled == b.stats.gaps == 0
         await engine.close()
@@ -133,6 +133,7 @@ def test_a_dropped_message_is_filled_by_replay() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_a_full_replay_buffer_arrives_whole() -> None:
     """vLLM keeps 10,000 batches and its ROUTER drops replies past its high-water mark: the
     bridge takes them all in one replay."""
@@ -140,8 +141,8 @@ def test_a_full_replay_buffer_arrives_whole() -> None:
         pub, rep = ports()
         engine = FakeEngine(pub, rep)
         engine.publish(root(1, 11), drop=True)  # falls out of the buffer
-        filler = ve.BlockRemoved(block_hashes=list(range(1 << 40, (1 << 40) + 50)),
-                                 medium=None)  # ~500 bytes, like a busy engine step
+        filler = ve.VllmRemoved(block_hashes=list(range(1 << 40, (1 << 40) + 50)),
+                                medium=None)  # ~500 bytes, like a busy engine step
         for _ in range(ve.REPLAY_BUFFER - 1):
             engine.publish(filler, drop=True)
         engine.publish(root(2, 12), drop=True)
@@ -215,6 +216,7 @@ def test_an_engine_restart_leaves_no_stale_entry(publish_first: bool) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replay_later", [True, False], ids=["replay-late", "replay-never"])
 def test_after_a_disconnect_the_expected_seq_from_a_new_process_is_checked_first(
         replay_later: bool) -> None:
@@ -304,7 +306,7 @@ def test_old_replay_framing_cleared_and_malformed() -> None:
         async with Bridge(*urls(pub, rep), topic=b"kv", probe_interval=None) as b:
             await b.until(lambda: b.holds() == {chain_of(1)})
             await b.live(engine)
-            engine.publish(ve.AllBlocksCleared(), root(2, 12))
+            engine.publish(ve.VllmCleared(), root(2, 12))
             await b.until(lambda: b.holds() == {chain_of(2)})
             engine.pub.send_multipart([b"kv", b"\x00"])  # not a message: ignored
             engine.pub.send_multipart(ve.pack_message(b"kv", engine.seq, b"\xc1"))  # garbage

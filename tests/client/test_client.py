@@ -7,9 +7,9 @@ import grpc
 import pytest
 
 from client import AsyncKvmeshClient, GenerateResult, KvmeshError, RouteResult
-from kvmesh.auth import worker_access_token
-from kvmesh.channel import parse_addresses
-from kvmesh.retry import ReplicaRing
+from kvmesh.rpc.auth import worker_access_token
+from kvmesh.rpc.channel import parse_addresses
+from kvmesh.rpc.retry import ReplicaRing
 from kvmesh.v1 import index_pb2
 from tests.client.fake_servers import FakeIndex, FakeWorker, candidate, closed_port_address
 
@@ -172,6 +172,7 @@ def test_generate_restarts_a_broken_stream_on_the_next_candidate(cluster, make_c
     assert broken.requests[0].request_id == good.requests[0].request_id
 
 
+@pytest.mark.slow
 def test_generate_fails_over_on_deadline(cluster, make_client) -> None:
     slow, good = FakeWorker("w1", mode="hang"), FakeWorker("w2")
     index = FakeIndex([candidate("w1", cluster.worker(slow)),

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from client.cli import app
 from client.commands import decode_bytes, encode_text
-from kvmesh.auth import worker_access_token
+from kvmesh.rpc.auth import worker_access_token
 from kvmesh.v1 import index_pb2
 from tests.client.fake_servers import FakeIndex, FakeWorker, candidate, closed_port_address
 
@@ -105,7 +105,8 @@ def test_pin_prints_each_worker_and_fails_when_one_did(cluster) -> None:
 
 
 def test_pin_cut_short_by_a_cap_is_reported_and_fails(cluster) -> None:
-    """Issue 22 item 8: a worker whose pin cap stopped the pin says so, and the verb exits
+    """A pin cut by the cap is a failure: a worker whose pin cap stopped the pin says so, and the
+    verb exits
     1, instead of a bare "0 blocks pinned" that reads as success."""
     index = FakeIndex(token="adm")
     index.pinned = [index_pb2.PinnedWorker(worker_id="w1", pinned_blocks=4, chain_blocks=10,
@@ -217,7 +218,7 @@ def test_generate_tokens_has_no_model_note(service) -> None:
 
 
 def test_policy_choices_come_from_the_contract_list() -> None:
-    from kvmesh.policies import POLICIES
+    from kvmesh.contract import POLICIES
 
     result = runner.invoke(app, ["route", "--service", "127.0.0.1:1", "--tokens", "1",
                                  "--policy", "nope"])

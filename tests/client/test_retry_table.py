@@ -1,4 +1,4 @@
-"""Every row of ``kvmesh.retry.TABLE`` against scripted servers, for the sync client, the
+"""Every row of ``kvmesh.rpc.retry.TABLE`` against scripted servers, for the sync client, the
 async client and the async stream; and the rules above the table (a finished request is
 never rerun, a stream never fails over after its first token, all attempts are named).
 
@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from client import AsyncKvmeshClient, GenerateResult, KvmeshError
-from kvmesh.retry import TABLE, Action, Source, decide
+from kvmesh.rpc.retry import TABLE, Action, Source, decide
 from tests.client.fake_servers import (
     AFTER_FINAL,
     FakeIndex,

@@ -1,7 +1,7 @@
 """The launchers never override a setting a child would have read from its environment.
 
 ``kvmesh up`` used to start its service with ``--policy kvmesh`` whatever ``KVMESH_POLICY``
-said (issue 24, item 4). The rule: a flag whose option also reads an environment variable is
+said. The rule: a flag whose option also reads an environment variable is
 passed to a child only when the user set it. These tests read each child command's options
 from the CLI itself, so a flag added later falls under the rule too.
 """

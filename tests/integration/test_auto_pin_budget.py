@@ -1,4 +1,5 @@
-"""Issue 22 item 8 over real processes (Valkey, a service with router and admin tokens, one
+"""Automatic pins and the admin's pins share the cap, over real processes (Valkey, a service with
+router and admin tokens, one
 worker started with ``--auto-pin``): traffic under the caller's own salt fills the worker's
 pin cap with automatic pins, yet the admin's ``PinPrefix`` still pins (automatic pins give
 way), and a pin the cap cuts short says so all the way to the client and the CLI."""
@@ -10,6 +11,7 @@ from typer.testing import CliRunner
 from client.cli import app
 from deploy.local import ClusterSpec, LocalCluster
 from deploy.waiting import wait_until
+from worker.kv_cache.tier_config import TierConfig
 
 ROUTER, ADMIN = "autopin-router-token", "autopin-admin-token"
 BS = 4
@@ -21,7 +23,8 @@ OTHER = list(b"Another system prompt, nothing in common")  # 10 full blocks
 @pytest.fixture(scope="module")
 def cluster():
     c = LocalCluster(ClusterSpec(workers=1, num_blocks=40, block_size=BS, token=ROUTER,
-                                 auto_pin=True, extra_service_args=["--admin-token", ADMIN]))
+                                 tiers=TierConfig(auto_pin=True),
+                                 extra_service_args=["--admin-token", ADMIN]))
     c.start(timeout=120)
     yield c
     c.stop()

@@ -1,4 +1,4 @@
-"""Issue 22 item 3: the embedded Redis Cluster's bus (``kvmesh up --redis-shards``) cannot be
+"""The embedded Redis Cluster's bus (``kvmesh up --redis-shards``) cannot be
 joined, nor its data read, by a process without the cluster's credential.
 
 Valkey's cluster bus has no password: on a plaintext bus a rogue node MEETs one shard,

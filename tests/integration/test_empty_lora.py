@@ -1,4 +1,4 @@
-"""An empty-named Lora is matched by the index through a real cluster (issue 11, item 6).
+"""An empty-named Lora is matched by the index through a real cluster.
 
 Real Redis, a real service process and a real worker process. The prompt runs once directly
 on the worker (no Route, so no provisional entries stand in for the worker's own events);

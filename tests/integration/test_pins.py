@@ -15,7 +15,7 @@ from client import KvmeshError
 from client.cli import app
 from deploy.local import ClusterSpec, LocalCluster
 from deploy.waiting import wait_until
-from kvmesh.auth import worker_access_token
+from kvmesh.rpc.auth import worker_access_token
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 
 ROUTER, ADMIN = "pin-router-token", "pin-admin-token"

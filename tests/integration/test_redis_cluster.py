@@ -155,8 +155,8 @@ def _prompt_on_one_shard(shards, avoid: int, blocks: int, block_size: int) -> tu
     """Tokens whose first ``blocks`` blocks all live on one shard other than ``avoid``, and
     that shard."""
     from kvmesh.hashing import block_hashes
-    from service.index import keys
     from service.index.cluster import TAG_SLOTS
+    from service.index.redis import keys
 
     def node(slot: int) -> int:
         return next(i for i, (a, z) in enumerate(shards.ranges) if a <= slot <= z)
@@ -177,7 +177,7 @@ def test_a_shard_back_older_is_resynced_and_claims_nothing_evicted(
     promoted replica or a restart from RDB/AOF serves): the service replicas' janitors see
     another server process behind its slots, move the generation, the worker (its real
     service link) resyncs, and the index stops claiming the evicted blocks."""
-    from tests.service.test_cluster_rollback import restart_from_dump, save_dump
+    from tests.reliability.test_index_cluster_rollback import restart_from_dump, save_dump
 
     shards = sharded.redis_cluster
     assert shards is not None

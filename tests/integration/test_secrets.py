@@ -1,5 +1,5 @@
-"""Secrets of a `kvmesh up` cluster stay out of command lines and output (issue 12, items 1
-and 3), and a user's own Redis URL with a password over TLS (`rediss://`) works.
+"""Secrets of a `kvmesh up` cluster stay out of command lines and output,
+and a user's own Redis URL with a password over TLS (`rediss://`) works.
 
 Attack: any local user reads every process's ``/proc/PID/cmdline`` (``ps``) and whatever
 the launcher prints or logs; anyone who reaches the cluster's Redis rewrites the index.
@@ -24,7 +24,7 @@ import redis
 
 from client import KvmeshClient
 from deploy.waiting import wait_until
-from kvmesh.auth import worker_access_token
+from kvmesh.rpc.auth import worker_access_token
 from kvmesh.v1 import index_pb2, index_pb2_grpc
 from service.worker_tokens import mint
 from tests.kvmesh_up import Up

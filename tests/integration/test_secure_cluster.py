@@ -14,11 +14,11 @@ from client import KvmeshClient, KvmeshError
 from client.cli import app
 from client.gateway.app import GatewayConfig
 from deploy.local import ClusterSpec, LocalCluster
-from kvmesh.auth import worker_access_token
-from kvmesh.tls import TlsFiles
+from kvmesh.rpc.auth import worker_access_token
+from kvmesh.rpc.tls import TlsFiles
 from kvmesh.v1 import index_pb2, index_pb2_grpc, worker_pb2, worker_pb2_grpc
 from service.worker_tokens import mint
-from tests.gateway.conftest import LiveGateway
+from tests.client.gateway.conftest import LiveGateway
 from tests.kvmesh_up import Up
 
 if TYPE_CHECKING:  # the certs fixture skips where `cryptography` is missing

@@ -14,6 +14,7 @@ import grpc
 from deploy.local import ClusterSpec, LocalCluster
 from deploy.waiting import wait_until
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
+from worker.kv_cache.tier_config import TierConfig
 
 BLOCK = 16
 
@@ -34,7 +35,7 @@ def _direct(address: str, prompt: list[int]) -> tuple[list[int], int]:
 def test_routing_prefers_a_cpu_tier_holder_and_the_output_is_identical() -> None:
     rng = random.Random(7)
     prompt = [rng.randrange(256) for _ in range(4 * BLOCK + 3)]
-    cluster = LocalCluster(ClusterSpec(workers=2, num_blocks=16, cpu_blocks=64,
+    cluster = LocalCluster(ClusterSpec(workers=2, num_blocks=16, tiers=TierConfig(cpu_blocks=64),
                                        heartbeat_s=0.2)).start()
     try:
         with cluster.client() as client:

@@ -1,5 +1,5 @@
 """Who can read a ``kvmesh worker``'s vLLM KV events (every tenant's prompt ids and salts), on
-real processes: the attack of issue 22 item 2 (a caller without any credential asks the replay
+real processes: the attack (a caller without any credential asks the replay
 socket for a tenant's prompt), and the settings that would have allowed it refused at start."""
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 import zmq
 import zmq.auth
 
-from kvmesh import vllm_events as ve
-from kvmesh.zmq_curve import CurveClient
+from kvmesh.events import vllm as ve
+from kvmesh.events.zmq_curve import CurveClient
 from tests.http_engines import BS, HttpWorker
 
 pytestmark = pytest.mark.integration
@@ -61,7 +61,7 @@ def _ids_and_salts(batches: list[tuple[int, bytes]]) -> tuple[list[int], list[st
     ids, salts = [], []
     for _, payload in batches:
         for ev in ve.decode_batch(payload).events:
-            if isinstance(ev, ve.BlockStored):
+            if isinstance(ev, ve.VllmStored):
                 ids += ev.token_ids
                 for keys in ev.extra_keys or ():
                     salts += [k for k in keys or () if isinstance(k, str)]

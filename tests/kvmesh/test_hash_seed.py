@@ -1,4 +1,4 @@
-"""The root seed, like vLLM (issue 11, item 11): explicit ``--hash-seed`` > ``PYTHONHASHSEED``
+"""The root seed, like vLLM: explicit ``--hash-seed`` > ``PYTHONHASHSEED``
 > ``"vllm-none-hash"`` for the sha256 algorithms; an xxhash algorithm with neither refuses to
 start, because vLLM would seed it with a random value per process."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One definition of a request's LoRA for the service and the worker (issue 11, item 6).
+"""One definition of a request's LoRA for the service and the worker.
 
 The service turns ``RouteRequest.lora`` into the LoRA it hashes (``service.validate.route``)
 and the worker turns ``GenerateRequest.lora`` into the one its KV cache hashes
@@ -15,7 +15,7 @@ from kvmesh.hashing import block_hashes, lora_key
 from kvmesh.v1 import index_pb2, worker_pb2
 from service import validate
 from service.config import ServiceConfig
-from worker.server import WorkerServicer
+from worker.rpc.server import WorkerServicer
 
 TOKENS = list(range(64))
 

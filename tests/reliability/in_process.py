@@ -17,9 +17,9 @@ from kvmesh.hashing import none_hash
 from service.config import ServiceConfig
 from service.server import create_server as create_service
 from worker import Engine
-from worker.async_engine import AsyncEngine
-from worker.server import create_server as create_worker
-from worker.service_link import ServiceLink
+from worker.engine.async_engine import AsyncEngine
+from worker.index_link import ServiceLink
+from worker.rpc.server import create_server as create_worker
 
 
 @dataclass

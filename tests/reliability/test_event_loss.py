@@ -11,7 +11,7 @@ import asyncio
 import redis.asyncio as aioredis
 
 from deploy.waiting import eventually
-from service.index.keys import PROV_KEYS_MATCH
+from service.index.redis.keys import PROV_KEYS_MATCH
 from tests.reliability.in_process import linked_worker
 from worker import Engine
 

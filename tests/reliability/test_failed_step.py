@@ -1,5 +1,5 @@
 """A failed engine step, end to end: the index never advertises the blocks the step cached
-but never wrote, and the retry's output equals a fresh engine's (issue 11, item 1).
+but never wrote, and the retry's output equals a fresh engine's.
 
 Real parts in one process (``in_process.linked_worker``): the service over the session's
 Valkey, a worker's engine, gRPC server and service link; the worker's model is wrapped (in
@@ -18,7 +18,7 @@ from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 from tests.reliability.in_process import linked_worker
 from tests.worker.faults import FailingForward
 from worker import Engine
-from worker.scheduler import SchedulerConfig
+from worker.engine.scheduler import SchedulerConfig
 
 PROMPT = [random.Random(5).randrange(256) for _ in range(50)]  # 3 full blocks of 16 + 2
 SCHED = SchedulerConfig(max_batched_tokens=16)  # prefill in chunks of 16, 16, 16, 2

@@ -1,4 +1,4 @@
-"""Issue 22 item 16: ``kvmesh up`` stops within 10 s of SIGTERM and leaves no process behind,
+"""``kvmesh up`` stops within 10 s of SIGTERM and leaves no process behind,
 on a loaded host too (local backend, and the Ray backend with a Ray of its own).
 
 The load: busy-loop processes, two per core, each ending by itself. What is left is judged

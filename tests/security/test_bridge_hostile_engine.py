@@ -1,4 +1,4 @@
-"""Issue 22 item 6, real processes: whoever answers at one engine's event endpoint sends a
+"""A hostile engine endpoint, real processes: whoever answers at one engine's event endpoint sends a
 batch nested 3,000 deep (msgspec raised RecursionError, which ended the bridge process and
 took every engine it bridges out of routing). Now: a malformed batch of that engine alone;
 the process lives, the other engine stays live and routed, and the hostile engine's next
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from deploy.redis_server import RedisServer
-from kvmesh import vllm_events as ve
+from kvmesh.events import vllm as ve
 from tests.bridge.cluster import BS, BridgeProcess, Engine, P, chain, router, start_service
 
 pytestmark = pytest.mark.integration
@@ -22,9 +22,9 @@ Q = [n + 500 for n in P]  # another three-block prompt
 
 
 @pytest.fixture
-def service(redis_server: RedisServer) -> Iterator[str]:
-    if not redis_server.alive:
-        redis_server.start()
+def service(redis_server: RedisServer, redis_url: str) -> Iterator[str]:
+    """A service process over an empty index (``redis_url`` empties it): the test counts every
+    worker the index lists, and other suites leave theirs behind."""
     proc = start_service(redis_server)
     try:
         yield proc.address

@@ -1,4 +1,4 @@
-"""Attacks on the disk KV tier (issue 22 item 5), with real files and real worker processes.
+"""Attacks on the disk KV tier, with real files and real worker processes.
 
 - Whoever can write the tier's directory plants KV served as a hit: a directory another
   user owns or others may write is refused at start; inside the worker's own directory,
@@ -22,7 +22,8 @@ import torch
 from deploy.process import ServerProcess
 from kvmesh.hashing import block_hashes, none_hash
 from worker import Engine
-from worker.disk_store import DiskEntry, DiskStore, model_fingerprint
+from worker.kv_cache.tier_config import TierConfig
+from worker.kv_io.disk_store import DiskEntry, DiskStore, model_fingerprint
 
 BS = 4
 OTHER_UID = 4242  # not this process's user (the tests run as root, as an attacker could)
@@ -87,8 +88,8 @@ def test_kv_planted_in_the_workers_own_directory_is_never_served(tmp_path):
         [VICTIM], 8)[0].token_ids  # computed fresh
     _, forged = tiny_store(tmp_path, key=os.urandom(32))
     n = plant(forged, e, VICTIM)
-    worker = Engine(e.model, e.config, block_size=BS, num_blocks=16, cpu_blocks=2,
-                    disk_blocks=64, disk_dir=tmp_path)
+    worker = Engine(e.model, e.config, block_size=BS, num_blocks=16,
+                    tiers=TierConfig(cpu_blocks=2, disk_blocks=64, disk_dir=tmp_path))
     got = worker.generate([VICTIM], 8)[0]
     worker.close()
     assert got.cached_tokens_by_tier["disk"] == 0 and got.token_ids == want

@@ -1,6 +1,6 @@
 """Attack: one bound worker token points the gateway's traffic, engine key and tenants' salts
-at an address of its choosing (issue 22, item 4), and reads other tenants' cache hits on
-the gateway's ``/metrics`` (item 9).
+at an address of its choosing, and reads other tenants' cache hits on the gateway's
+``/metrics``.
 
 Real processes: ``kvmesh service`` (router token, worker secret) and ``kvmesh gateway`` with
 tenant keys, an engine key (``KVMESH_ENGINE_API_KEY``) and one listed engine
@@ -29,7 +29,7 @@ from kvmesh.hashing import none_hash
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc
 from service.worker_tokens import mint
-from tests.gateway.recording_engine import RecordingEngine
+from tests.client.gateway.recording_engine import RecordingEngine
 from tests.ports import free_port
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,5 @@
-"""Issue 22 item 1, against real processes: what a router presents to a worker is valid on
+"""Worker credentials are per worker, against real processes: what a router presents to a worker is
+valid on
 that worker only, and nothing a worker receives lets it call another worker.
 
 The attack (``../shared/repro/security/01_hostile_worker_cross_tenant_oracle.py``): a worker
@@ -29,8 +30,8 @@ from typer.testing import CliRunner
 from client.cli import app
 from deploy.local import ClusterSpec, LocalCluster
 from deploy.process import ServerProcess
-from kvmesh.auth import worker_access_token
 from kvmesh.hashing import block_hashes, none_hash, resolve_seed
+from kvmesh.rpc.auth import worker_access_token
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc, worker_pb2, worker_pb2_grpc
 from service.worker_tokens import mint

@@ -24,7 +24,7 @@ class CountingReads(MemoryBackend):
 
 def test_the_degraded_period_lasts_degraded_retry_s_of_the_clock() -> None:
     clock = ManualClock()
-    s = IndexServicer(ServiceConfig(degraded_retry_s=0.5), MemoryBackend(), clock)
+    s = IndexServicer(ServiceConfig(degraded_retry_s=0.5), MemoryBackend(), clock).router
     assert not s.index_down
     s.mark_down()
     clock.advance(499)
@@ -40,7 +40,7 @@ def test_a_route_finding_no_worker_refreshes_at_most_every_forced_refresh_min_s(
     async def main() -> None:
         clock = ManualClock()
         backend = CountingReads()
-        s = IndexServicer(ServiceConfig(forced_refresh_min_s=0.05), backend, clock)
+        s = IndexServicer(ServiceConfig(forced_refresh_min_s=0.05), backend, clock).router
         assert await s._forced_refresh(clock()) and backend.reads == 1
         clock.advance(49)
         assert not await s._forced_refresh(clock()) and backend.reads == 1   # throttled

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvmesh.hashing import ALGOS, block_hashes
+from kvmesh.contract import ALGOS
+from kvmesh.hashing import block_hashes
 from service.hash_memo import BlockHashMemo
 
 

@@ -9,7 +9,7 @@ import math
 import grpc
 import pytest
 
-from kvmesh.auth import worker_access_token, worker_pin_token
+from kvmesh.rpc.auth import worker_access_token, worker_pin_token
 from kvmesh.v1 import index_pb2 as pb
 from service import worker_tokens
 from service.config import ServiceConfig

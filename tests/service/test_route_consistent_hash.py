@@ -8,7 +8,7 @@ import random
 from kvmesh.v1 import index_pb2 as pb
 from service.config import ServiceConfig
 from service.policy import ConsistentHashPolicy, WorkerView
-from service.route import KEY_TOKENS, prompt_key
+from service.route_steps import KEY_TOKENS, prompt_key
 from tests.service.protocol_worker import ProtocolWorker, prompt, route, serve
 
 WORKERS = [f"w{i}" for i in range(4)]

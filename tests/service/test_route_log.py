@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvmesh.file_perms import UnsafePath, open_private_append
+from kvmesh.ops.file_perms import UnsafePath, open_private_append
 from service.config import ServiceConfig
 from tests.service.manual_clock import ManualClock
 from tests.service.protocol_worker import ProtocolWorker, route, serve
@@ -72,7 +72,7 @@ def test_each_route_is_one_line_of_candidates_costs_loads_and_ages(tmp_path: Pat
 def test_off_by_default_and_no_file(tmp_path: Path) -> None:
     async def main() -> None:
         async with serve(ServiceConfig()) as svc:
-            assert svc.server.servicer.route_log is None
+            assert svc.server.servicer.router.route_log is None
             w = ProtocolWorker(svc.stub, "a")
             await w.join(total_blocks=10, free_blocks=10)
             await route(svc.stub, PROMPT)

@@ -7,8 +7,8 @@ from typing import TypeVar
 import grpc
 
 from kvmesh.v1 import worker_pb2_grpc
-from worker.async_engine import AsyncEngine
-from worker.server import create_server
+from worker.engine.async_engine import AsyncEngine
+from worker.rpc.server import create_server
 
 T = TypeVar("T")
 

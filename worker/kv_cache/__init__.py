@@ -1,14 +1,13 @@
 """The worker's KV block manager: vLLM v1 automatic prefix caching over a paged block pool.
 
 :class:`KVCacheManager` is what the engine uses; :class:`BlockPool`, :class:`FreeBlockQueue`
-(or :class:`LayeredFreeQueue`) and :class:`PinTable` are its parts; the events tell the
-metadata service what is cached. Optional lower tiers (:class:`LowerTier`: host memory, disk)
-keep what the pool evicts; the manager records the copies between tiers as :mod:`.transfers`
-orders for the data plane.
+(or :class:`LayeredFreeQueue`) and :class:`PinTable` are its parts; the pool's events
+(``kvmesh.events.pool``) tell the metadata service what is cached. Optional lower tiers
+(:class:`LowerTier`: host memory, disk) keep what the pool evicts; the manager records the
+copies between tiers as :mod:`.transfers` orders for the data plane.
 """
 from .block import BlockContent, FreeBlockQueue, KVCacheBlock, LayeredFreeQueue
 from .block_pool import BlockPool
-from .events import AllBlocksCleared, BlockRemoved, BlockStored, CacheSnapshot, KVEvent
 from .lower_tier import LowerTier, TierEntry
 from .manager import TIER_NAMES, KVCacheManager
 from .pins import Pinned, PinTable
@@ -18,18 +17,13 @@ from .transfers import Drop, Lost, Offload, Onboard, Spill, Transfer
 
 __all__ = [
     "TIER_NAMES",
-    "AllBlocksCleared",
     "BlockContent",
     "BlockPool",
-    "BlockRemoved",
-    "BlockStored",
-    "CacheSnapshot",
     "CacheStats",
     "Drop",
     "FreeBlockQueue",
     "KVCacheBlock",
     "KVCacheManager",
-    "KVEvent",
     "KVRequest",
     "LayeredFreeQueue",
     "Lost",

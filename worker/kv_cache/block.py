@@ -1,24 +1,12 @@
 """KV-cache blocks and the intrusive free queue that orders them for reuse and eviction.
 
-Every block of a pool is created once, at start-up; nothing here allocates per request.
-The free queue threads its links through the blocks themselves (``prev_free`` /
-``next_free``), so taking a block out of the middle of the queue (a cache hit on a free
-block, "touch") is O(1) and no wrapper objects exist.
+Blocks are created once; the queue threads its links through them, so a touch (taking a
+free block out of the middle) is O(1). Invariant: a block is queued iff both its links are
+set, and walking from the head visits exactly ``num_free_blocks`` blocks (the tail walk the
+same, reversed). The head is the next block handed out (evicted if cached).
+:class:`LayeredFreeQueue` keeps two such queues: decode-generated blocks go before prefill ones.
 
-Invariants kept by :class:`FreeBlockQueue`:
-
-- a block is in the queue if and only if its ``prev_free`` and ``next_free`` are both set
-  (two sentinel nodes bound the list, so real blocks never have ``None`` neighbours inside);
-- following ``next_free`` from the head visits exactly ``num_free_blocks`` blocks and
-  following ``prev_free`` from the tail visits the same blocks in reverse.
-
-The queue is the pool's eviction order: the head is the next block handed out (and, when it
-still holds a cached hash, the one evicted); the tail is the last.
-
-:class:`LayeredFreeQueue` (``eviction="layered"``) has the same interface over two such
-queues: blocks holding nothing or holding decode-generated tokens are handed out before
-blocks computed by prefill (KVBoost: a generated block is rarely shared, a prompt block
-often is); inside each class the order is the plain queue's.
+See docs/architecture.md#worker-kv-cache.
 """
 from __future__ import annotations
 

@@ -1,43 +1,28 @@
 """The block pool: every KV block of one tier, the free queue, and the prefix-cache map.
 
-Rules (vLLM v1 automatic prefix caching, plus token verification and head-placement of
-unhashed blocks):
+vLLM v1's automatic prefix caching: all blocks exist from start-up; a block is referenced
+(``ref_cnt > 0``, never in the free queue) or free (in it); ``cached`` maps a hash to the
+blocks holding it (duplicates allowed) and is dropped lazily, on eviction or reset. Freed
+blocks go to the tail (a request's in reverse), unhashed ones to the head. A hit is returned
+only when its tokens match the caller's (a collision is a miss), and a failed step's blocks
+are uncached so an unwritten block is never a hit.
 
-- All blocks exist from start-up. A block is either referenced (``ref_cnt > 0``, held by
-  running requests, never in the free queue) or free (``ref_cnt == 0``, in the free queue).
-- ``cached`` maps a block hash to the blocks holding it, by block id. Several blocks may hold
-  one hash (block tables are append-only, so a block computed twice is never merged), and a
-  free block may stay cached until it is handed out again.
-- Cached blocks are only dropped lazily: when :meth:`get_new_blocks` pops one from the head
-  of the free queue (an eviction) or on :meth:`reset_prefix_cache`.
-- :meth:`free_blocks` appends blocks reaching ``ref_cnt == 0`` to the tail in the order
-  given; callers pass a request's blocks in REVERSE, so a chain's last block sits nearest
-  the head and is evicted first. Blocks without a hash hold nothing reusable: they go to the
-  HEAD so they are handed out before any cached block.
-- ``eviction="layered"`` splits the free queue in two classes (:class:`LayeredFreeQueue`):
-  unhashed and decode-generated blocks (``block.decoded``, set by the manager) are handed out
-  before prefill-computed ones; the rules above hold inside each class.
-- Every cached block carries its :class:`BlockContent`; :meth:`get_cached_block` only
-  returns a block whose content matches the caller's tokens, so a hash collision is a miss.
-- A cached block's KV is written, or is being written by the step in progress. A step that
-  fails hands the blocks it cached to :meth:`uncache_blocks`, so a hash whose only holders
-  were never written is neither a hit here nor (after its ``BlockRemoved``) in the index.
-- Lower tiers hook evictions (``on_evict``: the hashes whose last block just went, called
-  before their ``BlockRemoved``) and emit their events in this pool's one seq stream
-  (:meth:`emit_stored`, :meth:`emit_removed`). Without them, nothing here changes.
+See docs/architecture.md#worker-kv-cache.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
-from .block import BlockContent, Extra, FreeBlockQueue, KVCacheBlock, LayeredFreeQueue
-from .events import AllBlocksCleared, BlockRemoved, BlockStored, CacheSnapshot, KVEvent
+from kvmesh.contract import EVICTIONS
+from kvmesh.contract import TIERS as ALL_TIERS
+from kvmesh.events.pool import CacheSnapshot, PoolCleared, PoolEvent, PoolRemoved, PoolStored
 
-TIERS = ("gpu", "cpu")
-# Free-queue orders: "lru" is vLLM's; "layered" hands out decode-generated blocks before
-# prefill-computed ones (see LayeredFreeQueue).
-EVICTIONS = ("lru", "layered")
+from .block import BlockContent, Extra, FreeBlockQueue, KVCacheBlock, LayeredFreeQueue
+
+TIERS = ALL_TIERS[:2]  # the tiers a pool can be (memory); disk blocks are files, not a pool
+# Free-queue orders (EVICTIONS): "lru" is vLLM's; "layered" hands out decode-generated blocks
+# before prefill-computed ones (see LayeredFreeQueue).
 # Bound of the unread event backlog, in blocks (an event weighs 1 + its block hashes, and its
 # tokens are proportional to those): with nobody reading events (no service link, or an
 # ``Engine`` used directly) they would otherwise grow with traffic forever. A reader taking
@@ -80,13 +65,13 @@ class BlockPool:
         # (touch, free, pop, drop) so a heartbeat never walks the queue.
         self.num_free_cached = 0
         self.evictions = 0
-        self._events: list[KVEvent] = []
+        self._events: list[PoolEvent] = []
         self._seq = 0
         self.max_pending_blocks = MAX_PENDING_BLOCKS
         self._pending_blocks = 0
         self.events_dropped = 0  # events discarded unread because the backlog overflowed
         # Called by get_new_blocks with the hashes no block holds any more, before their
-        # BlockRemoved (the lower tiers offload them; events it emits come first).
+        # PoolRemoved (the lower tiers offload them; events it emits come first).
         self.on_evict: Callable[[list[Evicted]], None] | None = None
 
     # --- lookup -----------------------------------------------------------------------
@@ -125,7 +110,7 @@ class BlockPool:
         ``blocks`` is the request's block table, ``block_hashes`` / ``token_ids`` its chain
         and tokens (covering at least ``num_full_blocks`` blocks), ``extra_keys`` the extra
         keys of the newly cached blocks (``None``: none). Blocks before ``num_cached_blocks``
-        must already be cached. Emits one ``BlockStored`` for the new blocks.
+        must already be cached. Emits one ``PoolStored`` for the new blocks.
         """
         if not self.enable_caching or num_full_blocks <= num_cached_blocks:
             return
@@ -156,7 +141,7 @@ class BlockPool:
             new_hashes.append(block_hash)
             parent = content
         first = num_cached_blocks
-        self._emit(BlockStored(
+        self._emit(PoolStored(
             self._seq + 1, new_hashes, block_hashes[first - 1] if first else None,
             list(token_ids[first * block_size:num_full_blocks * block_size]), self.tier))
 
@@ -179,7 +164,7 @@ class BlockPool:
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Hand out ``num_blocks`` blocks from the head of the free queue, each with
         ``ref_cnt == 1``. A popped block that still holds a hash is evicted (its hash is
-        dropped; ``BlockRemoved`` is emitted once no block holds that hash any more).
+        dropped; ``PoolRemoved`` is emitted once no block holds that hash any more).
         Raises ``ValueError`` (changing nothing) when fewer blocks are free.
         """
         blocks = self.free_queue.popleft_n(num_blocks)
@@ -196,9 +181,9 @@ class BlockPool:
                                            block.decoded))
             block.ref_cnt = 1
         if removed:
-            if self.on_evict is not None:  # before BlockRemoved: never held nowhere
+            if self.on_evict is not None:  # before PoolRemoved: never held nowhere
                 self.on_evict(evicted)
-            self._emit(BlockRemoved(self._seq + 1, removed, self.tier))
+            self._emit(PoolRemoved(self._seq + 1, removed, self.tier))
         return blocks
 
     def _evict(self, block: KVCacheBlock) -> bytes | None:
@@ -227,7 +212,7 @@ class BlockPool:
 
         Blocks without a hash are skipped. Each block keeps its references; a free one
         moves to the head of the free queue (it holds nothing reusable now). One
-        ``BlockRemoved`` lists the hashes no block holds any more: a hash also held by
+        ``PoolRemoved`` lists the hashes no block holds any more: a hash also held by
         another block (a duplicate computed earlier, so written) stays cached and is not
         reported, so the index's set stays exactly this pool's. Returns those hashes.
         """
@@ -242,7 +227,7 @@ class BlockPool:
                 self.free_queue.remove(block)
                 self.free_queue.appendleft(block)
         if removed:
-            self._emit(BlockRemoved(self._seq + 1, removed, self.tier))
+            self._emit(PoolRemoved(self._seq + 1, removed, self.tier))
         return removed
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -290,7 +275,7 @@ class BlockPool:
             self.free_queue.appendleft(block)
 
     def reset_prefix_cache(self) -> bool:
-        """Drop every cached hash and emit ``AllBlocksCleared``. Refused (``False``, nothing
+        """Drop every cached hash and emit ``PoolCleared``. Refused (``False``, nothing
         changed) while any block is referenced: running requests would keep blocks whose
         hashes the index no longer knows."""
         if self.num_free_blocks != self.num_blocks:
@@ -302,7 +287,7 @@ class BlockPool:
         self.cached.clear()
         self.num_cached_blocks = 0
         self.num_free_cached = 0
-        self._emit(AllBlocksCleared(self._seq + 1))
+        self._emit(PoolCleared(self._seq + 1))
         return True
 
     # --- events -----------------------------------------------------------------------
@@ -312,7 +297,7 @@ class BlockPool:
         """Sequence number of the last event emitted (0 before the first)."""
         return self._seq
 
-    def _emit(self, event: KVEvent) -> None:
+    def _emit(self, event: PoolEvent) -> None:
         """Queue ``event``. Past ``max_pending_blocks`` the whole unread backlog is dropped
         (counted in :attr:`events_dropped`); seqs still advance, so a reader sees the loss
         as a gap and resyncs from :meth:`snapshot`, which covers every seq up to its own."""
@@ -326,14 +311,14 @@ class BlockPool:
 
     def emit_stored(self, block_hashes: list[bytes], parent_hash: bytes | None,
                     token_ids: list[int], tier: str) -> None:
-        """Emit a ``BlockStored`` of another tier in this pool's one seq stream."""
-        self._emit(BlockStored(self._seq + 1, block_hashes, parent_hash, token_ids, tier))
+        """Emit a ``PoolStored`` of another tier in this pool's one seq stream."""
+        self._emit(PoolStored(self._seq + 1, block_hashes, parent_hash, token_ids, tier))
 
     def emit_removed(self, block_hashes: list[bytes], tier: str) -> None:
-        """Emit a ``BlockRemoved`` of another tier in this pool's one seq stream."""
-        self._emit(BlockRemoved(self._seq + 1, block_hashes, tier))
+        """Emit a ``PoolRemoved`` of another tier in this pool's one seq stream."""
+        self._emit(PoolRemoved(self._seq + 1, block_hashes, tier))
 
-    def take_events(self) -> list[KVEvent]:
+    def take_events(self) -> list[PoolEvent]:
         """Events emitted since the last call, oldest first. If :attr:`events_dropped`
         grew since the reader last looked, events before these were lost."""
         events, self._events, self._pending_blocks = self._events, [], 0

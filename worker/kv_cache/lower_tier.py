@@ -1,21 +1,11 @@
 """One lower tier of the KV cache (host memory or disk): an LRU of block hashes over slots.
 
-A lower tier holds blocks the device pool evicted, until they are copied back (onboarded)
-or the tier needs the room. Rules, vLLM's free-queue rules applied to a tier without
-running requests:
+A hash lives in at most one entry and an entry in one slot; the victim is the least recently
+used entry nobody reads. An entry an in-flight copy reads is never evicted, and one that must
+leave anyway keeps its slot until its last reader is done. Each entry keeps its block's
+content (hits are verified token by token) and eviction class. Pure bookkeeping.
 
-- a hash lives in at most one entry, and an entry in exactly one slot (0..num_slots-1);
-- entries are kept in LRU order: an entry stored or hit is the most recently used; the victim
-  when room is needed is the least recently used entry nobody is reading;
-- an entry being read by an in-flight copy (``readers > 0``) is never evicted. If it must
-  leave the tier anyway (its copy failed), it leaves the map at once (no new reader finds
-  it) but keeps its slot until the last reader is done, so no copy ever reads a slot that
-  was handed to another block;
-- each entry keeps the :class:`BlockContent` of the device block it came from, so a hit is
-  verified token for token across tiers exactly as in the device pool, and its eviction
-  class (``decoded``), so a block onboarded back is queued as it was before it left.
-
-Pure bookkeeping: the bytes are moved by the data plane following ``transfers`` orders.
+See docs/architecture.md#worker-kv-cache.
 """
 from __future__ import annotations
 

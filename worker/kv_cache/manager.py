@@ -1,52 +1,14 @@
 """The KV cache manager: block tables of running requests over one prefix-caching pool.
 
-Call sequence per scheduler step (the vLLM v1 shape):
+Per step (vLLM v1's shape): a waiting request calls ``get_computed_blocks`` then, with
+nothing allocated in between, ``allocate_slots``; a running one ``allocate_slots`` for its
+new tokens; ``None`` means no room and changed nothing; a finished one ``free``.
+Invariant: a cached block's KV is written, or is being written by the step in progress;
+every step runs inside :meth:`KVCacheManager.step`, which uncaches (and reports removed)
+the blocks a failed step cached. Lower tiers, the eviction order and pins hang off the
+same calls and are off by default. Not thread-safe: the engine's loop calls everything.
 
-1. A waiting request (``num_computed_tokens == 0``, new or preempted):
-   ``hits, n = manager.get_computed_blocks(req)``, then
-   ``manager.allocate_slots(req, num_new_tokens, hits, n)`` right away (nothing may allocate
-   in between, or the hits could be evicted). ``num_new_tokens`` is at most
-   ``req.num_tokens - n`` (less for chunked prefill) and at least 1.
-2. A running request: ``manager.allocate_slots(req, num_new_tokens)`` where
-   ``num_new_tokens = req.num_tokens - req.num_computed_tokens`` for decode (usually 1).
-3. ``None`` from ``allocate_slots`` means "not enough free blocks"; nothing changed. The
-   scheduler waits (a waiting request stays waiting) or preempts a running request with
-   :meth:`KVCacheManager.preempt` and retries.
-4. After a successful call, the engine adds the scheduled tokens to
-   ``req.num_computed_tokens``, runs the model on ``get_block_ids(req)``, and appends the
-   sampled token to ``req.token_ids``.
-5. A finished request: ``manager.free(req)``. Publish ``manager.take_events()``.
-
-Blocks are cached at scheduling time, as soon as the tokens scheduled so far fill them
-(prompt blocks at admission, decode blocks when the step that fills them is scheduled), so
-a request scheduled later in the same step or any later step can reuse them. The engine
-must therefore write a scheduled step's KV before any request attends to it (true when a
-layer writes the whole batch's KV before computing attention, or when requests are run
-in the order they were scheduled).
-
-Invariant: a cached block's KV is written, or is being written by the step in progress.
-The engine runs each step (scheduling included) inside :meth:`KVCacheManager.step`, which
-remembers the blocks cached meanwhile; if the step raises, they are uncached (and removed
-from the index by one ``BlockRemoved``) before the exception propagates. Every request
-scheduled in a failed step must then be freed: its block table may hold the uncached
-blocks (its own, or a batch-mate's that it hit in the same step). Blocks cached by earlier
-steps (the first chunks of a chunked prefill, a preempted request's blocks) were written
-and stay cached.
-
-Lower tiers (``cpu_blocks`` > 0; off by default, and then everything above is exactly as
-without them) add two steps to the sequence, 1' and 2' (:mod:`.tiered`); the manager holds
-them in a :class:`~.tiered.Tiers` and its tier methods delegate to it.
-
-Eviction order (``eviction``): "lru" is vLLM's free queue; "layered" hands out blocks holding
-decode-generated tokens (past ``req.num_prompt_tokens``) before prefill-computed ones. A block
-is marked when cached, and becomes a prefill block when a later admission hits it inside its
-prompt (it is shared now, as a multi-turn history is).
-
-Pins (:mod:`.pins`): :meth:`KVCacheManager.pin` keeps a cached chain's device blocks resident
-for a TTL refreshed by use; ``auto_pin=True`` pins hot blocks. :meth:`KVCacheManager.step`
-applies and expires them first, so they change only between steps.
-
-Not thread-safe: call everything, ``take_events`` included, from the engine's loop.
+See docs/architecture.md#worker-kv-cache.
 """
 from __future__ import annotations
 
@@ -54,11 +16,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
-from kvmesh.hashing import ALGOS, DEFAULT_ALGO, extend_block_hashes, extra_keys
+from kvmesh.contract import ALGOS, DEFAULT_ALGO
+from kvmesh.events.pool import CacheSnapshot, PoolEvent
+from kvmesh.hashing import extend_block_hashes, extra_keys
 
 from .block import Extra, KVCacheBlock
 from .block_pool import BlockPool
-from .events import CacheSnapshot, KVEvent
 from .offload import DiskEntry
 from .pins import Pinned, PinTable
 from .request import KVRequest
@@ -217,7 +180,7 @@ class KVCacheManager:
 
     def copies_lost(self, lost: Iterable[Lost]) -> int:
         """The data plane could not make these copies: their lower entries are dropped
-        (``BlockRemoved``) before anything spills, announces or onboards them; how many."""
+        (``PoolRemoved``) before anything spills, announces or onboards them; how many."""
         return self._tiers.copies_lost(lost)
 
     def restore_disk(self, entries: Iterable[DiskEntry]) -> list[bytes]:
@@ -315,7 +278,7 @@ class KVCacheManager:
         """Scope of one engine step: schedule, then write the scheduled KV.
 
         On a normal exit the blocks cached inside are written. If the body raises, every
-        block cached inside is uncached (``BlockPool.uncache_blocks``: a ``BlockRemoved``
+        block cached inside is uncached (``BlockPool.uncache_blocks``: a ``PoolRemoved``
         for each hash no written block still holds) and the exception propagates; the
         caller must then free every request scheduled in the step. Not reentrant.
         """
@@ -361,7 +324,7 @@ class KVCacheManager:
         return [b.block_id for b in self._blocks.get(req.request_id, ())]
 
     def reset_prefix_cache(self) -> bool:
-        """Drop all cached hashes, on every tier, and all pins (emits ``AllBlocksCleared``;
+        """Drop all cached hashes, on every tier, and all pins (emits ``PoolCleared``;
         disk files get ``Drop`` orders); ``False``, changing nothing, while any request or hold
         has blocks."""
         if not self.pins.held_only_by_pins():
@@ -423,7 +386,7 @@ class KVCacheManager:
 
     # --- reporting --------------------------------------------------------------------
 
-    def take_events(self) -> list[KVEvent]:
+    def take_events(self) -> list[PoolEvent]:
         """KV events since the last call, oldest first (sequence numbers from 1, no gaps
         unless :attr:`events_dropped` grew in between)."""
         return self.pool.take_events()

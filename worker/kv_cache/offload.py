@@ -1,29 +1,12 @@
 """Offload: blocks evicted from the device pool move down the lower tiers instead of vanishing.
 
-:class:`Offloader` owns the CPU tier and the optional disk tier of one worker, hooks the
-device pool's evictions (``BlockPool.on_evict``) and records the copy orders
-(``transfers``) the data plane executes. Rules:
+:class:`Offloader` owns the CPU and optional disk tier of one worker, hooks the pool's
+evictions and records the copy orders the data plane executes. A hash moves down when its
+LAST device block goes; orphans are never offloaded; events go through the pool's one seq
+stream, arrival below before departure above; a copy reported lost takes its entry out at
+once, so a block whose bytes were never written is never announced or onboarded.
 
-- A hash is offloaded when its LAST device block is evicted (duplicates stay on the
-  device), into the CPU tier; if the CPU tier is full, its LRU victim is spilled to disk
-  (when there is a disk tier with room or a victim of its own) or dropped. A hash the tier
-  already holds is only refreshed (same content) or skipped (a collision: other content).
-- An orphan (its parent held on no tier, and not block 0) is not offloaded: a lookup from
-  block 0 can never reach it.
-- An entry keeps its device block's eviction class (``decoded``), refreshed on every tier
-  holding the block whenever the device evicts it again, and a spill carries it down.
-- Events go through the device pool's one seq stream, a block's arrival below before its
-  departure above: ``BlockStored(cpu)`` then the pool's ``BlockRemoved(gpu)``;
-  ``BlockStored(disk)`` then ``BlockRemoved(cpu)`` for a spill; ``BlockRemoved(<tier>)`` for
-  a drop.
-- Orders (see :mod:`.transfers`): a ``Spill`` of a slot precedes the ``Offload`` that reuses
-  it; a disk hash dropped gets a ``Drop`` (delete its file), deferred while an in-flight
-  copy still reads that file, and skipped if the hash is back on disk by then.
-- A copy the data plane reports lost (:meth:`Offloader.forget_lost`) takes its entry out at
-  once (``BlockRemoved(<tier>)``; a disk entry's ``Drop`` removes a partial file): an entry
-  whose bytes were never written is never spilled, announced on disk or onboarded. A CPU
-  entry spilled before the report was refused on its way (its slot was bad), so its disk
-  entry is reported lost too.
+See docs/architecture.md#worker-kv-cache.
 """
 from __future__ import annotations
 
@@ -182,7 +165,7 @@ class Offloader:
                 self.order(Drop(h))
 
     def drop(self, tier: LowerTier, entry: TierEntry) -> None:
-        """Drop ``entry`` from ``tier`` (a failed copy read it): ``BlockRemoved(<tier>)``.
+        """Drop ``entry`` from ``tier`` (a failed copy read it): ``PoolRemoved(<tier>)``.
         A no-op if the entry already left the tier."""
         if tier.get(entry.block_hash) is entry:
             tier.evictions += 1
@@ -203,7 +186,7 @@ class Offloader:
         return n
 
     def clear(self) -> None:
-        """Forget every lower entry, without events (``AllBlocksCleared`` covers them)."""
+        """Forget every lower entry, without events (``PoolCleared`` covers them)."""
         for tier in self.tiers:
             for entry in tier.clear():
                 if tier is self.disk:
@@ -218,7 +201,7 @@ class Offloader:
         Kept: entries whose hash is the hash of their parent, tokens and extra keys (so a
         file of another seed or algo, or a corrupted header, is never served), with
         ``block_size`` tokens, hanging from block 0 through kept entries, the newest that
-        fit. One ``BlockStored(disk)`` per chain run. Returns the kept hashes; the caller
+        fit. One ``PoolStored(disk)`` per chain run. Returns the kept hashes; the caller
         deletes the other files.
         """
         disk = self.disk

@@ -1,23 +1,12 @@
 """Onboard: a waiting request's chain copied back from the lower tiers into device blocks.
 
-Lifecycle of one onboard (one at most per admission of a request):
+One onboard per admission at most: ``start`` holds the device hits and fresh (uncached)
+device blocks for the request and marks the lower entries read; ``finish`` caches the fresh
+blocks on success or frees them uncached and drops the failed entries (the request then
+recomputes); ``admit`` releases the hold. Blocks a copy writes are never handed out, nor
+hit, before the copy ends, even if the request was aborted meanwhile.
 
-1. ``start``: the request's device hits and fresh device blocks for the lower-tier blocks
-   that continue its chain are referenced by a :class:`Hold` owned by the request id; the
-   lower entries are marked read (never evicted while read); an ``Onboard`` order is
-   recorded. The fresh blocks are NOT cached: nobody can hit a block a copy is writing.
-2. ``finish`` (the copy ended): ok -> the fresh blocks are cached (``BlockStored(gpu)``; the
-   lower copies stay, the tiers are inclusive), each with the eviction class (``decoded``)
-   its lower entry kept, not whatever the destination block held before; the hold stays
-   until admission, so they cannot be evicted before the request uses them. Not ok -> the
-   fresh blocks are freed uncached (to the head of the free queue), the failed lower
-   entries are dropped
-   (``BlockRemoved(<tier>)``), the hold is released and the request is never onboarded
-   again: it recomputes.
-3. Admission (``admit``) releases the hold after the request referenced its blocks.
-
-A request freed while its copy is in flight (an abort) keeps its hold until ``finish``: the
-blocks a copy writes are never handed out before the copy ends.
+See docs/architecture.md#worker-kv-cache.
 """
 from __future__ import annotations
 

@@ -1,36 +1,12 @@
 """Pins: cached device blocks kept resident for a requested or a hot prefix.
 
-A pin holds one reference on a cached block (``ref_cnt``), so the block never enters the
-free queue and is never evicted while pinned. The rules:
+A pin holds one reference on a cached block, so it is never evicted. Pins cover chains from
+block 0 (the pinned set is closed under "parent of"), one per hash, under a cap (10% of the
+pool); explicit pins outrank automatic ones; each expires ``ttl_s`` after its last use. Pins
+change only between steps (so a pinned block's KV is written) and yield to a request that
+could never fit beside them. Pinning changes no hash, so it emits no KV event.
 
-- Chains only, from block 0: each block of a chain is pinned after its parent, and
-  releasing a pin releases the pins of its descendants, so the pinned set is closed under
-  "parent of" and every pinned block stays reachable by a lookup.
-- One pin per hash (on one of the blocks holding it, chained to its parent's pinned block);
-  pinning a hash again refreshes it. ``cap`` bounds the pinned blocks (default 10% of the
-  pool); a chain is pinned as far as the cap and the cached prefix allow, and the answer
-  (:class:`Pinned`) says when the cap cut it short, so the caller is told, not left to guess.
-- Explicit pins (asked for: an admin's ``PinPrefix``, a warm-up) outrank automatic ones: an
-  explicit pin that meets a full cap displaces automatic pins (soonest to expire first,
-  deepest first), so no amount of traffic, which is all an automatic pin stands for, can
-  hold the budget against the operator; automatic pins only take what explicit ones leave.
-  A block pinned both ways counts as explicit. Every ancestor of an explicit pin is
-  explicit (a chain is pinned from block 0, each block marked on the way), so releasing
-  an automatic pin with its descendants never releases an explicit one.
-- TTL: a pin expires ``ttl_s`` after it was made or last used; a use is an admission whose
-  cache hits include the block (the whole hit prefix is refreshed, so a parent never expires
-  before its child). :meth:`PinTable.tick` releases expired pins; the manager runs it at the
-  start of every step.
-- Automatic (``auto``): a block hit by at least ``hot_hits`` first admissions within
-  ``window_s`` seconds is pinned at the next tick (within the cap) with ``window_s`` as its
-  TTL, so it is released once no request used it for a whole window (cold).
-- Pins are only taken between steps (explicit calls, :meth:`PinTable.tick`), never inside
-  one, so a pinned block's KV is always written: a failed step's blocks are never pinned.
-- Pins yield to a request that could never fit beside them (:meth:`PinTable.make_room`):
-  automatic ones first, then soonest to expire first, so a pool that pins take room in
-  still serves every request that fits the pool.
-
-Pinning changes no cached hash, so it emits no KV event.
+See docs/architecture.md#worker-kv-cache.
 """
 from __future__ import annotations
 
@@ -160,8 +136,8 @@ class PinTable:
 
     def _displace_automatic(self) -> bool:
         """Release the automatic-only pin least worth keeping (soonest to expire, deepest
-        first) with its descendants (automatic too: see the module docstring), for an
-        explicit pin at the cap. ``False`` if every pin is explicit."""
+        first) with its descendants (automatic too: every ancestor of an explicit pin is
+        explicit), for an explicit pin at the cap. ``False`` if every pin is explicit."""
         victims = [(p.expires_at, -p.depth, i, h)
                    for i, (h, p) in enumerate(self._pins.items()) if not p.explicit]
         if not victims:

@@ -68,6 +68,7 @@ class TierCounters:
     ``hit_tokens``: prompt tokens served from this tier at first admissions; ``evictions``:
     blocks dropped from this tier (not moved down); ``offloads``: blocks moved from this tier
     to the next lower one; ``onboard_blocks``: blocks copied from this tier to the device.
+    The names are ``worker_pb2.TierStats``'s: ``tier_stats.tier_figures`` copies them by name.
     """
 
     capacity_blocks: int

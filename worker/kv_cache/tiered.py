@@ -1,39 +1,29 @@
 """The manager's side of the tiers: its lower tiers (if any) and the tokens each tier served.
 
-Lower tiers (``cpu_blocks`` > 0, optionally ``disk_blocks`` > 0; off by default): blocks the
-pool evicts move down the tiers (:mod:`.offload`), and a waiting request whose chain
-continues below its device hits is onboarded first (:mod:`.onboard`). The scheduler reaches
-them through ``KVCacheManager``'s methods of the same names, adding two steps to the call
-sequence of :mod:`.manager`:
+:class:`Tiers` wires the offloader and onboarder to one pool and counts first admissions per
+tier (``gpu`` always). The scheduler adds two steps to the manager's call sequence: before
+admitting, ``onboarding``/``start_onboard``; once per step, ``take_transfers`` and
+``finish_onboard``. Without lower tiers every method answers "nothing" (``finish_onboard``
+and ``restore_disk`` raise ``ValueError``). Not thread-safe.
 
-1'. Before admitting a waiting request: skip it while ``onboarding(req)``; else, with
-   ``hits`` from ``get_computed_blocks``, ``start_onboard(req, hits)``: ``True`` means a copy
-   was ordered, skip the request for now. Admission stays steps 1-3: the copied blocks
-   are device hits by then, and ``allocate_slots`` releases the hold on them.
-2'. Once per step after scheduling, the engine executes ``take_transfers()`` (offloads before
-   the forward) and reports each finished copy with ``finish_onboard``.
-
-:class:`Tiers` wires the offloader and the onboarder to one pool and keeps the per-tier
-accounting of first admissions (``gpu`` included, so it exists without lower tiers too).
-
-Without lower tiers, every method answers "nothing" and changes nothing, except
-:meth:`Tiers.finish_onboard` and :meth:`Tiers.restore_disk`, which raise ``ValueError``.
-Not thread-safe (the engine loop owns it, like the manager).
+See docs/architecture.md#worker-kv-cache.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from kvmesh.contract import TIERS
+from kvmesh.events.pool import CacheSnapshot
+
 from .block import Extra, KVCacheBlock
 from .block_pool import BlockPool
-from .events import CacheSnapshot
 from .offload import DiskEntry, Offloader
 from .onboard import Onboarder, Read
 from .request import KVRequest
 from .stats import TierCounters
 from .transfers import Lost, Transfer
 
-TIER_NAMES = ("gpu", "cpu", "disk")
+TIER_NAMES = TIERS
 
 
 class Tiers:

@@ -1,25 +1,12 @@
 """Copy orders between tiers: what the KV cache manager decided, for the data plane to do.
 
-The manager moves block hashes between tiers in its books at once; the bytes follow when the
-engine executes these orders (``KVCacheManager.take_transfers``, oldest first, once per step
-after scheduling and before the forward). Orders must run in the order given:
+The manager moves hashes between tiers in its books at once; the bytes follow when the engine
+runs these orders, oldest first, once per step after scheduling and before the forward. Orders
+must run in the order given (``Offload`` completes before that step's forward; a ``Spill``
+precedes the offload reusing its slot). A copy the data plane could not make comes back as a
+:class:`Lost`, and the manager forgets its entry.
 
-- :class:`Offload`: device block -> CPU slot. Must complete before the forward of the step in
-  which it was ordered (that step may reuse the device block).
-- :class:`Spill`: CPU slot -> the disk file of ``block_hash``. Always ordered before the
-  ``Offload`` that reuses the slot: the slot's bytes are copied out before the offload
-  overwrites them (the file itself may be written later).
-- :class:`Onboard`: lower tier -> device blocks, for one request, asynchronous; the engine
-  reports the end with ``KVCacheManager.finish_onboard``. The sources cannot be evicted and
-  the destinations are not handed out until then.
-- :class:`Drop`: the disk tier forgot ``block_hash`` and no ordered copy reads its file any
-  more: delete the file (a missing file is fine).
-
-The other way, the data plane reports each copy it could not make as a :class:`Lost`
-(``KVCacheManager.copies_lost``): an ``Offload`` whose slot was not written, a ``Spill``
-whose file was not written (refused, or its background write failed). The manager then
-forgets the entry that copy was to fill (``BlockRemoved(<tier>)``), so nothing announces,
-spills or onboards a block whose bytes do not exist.
+See docs/architecture.md#worker-kv-cache.
 """
 from __future__ import annotations
 

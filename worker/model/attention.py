@@ -1,25 +1,12 @@
 """Paged attention: per-step metadata and the attention op over a block-paged KV cache.
 
-Layout. Each layer owns a K and a V cache tensor of shape
-``[num_blocks, block_size, kv_heads, head_dim]``. Token ``p`` of a sequence whose block
-table is ``table`` lives at *slot* ``table[p // block_size] * block_size + p % block_size``
-of the flattened ``[num_blocks * block_size, kv_heads, head_dim]`` view.
+Per layer, K and V caches are ``[num_blocks, block_size, kv_heads, head_dim]``; token ``p``
+of a sequence lives at slot ``table[p // block_size] * block_size + p % block_size``.
+`AttentionMetadata.build` runs once per step; every layer's `paged_attention` writes the new
+K/V, batches all decodes in one SDPA call, and attends prefills one by one with a
+bottom-right-aligned causal mask. GQA without repeating K/V.
 
-A step processes a flattened batch of ``T`` new tokens coming from ``S`` sequences, sequence
-``i`` contributing ``query_lens[i] >= 1`` tokens right after its ``seq_lens[i] -
-query_lens[i]`` already-cached tokens (a cached prefix, earlier chunks, or earlier decode
-steps). `AttentionMetadata.build` turns the per-sequence description into tensors once per
-step; every layer then calls `paged_attention` with the same metadata:
-
-1. the new tokens' K/V are written to their slots (``slot_mapping``);
-2. sequences with exactly one new token (decode) are attended in ONE batched SDPA call over
-   their gathered, padded contexts with a length mask;
-3. the other sequences (prefill, possibly a chunk, possibly after a cached prefix) are
-   attended one by one. Query ``i`` of ``n`` new tokens in a context of ``L`` sees key
-   positions ``<= L - n + i`` (causal mask aligned to the bottom right). With no cached
-   context (``L == n``) the fresh K/V are used directly with SDPA's ``is_causal``.
-
-GQA is handled by SDPA's ``enable_gqa`` (K/V are never repeated per query head).
+See docs/architecture.md#worker-engine-and-model.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The worker's side of the model fingerprint: the inputs of ``kvmesh.fingerprint``.
+"""The worker's side of the model fingerprint: the inputs of ``kvmesh.contract.kv_fingerprint``.
 
-The definition lives in ``kvmesh.fingerprint`` (torch-free, shared with every layer that
+The definition lives in ``kvmesh.contract`` (torch-free, shared with every layer that
 compares fingerprints); this module only gathers its inputs from a loaded model: the whole
 parsed :class:`~worker.model.config.ModelConfig` (RoPE, norms, context, biases, ... all of
 it), its architecture, and a sample of the weights.
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from kvmesh.fingerprint import kv_fingerprint
+from kvmesh.contract import kv_fingerprint
 
 _SAMPLE = 64  # leading elements of every parameter: cheap whatever the model's size
 
@@ -41,7 +41,7 @@ def config_fields(config: Any) -> dict[str, Any]:
 
 def model_fingerprint(model: torch.nn.Module, config: Any, block_size: int,
                       dtype: torch.dtype, hash_algo: str, root_hash: bytes) -> bytes:
-    """:func:`kvmesh.fingerprint.kv_fingerprint` of a loaded model: its whole parsed
+    """:func:`kvmesh.contract.kv_fingerprint` of a loaded model: its whole parsed
     ``config`` and architecture, the KV cache ``dtype``, ``block_size``, the hash algorithm
     and root hash (the seed), and :func:`weight_sample`."""
     fields = config_fields(config)

@@ -18,26 +18,27 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from kvmesh.openai import vocab
 from worker.model.config import ModelConfig
 from worker.model.llama import STACKED, FusedLinear, LlamaModel
 
 log = logging.getLogger(__name__)
 
-TINY = "tiny"
+TINY = vocab.TINY
 TINY_SEED = 0
 TINY_INIT_STD = 0.2
-# Byte-level vocabulary: ids 0..255 are bytes, then three special tokens.
-TINY_BOS, TINY_EOS, TINY_PAD = 256, 257, 258
+# Byte-level vocabulary (kvmesh.openai.vocab): ids 0..255 are bytes, then three specials.
+TINY_BOS, TINY_EOS, TINY_PAD = vocab.BOS, vocab.EOS, vocab.PAD
 TINY_CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
-    "vocab_size": 259,
+    "vocab_size": vocab.VOCAB,
     "hidden_size": 128,
     "intermediate_size": 384,
     "num_hidden_layers": 4,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "head_dim": 32,
-    "max_position_embeddings": 8192,
+    "max_position_embeddings": vocab.CONTEXT,
     "rope_theta": 10000.0,
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": False,

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from worker.model.loader import TINY, TINY_BOS, TINY_CONFIG, TINY_EOS, TINY_PAD
+from kvmesh.openai import vocab
+from worker.model.loader import TINY, TINY_BOS, TINY_EOS, TINY_PAD
 
 
 class Tokenizer(Protocol):
@@ -23,23 +24,20 @@ class Tokenizer(Protocol):
 
 
 class ByteTokenizer:
-    """UTF-8 bytes are ids 0..255; BOS/EOS/PAD follow (the tiny model's vocabulary).
-
-    ``decode`` drops special ids and replaces invalid UTF-8 (a cut multi-byte character).
-    """
+    """The tiny model's vocabulary (``kvmesh.openai.vocab``): UTF-8 bytes are ids 0..255,
+    BOS/EOS/PAD follow; ``decode`` drops special ids and replaces invalid UTF-8."""
 
     def __init__(self) -> None:
-        self.vocab_size: int = TINY_CONFIG["vocab_size"]
+        self.vocab_size: int = vocab.VOCAB
         self.bos_token_id: int | None = TINY_BOS
         self.eos_token_id: int | None = TINY_EOS
         self.pad_token_id: int | None = TINY_PAD
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
-        ids = list(text.encode("utf-8"))
-        return [TINY_BOS, *ids] if add_bos else ids
+        return vocab.encode(text, add_bos)
 
     def decode(self, ids: list[int]) -> str:
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+        return vocab.decode(ids)
 
 
 class HFTokenizer:

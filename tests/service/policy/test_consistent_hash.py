@@ -14,7 +14,7 @@ import pytest
 import xxhash
 
 from service.policy import ConsistentHashPolicy, make_policies
-from service.route import KEY_TOKENS, prompt_key
+from service.route_steps import KEY_TOKENS, prompt_key
 
 from .views import ids, view
 
@@ -45,7 +45,7 @@ CHILD = """
 import random
 from service.policy import ConsistentHashPolicy
 from service.policy.base import WorkerView
-from service.route import prompt_key
+from service.route_steps import prompt_key
 key = prompt_key(list(range(300)), "tenant", ("sql", "/a"))
 ws = [WorkerView(f"w{i}") for i in range(8)]
 print(key.hex(), [r.view.worker_id for r in ConsistentHashPolicy().rank(1, ws,
@@ -53,6 +53,7 @@ print(key.hex(), [r.view.worker_id for r in ConsistentHashPolicy().rank(1, ws,
 """
 
 
+@pytest.mark.slow
 def test_keys_and_rings_are_the_same_in_every_process() -> None:
     """No Python ``hash()`` (randomized per process) anywhere: two interpreters with
     different hash seeds agree."""
@@ -98,6 +99,7 @@ def test_keys_spread_evenly() -> None:
     assert all(abs(c - mean) <= 0.25 * mean for c in counts.values()), counts
 
 
+@pytest.mark.slow
 def test_removing_a_worker_moves_only_its_keys() -> None:
     p = ConsistentHashPolicy()
     ks = keys(4000, seed=1)

@@ -6,7 +6,7 @@ manager's transfer orders in order, as the real one must, and tests compare what
 place holds with what the manager's books say it holds: a wrong slot, an order run too
 late or a slot reused while a copy reads it shows up as a wrong key.
 
-Failures, as the real executor (worker/kv_transfer.py) has them: ``fail("offload")`` makes
+Failures, as the real executor (worker/kv_io/copy_executor.py) has them: ``fail("offload")`` makes
 the next batch of consecutive offloads fail (their slots hold garbage and are bad),
 ``fail("write")`` the next spill's file write (a partial file is left). A spill of a bad slot
 writes nothing; an onboard reading a bad slot or a missing/partial file fails. Each copy
@@ -15,11 +15,10 @@ as the engine does after executing a step's orders.
 """
 from __future__ import annotations
 
+from kvmesh.events.pool import PoolRemoved, PoolStored
 from kvmesh.hashing import block_hashes, extra_keys
 from worker.kv_cache import (
     BlockContent,
-    BlockRemoved,
-    BlockStored,
     Drop,
     KVCacheManager,
     KVRequest,
@@ -209,9 +208,9 @@ class Run:
     def events(self):
         out = []
         for e in self.m.take_events():
-            if isinstance(e, BlockStored):
+            if isinstance(e, PoolStored):
                 out.append(("stored", e.tier, [self.names.get(h, "?") for h in e.block_hashes]))
-            elif isinstance(e, BlockRemoved):
+            elif isinstance(e, PoolRemoved):
                 out.append(("removed", e.tier, [self.names.get(h, "?") for h in e.block_hashes]))
             else:
                 out.append(("cleared",))

@@ -1,8 +1,9 @@
 """BlockPool: allocation, caching, eviction, freeing order, reset, events."""
 import pytest
 
+from kvmesh.events.pool import PoolCleared, PoolRemoved, PoolStored
 from kvmesh.hashing import block_hashes
-from worker.kv_cache import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored
+from worker.kv_cache import BlockPool
 
 BS = 4
 
@@ -61,7 +62,7 @@ def test_cache_full_blocks_sets_hash_content_and_emits_stored():
     assert blocks[0].token_ids == (0, 1, 2, 3) and blocks[1].token_ids == (4, 5, 6, 7)
     assert blocks[1].content.parent is blocks[0].content
     assert pool.cached == {hashes[0]: {0: blocks[0]}, hashes[1]: {1: blocks[1]}}
-    assert pool.take_events() == [BlockStored(1, hashes, None, tokens[:8], "gpu")]
+    assert pool.take_events() == [PoolStored(1, hashes, None, tokens[:8], "gpu")]
     assert pool.take_events() == []
 
 
@@ -73,8 +74,8 @@ def test_cache_full_blocks_continues_a_chain_with_its_parent_hash():
     pool.cache_full_blocks(blocks, hashes, tokens, 0, 1, BS)
     pool.cache_full_blocks(blocks, hashes, tokens, 1, 1, BS)  # nothing new: no event
     pool.cache_full_blocks(blocks, hashes, tokens, 1, 3, BS)
-    assert pool.take_events() == [BlockStored(1, hashes[:1], None, tokens[:4], "cpu"),
-                                  BlockStored(2, hashes[1:], hashes[0], tokens[4:], "cpu")]
+    assert pool.take_events() == [PoolStored(1, hashes[:1], None, tokens[:4], "cpu"),
+                                  PoolStored(2, hashes[1:], hashes[0], tokens[4:], "cpu")]
     with pytest.raises(ValueError, match="already cached"):
         pool.cache_full_blocks(blocks, hashes, tokens, 2, 3, BS)
 
@@ -193,7 +194,7 @@ def test_eviction_is_lazy_and_removed_is_emitted_for_the_last_holder():
     assert pool.take_events() == []  # block 1 still holds the hash: the worker still has it
     pool.get_new_blocks(1)
     assert pool.evictions == 2 and pool.cached == {}
-    assert pool.take_events() == [BlockRemoved(3, hashes, "gpu")]
+    assert pool.take_events() == [PoolRemoved(3, hashes, "gpu")]
 
 
 def test_reset_refuses_while_any_block_is_referenced():
@@ -207,7 +208,7 @@ def test_reset_refuses_while_any_block_is_referenced():
     assert pool.cached == {} and all(b.block_hash is None for b in pool.blocks)
     assert pool.num_cached_blocks == 0
     events = pool.take_events()
-    assert [e.seq for e in events] == [1, 2] and events[1] == AllBlocksCleared(2)
+    assert [e.seq for e in events] == [1, 2] and events[1] == PoolCleared(2)
 
 
 def test_event_seqs_are_consecutive_from_one_and_snapshot_reflects_them():

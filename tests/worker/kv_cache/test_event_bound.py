@@ -1,4 +1,4 @@
-"""Unread KV events are bounded (issue 11, item 4): an ``Engine`` nobody takes events from
+"""Unread KV events are bounded: an ``Engine`` nobody takes events from
 (a worker without ``--service``, or the engine used directly) keeps at most
 ``max_pending_blocks`` blocks' worth of them, and a reader that missed some resyncs from a
 snapshot and is exact again."""
@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import tracemalloc
 
+import pytest
+
+from kvmesh.events.pool import PoolCleared, PoolRemoved, PoolStored
 from worker import Engine
-from worker.kv_cache import AllBlocksCleared, BlockRemoved, BlockStored
 
 BOUND = 60  # blocks' worth of events
 
@@ -23,6 +25,7 @@ def engine() -> Engine:
     return e
 
 
+@pytest.mark.slow
 def test_an_engine_without_a_reader_keeps_bounded_events():
     e = engine()
     e.generate(prompts(0), max_tokens=1)  # warm up: lazy allocations of the first run
@@ -51,11 +54,11 @@ def test_a_reader_that_missed_events_resyncs_from_a_snapshot():
     events = [ev for ev in e.kv.take_events() if ev.seq > snap.seq]
     assert [ev.seq for ev in events] == list(range(snap.seq + 1, e.kv.pool.last_seq + 1))
     for ev in events:
-        if isinstance(ev, BlockStored):
+        if isinstance(ev, PoolStored):
             index.update(ev.block_hashes)
-        elif isinstance(ev, BlockRemoved):
+        elif isinstance(ev, PoolRemoved):
             index.difference_update(ev.block_hashes)
         else:
-            assert isinstance(ev, AllBlocksCleared)
+            assert isinstance(ev, PoolCleared)
             index.clear()
     assert index == set(e.kv.pool.cached)

@@ -99,7 +99,8 @@ def test_unknown_eviction_is_refused():
 
 @pytest.mark.parametrize("cpu,disk", [(4, 0), (1, 4)])
 def test_a_block_keeps_its_class_across_a_tier_round_trip(cpu, disk):
-    """Issue 22 item 15: a decode block of a preempted request, offloaded (to host memory,
+    """Eviction class survives tiers: a decode block of a preempted request, offloaded (to host
+    memory,
     or on to disk) and onboarded back, is still a decode block: evicted first when freed,
     exactly as without tiers (the onboard's destination had the other class)."""
 

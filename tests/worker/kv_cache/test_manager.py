@@ -2,14 +2,9 @@
 import pytest
 
 import worker.kv_cache.manager as manager_module
+from kvmesh.events.pool import PoolCleared, PoolRemoved, PoolStored
 from kvmesh.hashing import block_hashes
-from worker.kv_cache import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVCacheManager,
-    KVRequest,
-)
+from worker.kv_cache import KVCacheManager, KVRequest
 
 
 def admit(m, req, chunk=None):
@@ -86,7 +81,7 @@ def test_seeds_worked_example_block_size_4_ten_blocks():
     # One more block now really evicts the LRU cached block: 3 (then 5).
     r3 = KVRequest("r3", [999] * 3)
     assert ids(admit(m, r3)[0]) == [3] and m.stats.evictions == 1
-    assert any(isinstance(e, BlockRemoved) for e in m.take_events())
+    assert any(isinstance(e, PoolRemoved) for e in m.take_events())
 
 
 def test_hashes_are_the_shared_contract_and_events_carry_them():
@@ -96,7 +91,7 @@ def test_hashes_are_the_shared_contract_and_events_carry_them():
     admit(m, req)
     expected = block_hashes(tokens, 4, algo="xxhash", seed="0", salt="s")
     assert req.block_hashes == expected
-    assert m.take_events() == [BlockStored(1, expected, None, tokens[:8], "gpu")]
+    assert m.take_events() == [PoolStored(1, expected, None, tokens[:8], "gpu")]
     with pytest.raises(ValueError, match="sha256_cbor"):
         KVCacheManager(8, 4, hash_algo="md5")
     with pytest.raises(ValueError):
@@ -259,7 +254,7 @@ def test_reset_prefix_cache_refuses_while_blocks_are_in_use():
     assert m.reset_prefix_cache() is False
     m.free(a)
     assert m.reset_prefix_cache() is True
-    assert m.take_events()[-1] == AllBlocksCleared(2)
+    assert m.take_events()[-1] == PoolCleared(2)
     assert m.get_computed_blocks(KVRequest("b", list(range(9))))[1] == 0
     assert m.cached_block_hashes().block_hashes == []
 

@@ -1,16 +1,9 @@
 """Offload: evicted device blocks move to the CPU tier, spill to disk, or are dropped."""
 import pytest
 
+from kvmesh.events.pool import PoolCleared
 from kvmesh.hashing import block_hashes
-from worker.kv_cache import (
-    AllBlocksCleared,
-    BlockContent,
-    Drop,
-    KVCacheManager,
-    KVRequest,
-    Offload,
-    Spill,
-)
+from worker.kv_cache import BlockContent, Drop, KVCacheManager, KVRequest, Offload, Spill
 from worker.kv_cache.block_pool import Evicted
 
 from .fake_plane import BS, Run
@@ -172,13 +165,13 @@ def test_reset_clears_every_tier_and_deletes_disk_files():
     assert r.lower("cpu") == [] and r.lower("disk") == []
     assert r.plane.run() == [Drop(r.chain("a", [1, 2])[0])]
     assert r.m.cached_block_hashes().block_hashes == []
-    assert r.m.take_events() == [] and isinstance(AllBlocksCleared(1), AllBlocksCleared)
+    assert r.m.take_events() == [] and isinstance(PoolCleared(1), PoolCleared)
 
 
 def test_a_failed_offload_drops_its_cpu_entries_before_they_spill_or_are_announced():
-    """Issue 22 item 14: the offload batch fails (the plane reports it lost, as the engine
-    does after executing a step's orders): the CPU entries go at once, ``BlockRemoved(cpu)``
-    after their ``BlockStored(cpu)``, so the pressure that follows spills and announces
+    """A lost offload: the offload batch fails (the plane reports it lost, as the engine
+    does after executing a step's orders): the CPU entries go at once, ``PoolRemoved(cpu)``
+    after their ``PoolStored(cpu)``, so the pressure that follows spills and announces
     nothing of them on disk, and the snapshot does not list them."""
     r = Run(gpu=3, cpu=2, disk=4)
     r.run([1, 2, 3, 4, 5], "a")

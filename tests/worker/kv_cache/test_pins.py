@@ -4,7 +4,8 @@ import pickle
 
 import pytest
 
-from worker.kv_cache import BlockRemoved, KVCacheManager, KVRequest, Pinned
+from kvmesh.events.pool import PoolRemoved
+from worker.kv_cache import KVCacheManager, KVRequest, Pinned
 
 BS = 2
 ALGO = "xxhash_cbor"
@@ -237,7 +238,7 @@ def test_hot_blocks_cached_in_a_failed_step_are_never_pinned():
         raise RuntimeError("the forward failed")
     for req in (a, b, c):
         m.free(req)
-    removed = [e for e in m.take_events() if isinstance(e, BlockRemoved)]
+    removed = [e for e in m.take_events() if isinstance(e, PoolRemoved)]
     assert removed and not m.pool.cached
     m.expire_pins()
     assert m.num_pinned_blocks == 0
@@ -313,7 +314,8 @@ def hot(m, tokens, salt=None, hits=9):
 
 
 def test_an_explicit_pin_displaces_automatic_pins_at_the_cap():
-    """Issue 22 item 8: hot traffic (any caller's own salted prefix) fills the cap with
+    """Automatic pins leave the admin room: hot traffic (any caller's own salted prefix) fills the
+    cap with
     automatic pins; the admin's pin still takes the cap, and is told when the cap cut it."""
     m, _ = manager(auto_pin=True)  # cap 3
     hot(m, SYS, salt="attacker")

@@ -1,10 +1,11 @@
 """restore_disk: the disk tier rebuilt from its files at start; the snapshot of every tier."""
 import pytest
 
+from kvmesh.events.pool import PoolStored
+from kvmesh.events.to_index import snapshot_blocks
 from kvmesh.hashing import block_hashes, extra_keys
 from kvmesh.v1 import index_pb2
-from worker.kv_cache import BlockStored, KVCacheManager, KVRequest
-from worker.link_messages import chain_order, snapshot_blocks
+from worker.kv_cache import KVCacheManager, KVRequest
 
 BS = 2
 
@@ -26,7 +27,7 @@ def test_restored_blocks_are_announced_and_onboarded_verified():
     a = entries([1, 2, 3, 4, 5, 6])
     kept = m.restore_disk(a)
     assert kept == [h for h, *_ in a] == disk(m)
-    assert m.take_events() == [BlockStored(1, kept, None, [1, 2, 3, 4, 5, 6], "disk")]
+    assert m.take_events() == [PoolStored(1, kept, None, [1, 2, 3, 4, 5, 6], "disk")]
     req = KVRequest("r", [1, 2, 3, 4, 5, 6, 7])
     assert m.match_by_tier(req) == {"gpu": 0, "cpu": 0, "disk": 6}
     assert m.start_onboard(req, [])
@@ -115,15 +116,6 @@ def test_the_snapshot_covers_every_tier_one_run_per_tier_and_chain():
         (index_pb2.TIER_GPU, [d0], b""),
         (index_pb2.TIER_CPU, a[:2], b""),
         (index_pb2.TIER_DISK, a, b"")]
-
-
-def test_chain_order_puts_parents_first_and_keeps_everything():
-    hashes = [b"c", b"x", b"b", b"a", b"y"]
-    parents = [b"b", b"q", b"a", None, b"x"]
-    order = chain_order(hashes, parents)
-    assert [hashes[i] for i in order] == [b"x", b"y", b"a", b"b", b"c"]
-    cycle = chain_order([b"p", b"q"], [b"q", b"p"])  # impossible without a collision
-    assert sorted(cycle) == [0, 1]
 
 
 def test_a_device_only_snapshot_is_as_before():

@@ -9,14 +9,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from kvmesh.events.pool import PoolCleared, PoolRemoved, PoolStored
 from kvmesh.hashing import block_hashes
-from worker.kv_cache import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVCacheManager,
-    KVRequest,
-)
+from worker.kv_cache import KVCacheManager, KVRequest
 
 BS = 2
 NUM_BLOCKS = 10
@@ -227,15 +222,15 @@ class KVCacheMachine(RuleBasedStateMachine):
         for event in self.m.take_events():
             self.seq += 1
             assert event.seq == self.seq
-            if isinstance(event, BlockStored):
+            if isinstance(event, PoolStored):
                 assert event.tier == "gpu"
                 assert len(event.token_ids) == BS * len(event.block_hashes)
                 self.held.update(event.block_hashes)
-            elif isinstance(event, BlockRemoved):
+            elif isinstance(event, PoolRemoved):
                 assert self.held.issuperset(event.block_hashes)
                 self.held.difference_update(event.block_hashes)
             else:
-                assert isinstance(event, AllBlocksCleared)
+                assert isinstance(event, PoolCleared)
                 self.held.clear()
         assert self.held == set(self.m.pool.cached)
         snap = self.m.cached_block_hashes()

@@ -26,13 +26,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from worker.kv_cache import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVCacheManager,
-    KVRequest,
-)
+from kvmesh.events.pool import PoolCleared, PoolRemoved, PoolStored
+from worker.kv_cache import KVCacheManager, KVRequest
 
 from .fake_plane import FakePlane
 from .test_state_machine import ALGO as SM_ALGO
@@ -216,10 +211,10 @@ class TierMachine(RuleBasedStateMachine):
         for k, event in enumerate(events):
             self.seq += 1
             assert event.seq == self.seq
-            if isinstance(event, BlockStored):
+            if isinstance(event, PoolStored):
                 assert len(event.token_ids) == BS * len(event.block_hashes)
                 self.held[event.tier].update(event.block_hashes)
-            elif isinstance(event, BlockRemoved):
+            elif isinstance(event, PoolRemoved):
                 held = self.held[event.tier]
                 assert held.issuperset(event.block_hashes)
                 held.difference_update(event.block_hashes)
@@ -229,11 +224,11 @@ class TierMachine(RuleBasedStateMachine):
                         continue
                     # Held at the end, held nowhere now: only if it was gone for real and
                     # computed again (so stored on the device) later in this batch.
-                    assert any(isinstance(e, BlockStored) and e.tier == "gpu"
+                    assert any(isinstance(e, PoolStored) and e.tier == "gpu"
                                and h in e.block_hashes
                                for e in events[k + 1:]), "a moved block was held nowhere"
             else:
-                assert isinstance(event, AllBlocksCleared)
+                assert isinstance(event, PoolCleared)
                 for s in self.held.values():
                     s.clear()
         assert self.held == truth
@@ -401,13 +396,13 @@ class DeviceUnchangedMachine(KVCacheMachine):
         for event in self.m.take_events():
             self.seq += 1
             assert event.seq == self.seq
-            if isinstance(event, AllBlocksCleared):
+            if isinstance(event, PoolCleared):
                 self.held.clear()
                 for s in self.lower.values():
                     s.clear()
                 continue
             held = self.held if event.tier == "gpu" else self.lower[event.tier]
-            if isinstance(event, BlockStored):
+            if isinstance(event, PoolStored):
                 held.update(event.block_hashes)
             else:
                 assert held.issuperset(event.block_hashes)

@@ -1,4 +1,4 @@
-"""Blocks cached by a step that failed are uncached; written ones stay (issue 11, item 1).
+"""Blocks cached by a step that failed are uncached; written ones stay.
 
 ``BlockPool.uncache_blocks`` drops the hashes of blocks whose KV was never written and
 reports removal only for hashes no other block holds; ``KVCacheManager.step`` applies it
@@ -6,8 +6,9 @@ to exactly the blocks cached inside a failed step.
 """
 import pytest
 
+from kvmesh.events.pool import PoolRemoved, PoolStored
 from kvmesh.hashing import block_hashes
-from worker.kv_cache import BlockPool, BlockRemoved, BlockStored, KVCacheManager, KVRequest
+from worker.kv_cache import BlockPool, KVCacheManager, KVRequest
 
 BS = 4
 TOKENS = list(range(10, 23))  # 13 tokens: 3 full blocks
@@ -36,7 +37,7 @@ def test_uncache_reports_only_hashes_no_written_block_holds():
     removed = pool.uncache_blocks(dup + new)
     assert removed == [new_hashes[2]]               # h0, h1 are still held by `written`
     events = pool.take_events()
-    assert len(events) == 1 and isinstance(events[0], BlockRemoved)
+    assert len(events) == 1 and isinstance(events[0], PoolRemoved)
     assert events[0].block_hashes == [new_hashes[2]]
     assert set(pool.cached) == set(hashes)
     assert all(b.block_hash is None and b.content is None for b in dup + new)
@@ -60,7 +61,7 @@ def test_failed_step_uncaches_only_its_own_blocks_chunked_prefill():
         m.allocate_slots(req, 5)
         raise Boom
     assert set(m.pool.cached) == before
-    removed = [e for e in m.take_events() if isinstance(e, BlockRemoved)]
+    removed = [e for e in m.take_events() if isinstance(e, PoolRemoved)]
     assert [e.block_hashes for e in removed] == [[req.block_hashes[2]]]
     m.free(req)
     probe = KVRequest("p", list(TOKENS))
@@ -78,8 +79,8 @@ def test_failed_step_uncaches_blocks_a_batch_mate_hit():
         raise Boom
     assert m.pool.cached == {}
     events = m.take_events()
-    stored = {h for e in events if isinstance(e, BlockStored) for h in e.block_hashes}
-    assert isinstance(events[-1], BlockRemoved) and set(events[-1].block_hashes) == stored
+    stored = {h for e in events if isinstance(e, PoolStored) for h in e.block_hashes}
+    assert isinstance(events[-1], PoolRemoved) and set(events[-1].block_hashes) == stored
     m.free(a)
     m.free(b)
     assert m.num_free_blocks == 16 and m.get_computed_blocks(KVRequest("c", TOKENS))[1] == 0
@@ -100,7 +101,7 @@ def test_a_duplicate_of_a_written_block_is_dropped_without_removal():
         assert len(m.pool.cached[a.block_hashes[1]]) == 2
         raise Boom
     assert list(m.pool.cached[a.block_hashes[1]]) == [m.get_block_ids(b)[1]]
-    assert not [e for e in m.take_events() if isinstance(e, BlockRemoved)]
+    assert not [e for e in m.take_events() if isinstance(e, PoolRemoved)]
 
 
 def test_outside_a_step_nothing_is_tracked_and_steps_do_not_nest():

@@ -1,6 +1,6 @@
 """worker.model.fingerprint: a loaded model's fingerprint covers its whole parsed config
-(issue 22 item 12: rope_theta, rope_scaling, rms_norm_eps and max_position_embeddings were
-left out), its weights, dtype, block size, hash algorithm and root hash."""
+(rope_theta, rope_scaling, rms_norm_eps and max_position_embeddings included), its weights, dtype,
+block size, hash algorithm and root hash."""
 from __future__ import annotations
 
 import dataclasses
