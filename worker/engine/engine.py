@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -84,14 +84,21 @@ class Engine:
     def __init__(self, model: torch.nn.Module, config, *, block_size: int = 16,
                  num_blocks: int | None = None, hash_algo: str = DEFAULT_ALGO,
                  hash_seed: str | None = None, scheduler: SchedulerConfig | None = None,
-                 kv_cache_bytes: int | None = None, tiers: TierConfig | None = None) -> None:
+                 kv_cache_bytes: int | None = None, tiers: TierConfig | None = None,
+                 cpu_blocks: int | None = None, disk_blocks: int | None = None,
+                 disk_dir: str | Path | None = None, eviction: str | None = None,
+                 auto_pin: bool | None = None) -> None:
+        """``tiers`` holds every tier setting; the single tier arguments (the engine's API
+        before ``TierConfig``) override its fields one by one."""
         self.model = model
         self.config = config
         self.block_size = block_size
         self.device = model.device
         if num_blocks is None:
             num_blocks = self._blocks_for_budget(kv_cache_bytes)
-        tiers = tiers or TierConfig()
+        given = {"cpu_blocks": cpu_blocks, "disk_blocks": disk_blocks, "disk_dir": disk_dir,
+                 "eviction": eviction, "auto_pin": auto_pin}
+        tiers = replace(tiers or TierConfig(), **{k: v for k, v in given.items() if v is not None})
         tiers.check()
         self.kv = KVCacheManager(num_blocks, block_size, hash_algo=hash_algo,
                                  hash_seed=hash_seed, **tiers.manager_kwargs())
@@ -128,8 +135,9 @@ class Engine:
                         hash_seed: str | None = None, **kwargs) -> Engine:
         """Load ``"tiny"`` or a Hugging Face directory; ``num_blocks=None`` sizes the pool
         from a memory budget (256 MiB on CPU, 85% of free GPU memory on CUDA). ``kwargs``
-        go to the constructor: ``scheduler``, ``kv_cache_bytes`` and ``tiers`` (a
-        ``worker.kv_cache.tier_config.TierConfig``)."""
+        go to the constructor: ``scheduler``, ``kv_cache_bytes``, ``tiers`` (a
+        ``worker.kv_cache.tier_config.TierConfig``) or its fields one by one (``cpu_blocks``,
+        ``disk_blocks``, ``disk_dir``, ``eviction``, ``auto_pin``)."""
         model, config = load_model(path_or_name, device=device, dtype=dtype)
         return cls(model, config, block_size=block_size, num_blocks=num_blocks,
                    hash_algo=hash_algo, hash_seed=hash_seed, **kwargs)

@@ -197,3 +197,23 @@ def test_an_empty_lora_is_no_lora_as_on_the_wire():
     assert again.num_cached_tokens == 12
     [named] = engine.generate([prompt], max_tokens=1, lora=("adapter", ""))
     assert named.num_cached_tokens == 0
+
+
+def test_tier_arguments_one_by_one_are_the_same_as_a_tier_config(tmp_path):
+    """The engine's own tier arguments (its API before ``TierConfig``) still work, and
+    override a given ``TierConfig`` field by field."""
+    from worker.kv_cache.tier_config import TierConfig
+
+    prompt = list(range(1, 41))
+    whole = Engine.from_pretrained("tiny", block_size=4, num_blocks=64,
+                                   tiers=TierConfig(cpu_blocks=16))
+    single = Engine.from_pretrained("tiny", block_size=4, num_blocks=64, cpu_blocks=16)
+    mixed = Engine.from_pretrained("tiny", block_size=4, num_blocks=64,
+                                   tiers=TierConfig(cpu_blocks=4), cpu_blocks=16)
+    outs = [e.generate([prompt], max_tokens=4)[0].token_ids for e in (whole, single, mixed)]
+    assert outs[0] == outs[1] == outs[2]
+    assert [e.kv.tier_stats()["cpu"].capacity_blocks for e in (whole, single, mixed)] == [16] * 3
+    with pytest.raises(ValueError, match="--disk-dir"):
+        Engine.from_pretrained("tiny", block_size=4, num_blocks=64, cpu_blocks=4, disk_blocks=4)
+    for e in (whole, single, mixed):
+        e.close()
