@@ -37,7 +37,7 @@ class MultimodalItem(_message.Message):
     def __init__(self, identifier: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class WorkerLoad(_message.Message):
-    __slots__ = ("running", "waiting", "queued_prefill_tokens", "free_blocks", "total_blocks", "decode_tokens", "prefill_us_per_token", "onboard_us_per_block_cpu", "onboard_us_per_block_disk", "tier_blocks", "free_empty_blocks")
+    __slots__ = ("running", "waiting", "queued_prefill_tokens", "free_blocks", "total_blocks", "decode_tokens", "prefill_us_per_token", "onboard_us_per_block_cpu", "onboard_us_per_block_disk", "tier_blocks", "free_empty_blocks", "fetch_us_per_block", "fetch_us_per_call", "peer_fetch")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,9 @@ class WorkerLoad(_message.Message):
     ONBOARD_US_PER_BLOCK_DISK_FIELD_NUMBER: _ClassVar[int]
     TIER_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     FREE_EMPTY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    FETCH_US_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    FETCH_US_PER_CALL_FIELD_NUMBER: _ClassVar[int]
+    PEER_FETCH_FIELD_NUMBER: _ClassVar[int]
     running: int
     waiting: int
     queued_prefill_tokens: int
@@ -60,7 +63,10 @@ class WorkerLoad(_message.Message):
     onboard_us_per_block_disk: float
     tier_blocks: int
     free_empty_blocks: int
-    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., prefill_us_per_token: _Optional[float] = ..., onboard_us_per_block_cpu: _Optional[float] = ..., onboard_us_per_block_disk: _Optional[float] = ..., tier_blocks: _Optional[int] = ..., free_empty_blocks: _Optional[int] = ...) -> None: ...
+    fetch_us_per_block: float
+    fetch_us_per_call: float
+    peer_fetch: bool
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., free_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., prefill_us_per_token: _Optional[float] = ..., onboard_us_per_block_cpu: _Optional[float] = ..., onboard_us_per_block_disk: _Optional[float] = ..., tier_blocks: _Optional[int] = ..., free_empty_blocks: _Optional[int] = ..., fetch_us_per_block: _Optional[float] = ..., fetch_us_per_call: _Optional[float] = ..., peer_fetch: _Optional[bool] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "address", "model", "block_size", "hash_algo", "root_hash", "load", "incarnation")
@@ -187,7 +193,7 @@ class SyncWorkerResponse(_message.Message):
     def __init__(self, indexed_blocks: _Optional[int] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
-    __slots__ = ("token_ids", "salt", "lora", "mm", "model", "policy", "max_candidates", "dry_run", "token_ids_packed")
+    __slots__ = ("token_ids", "salt", "lora", "mm", "model", "policy", "max_candidates", "dry_run", "token_ids_packed", "worker_id")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SALT_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +203,7 @@ class RouteRequest(_message.Message):
     MAX_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_PACKED_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     salt: str
     lora: Lora
@@ -206,10 +213,29 @@ class RouteRequest(_message.Message):
     max_candidates: int
     dry_run: bool
     token_ids_packed: bytes
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., salt: _Optional[str] = ..., lora: _Optional[_Union[Lora, _Mapping]] = ..., mm: _Optional[_Iterable[_Union[MultimodalItem, _Mapping]]] = ..., model: _Optional[str] = ..., policy: _Optional[str] = ..., max_candidates: _Optional[int] = ..., dry_run: _Optional[bool] = ..., token_ids_packed: _Optional[bytes] = ...) -> None: ...
+    worker_id: str
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., salt: _Optional[str] = ..., lora: _Optional[_Union[Lora, _Mapping]] = ..., mm: _Optional[_Iterable[_Union[MultimodalItem, _Mapping]]] = ..., model: _Optional[str] = ..., policy: _Optional[str] = ..., max_candidates: _Optional[int] = ..., dry_run: _Optional[bool] = ..., token_ids_packed: _Optional[bytes] = ..., worker_id: _Optional[str] = ...) -> None: ...
+
+class FetchPlan(_message.Message):
+    __slots__ = ("source_worker_id", "source_address", "start_block", "block_hashes", "tokens", "est_s", "ticket")
+    SOURCE_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    START_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EST_S_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    source_worker_id: str
+    source_address: str
+    start_block: int
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    tokens: int
+    est_s: float
+    ticket: bytes
+    def __init__(self, source_worker_id: _Optional[str] = ..., source_address: _Optional[str] = ..., start_block: _Optional[int] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., tokens: _Optional[int] = ..., est_s: _Optional[float] = ..., ticket: _Optional[bytes] = ...) -> None: ...
 
 class Candidate(_message.Message):
-    __slots__ = ("worker_id", "address", "matched_tokens", "tier", "cost", "load", "matched_tokens_by_tier")
+    __slots__ = ("worker_id", "address", "matched_tokens", "tier", "cost", "load", "matched_tokens_by_tier", "fetch")
     class MatchedTokensByTierEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -224,6 +250,7 @@ class Candidate(_message.Message):
     COST_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     MATCHED_TOKENS_BY_TIER_FIELD_NUMBER: _ClassVar[int]
+    FETCH_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     matched_tokens: int
@@ -231,7 +258,8 @@ class Candidate(_message.Message):
     cost: float
     load: WorkerLoad
     matched_tokens_by_tier: _containers.ScalarMap[str, int]
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., matched_tokens: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ..., cost: _Optional[float] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., matched_tokens_by_tier: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    fetch: FetchPlan
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., matched_tokens: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ..., cost: _Optional[float] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., matched_tokens_by_tier: _Optional[_Mapping[str, int]] = ..., fetch: _Optional[_Union[FetchPlan, _Mapping]] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
     __slots__ = ("candidates", "degraded", "prompt_tokens", "policy")

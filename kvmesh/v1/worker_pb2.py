@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kvmesh.v1 import index_pb2 as kvmesh_dot_v1_dot_index__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/worker.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/index.proto\"i\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\x11\n\x04seed\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x42\x07\n\x05_seed\"\xf8\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.kvmesh.v1.SamplingParams\x12\x0c\n\x04salt\x18\x04 \x01(\t\x12\x1d\n\x04lora\x18\x05 \x01(\x0b\x32\x0f.kvmesh.v1.Lora\x12%\n\x02mm\x18\x06 \x03(\x0b\x32\x19.kvmesh.v1.MultimodalItem\x12\x1c\n\x14index_matched_tokens\x18\x07 \x01(\x04\x12^\n\x1cindex_matched_tokens_by_tier\x18\x08 \x03(\x0b\x32\x38.kvmesh.v1.GenerateRequest.IndexMatchedTokensByTierEntry\x1a?\n\x1dIndexMatchedTokensByTierEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xc1\x02\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x19\n\x11num_cached_tokens\x18\x04 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x04\x12\x0e\n\x06ttft_s\x18\x06 \x01(\x01\x12\r\n\x05\x65\x32\x65_s\x18\x07 \x01(\x01\x12\x11\n\tworker_id\x18\x08 \x01(\t\x12R\n\x15\x63\x61\x63hed_tokens_by_tier\x18\t \x03(\x0b\x32\x33.kvmesh.v1.GenerateResponse.CachedTokensByTierEntry\x1a\x39\n\x17\x43\x61\x63hedTokensByTierEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x14\n\x12WorkerStatsRequest\"\xbe\x01\n\nCacheStats\x12\x0f\n\x07queries\x18\x01 \x01(\x04\x12\x0c\n\x04hits\x18\x02 \x01(\x04\x12\x10\n\x08hit_rate\x18\x03 \x01(\x01\x12\x11\n\tevictions\x18\x04 \x01(\x04\x12\x13\n\x0bused_blocks\x18\x05 \x01(\r\x12\x15\n\rcached_blocks\x18\x06 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\x07 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x08 \x01(\r\x12\x15\n\rcached_hashes\x18\t \x01(\r\"\x86\x02\n\tTierStats\x12\x0c\n\x04tier\x18\x01 \x01(\t\x12\x17\n\x0f\x63\x61pacity_blocks\x18\x02 \x01(\r\x12\x15\n\rcached_blocks\x18\x03 \x01(\r\x12\x12\n\nhit_tokens\x18\x04 \x01(\x04\x12\x11\n\tevictions\x18\x05 \x01(\x04\x12\x10\n\x08offloads\x18\x06 \x01(\x04\x12\x16\n\x0eonboard_blocks\x18\x07 \x01(\x04\x12\x15\n\ronboard_bytes\x18\x08 \x01(\x04\x12\x17\n\x0fonboard_seconds\x18\t \x01(\x01\x12\x1d\n\x15index_promised_tokens\x18\n \x01(\x04\x12\x1b\n\x13index_missed_tokens\x18\x0b \x01(\x04\"\xae\x02\n\x13WorkerStatsResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12#\n\x04load\x18\x03 \x01(\x0b\x32\x15.kvmesh.v1.WorkerLoad\x12$\n\x05\x63\x61\x63he\x18\x04 \x01(\x0b\x32\x15.kvmesh.v1.CacheStats\x12\x15\n\rrequests_done\x18\x05 \x01(\x04\x12\x1d\n\x15index_promised_tokens\x18\x06 \x01(\x04\x12\x1b\n\x13index_served_tokens\x18\x07 \x01(\x04\x12#\n\x05tiers\x18\x08 \x03(\x0b\x32\x14.kvmesh.v1.TierStats\x12\x15\n\rpinned_blocks\x18\t \x01(\r\x12\x1b\n\x13mean_matched_tokens\x18\n \x01(\x01\"\xb5\x01\n\nPinRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x0c\n\x04salt\x18\x02 \x01(\t\x12\x1d\n\x04lora\x18\x03 \x01(\x0b\x32\x0f.kvmesh.v1.Lora\x12%\n\x02mm\x18\x04 \x03(\x0b\x32\x19.kvmesh.v1.MultimodalItem\x12\x14\n\x0c\x62lock_hashes\x18\x05 \x03(\x0c\x12\r\n\x05ttl_s\x18\x06 \x01(\x01\x12\x0c\n\x04warm\x18\x07 \x01(\x08\x12\r\n\x05unpin\x18\x08 \x01(\x08\"O\n\x0bPinResponse\x12\x15\n\rpinned_blocks\x18\x01 \x01(\r\x12\x14\n\x0c\x63hain_blocks\x18\x02 \x01(\r\x12\x13\n\x0b\x63\x61p_reached\x18\x03 \x01(\x08\"I\n\x12\x46\x65tchBlocksRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\x1d\n\x04tier\x18\x02 \x01(\x0e\x32\x0f.kvmesh.v1.Tier\"S\n\x13\x46\x65tchBlocksResponse\x12\x12\n\nblock_hash\x18\x01 \x01(\x0c\x12\n\n\x02kv\x18\x02 \x01(\x0c\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\r\n\x05\x64type\x18\x04 \x01(\t2\xa4\x02\n\rWorkerService\x12\x45\n\x08Generate\x12\x1a.kvmesh.v1.GenerateRequest\x1a\x1b.kvmesh.v1.GenerateResponse0\x01\x12\x46\n\x05Stats\x12\x1d.kvmesh.v1.WorkerStatsRequest\x1a\x1e.kvmesh.v1.WorkerStatsResponse\x12N\n\x0b\x46\x65tchBlocks\x12\x1d.kvmesh.v1.FetchBlocksRequest\x1a\x1e.kvmesh.v1.FetchBlocksResponse0\x01\x12\x34\n\x03Pin\x12\x15.kvmesh.v1.PinRequest\x1a\x16.kvmesh.v1.PinResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/worker.proto\x12\tkvmesh.v1\x1a\x15kvmesh/v1/index.proto\"i\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\x11\n\x04seed\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x42\x07\n\x05_seed\"\x9d\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.kvmesh.v1.SamplingParams\x12\x0c\n\x04salt\x18\x04 \x01(\t\x12\x1d\n\x04lora\x18\x05 \x01(\x0b\x32\x0f.kvmesh.v1.Lora\x12%\n\x02mm\x18\x06 \x03(\x0b\x32\x19.kvmesh.v1.MultimodalItem\x12\x1c\n\x14index_matched_tokens\x18\x07 \x01(\x04\x12^\n\x1cindex_matched_tokens_by_tier\x18\x08 \x03(\x0b\x32\x38.kvmesh.v1.GenerateRequest.IndexMatchedTokensByTierEntry\x12#\n\x05\x66\x65tch\x18\t \x01(\x0b\x32\x14.kvmesh.v1.FetchPlan\x1a?\n\x1dIndexMatchedTokensByTierEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xc1\x02\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x19\n\x11num_cached_tokens\x18\x04 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x04\x12\x0e\n\x06ttft_s\x18\x06 \x01(\x01\x12\r\n\x05\x65\x32\x65_s\x18\x07 \x01(\x01\x12\x11\n\tworker_id\x18\x08 \x01(\t\x12R\n\x15\x63\x61\x63hed_tokens_by_tier\x18\t \x03(\x0b\x32\x33.kvmesh.v1.GenerateResponse.CachedTokensByTierEntry\x1a\x39\n\x17\x43\x61\x63hedTokensByTierEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x14\n\x12WorkerStatsRequest\"\xbe\x01\n\nCacheStats\x12\x0f\n\x07queries\x18\x01 \x01(\x04\x12\x0c\n\x04hits\x18\x02 \x01(\x04\x12\x10\n\x08hit_rate\x18\x03 \x01(\x01\x12\x11\n\tevictions\x18\x04 \x01(\x04\x12\x13\n\x0bused_blocks\x18\x05 \x01(\r\x12\x15\n\rcached_blocks\x18\x06 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\x07 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x08 \x01(\r\x12\x15\n\rcached_hashes\x18\t \x01(\r\"\x86\x02\n\tTierStats\x12\x0c\n\x04tier\x18\x01 \x01(\t\x12\x17\n\x0f\x63\x61pacity_blocks\x18\x02 \x01(\r\x12\x15\n\rcached_blocks\x18\x03 \x01(\r\x12\x12\n\nhit_tokens\x18\x04 \x01(\x04\x12\x11\n\tevictions\x18\x05 \x01(\x04\x12\x10\n\x08offloads\x18\x06 \x01(\x04\x12\x16\n\x0eonboard_blocks\x18\x07 \x01(\x04\x12\x15\n\ronboard_bytes\x18\x08 \x01(\x04\x12\x17\n\x0fonboard_seconds\x18\t \x01(\x01\x12\x1d\n\x15index_promised_tokens\x18\n \x01(\x04\x12\x1b\n\x13index_missed_tokens\x18\x0b \x01(\x04\"\xd2\x02\n\x13WorkerStatsResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12#\n\x04load\x18\x03 \x01(\x0b\x32\x15.kvmesh.v1.WorkerLoad\x12$\n\x05\x63\x61\x63he\x18\x04 \x01(\x0b\x32\x15.kvmesh.v1.CacheStats\x12\x15\n\rrequests_done\x18\x05 \x01(\x04\x12\x1d\n\x15index_promised_tokens\x18\x06 \x01(\x04\x12\x1b\n\x13index_served_tokens\x18\x07 \x01(\x04\x12#\n\x05tiers\x18\x08 \x03(\x0b\x32\x14.kvmesh.v1.TierStats\x12\x15\n\rpinned_blocks\x18\t \x01(\r\x12\x1b\n\x13mean_matched_tokens\x18\n \x01(\x01\x12\"\n\x04peer\x18\x0b \x01(\x0b\x32\x14.kvmesh.v1.PeerStats\"\xc5\x01\n\tPeerStats\x12\x0f\n\x07\x66\x65tches\x18\x01 \x01(\x04\x12\x16\n\x0e\x66\x65tched_blocks\x18\x02 \x01(\x04\x12\x15\n\rfetched_bytes\x18\x03 \x01(\x04\x12\x11\n\tfallbacks\x18\x04 \x01(\x04\x12\x0e\n\x06served\x18\x05 \x01(\x04\x12\x15\n\rserved_blocks\x18\x06 \x01(\x04\x12\x14\n\x0cserved_bytes\x18\x07 \x01(\x04\x12\x0f\n\x07refused\x18\x08 \x01(\x04\x12\x17\n\x0fpeer_hit_tokens\x18\t \x01(\x04\"\xb5\x01\n\nPinRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x0c\n\x04salt\x18\x02 \x01(\t\x12\x1d\n\x04lora\x18\x03 \x01(\x0b\x32\x0f.kvmesh.v1.Lora\x12%\n\x02mm\x18\x04 \x03(\x0b\x32\x19.kvmesh.v1.MultimodalItem\x12\x14\n\x0c\x62lock_hashes\x18\x05 \x03(\x0c\x12\r\n\x05ttl_s\x18\x06 \x01(\x01\x12\x0c\n\x04warm\x18\x07 \x01(\x08\x12\r\n\x05unpin\x18\x08 \x01(\x08\"O\n\x0bPinResponse\x12\x15\n\rpinned_blocks\x18\x01 \x01(\r\x12\x14\n\x0c\x63hain_blocks\x18\x02 \x01(\r\x12\x13\n\x0b\x63\x61p_reached\x18\x03 \x01(\x08\"r\n\x12\x46\x65tchBlocksRequest\x12\x14\n\x0crequester_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x0c\x12\x0e\n\x06ticket\x18\x03 \x01(\x0c\x12\r\n\x05proof\x18\x04 \x01(\x0c\x12\x11\n\ttransport\x18\x05 \x01(\t\"\xa6\x01\n\x13\x46\x65tchBlocksResponse\x12\x13\n\x0b\x66ingerprint\x18\x01 \x01(\x0c\x12\x0e\n\x06\x62locks\x18\x02 \x01(\r\x12\x13\n\x0b\x62lock_bytes\x18\x03 \x01(\x04\x12\x11\n\ttoken_ids\x18\x04 \x03(\x03\x12\x10\n\x08\x65ndpoint\x18\x05 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x13\n\x0b\x62lock_shape\x18\x08 \x03(\x03\x32\xa4\x02\n\rWorkerService\x12\x45\n\x08Generate\x12\x1a.kvmesh.v1.GenerateRequest\x1a\x1b.kvmesh.v1.GenerateResponse0\x01\x12\x46\n\x05Stats\x12\x1d.kvmesh.v1.WorkerStatsRequest\x1a\x1e.kvmesh.v1.WorkerStatsResponse\x12N\n\x0b\x46\x65tchBlocks\x12\x1d.kvmesh.v1.FetchBlocksRequest\x1a\x1e.kvmesh.v1.FetchBlocksResponse0\x01\x12\x34\n\x03Pin\x12\x15.kvmesh.v1.PinRequest\x1a\x16.kvmesh.v1.PinResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,29 +39,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS']._serialized_start=60
   _globals['_SAMPLINGPARAMS']._serialized_end=165
   _globals['_GENERATEREQUEST']._serialized_start=168
-  _globals['_GENERATEREQUEST']._serialized_end=544
-  _globals['_GENERATEREQUEST_INDEXMATCHEDTOKENSBYTIERENTRY']._serialized_start=481
-  _globals['_GENERATEREQUEST_INDEXMATCHEDTOKENSBYTIERENTRY']._serialized_end=544
-  _globals['_GENERATERESPONSE']._serialized_start=547
-  _globals['_GENERATERESPONSE']._serialized_end=868
-  _globals['_GENERATERESPONSE_CACHEDTOKENSBYTIERENTRY']._serialized_start=811
-  _globals['_GENERATERESPONSE_CACHEDTOKENSBYTIERENTRY']._serialized_end=868
-  _globals['_WORKERSTATSREQUEST']._serialized_start=870
-  _globals['_WORKERSTATSREQUEST']._serialized_end=890
-  _globals['_CACHESTATS']._serialized_start=893
-  _globals['_CACHESTATS']._serialized_end=1083
-  _globals['_TIERSTATS']._serialized_start=1086
-  _globals['_TIERSTATS']._serialized_end=1348
-  _globals['_WORKERSTATSRESPONSE']._serialized_start=1351
-  _globals['_WORKERSTATSRESPONSE']._serialized_end=1653
-  _globals['_PINREQUEST']._serialized_start=1656
-  _globals['_PINREQUEST']._serialized_end=1837
-  _globals['_PINRESPONSE']._serialized_start=1839
-  _globals['_PINRESPONSE']._serialized_end=1918
-  _globals['_FETCHBLOCKSREQUEST']._serialized_start=1920
-  _globals['_FETCHBLOCKSREQUEST']._serialized_end=1993
-  _globals['_FETCHBLOCKSRESPONSE']._serialized_start=1995
-  _globals['_FETCHBLOCKSRESPONSE']._serialized_end=2078
-  _globals['_WORKERSERVICE']._serialized_start=2081
-  _globals['_WORKERSERVICE']._serialized_end=2373
+  _globals['_GENERATEREQUEST']._serialized_end=581
+  _globals['_GENERATEREQUEST_INDEXMATCHEDTOKENSBYTIERENTRY']._serialized_start=518
+  _globals['_GENERATEREQUEST_INDEXMATCHEDTOKENSBYTIERENTRY']._serialized_end=581
+  _globals['_GENERATERESPONSE']._serialized_start=584
+  _globals['_GENERATERESPONSE']._serialized_end=905
+  _globals['_GENERATERESPONSE_CACHEDTOKENSBYTIERENTRY']._serialized_start=848
+  _globals['_GENERATERESPONSE_CACHEDTOKENSBYTIERENTRY']._serialized_end=905
+  _globals['_WORKERSTATSREQUEST']._serialized_start=907
+  _globals['_WORKERSTATSREQUEST']._serialized_end=927
+  _globals['_CACHESTATS']._serialized_start=930
+  _globals['_CACHESTATS']._serialized_end=1120
+  _globals['_TIERSTATS']._serialized_start=1123
+  _globals['_TIERSTATS']._serialized_end=1385
+  _globals['_WORKERSTATSRESPONSE']._serialized_start=1388
+  _globals['_WORKERSTATSRESPONSE']._serialized_end=1726
+  _globals['_PEERSTATS']._serialized_start=1729
+  _globals['_PEERSTATS']._serialized_end=1926
+  _globals['_PINREQUEST']._serialized_start=1929
+  _globals['_PINREQUEST']._serialized_end=2110
+  _globals['_PINRESPONSE']._serialized_start=2112
+  _globals['_PINRESPONSE']._serialized_end=2191
+  _globals['_FETCHBLOCKSREQUEST']._serialized_start=2193
+  _globals['_FETCHBLOCKSREQUEST']._serialized_end=2307
+  _globals['_FETCHBLOCKSRESPONSE']._serialized_start=2310
+  _globals['_FETCHBLOCKSRESPONSE']._serialized_end=2476
+  _globals['_WORKERSERVICE']._serialized_start=2479
+  _globals['_WORKERSERVICE']._serialized_end=2771
 # @@protoc_insertion_point(module_scope)

@@ -20,7 +20,7 @@ class SamplingParams(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "token_ids", "sampling", "salt", "lora", "mm", "index_matched_tokens", "index_matched_tokens_by_tier")
+    __slots__ = ("request_id", "token_ids", "sampling", "salt", "lora", "mm", "index_matched_tokens", "index_matched_tokens_by_tier", "fetch")
     class IndexMatchedTokensByTierEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class GenerateRequest(_message.Message):
     MM_FIELD_NUMBER: _ClassVar[int]
     INDEX_MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     INDEX_MATCHED_TOKENS_BY_TIER_FIELD_NUMBER: _ClassVar[int]
+    FETCH_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
@@ -44,7 +45,8 @@ class GenerateRequest(_message.Message):
     mm: _containers.RepeatedCompositeFieldContainer[_index_pb2.MultimodalItem]
     index_matched_tokens: int
     index_matched_tokens_by_tier: _containers.ScalarMap[str, int]
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., salt: _Optional[str] = ..., lora: _Optional[_Union[_index_pb2.Lora, _Mapping]] = ..., mm: _Optional[_Iterable[_Union[_index_pb2.MultimodalItem, _Mapping]]] = ..., index_matched_tokens: _Optional[int] = ..., index_matched_tokens_by_tier: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    fetch: _index_pb2.FetchPlan
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., salt: _Optional[str] = ..., lora: _Optional[_Union[_index_pb2.Lora, _Mapping]] = ..., mm: _Optional[_Iterable[_Union[_index_pb2.MultimodalItem, _Mapping]]] = ..., index_matched_tokens: _Optional[int] = ..., index_matched_tokens_by_tier: _Optional[_Mapping[str, int]] = ..., fetch: _Optional[_Union[_index_pb2.FetchPlan, _Mapping]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "finished", "finish_reason", "num_cached_tokens", "prompt_tokens", "ttft_s", "e2e_s", "worker_id", "cached_tokens_by_tier")
@@ -128,7 +130,7 @@ class TierStats(_message.Message):
     def __init__(self, tier: _Optional[str] = ..., capacity_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., evictions: _Optional[int] = ..., offloads: _Optional[int] = ..., onboard_blocks: _Optional[int] = ..., onboard_bytes: _Optional[int] = ..., onboard_seconds: _Optional[float] = ..., index_promised_tokens: _Optional[int] = ..., index_missed_tokens: _Optional[int] = ...) -> None: ...
 
 class WorkerStatsResponse(_message.Message):
-    __slots__ = ("worker_id", "model", "load", "cache", "requests_done", "index_promised_tokens", "index_served_tokens", "tiers", "pinned_blocks", "mean_matched_tokens")
+    __slots__ = ("worker_id", "model", "load", "cache", "requests_done", "index_promised_tokens", "index_served_tokens", "tiers", "pinned_blocks", "mean_matched_tokens", "peer")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +141,7 @@ class WorkerStatsResponse(_message.Message):
     TIERS_FIELD_NUMBER: _ClassVar[int]
     PINNED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     MEAN_MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     load: _index_pb2.WorkerLoad
@@ -149,7 +152,30 @@ class WorkerStatsResponse(_message.Message):
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     pinned_blocks: int
     mean_matched_tokens: float
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., load: _Optional[_Union[_index_pb2.WorkerLoad, _Mapping]] = ..., cache: _Optional[_Union[CacheStats, _Mapping]] = ..., requests_done: _Optional[int] = ..., index_promised_tokens: _Optional[int] = ..., index_served_tokens: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., pinned_blocks: _Optional[int] = ..., mean_matched_tokens: _Optional[float] = ...) -> None: ...
+    peer: PeerStats
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., load: _Optional[_Union[_index_pb2.WorkerLoad, _Mapping]] = ..., cache: _Optional[_Union[CacheStats, _Mapping]] = ..., requests_done: _Optional[int] = ..., index_promised_tokens: _Optional[int] = ..., index_served_tokens: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., pinned_blocks: _Optional[int] = ..., mean_matched_tokens: _Optional[float] = ..., peer: _Optional[_Union[PeerStats, _Mapping]] = ...) -> None: ...
+
+class PeerStats(_message.Message):
+    __slots__ = ("fetches", "fetched_blocks", "fetched_bytes", "fallbacks", "served", "served_blocks", "served_bytes", "refused", "peer_hit_tokens")
+    FETCHES_FIELD_NUMBER: _ClassVar[int]
+    FETCHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    FETCHED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FALLBACKS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_FIELD_NUMBER: _ClassVar[int]
+    SERVED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    PEER_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    fetches: int
+    fetched_blocks: int
+    fetched_bytes: int
+    fallbacks: int
+    served: int
+    served_blocks: int
+    served_bytes: int
+    refused: int
+    peer_hit_tokens: int
+    def __init__(self, fetches: _Optional[int] = ..., fetched_blocks: _Optional[int] = ..., fetched_bytes: _Optional[int] = ..., fallbacks: _Optional[int] = ..., served: _Optional[int] = ..., served_blocks: _Optional[int] = ..., served_bytes: _Optional[int] = ..., refused: _Optional[int] = ..., peer_hit_tokens: _Optional[int] = ...) -> None: ...
 
 class PinRequest(_message.Message):
     __slots__ = ("token_ids", "salt", "lora", "mm", "block_hashes", "ttl_s", "warm", "unpin")
@@ -182,21 +208,35 @@ class PinResponse(_message.Message):
     def __init__(self, pinned_blocks: _Optional[int] = ..., chain_blocks: _Optional[int] = ..., cap_reached: _Optional[bool] = ...) -> None: ...
 
 class FetchBlocksRequest(_message.Message):
-    __slots__ = ("block_hashes", "tier")
+    __slots__ = ("requester_id", "block_hashes", "ticket", "proof", "transport")
+    REQUESTER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
-    TIER_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    requester_id: str
     block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
-    tier: _index_pb2.Tier
-    def __init__(self, block_hashes: _Optional[_Iterable[bytes]] = ..., tier: _Optional[_Union[_index_pb2.Tier, str]] = ...) -> None: ...
+    ticket: bytes
+    proof: bytes
+    transport: str
+    def __init__(self, requester_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., ticket: _Optional[bytes] = ..., proof: _Optional[bytes] = ..., transport: _Optional[str] = ...) -> None: ...
 
 class FetchBlocksResponse(_message.Message):
-    __slots__ = ("block_hash", "kv", "shape", "dtype")
-    BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
-    KV_FIELD_NUMBER: _ClassVar[int]
-    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("fingerprint", "blocks", "block_bytes", "token_ids", "endpoint", "data", "dtype", "block_shape")
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
-    block_hash: bytes
-    kv: bytes
-    shape: _containers.RepeatedScalarFieldContainer[int]
+    BLOCK_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    fingerprint: bytes
+    blocks: int
+    block_bytes: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    endpoint: str
+    data: bytes
     dtype: str
-    def __init__(self, block_hash: _Optional[bytes] = ..., kv: _Optional[bytes] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
+    block_shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, fingerprint: _Optional[bytes] = ..., blocks: _Optional[int] = ..., block_bytes: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., endpoint: _Optional[str] = ..., data: _Optional[bytes] = ..., dtype: _Optional[str] = ..., block_shape: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -114,6 +114,9 @@ class WorkerLoad:
     onboard_us_per_block_disk: float = 0.0
     tier_blocks: int = 0  # capacity of the CPU and disk tiers (the block cap counts them)
     free_empty_blocks: int = 0  # free blocks holding no hash (service.policy.room)
+    fetch_us_per_block: float = 0.0  # pulling one block from a peer (service.policy.fetch)
+    fetch_us_per_call: float = 0.0   # the fixed cost of one peer fetch
+    peer_fetch: bool = False  # the worker serves and receives peer blocks
 
 
 @dataclass(slots=True)

@@ -16,9 +16,12 @@ import abc
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from service.index.base import BlockMatch, WorkerLoad
+
+if TYPE_CHECKING:
+    from service.policy.fetch import FetchChoice
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,7 @@ class Ranked:
     view: WorkerView
     cost: float
     matched_tokens: int
+    fetch: FetchChoice | None = None  # run on ``view`` after this peer fetch (kvmesh policy)
 
 
 class Policy(abc.ABC):

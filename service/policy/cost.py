@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from service.config import CostWeights
 from service.credits import tier_credits
-from service.policy import room
+from service.policy import fetch, room
 from service.policy.base import Policy, Ranked, WorkerView
 
 # The names of the cost's terms, in the order cost() adds them.
@@ -29,8 +29,10 @@ class KvmeshPolicy(Policy):
 
     name = "kvmesh"
 
-    def __init__(self, weights: CostWeights | None = None) -> None:
+    def __init__(self, weights: CostWeights | None = None,
+                 fetch_costs: fetch.FetchCosts | None = None) -> None:
         self.w = weights or CostWeights()
+        self.fetch = fetch_costs or fetch.FetchCosts()
 
     def credited_tokens(self, v: WorkerView) -> float:
         """Matched tokens less what onboarding the lower-tier ones costs on ``v``
@@ -75,7 +77,34 @@ class KvmeshPolicy(Policy):
     def rank(self, prompt_tokens: int, workers: Sequence[WorkerView],
              rng: random.Random, key: bytes = b"") -> list[Ranked]:
         floor = self.backlog(workers)
+        if self.fetch.enabled:
+            return self._rank_with_fetch(prompt_tokens, workers, rng, floor)
         keyed = [(not room.can_ever_fit(prompt_tokens, v), self.cost(prompt_tokens, v, floor),
                   rng.random(), v) for v in workers]
         keyed.sort(key=lambda k: k[:3])
         return [Ranked(v, cost, v.matched_tokens) for _, cost, _, v in keyed]
+
+    def fetch_cost(self, prompt_tokens: int, v: WorkerView, choice: fetch.FetchChoice,
+                   backlog: float = 0.0) -> float:
+        """The cost of ``v`` pulling ``choice`` first (``service.policy.fetch``)."""
+        return (self.cost(prompt_tokens, fetch.fetched_view(v, choice), backlog)
+                + self.w.prefill_weight * fetch.transfer_tokens(v, choice))
+
+    def _rank_with_fetch(self, prompt_tokens: int, workers: Sequence[WorkerView],
+                         rng: random.Random, floor: float) -> list[Ranked]:
+        source = fetch.holder(workers)
+        keyed = []
+        for v in workers:
+            cost, choice = self.cost(prompt_tokens, v, floor), fetch.plan(v, source, self.fetch)
+            if choice is not None:
+                with_fetch = self.fetch_cost(prompt_tokens, v, choice, floor)
+                if with_fetch < cost:
+                    cost = with_fetch
+                else:
+                    choice = None
+            keyed.append((not room.can_ever_fit(prompt_tokens, v), cost, rng.random(), v,
+                          choice))
+        keyed.sort(key=lambda k: k[:3])
+        return [Ranked(v, cost, v.matched_tokens if c is None
+                       else (c.start_block + c.blocks) * v.block_size, c)
+                for _, cost, _, v, c in keyed]
