@@ -92,10 +92,14 @@ class KvmeshPolicy(Policy):
 
     def _rank_with_fetch(self, prompt_tokens: int, workers: Sequence[WorkerView],
                          rng: random.Random, floor: float) -> list[Ranked]:
-        source = fetch.holder(workers)
+        by_ns: dict[str, list[WorkerView]] = {}
+        for v in workers:
+            by_ns.setdefault(v.ns, []).append(v)
+        sources = {ns: fetch.holder(views) for ns, views in by_ns.items()}
         keyed = []
         for v in workers:
-            cost, choice = self.cost(prompt_tokens, v, floor), fetch.plan(v, source, self.fetch)
+            cost = self.cost(prompt_tokens, v, floor)
+            choice = fetch.plan(v, sources[v.ns], self.fetch)
             if choice is not None:
                 with_fetch = self.fetch_cost(prompt_tokens, v, choice, floor)
                 if with_fetch < cost:

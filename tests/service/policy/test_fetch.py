@@ -72,3 +72,12 @@ def test_without_fetch_the_ranking_is_unchanged() -> None:
 def test_min_fetch_blocks_must_be_positive() -> None:
     with pytest.raises(ValueError):
         FetchCosts(min_fetch_blocks=0)
+
+
+def test_each_namespace_fetches_from_its_own_holder() -> None:
+    """A longer match in another namespace (other block size or hash) must not hide this
+    namespace's holder."""
+    other = _view("o", 64, queued=20_000, ns="other")
+    h, w = _view("h", 40, queued=20_000), _view("w")
+    best = [r for r in _rank([other, h, w]) if r.view.worker_id == "w"][0]
+    assert best.fetch is not None and best.fetch.source.worker_id == "h"
