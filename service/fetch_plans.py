@@ -15,6 +15,8 @@ The same derivation as ``service.pins.pin_credentials``.
 Tickets are minted only for the candidates a Route returns (``max_candidates``), from the
 service's injected clock. Dry runs plan and mint too: a ticket grants nothing without the
 requester's key, and routers that re-ask with ``dry_run`` (the Ray Serve router) need one.
+
+See docs/architecture.md#peer-kv-transfer-the-decision-rule.
 """
 from __future__ import annotations
 
