@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from client.peer_stats import in_out
+from client.peer_stats import in_out, plan_cell
 from kvmesh.contract import TIERS
 from kvmesh.openai import vocab
 from kvmesh.ops.cli_options import (
@@ -33,7 +33,7 @@ from kvmesh.ops.cli_options import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from client.results import Candidate, PinnedWorker
+    from client.results import PinnedWorker
     from client.sync_client import KvmeshClient
 
 Tokens = Annotated[str | None, typer.Option("--tokens", help="Prompt token ids: 1,2,3")]
@@ -105,13 +105,6 @@ def _print_json(data: Any) -> None:
                           default=lambda v: v.hex() if isinstance(v, bytes) else str(v)))
 
 
-def _fetch_cell(c: Candidate) -> str:
-    """A candidate's fetch plan in the route table: blocks, source and estimated time."""
-    f = c.fetch
-    if f is None:
-        return "-"
-    return f"{f.blocks} blk ({f.tokens} tok) from {f.source_worker_id}, ~{f.est_s * 1e3:.1f} ms"
-
 
 def route_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
               service: Service = DEFAULT_SERVICE, token: Token = None, policy: Policy = None,
@@ -138,6 +131,9 @@ def route_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
     console = Console()
     lower = [(t, result.matched_tokens_by_tier.get(t, 0)) for t in TIERS[1:]]
     split = "".join(f", {n} on {t}" for t, n in lower if n)
+    best = result.candidates[0] if result.candidates else None
+    if best is not None and best.fetch is not None:
+        split += f", {best.fetch.tokens} pulled from {best.fetch.source_worker_id} first"
     console.print(f"[bold]{result.worker_id}[/] at {result.address}: "
                   f"{result.matched_tokens}/{len(prompt)} prompt tokens cached{split} "
                   f"(policy {result.policy or 'default'}){flag}")
@@ -147,7 +143,7 @@ def route_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
     for rank, c in enumerate(result.candidates, 1):
         by_tier = [str(c.matched_tokens_by_tier.get(t, 0)) for t in TIERS]
         table.add_row(str(rank), c.worker_id, c.address, str(c.matched_tokens), *by_tier,
-                      f"{c.cost:.1f}", _fetch_cell(c))
+                      f"{c.cost:.1f}", plan_cell(c.fetch))
     console.print(table)
 
 

@@ -1,11 +1,12 @@
-"""`kvmesh stats`: peer KV transfer per worker, both sides, as a table.
+"""Peer KV transfer in the CLI: `kvmesh stats`' figures per worker, `kvmesh route`'s plans.
 
 Input: the ``worker_stats`` dicts ``kvmesh stats`` collects (``WorkerService.Stats`` as plain
 Python), each with ``peer`` (``PeerStats``'s fields). A worker that reports no ``peer``
 (one that predates peer fetch, or has not fetched) shows zeros; a worker whose stats could
 not be read is left out. As receiver: fetches, blocks and bytes pulled, fallbacks to
 recompute, prompt tokens served from peer blocks; as source: fetches served, blocks and
-bytes sent, fetches refused (ticket, lease or switch).
+bytes sent, fetches refused (ticket, lease or switch). A route candidate's plan reads as
+its blocks, tokens, source and estimated time (:func:`plan_cell`).
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.table import Table
+
+    from client.results import FetchPlan
 
 FIELDS = ("fetches", "fetched_blocks", "fetched_bytes", "fallbacks", "peer_hit_tokens",
           "served", "served_blocks", "served_bytes", "refused")
@@ -31,6 +34,14 @@ def in_out(stats: Mapping[str, Any] | None) -> str:
     """The ``peer in/out`` cell of the workers table: fetches made / fetches served."""
     counts = peer_counts(stats)
     return "-" if counts is None else f"{counts['fetches']:,}/{counts['served']:,}"
+
+
+def plan_cell(plan: FetchPlan | None) -> str:
+    """A route candidate's fetch plan in one cell ("-": it runs on what it holds)."""
+    if plan is None:
+        return "-"
+    return (f"{plan.blocks} blk ({plan.tokens} tok) from {plan.source_worker_id}, "
+            f"~{plan.est_s * 1e3:.1f} ms")
 
 
 def _mib(n: int) -> str:

@@ -241,6 +241,7 @@ def test_route_shows_each_candidates_peer_fetch_and_takes_a_worker_id(cluster) -
     rows = {line.split("│")[2].strip(): line.split("│")[-2].strip()
             for line in result.stdout.splitlines() if line.count("│") > 9}
     assert rows["w2"] == "2 blk (32 tok) from h1, ~4.2 ms" and rows["h1"] == "-"
+    assert "48/2 prompt tokens cached, 32 pulled from h1 first" in result.stdout
     result = runner.invoke(app, ["route", "--service", address, "--tokens", "1", "--json"])
     assert result.exit_code == 0, result.output
     fetch = json.loads(result.stdout)["candidates"][0]["fetch"]
