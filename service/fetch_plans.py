@@ -20,6 +20,7 @@ See docs/architecture.md#peer-kv-transfer-the-decision-rule.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from kvmesh.transfer import ticket
@@ -32,9 +33,22 @@ from service.policy.fetch import FetchChoice
 def credential(cfg: ServiceConfig, worker_id: str) -> str:
     """The credential worker ``worker_id`` presents to this service (see the module
     docstring): the root of its peer key."""
-    if cfg.worker_secret:
-        return worker_tokens.mint(cfg.worker_secret, worker_id)
-    return cfg.worker_token or ""
+    return _credential(cfg.worker_secret, cfg.worker_token, worker_id)
+
+
+def _credential(secret: str | None, shared: str | None, worker_id: str) -> str:
+    return worker_tokens.mint(secret, worker_id) if secret else (shared or "")
+
+
+@functools.lru_cache(maxsize=4096)
+def _peer_key(secret: str | None, shared: str | None, worker_id: str) -> bytes:
+    """The peer key of ``worker_id`` (two HMACs: cached, a Route may plan many fetches)."""
+    return ticket.peer_key(_credential(secret, shared, worker_id))
+
+
+def peer_key(cfg: ServiceConfig, worker_id: str) -> bytes:
+    """``ticket.peer_key(credential(cfg, worker_id))``, cached."""
+    return _peer_key(cfg.worker_secret, cfg.worker_token, worker_id)
 
 
 def plan(cfg: ServiceConfig, requester: str, choice: FetchChoice, chain: Sequence[bytes],
@@ -47,8 +61,7 @@ def plan(cfg: ServiceConfig, requester: str, choice: FetchChoice, chain: Sequenc
         raise ValueError(f"fetch of blocks [{choice.start_block}, "
                          f"{choice.start_block + choice.blocks}) beyond a chain of "
                          f"{len(chain)} blocks")
-    grant = ticket.mint(ticket.peer_key(credential(cfg, src.worker_id)),
-                        ticket.peer_key(credential(cfg, requester)), requester,
+    grant = ticket.mint(peer_key(cfg, src.worker_id), peer_key(cfg, requester), requester,
                         src.worker_id, hashes, now_ms, cfg.fetch_ticket_ttl_s)
     return pb.FetchPlan(source_worker_id=src.worker_id, source_address=src.address,
                         start_block=choice.start_block, block_hashes=hashes,

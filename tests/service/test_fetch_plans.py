@@ -6,7 +6,7 @@ import pytest
 
 from kvmesh.transfer import ticket
 from service.config import ServiceConfig
-from service.fetch_plans import credential, plan
+from service.fetch_plans import credential, peer_key, plan
 from service.index.base import BlockMatch, WorkerLoad
 from service.policy import WorkerView
 from service.policy.fetch import FetchChoice
@@ -30,6 +30,7 @@ def choice(start: int, blocks: int) -> FetchChoice:
 ])
 def test_the_credential_is_what_the_worker_presents(cfg: ServiceConfig, want: str) -> None:
     assert credential(cfg, "w") == want
+    assert peer_key(cfg, "w") == ticket.peer_key(want)  # the cached key is the same
 
 
 def test_the_plan_names_the_chosen_blocks_and_a_ticket_for_them() -> None:
