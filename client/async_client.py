@@ -68,15 +68,18 @@ class AsyncKvmeshClient(BaseClient):
     async def route(self, token_ids: Iterable[int], salt: str | None = None, *,
                     lora: LoraSpec = None, mm: Iterable[MmSpec] = (),
                     policy: str | None = None, max_candidates: int = 0,
-                    dry_run: bool = False) -> RouteResult:
+                    dry_run: bool = False, worker_id: str | None = None) -> RouteResult:
         """Ask the service which worker should serve this prompt (best candidate first).
 
         Raises ``KvmeshError(UNAVAILABLE)`` when no worker can take it. ``dry_run`` asks the
         same question without the side effects routing has on the service (provisional
-        entries for the chosen worker, its estimated load): use it to inspect.
+        entries for the chosen worker, its estimated load): use it to inspect. ``worker_id``
+        answers only that worker (NOT_FOUND when it is not live), with the peer fetch the
+        service may plan for it.
         """
         request = route_request(token_ids, salt, lora, mm, policy, max_candidates,
-                                dry_run=dry_run, packed=self.packed_tokens)
+                                dry_run=dry_run, packed=self.packed_tokens,
+                                worker_id=worker_id)
         return await self._route(request)
 
     async def _route(self, request: index_pb2.RouteRequest) -> RouteResult:
@@ -87,16 +90,17 @@ class AsyncKvmeshClient(BaseClient):
                        salt: str | None = None, temperature: float = 0.0,
                        seed: int | None = None, *, lora: LoraSpec = None,
                        mm: Iterable[MmSpec] = (), policy: str | None = None,
-                       ignore_eos: bool = False,
-                       routed: RouteResult | None = None) -> GenerateResult:
+                       ignore_eos: bool = False, routed: RouteResult | None = None,
+                       worker_id: str | None = None) -> GenerateResult:
         """Route, then generate on the chosen worker with failover to the next candidate;
         returns only a finished generation (see ``KvmeshClient.generate``). ``routed``: a
         ``route`` answer for this very prompt (same salt, LoRA and mm) to use instead of
-        routing again."""
+        routing again; ``worker_id``: run on that worker only (see :meth:`route`)."""
         # aclosing: the call is cancelled and the generator closed as soon as we return
         async with aclosing(self._generation(token_ids, max_tokens, salt, temperature, seed,
                                              lora, mm, policy, ignore_eos,
-                                             stream=False, routed=routed)) as run:
+                                             stream=False, routed=routed,
+                                             worker_id=worker_id)) as run:
             result = await anext(run)
         assert isinstance(result, GenerateResult)
         return result
@@ -106,6 +110,7 @@ class AsyncKvmeshClient(BaseClient):
                         seed: int | None = None, *, lora: LoraSpec = None,
                         mm: Iterable[MmSpec] = (), policy: str | None = None,
                         ignore_eos: bool = False, routed: RouteResult | None = None,
+                        worker_id: str | None = None,
                         ) -> AsyncIterator[TokenChunk | GenerateResult]:
         """Route, then stream the generation: ``TokenChunk``s as the worker produces them,
         then exactly one ``GenerateResult`` (all tokens and the worker's facts) last.
@@ -116,18 +121,21 @@ class AsyncKvmeshClient(BaseClient):
         (``aclose``) cancels the worker's request. ``routed``: as for :meth:`generate`.
         """
         return self._generation(token_ids, max_tokens, salt, temperature, seed, lora, mm,
-                                policy, ignore_eos, stream=True, routed=routed)
+                                policy, ignore_eos, stream=True, routed=routed,
+                                worker_id=worker_id)
 
     async def _generation(self, token_ids: Iterable[int], max_tokens: int, salt: str | None,
                           temperature: float, seed: int | None, lora: LoraSpec,
                           mm: Iterable[MmSpec], policy: str | None, ignore_eos: bool, *,
                           stream: bool, routed: RouteResult | None = None,
+                          worker_id: str | None = None,
                           ) -> AsyncGenerator[TokenChunk | GenerateResult, None]:
         """Route once (unless ``routed`` is given), then drive
         :class:`client.failover.Candidates` over ``grpc.aio`` calls: chunks (when
         ``stream``), then the one result (``KvmeshClient._generation`` is the blocking
         twin)."""
-        rreq = route_request(token_ids, salt, lora, mm, policy, packed=self.packed_tokens)
+        rreq = route_request(token_ids, salt, lora, mm, policy, packed=self.packed_tokens,
+                             worker_id=worker_id)
         plan = self._plan(routed or await self._route(rreq), rreq, max_tokens, temperature,
                           seed, ignore_eos, stream)
         for attempt in plan:

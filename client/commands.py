@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from client.peer_stats import in_out, plan_cell
 from kvmesh.contract import TIERS
 from kvmesh.openai import vocab
 from kvmesh.ops.cli_options import (
@@ -40,6 +41,8 @@ Text = Annotated[str | None, typer.Option("--text", help="Prompt text (byte-leve
 Salt = Annotated[str | None, typer.Option("--salt", help="Cache salt (tenant isolation).")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Per-call timeout, seconds.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+WorkerId = Annotated[str | None, typer.Option(
+    "--worker-id", help="Only this worker (the service may still plan a peer fetch to it).")]
 TINY_MODEL = "tiny"  # the worker's built-in model: byte vocabulary, random weights
 
 
@@ -97,7 +100,10 @@ def _client(service: str, token: str | None, timeout: float,
 
 
 def _print_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, sort_keys=True))
+    """``data`` as indented JSON; bytes (a fetch plan's hashes and ticket) as hex."""
+    typer.echo(json.dumps(data, indent=2, sort_keys=True,
+                          default=lambda v: v.hex() if isinstance(v, bytes) else str(v)))
+
 
 
 def route_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
@@ -107,12 +113,14 @@ def route_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
               record: Annotated[bool, typer.Option(
                   help="Route for real (provisional entries, load estimate) instead of "
                        "only looking.")] = False,
+              worker_id: WorkerId = None,
               tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None) -> None:
-    """Ask the service which worker holds the longest prefix of a prompt."""
+    """Ask the service which worker holds the longest prefix of a prompt (and which
+    candidates would first pull blocks from a peer: the fetch column)."""
     prompt = _prompt(tokens, text)
     with _client(service, token, timeout, (tls_ca, tls_cert, tls_key)) as client:
         result = client.route(prompt, salt=salt, policy=policy, max_candidates=max_candidates,
-                          dry_run=not record)
+                              dry_run=not record, worker_id=worker_id)
     if json_out:
         _print_json(dataclasses.asdict(result))
         return
@@ -123,15 +131,19 @@ def route_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
     console = Console()
     lower = [(t, result.matched_tokens_by_tier.get(t, 0)) for t in TIERS[1:]]
     split = "".join(f", {n} on {t}" for t, n in lower if n)
+    best = result.candidates[0] if result.candidates else None
+    if best is not None and best.fetch is not None:
+        split += f", {best.fetch.tokens} pulled from {best.fetch.source_worker_id} first"
     console.print(f"[bold]{result.worker_id}[/] at {result.address}: "
                   f"{result.matched_tokens}/{len(prompt)} prompt tokens cached{split} "
                   f"(policy {result.policy or 'default'}){flag}")
-    table = Table("rank", "worker", "address", "matched", *TIERS, "cost",
-                  caption="gpu / cpu / disk: matched tokens held on that tier")
+    table = Table("rank", "worker", "address", "matched", *TIERS, "cost", "peer fetch",
+                  caption="gpu / cpu / disk: matched tokens held on that tier; peer fetch: "
+                  "blocks the worker pulls from a peer first (matched counts them)")
     for rank, c in enumerate(result.candidates, 1):
         by_tier = [str(c.matched_tokens_by_tier.get(t, 0)) for t in TIERS]
         table.add_row(str(rank), c.worker_id, c.address, str(c.matched_tokens), *by_tier,
-                      f"{c.cost:.1f}")
+                      f"{c.cost:.1f}", plan_cell(c.fetch))
     console.print(table)
 
 
@@ -141,13 +153,14 @@ def generate_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
                  temperature: Annotated[float, typer.Option("--temperature")] = 0.0,
                  seed: Annotated[int | None, typer.Option("--seed")] = None,
                  policy: Policy = None, timeout: Timeout = 5.0,
-                 json_out: JsonOut = False,
+                 json_out: JsonOut = False, worker_id: WorkerId = None,
                  tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None) -> None:
     """Route a prompt and generate on the chosen worker (failing over if it is down)."""
     prompt = _prompt(tokens, text)
     with _client(service, token, timeout, (tls_ca, tls_cert, tls_key)) as client:
         result = client.generate(prompt, max_tokens=max_tokens, salt=salt,
-                             temperature=temperature, seed=seed, policy=policy)
+                                 temperature=temperature, seed=seed, policy=policy,
+                                 worker_id=worker_id)
         if text is not None and not json_out:
             _note_random_model(client, result.address, result.worker_id)
     out = dataclasses.asdict(result)
@@ -264,7 +277,7 @@ def stats_cmd(service: Service = DEFAULT_SERVICE, token: Token = None,
               tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None) -> None:
     """Show the cluster: every worker's liveness, load, blocks and index entries, and each
     worker's KV tiers (load factor, hit rate, evictions, offloads, onboards, pins, and the
-    index's precision per tier)."""
+    index's precision per tier) and peer KV transfers (fetches made and served)."""
     with _client(service, token, timeout, (tls_ca, tls_cert, tls_key)) as client:
         data = client.stats()
         if workers:
@@ -287,6 +300,7 @@ _COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("indexed", lambda w: str(w.get("indexed_blocks", 0))),
     ("cached blocks", lambda w: str(_cache(w)["cached_blocks"]) if _cache(w) else "-"),
     ("hit rate", lambda w: f"{_cache(w)['hit_rate']:.1%}" if _cache(w) else "-"),
+    ("peer in/out", lambda w: in_out(w.get("worker_stats"))),
     ("heartbeat", lambda w: f"{w.get('heartbeat_age_s', 0.0):.1f}s ago"),
 )
 
@@ -306,6 +320,7 @@ def print_stats(data: dict[str, Any], console: Console | None = None,
     from rich.console import Console
     from rich.table import Table
 
+    from client.peer_stats import peer_table
     from client.tier_stats import tier_table
 
     console = console or Console()
@@ -330,6 +345,9 @@ def print_stats(data: dict[str, Any], console: Console | None = None,
     tiers = tier_table(data["workers"], rates_window_s)
     if tiers is not None:
         _print_fitting(tiers, console)
+    peers = peer_table(data["workers"])
+    if peers is not None:
+        _print_fitting(peers, console, keys=1)
     if data.get("degraded"):
         console.print("[bold red]degraded: the service cannot reach its index (Redis)[/]")
     counters = data.get("counters") or {}
@@ -341,8 +359,9 @@ def print_stats(data: dict[str, Any], console: Console | None = None,
         console.print(ctable)
 
 
-def _print_fitting(table: Any, console: Console) -> None:
-    """``table`` as is when it fits ``console``; else one two-column block per row."""
+def _print_fitting(table: Any, console: Console, keys: int = 2) -> None:
+    """``table`` as is when it fits ``console``; else one two-column block per row, titled
+    by its first ``keys`` cells."""
     from rich.table import Table
 
     natural = console.measure(table, options=console.options.update_width(10_000)).maximum
@@ -353,9 +372,9 @@ def _print_fitting(table: Any, console: Console) -> None:
     heads = [c.header for c in table.columns]
     cells = [list(c.cells) for c in table.columns]
     for i in range(table.row_count):
-        block = Table(show_header=False, title=f"{cells[0][i]} {cells[1][i]}",
+        block = Table(show_header=False, title=" ".join(c[i] for c in cells[:keys]),
                       title_justify="left")
-        for head, col in zip(heads[2:], cells[2:], strict=True):
+        for head, col in zip(heads[keys:], cells[keys:], strict=True):
             block.add_row(head, col[i])
         console.print(block)
     if table.caption:

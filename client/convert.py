@@ -16,7 +16,14 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from client.errors import BrokenStream
-from client.results import Candidate, GenerateResult, PinnedWorker, PinResult, RouteResult
+from client.results import (
+    Candidate,
+    FetchPlan,
+    GenerateResult,
+    PinnedWorker,
+    PinResult,
+    RouteResult,
+)
 from kvmesh.rpc.auth import WorkerAccess
 from kvmesh.v1 import index_pb2, worker_pb2
 
@@ -85,8 +92,10 @@ def _token_list(token_ids: Iterable[int]) -> Iterable[int]:
 def route_request(token_ids: Iterable[int], salt: str | None = None, lora: LoraSpec = None,
                   mm: Iterable[MmSpec] = (), policy: str | None = None,
                   max_candidates: int = 0, model: str | None = None,
-                  dry_run: bool = False, packed: bool = True) -> index_pb2.RouteRequest:
-    """Build a ``RouteRequest``; ``None`` means the service's default for every option.
+                  dry_run: bool = False, packed: bool = True,
+                  worker_id: str | None = None) -> index_pb2.RouteRequest:
+    """Build a ``RouteRequest``; ``None`` means the service's default for every option
+    (``worker_id``: answer only that worker, which may still be planned a peer fetch).
 
     The prompt goes as ``token_ids_packed`` (:func:`pack_tokens`) when every id fits a
     uint32, else (or with ``packed=False``, for a service older than the field) as the
@@ -98,7 +107,8 @@ def route_request(token_ids: Iterable[int], salt: str | None = None, lora: LoraS
     return index_pb2.RouteRequest(
         token_ids=ids if raw is None else (), token_ids_packed=raw or b"", salt=salt or "",
         lora=_lora(lora), mm=_mm(mm), model=model or "", policy=policy or "",
-        max_candidates=max(0, int(max_candidates)), dry_run=dry_run)
+        max_candidates=max(0, int(max_candidates)), dry_run=dry_run,
+        worker_id=worker_id or "")
 
 
 def pack_tokens(token_ids: Sequence[int]) -> bytes | None:
@@ -206,6 +216,21 @@ def _plain(fd: FieldDescriptor, value: Any) -> Any:
     return value
 
 
+def fetch_plan(p: index_pb2.FetchPlan) -> FetchPlan:
+    """A protobuf ``FetchPlan`` as the client's dataclass."""
+    return FetchPlan(source_worker_id=p.source_worker_id, source_address=p.source_address,
+                     start_block=int(p.start_block), block_hashes=tuple(p.block_hashes),
+                     tokens=int(p.tokens), est_s=float(p.est_s), ticket=bytes(p.ticket))
+
+
+def fetch_message(plan: FetchPlan) -> index_pb2.FetchPlan:
+    """The client's ``FetchPlan`` as the message ``GenerateRequest.fetch`` carries."""
+    return index_pb2.FetchPlan(source_worker_id=plan.source_worker_id,
+                               source_address=plan.source_address,
+                               start_block=plan.start_block, block_hashes=plan.block_hashes,
+                               tokens=plan.tokens, est_s=plan.est_s, ticket=plan.ticket)
+
+
 def candidate(c: index_pb2.Candidate) -> Candidate:
     """A protobuf ``Candidate`` as the client's dataclass."""
     return Candidate(worker_id=c.worker_id, address=c.address,
@@ -214,7 +239,8 @@ def candidate(c: index_pb2.Candidate) -> Candidate:
                      else str(c.tier),
                      load=message_to_dict(c.load),
                      matched_tokens_by_tier={k: int(v) for k, v in
-                                             c.matched_tokens_by_tier.items()})
+                                             c.matched_tokens_by_tier.items()},
+                     fetch=fetch_plan(c.fetch) if c.HasField("fetch") else None)
 
 
 def route_result(resp: index_pb2.RouteResponse) -> RouteResult:

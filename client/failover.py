@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import grpc
 
-from client.convert import StreamAssembler
+from client.convert import StreamAssembler, fetch_message
 from client.errors import BrokenStream, KvmeshError
 from client.results import Candidate, GenerateResult, RouteResult, TokenChunk
 from kvmesh.rpc.engine_address import is_http
@@ -119,7 +119,8 @@ class Candidates:
 
     Drive it as: ``for attempt in candidates``: call ``Generate(attempt.request)``, feed every
     message to ``attempt``; on success return ``attempt.result()``; on a ``grpc.RpcError`` or
-    ``BrokenStream`` ask :meth:`failed`; after the loop raise :meth:`error`. Candidates
+    ``BrokenStream`` ask :meth:`failed`; after the loop raise :meth:`error`. Each attempt's
+    request carries that candidate's own fetch plan (or none). Candidates
     without an address, and HTTP engines (``http://`` addresses: a vLLM server speaks no
     ``WorkerService``; ``kvmesh gateway`` forwards to them), are recorded and skipped.
     """
@@ -144,6 +145,10 @@ class Candidates:
             by_tier = self.request.index_matched_tokens_by_tier
             by_tier.clear()  # one request message, re-sent to each candidate in turn
             by_tier.update(cand.matched_tokens_by_tier)
+            if cand.fetch is not None:  # this candidate's own plan: its ticket names it
+                self.request.fetch.CopyFrom(fetch_message(cand.fetch))
+            else:
+                self.request.ClearField("fetch")
             yield Attempt(cand, number, self.request, self.stream)
 
     def failed(self, attempt: Attempt, err: grpc.RpcError | BrokenStream

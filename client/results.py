@@ -12,11 +12,34 @@ from typing import NamedTuple
 
 
 @dataclass(frozen=True)
+class FetchPlan:
+    """Blocks a candidate pulls from a peer before it prefills (``index.proto``'s
+    ``FetchPlan``): chain blocks ``[start_block, start_block + len(block_hashes))`` from
+    ``source_worker_id`` at ``source_address``, ``tokens`` of prompt, in about ``est_s``
+    seconds. ``ticket`` is the service's grant, opaque here: only that candidate can use it.
+    """
+
+    source_worker_id: str
+    source_address: str
+    start_block: int
+    block_hashes: tuple[bytes, ...]
+    tokens: int
+    est_s: float
+    ticket: bytes = b""
+
+    @property
+    def blocks(self) -> int:
+        return len(self.block_hashes)
+
+
+@dataclass(frozen=True)
 class Candidate:
     """One worker the service ranked for a request; lower ``cost`` is better.
 
     ``matched_tokens_by_tier``: ``matched_tokens`` split by the tier each matched block is
-    held on (``gpu``, ``cpu``, ``disk``); ``tier`` is the slowest of them.
+    held on (``gpu``, ``cpu``, ``disk``); ``tier`` is the slowest of them. ``fetch``: set
+    when this worker should first pull blocks from a peer (``matched_tokens`` then counts
+    them); the clients pass it on in ``GenerateRequest.fetch`` when they call this worker.
     """
 
     worker_id: str
@@ -26,6 +49,7 @@ class Candidate:
     tier: str = "TIER_UNSPECIFIED"
     load: dict[str, int | float] = field(default_factory=dict)
     matched_tokens_by_tier: dict[str, int] = field(default_factory=dict)
+    fetch: FetchPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -53,7 +77,8 @@ class GenerateResult:
 
     ``num_cached_tokens`` is what the worker really served from its prefix cache
     (``cached_tokens_by_tier``: split by the tier the blocks came from, ``gpu``/``cpu``/
-    ``disk``; empty from a worker that predates tiers) and ``ttft_s`` its measured time to
+    ``disk``, and ``peer`` for blocks pulled from another worker for this request; empty
+    from a worker that predates tiers) and ``ttft_s`` its measured time to
     first token; ``matched_tokens`` is what the index promised for that worker when routing;
     ``attempts`` counts workers tried (1 = no failover).
     """

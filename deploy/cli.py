@@ -53,6 +53,12 @@ def register(app: typer.Typer) -> None:
         disk_dir: opt.DiskDir = _TIERS.disk_dir,  # each worker's files: <disk-dir>/<worker id>
         eviction: opt.Eviction = _TIERS.eviction,
         auto_pin: opt.AutoPin = _TIERS.auto_pin,
+        peer_fetch: bool = typer.Option(None, "--peer-fetch/--no-peer-fetch", show_default=False,
+                                        help="peer KV fetch: the service plans fetches and "
+                                        "the workers serve and receive them (default: each "
+                                        "process's own; the service's is off)"),
+        min_fetch_blocks: int = typer.Option(None, min=1, help="service: plan a peer fetch "
+                                             "only for at least this many blocks (default 4)"),
         verbose: bool = typer.Option(False, help="echo every child's output"),
     ) -> None:
         """Start Redis/Valkey, the service and N workers; Ctrl-C or SIGTERM stops them all."""
@@ -94,7 +100,8 @@ def register(app: typer.Typer) -> None:
                        ray_address=ray_address, gpus_per_worker=gpus_per_worker,
                        service_replicas=service_replicas, block_size=block_size,
                        num_blocks=num_blocks, token=token, worker_secret=worker_secret or None,
-                       policy=policy, tiers=tiers)
+                       policy=policy, tiers=tiers, peer_fetch=peer_fetch,
+                       min_fetch_blocks=min_fetch_blocks)
             except LaunchError as e:
                 _say_error(str(e))
                 _exit_now(1)
@@ -110,7 +117,8 @@ def register(app: typer.Typer) -> None:
             block_size=block_size, num_blocks=num_blocks, token=token, policy=policy,
             service_replicas=service_replicas, echo=verbose,
             worker_secret=worker_secret or None, tls=tls, redis_shards=redis_shards,
-            insecure_cluster_bus=insecure_cluster_bus, tiers=tiers))
+            insecure_cluster_bus=insecure_cluster_bus, tiers=tiers, peer_fetch=peer_fetch,
+            min_fetch_blocks=min_fetch_blocks))
         if bus_warning:
             print(f"WARNING: {bus_warning}", flush=True)
         code = 1

@@ -12,6 +12,7 @@ See docs/architecture.md#local-launcher-and-stopping.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import secrets
 import time
@@ -67,6 +68,10 @@ class ClusterSpec:
     # no flag at all, so a service that predates the flag still starts.
     cost_weights: dict[str, float] = field(default_factory=dict)
     route_log_dir: str | None = None  # replica i logs its routes to <dir>/service-<i>.jsonl
+    # Peer KV fetch: the services plan fetches and the workers serve and receive them
+    # (--peer-fetch / --no-peer-fetch); None: each child's own default (no flag at all).
+    peer_fetch: bool | None = None
+    min_fetch_blocks: int | None = None  # the services' --min-fetch-blocks; None: theirs
     # Run the service replicas and workers from this source tree (a git revision's, for
     # `kvmesh bench e2e --against`): first on their PYTHONPATH and their working directory.
     # None: this installation's code.
@@ -140,6 +145,10 @@ class LocalCluster:
             args += ["--cost-weight", f"{name}={value!r}"]
         if s.route_log_dir:
             args += ["--route-log", str(self.route_log_path(i))]
+        if s.peer_fetch is not None:
+            args.append(_switch("peer-fetch", s.peer_fetch))
+        if s.min_fetch_blocks is not None:
+            args += ["--min-fetch-blocks", str(s.min_fetch_blocks)]
         return args + _tls_args(s.tls)
 
     def route_log_path(self, i: int) -> Path:
@@ -200,6 +209,8 @@ class LocalCluster:
         if s.hash_seed:
             args += ["--hash-seed", s.hash_seed]
         args += tier_args(s, worker_id) + _tls_args(s.tls)
+        if s.peer_fetch is not None and _switch("peer-fetch", s.peer_fetch) in worker_flags():
+            args.append(_switch("peer-fetch", s.peer_fetch))
         # its own token, never the secret that mints every worker's nor the router token
         env = {"KVMESH_WORKER_TOKEN": self.service_token(worker_id),
                "KVMESH_WORKER_ACCESS_TOKEN": (worker_access_token(s.token, worker_id)
@@ -276,6 +287,26 @@ def tier_args(s: ClusterSpec, worker_id: str) -> list[str]:
     """The tier flags of worker ``worker_id`` (none when the spec keeps the defaults); its
     disk directory absolute: a worker of another tree (``code_dir``) runs from there."""
     return s.tiers.of_worker(worker_id, absolute=True).argv()
+
+
+def _switch(name: str, on: bool) -> str:
+    return f"--{name}" if on else f"--no-{name}"
+
+
+@functools.cache
+def worker_flags() -> frozenset[str]:
+    """Every flag ``kvmesh worker`` takes, read from its command: a worker switch is passed
+    only when this tree's worker has it (``--peer-fetch`` came with the worker's data
+    plane; a launcher of a tree without it still starts its workers)."""
+    import typer
+
+    from worker.cli import register
+
+    scratch = typer.Typer()
+    register(scratch)
+    command = typer.main.get_command(scratch)
+    return frozenset(o for p in command.params
+                     for o in [*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ())])
 
 
 def _tls_args(tls: TlsFiles | None) -> list[str]:

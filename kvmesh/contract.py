@@ -24,6 +24,10 @@ from kvmesh.v1 import index_pb2
 # (files). The order is the contract: faster tiers win a match, events and stats list them so.
 TIERS = ("gpu", "cpu", "disk")
 LOWER_TIERS = TIERS[1:]  # where the device pool's evicted blocks go, and are onboarded from
+# Where a request's cached prompt tokens came from (``cached_tokens_by_tier``): a tier of the
+# worker that ran it, or ``peer``: blocks another worker sent it for this request.
+PEER = "peer"
+CACHE_SOURCES = (*TIERS, PEER)
 # ``index.proto``'s ``Tier`` value of each tier; derived from the enum's names, so a renamed
 # or missing value fails at import instead of mapping a tier to the wrong wire number.
 TIER_PB: dict[str, int] = {t: index_pb2.Tier.Value(f"TIER_{t.upper()}") for t in TIERS}

@@ -43,6 +43,12 @@ _HELP = {
     "route_log": "Append one JSON line per routing decision to this file (created 0600; no "
                  "prompt content or salt): candidates, their costs and the load they were "
                  "judged on (service.route_log). Default: off.",
+    "peer_fetch": "Plan peer KV fetches: a worker may pull a prefix's blocks from the peer "
+                  "holding them when the cost model finds that cheaper than recomputing or "
+                  "queueing on the holder (service.policy.fetch). Default: off until the "
+                  "benchmarks show it wins.",
+    "min_fetch_blocks": "Plan a peer fetch only for at least this many blocks.",
+    "fetch_ticket_ttl_s": "Lifetime of a planned fetch's ticket, seconds.",
 }
 _LEVELS = ("debug", "info", "warning", "error")
 SECRETS = ("token", "worker_token", "worker_secret", "admin_token")
@@ -74,8 +80,10 @@ _OWN = [
 
 def _field_param(f: dataclasses.Field, hints: dict[str, Any]) -> inspect.Parameter:
     """The command parameter of ServiceConfig field ``f`` (its default is the field's)."""
-    kind = _SHARED.get(f.name) or Annotated[hints[f.name], typer.Option(
-        "--" + f.name.replace("_", "-"), help=_HELP[f.name])]
+    flag = f.name.replace("_", "-")
+    decl = f"--{flag}/--no-{flag}" if hints[f.name] is bool else f"--{flag}"  # a switch
+    kind = _SHARED.get(f.name) or Annotated[hints[f.name], typer.Option(decl,
+                                                                        help=_HELP[f.name])]
     return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
                              annotation=kind)
 

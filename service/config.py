@@ -15,6 +15,7 @@ from kvmesh.hashing import DEFAULT_SEED
 
 if TYPE_CHECKING:  # grpc stays unimported until a server is built (`kvmesh --help` is fast)
     from kvmesh.rpc.tls import TlsFiles
+    from service.policy.fetch import FetchCosts
 
 BACKENDS = ("memory", "redis")
 
@@ -168,6 +169,11 @@ class ServiceConfig:
     tls_client_auth: bool = False         # require client certificates (mutual TLS)
     route_log: str | None = None          # a JSON line per routing decision (service.
                                           # route_log); None: off, and nothing is paid
+    # Peer KV fetch (service.policy.fetch): off until `kvmesh bench replay --peer-fetch` and
+    # `kvmesh bench e2e` show it wins (docs/architecture.md, "Peer KV transfer").
+    peer_fetch: bool = False
+    min_fetch_blocks: int = 4             # plan a fetch only for at least this many blocks
+    fetch_ticket_ttl_s: float = 30.0      # a planned fetch's ticket expires this much later
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -193,7 +199,7 @@ class ServiceConfig:
         limits = ("max_prompt_tokens", "max_salt_bytes", "max_batch_events",
                   "max_batch_hashes", "max_snapshot_blocks", "max_message_bytes",
                   "max_mm_items", "indexed_blocks_per_pool", "min_indexed_cap",
-                  "hash_thread_work")
+                  "hash_thread_work", "min_fetch_blocks")
         for name in limits:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
@@ -203,10 +209,19 @@ class ServiceConfig:
             raise ValueError("forced_refresh_min_s must be >= 0")
         if self.max_inflight_per_conn < 0:
             raise ValueError("max_inflight_per_conn must be >= 0 (0: unlimited)")
+        if not 0 < self.fetch_ticket_ttl_s <= 3600:
+            raise ValueError("fetch_ticket_ttl_s must be in (0, 3600] seconds")
 
     def indexed_cap(self, total_blocks: int) -> int:
         """The most blocks a worker reporting a pool of ``total_blocks`` may have indexed."""
         return max(self.indexed_blocks_per_pool * total_blocks, self.min_indexed_cap)
+
+    @property
+    def fetch_costs(self) -> FetchCosts:
+        """The kvmesh policy's peer-fetch settings (``--peer-fetch``, ``--min-fetch-blocks``)."""
+        from service.policy.fetch import FetchCosts  # lazily: service.policy imports this module
+
+        return FetchCosts(enabled=self.peer_fetch, min_fetch_blocks=self.min_fetch_blocks)
 
     @property
     def tls(self) -> TlsFiles | None:

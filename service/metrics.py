@@ -21,6 +21,11 @@ class ServiceMetrics:
                                      "Prompt tokens of routed requests", registry=r)
         self.matched_tokens = Counter("kvmesh_route_matched_tokens",
                                       "Cached tokens of the chosen worker", registry=r)
+        self.fetch_plans = Counter("kvmesh_route_fetch_plans", "Peer fetch plans in Route "
+                                   "answers, by the candidate's rank (chosen: the first)",
+                                   ["rank"], registry=r)
+        self.fetch_blocks = Counter("kvmesh_route_fetch_blocks", "Blocks the chosen "
+                                    "candidates' fetch plans pull from a peer", registry=r)
         self.lookups = Counter("kvmesh_index_lookups", "Index lookups", ["result"], registry=r)
         self.events = Counter("kvmesh_events_applied", "KV events applied to the index",
                               registry=r)

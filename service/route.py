@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from dataclasses import replace
 
 import grpc
 
 from kvmesh.contract import LEAST_LOADED
 from kvmesh.v1 import index_pb2 as pb
-from service import validate
+from service import fetch_plans, validate
 from service.clock import Clock
 from service.config import ServiceConfig
 from service.hash_memo import BlockHashMemo
@@ -30,6 +31,7 @@ from service.route_steps import (
     cap_match,
     hash_in_thread,
     live_groups,
+    only,
     pb_load,
     prefix_key,
     response,
@@ -89,8 +91,12 @@ class Router:
     async def route(self, inp: validate.RouteInput) -> pb.RouteResponse:
         """Live workers by namespace, their cached matches, the policy's ranking, then (not
         on a dry run) the chosen worker's provisional entries and routed load. Whenever the
-        index cannot answer, the answer comes from the worker table (degraded)."""
+        index cannot answer, the answer comes from the worker table (degraded). With
+        ``worker_id`` every live worker of its model is ranked (a peer fetch to it may pull
+        from any of them) and only that worker's entry is answered."""
         now = self.clock()
+        if inp.worker_id:
+            inp = await self._target(inp, now)
         groups = None if self.index_down else await self._groups(inp.model, now)
         if groups is None:
             return self._degraded(inp, now)
@@ -100,15 +106,42 @@ class Router:
             return self._degraded(inp, now)
         policy = self.policies[inp.policy]
         key = prefix_key(inp) if policy.reads_key else b""  # a few us: only for its readers
-        ranked = policy.rank(len(inp.tokens), views, self.rng, key=key)
+        ranked = only(policy.rank(len(inp.tokens), views, self.rng, key=key), inp.worker_id)
         if self.route_log is not None and not inp.dry_run:
             self.route_log.write(decision(self.clock(), policy, len(inp.tokens), ranked,
                                           self.table))
         if not inp.dry_run:
             best = ranked[0].view
             await self._provisional(best, chains[best.ns], held[best.ns, best.worker_id], now)
-            self.table.add_work(best.worker_id, max(len(inp.tokens) - best.matched_tokens, 0))
-        return self._answer(inp, ranked, inp.policy, degraded=False)
+            self.table.add_work(best.worker_id,
+                                max(len(inp.tokens) - ranked[0].matched_tokens, 0))
+        return self._answer(inp, ranked, inp.policy, degraded=False, chains=chains)
+
+    async def _target(self, inp: validate.RouteInput, now: int) -> validate.RouteInput:
+        """``inp`` with its model set to that of the live worker ``inp.worker_id`` (once
+        re-reading the records when this replica does not know it: it may have registered
+        through another replica). Raises NOT_FOUND for a worker that is not live here,
+        INVALID_ARGUMENT for one serving another model than ``inp.model``."""
+        rec = self._live_record(inp.worker_id, now)
+        if rec is None and not self.index_down and await self._forced_refresh(now):
+            rec = self._live_record(inp.worker_id, self.clock())
+        if rec is None:
+            raise RequestError(grpc.StatusCode.NOT_FOUND, f"worker_id {inp.worker_id!r} is "
+                               "not a live worker: route without worker_id, or name one that "
+                               "`kvmesh stats` lists as alive")
+        if inp.model and rec.model != inp.model:
+            raise RequestError(validate.INVALID, f"worker {inp.worker_id!r} serves model "
+                               f"{rec.model!r}, not {inp.model!r}: name a worker of that "
+                               "model, or leave RouteRequest.model empty")
+        return replace(inp, model=rec.model)
+
+    def _live_record(self, worker_id: str, now: int) -> WorkerRecord | None:
+        rec = self.table.get(worker_id)
+        if rec is None:
+            return None
+        alive = self.table.degraded_alive(rec, now) if self.index_down else \
+            self.table.alive(rec, now)
+        return rec if alive else None
 
     def _live_groups(self, model: str, now: int, degraded: bool) -> dict[str, list[WorkerRecord]]:
         return live_groups(self.table.live(now, degraded), model)
@@ -126,22 +159,34 @@ class Router:
         return run()
 
     def _answer(self, inp: validate.RouteInput, ranked: list[Ranked], policy: str,
-                degraded: bool) -> pb.RouteResponse:
-        """The response, counted in the metrics."""
+                degraded: bool, chains: dict[str, list[bytes]] | None = None,
+                ) -> pb.RouteResponse:
+        """The response, with the fetch plan (and its ticket) of each returned candidate
+        that pulls blocks from a peer (``service.fetch_plans``), counted in the metrics."""
         self.metrics.routes.labels(policy, str(degraded).lower()).inc()
         self.metrics.prompt_tokens.inc(len(inp.tokens))
         if ranked:
             self.metrics.matched_tokens.inc(ranked[0].matched_tokens)
         if degraded:
             self.metrics.degraded.inc()
-        return response(inp, ranked, policy, degraded)
+        out = response(inp, ranked, policy, degraded)
+        now = self.clock()
+        for rank, (cand, r) in enumerate(zip(out.candidates, ranked, strict=False)):
+            if r.fetch is not None and chains is not None:
+                cand.fetch.CopyFrom(fetch_plans.plan(self.cfg, r.view.worker_id, r.fetch,
+                                                     chains[r.view.ns], now))
+                self.metrics.fetch_plans.labels("chosen" if rank == 0 else "other").inc()
+                if rank == 0:
+                    self.metrics.fetch_blocks.inc(r.fetch.blocks)
+        return out
 
     def _degraded(self, inp: validate.RouteInput, now: int) -> pb.RouteResponse:
         """Route from the worker table alone (least loaded first): the index is down."""
         groups = self._live_groups(inp.model, now, degraded=True)
         views = [WorkerView(r.worker_id, r.address, self.table.load(r), BlockMatch(),
                             r.block_size, r.ns) for recs in groups.values() for r in recs]
-        ranked = self.policies[LEAST_LOADED].rank(len(inp.tokens), views, self.rng)
+        ranked = only(self.policies[LEAST_LOADED].rank(len(inp.tokens), views, self.rng),
+                      inp.worker_id)
         if self.route_log is not None and not inp.dry_run:
             self.route_log.write(decision(self.clock(), self.policies[LEAST_LOADED],
                                           len(inp.tokens), ranked, self.table, degraded=True))

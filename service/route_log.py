@@ -21,7 +21,8 @@ from service.policy import KvmeshPolicy, Policy, Ranked
 log = logging.getLogger("kvmesh.service.route_log")
 
 _LOAD_FIELDS = ("running", "waiting", "queued_prefill_tokens", "free_blocks",
-                "free_empty_blocks", "decode_tokens")
+                "free_empty_blocks", "decode_tokens", "fetch_us_per_block", "fetch_us_per_call",
+                "peer_fetch")
 
 
 def decision(now_ms: int, policy: Policy, prompt_tokens: int, ranked: list[Ranked],
@@ -45,6 +46,10 @@ def decision(now_ms: int, policy: Policy, prompt_tokens: int, ranked: list[Ranke
             "pending": {"requests": requests, "tokens": tokens}}
         if kvmesh:
             cand["terms"] = policy.terms(prompt_tokens, v, backlog)
+        if r.fetch is not None:  # run here after pulling these blocks from a peer
+            cand["fetch"] = {"source": r.fetch.source.worker_id,
+                             "start_block": r.fetch.start_block, "blocks": r.fetch.blocks,
+                             "est_s": r.fetch.est_s}
         out.append(cand)
     return {"t_ms": now_ms, "policy": policy.name, "degraded": degraded,
             "prompt_tokens": prompt_tokens, "candidates": out}

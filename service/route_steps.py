@@ -4,9 +4,10 @@
    hashes per namespace: block size and hash algo differ between them);
 2. ``hash_in_thread`` decides where a chain is hashed;
 3. ``cap_match``: a worker's match, capped at the blocks the request can use from cache;
-4. (the policy ranks the views, given ``prefix_key`` when it reads one; the router records
-   provisional entries and routed load);
-5. ``response``: the answer, cut to ``max_candidates``.
+4. (the policy ranks the views, given ``prefix_key`` when it reads one); ``only`` keeps the
+   worker a Route names (``RouteRequest.worker_id``); (the router records provisional
+   entries and routed load);
+5. ``response``: the answer, cut to ``max_candidates`` (the router adds fetch plans).
 
 None of these touch the backend, the clock or the metrics: the router does, between them.
 """
@@ -106,6 +107,19 @@ def live_groups(live: list[WorkerRecord], model: str) -> dict[str, list[WorkerRe
     return groups
 
 
+def only(ranked: list[Ranked], worker_id: str) -> list[Ranked]:
+    """``ranked`` cut to ``worker_id``'s entry (its fetch may still name another worker as
+    its source); all of it when ``worker_id`` is empty. Raises UNAVAILABLE when the worker is
+    not among them (it left between the check and the ranking)."""
+    if not worker_id:
+        return ranked
+    kept = [r for r in ranked if r.view.worker_id == worker_id]
+    if not kept:
+        raise RequestError(grpc.StatusCode.UNAVAILABLE, f"worker {worker_id!r} left routing "
+                           "during this Route: retry, or route without worker_id")
+    return kept
+
+
 def pb_load(load: WorkerLoad) -> pb.WorkerLoad:
     """``load`` as its message (a new one: the caller may change it)."""
     return pb.WorkerLoad(running=load.running, waiting=load.waiting,
@@ -116,7 +130,9 @@ def pb_load(load: WorkerLoad) -> pb.WorkerLoad:
                          onboard_us_per_block_cpu=load.onboard_us_per_block_cpu,
                          onboard_us_per_block_disk=load.onboard_us_per_block_disk,
                          tier_blocks=load.tier_blocks,
-                         free_empty_blocks=load.free_empty_blocks)
+                         free_empty_blocks=load.free_empty_blocks,
+                         fetch_us_per_block=load.fetch_us_per_block,
+                         fetch_us_per_call=load.fetch_us_per_call, peer_fetch=load.peer_fetch)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -93,7 +93,7 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         self.backend = backend
         self.table = WorkerTable(int(config.liveness_timeout_s * 1000))
         self.metrics = ServiceMetrics()
-        policies = make_policies(config.weights)
+        policies = make_policies(config.weights, config.fetch_costs)
         rng = random.Random()
         self.router = Router(config, backend, self.table, self.metrics, policies, rng, clock)
         self.pins = PinService(config, self.table, self.router.lookup, self.router.hashes,

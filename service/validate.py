@@ -59,7 +59,8 @@ def worker_id(value: str) -> str:
     return value
 
 
-_COSTS = ("prefill_us_per_token", "onboard_us_per_block_cpu", "onboard_us_per_block_disk")
+_COSTS = ("prefill_us_per_token", "onboard_us_per_block_cpu", "onboard_us_per_block_disk",
+          "fetch_us_per_block", "fetch_us_per_call")
 
 
 def load(msg: pb.WorkerLoad) -> WorkerLoad:
@@ -79,7 +80,8 @@ def load(msg: pb.WorkerLoad) -> WorkerLoad:
     return WorkerLoad(msg.running, msg.waiting, msg.queued_prefill_tokens, msg.free_blocks,
                       msg.total_blocks, msg.decode_tokens, msg.prefill_us_per_token,
                       msg.onboard_us_per_block_cpu, msg.onboard_us_per_block_disk,
-                      msg.tier_blocks, msg.free_empty_blocks)
+                      msg.tier_blocks, msg.free_empty_blocks, msg.fetch_us_per_block,
+                      msg.fetch_us_per_call, msg.peer_fetch)
 
 
 def address(value: str) -> str:
@@ -236,6 +238,7 @@ class RouteInput:
     policy: str
     max_candidates: int
     dry_run: bool = False  # inspect only: record no provisional entries or routed work
+    worker_id: str = ""    # non-empty: the only worker to consider (service.route)
 
 
 def token_ids(ids: Sequence[int], packed: bytes, cfg: ServiceConfig,
@@ -306,7 +309,7 @@ def route(req: pb.RouteRequest, cfg: ServiceConfig) -> RouteInput:
         raise RequestError(INVALID, f"unknown policy {req.policy[:64]!r}; valid: "
                            f"{', '.join(POLICIES)}")
     return RouteInput(tokens, salt, lora, mm, req.model, policy, req.max_candidates,
-                      req.dry_run)
+                      req.dry_run, worker_id(req.worker_id) if req.worker_id else "")
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,7 +80,8 @@ def loads() -> st.SearchStrategy[pb.WorkerLoad]:
     cost = st.one_of(st.just(0.0), st.floats(0, 1e4), st.floats())  # NaN, inf, negative too
     measured = st.builds(pb.WorkerLoad, total_blocks=st.just(64), free_blocks=st.just(8),
                          prefill_us_per_token=cost, onboard_us_per_block_cpu=cost,
-                         onboard_us_per_block_disk=cost)
+                         onboard_us_per_block_disk=cost, fetch_us_per_block=cost,
+                         fetch_us_per_call=cost, peer_fetch=st.booleans())
     return st.one_of(st.just(pb.WorkerLoad()), plausible, arbitrary, measured)
 
 

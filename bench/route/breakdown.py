@@ -71,7 +71,7 @@ def breakdown(prompts: dict[int, list[int]], chains: dict[int, list[bytes]], red
             await backend.close()
 
     lookup_us = asyncio.run(all_lookups())
-    policy = make_policies(cfg.weights)[cfg.policy]
+    policy = make_policies(cfg.weights, cfg.fetch_costs)[cfg.policy]
     rng = random.Random(0)
     out: dict[int, dict[str, float]] = {}
     for n, toks in prompts.items():

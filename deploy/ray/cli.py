@@ -45,7 +45,8 @@ def run_up(workers: int, port: int, redis_url: str | None, model: str, *,
            service_replicas: int = 1, block_size: int = 16, num_blocks: int | None = None,
            token: str | None = None, worker_secret: str | None = None,
            name: str | None = None, tiers: TierConfig = TierConfig(),
-           policy: str | None = None, stop: threading.Event | None = None) -> None:
+           policy: str | None = None, stop: threading.Event | None = None,
+           peer_fetch: bool | None = None, min_fetch_blocks: int | None = None) -> None:
     """Run kvmesh on Ray until a signal (or ``stop``) arrives; always cleans up, within
     ``deploy.stopping``'s deadline of the signal, its own Ray's processes included. A start
     that fails for a reason the user can fix raises ``LaunchError`` (after the clean-up)."""
@@ -56,7 +57,8 @@ def run_up(workers: int, port: int, redis_url: str | None, model: str, *,
                    ray_address=ray_address, model=model, block_size=block_size,
                    num_blocks=num_blocks, gpus_per_worker=gpus_per_worker, port=port,
                    token=token, worker_secret=worker_secret, policy=policy,
-                   tiers=tiers, **({"name": name} if name else {}))
+                   tiers=tiers, peer_fetch=peer_fetch, min_fetch_blocks=min_fetch_blocks,
+                   **({"name": name} if name else {}))
     cluster = RayCluster(spec)
     deadline.install()
     try:

@@ -124,6 +124,9 @@ class RayCluster:
         # The same for the policy: a replica started by the local backend reads
         # KVMESH_POLICY, an actor sees none of the driver's environment.
         out["policy"] = self.policy
+        for name in ("peer_fetch", "min_fetch_blocks"):  # unset: the replicas' defaults
+            if getattr(s, name) is not None:
+                out[name] = getattr(s, name)
         return out
 
     @property

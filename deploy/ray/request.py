@@ -4,6 +4,11 @@ Ray Serve hands a request router the call's arguments (``PendingRequest.args``);
 router reads ``token_ids`` and ``salt`` from the first argument that has them, Ray's
 ``PrefixCacheAffinityRouter`` reads ``prompt`` (text). ``ServeRequest`` carries all of them;
 a plain dict with the same keys works too. Importing this module is cheap (no Ray).
+
+kvmesh's router also writes ``fetch`` into that argument: worker id -> the serialized
+``FetchPlan`` (``index.proto``) the service planned for that replica's worker. Serve picks the
+replica among the router's ranks, so the router cannot know which one runs the request; each
+replica takes its own plan (:func:`fetch_plan_for`), whose ticket only its worker can use.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ class ServeRequest:
     salt: str | None = None
     max_tokens: int = 1
     prompt: str = ""
+    fetch: dict[str, bytes] | None = None  # set by kvmesh's router (see the module docstring)
 
 
 def request_field(request: Any, name: str, default: Any = None) -> Any:
@@ -26,3 +32,22 @@ def request_field(request: Any, name: str, default: Any = None) -> Any:
     if isinstance(request, dict):
         return request.get(name, default)
     return getattr(request, name, default)
+
+
+def set_fetch_plans(args: list[Any], plans: dict[str, bytes]) -> bool:
+    """Write ``plans`` as ``fetch`` into the first of ``args`` carrying ``token_ids`` (the
+    argument the router routed by); False when none does."""
+    for arg in args:
+        if request_field(arg, "token_ids"):
+            if isinstance(arg, dict):
+                arg["fetch"] = plans
+            else:
+                arg.fetch = plans
+            return True
+    return False
+
+
+def fetch_plan_for(request: Any, worker_id: str) -> bytes | None:
+    """The serialized ``FetchPlan`` the router attached for worker ``worker_id``, if any."""
+    plans = request_field(request, "fetch") or {}
+    return plans.get(worker_id) if isinstance(plans, dict) else None

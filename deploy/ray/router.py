@@ -1,8 +1,10 @@
 """A Ray Serve request router that asks the kvmesh index where a prompt's KV cache lives.
 
 Each replica registers as worker ``serve_worker_id(replica_id)``, so the index's ranking maps
-to Serve ranks, best first (unknown replicas last). Power-of-two choices decides whenever the
-index cannot help (no address, no token ids, unreachable, degraded, no live replica named).
+to Serve ranks, best first (unknown replicas last). The ranked candidates' peer fetch plans
+travel in the request (``deploy.ray.request.set_fetch_plans``), each for its own replica.
+Power-of-two choices decides whenever the index cannot help (no address, no token ids,
+unreachable, degraded, no live replica named).
 TLS files are read at ``initialize_state``: a bad one raises there.
 
 See docs/architecture.md#ray-cluster-and-ray-serve.
@@ -26,8 +28,9 @@ from ray.serve._private.request_router.request_router import (
     RequestRouter,
 )
 
+from client.convert import fetch_message
 from client.errors import KvmeshError
-from deploy.ray.request import request_field
+from deploy.ray.request import request_field, set_fetch_plans
 from kvmesh.rpc.channel import parse_addresses
 from kvmesh.rpc.retry import Source, retried
 from kvmesh.rpc.tls import TlsFiles
@@ -141,6 +144,11 @@ class KvmeshRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         if not ranks:
             return await self._fallback("unknown", candidate_replicas, pending_request)
         self.counters["index"] += 1
+        plans = {c.worker_id: fetch_message(c.fetch).SerializeToString()
+                 for c in result.candidates if c.fetch is not None and c.worker_id in by_worker}
+        if plans and set_fetch_plans([*(pending_request.args or ()),
+                                      *(pending_request.kwargs or {}).values()], plans):
+            self.counters["fetch_plans"] += 1
         ranked = {r[0].replica_id for r in ranks}
         rest = [r for r in candidate_replicas if r.replica_id not in ranked]
         return ranks + ([rest] if rest else [])

@@ -70,6 +70,8 @@ class RaySpec:
     #                                       <disk_dir>/<worker id>
     policy: str | None = None             # the replicas' default routing policy (None: the
     #                                       driver's KVMESH_POLICY, else kvmesh)
+    peer_fetch: bool | None = None        # the replicas plan peer KV fetches (None: theirs, off)
+    min_fetch_blocks: int | None = None   # the replicas' smallest fetch (None: theirs)
     # local Ray only (ignored when connecting to an existing cluster)
     local_num_cpus: int | None = None
     local_object_store_bytes: int | None = None

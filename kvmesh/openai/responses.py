@@ -6,7 +6,8 @@ vLLM's ``stop_reason`` (and, for chat, ``tool_calls``) next to OpenAI's fields. 
 facts ride in ``usage``: ``prompt_tokens_details.cached_tokens`` is what the engine really
 served from its prefix cache (``null`` when unknown, e.g. a stream cut short by a stop string,
 or the counts so far on a chunk of vLLM's ``continuous_usage_stats``), and
-``cached_tokens_by_tier`` the same split by KV tier (``kvmesh.contract.TIERS``).
+``cached_tokens_by_tier`` the same split by KV tier, and ``peer`` for blocks pulled from
+another worker (``kvmesh.contract.CACHE_SOURCES``).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from kvmesh.contract import TIERS
+from kvmesh.contract import CACHE_SOURCES
 
 DONE = "data: [DONE]\n\n"
 
@@ -37,7 +38,7 @@ class Usage:
                   else self.cached_tokens + other.cached_tokens)
         by_tier = None
         if cached is not None:
-            by_tier = {t: self.tier(t) + other.tier(t) for t in TIERS}
+            by_tier = {t: self.tier(t) + other.tier(t) for t in CACHE_SOURCES}
         return Usage(self.prompt_tokens + other.prompt_tokens,
                      self.completion_tokens + other.completion_tokens, cached, by_tier)
 
@@ -54,7 +55,7 @@ class Usage:
         details = None
         if self.cached_tokens is not None:
             details = {"cached_tokens": self.cached_tokens,
-                       "cached_tokens_by_tier": {t: self.tier(t) for t in TIERS}}
+                       "cached_tokens_by_tier": {t: self.tier(t) for t in CACHE_SOURCES}}
         return {"prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens,

@@ -21,14 +21,18 @@ from service.policy.baselines import (
 )
 from service.policy.consistent_hash import ConsistentHashPolicy
 from service.policy.cost import KvmeshPolicy
+from service.policy.fetch import FetchCosts
 
 __all__ = ["ConsistentHashPolicy", "KvmeshPolicy", "LeastLoadedPolicy", "Policy",
            "PrefixOnlyPolicy", "RandomPolicy", "Ranked", "RoundRobinPolicy", "WorkerView",
            "make_policies"]
 
 
-def make_policies(weights: CostWeights | None = None) -> dict[str, Policy]:
-    """One instance of every policy, by name."""
-    policies: list[Policy] = [KvmeshPolicy(weights), PrefixOnlyPolicy(), ConsistentHashPolicy(),
+def make_policies(weights: CostWeights | None = None,
+                  fetch_costs: FetchCosts | None = None) -> dict[str, Policy]:
+    """One instance of every policy, by name (``fetch_costs``: the kvmesh policy's peer
+    fetch settings; default: off)."""
+    policies: list[Policy] = [KvmeshPolicy(weights, fetch_costs), PrefixOnlyPolicy(),
+                              ConsistentHashPolicy(),
                               LeastLoadedPolicy(), RoundRobinPolicy(), RandomPolicy()]
     return {p.name: p for p in policies}

@@ -224,3 +224,57 @@ def test_policy_choices_come_from_the_contract_list() -> None:
                                  "--policy", "nope"])
     assert result.exit_code == 2
     assert all(name in result.output for name in POLICIES)
+
+
+def test_route_shows_each_candidates_peer_fetch_and_takes_a_worker_id(cluster) -> None:
+    plan = index_pb2.FetchPlan(source_worker_id="h1", source_address="127.0.0.1:7",
+                               start_block=1, block_hashes=[b"\x01" * 32, b"\x02" * 32],
+                               tokens=32, est_s=0.0042, ticket=b"\xab\xcd")
+    fetching = candidate("w2", "127.0.0.1:2", 48)
+    fetching.fetch.CopyFrom(plan)
+    index = FakeIndex([fetching, candidate("h1", "127.0.0.1:7", 48)])
+    address = cluster.index(index)
+    result = runner.invoke(app, ["route", "--service", address, "--tokens", "1,2",
+                                 "--worker-id", "w2"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert index.routes[-1].worker_id == "w2" and index.routes[-1].dry_run
+    rows = {line.split("│")[2].strip(): line.split("│")[-2].strip()
+            for line in result.stdout.splitlines() if line.count("│") > 9}
+    assert rows["w2"] == "2 blk (32 tok) from h1, ~4.2 ms" and rows["h1"] == "-"
+    assert "48/2 prompt tokens cached, 32 pulled from h1 first" in result.stdout
+    result = runner.invoke(app, ["route", "--service", address, "--tokens", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    fetch = json.loads(result.stdout)["candidates"][0]["fetch"]
+    assert fetch["source_worker_id"] == "h1" and fetch["ticket"] == "abcd"
+    assert fetch["block_hashes"] == ["01" * 32, "02" * 32] and fetch["start_block"] == 1
+    assert json.loads(result.stdout)["candidates"][1]["fetch"] is None
+
+
+def test_generate_takes_a_worker_id(service) -> None:
+    result = runner.invoke(app, ["generate", "--service", service.address, "--tokens", "1,2",
+                                 "--worker-id", "w1", "--json"])
+    assert result.exit_code == 0, result.output
+    assert service.routes[-1].worker_id == "w1"
+
+
+def test_stats_shows_peer_fetches_per_worker_zeros_when_unreported(service) -> None:
+    w1 = service.workers[0]
+    w1.peer = None  # a worker that predates peer fetch: no PeerStats at all
+    result = runner.invoke(app, ["stats", "--service", service.address], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert "peer in/out" in result.stdout and "Peer KV transfer" in result.stdout
+    rows = [line for line in result.stdout.splitlines() if line.count("│") > 9]
+    assert any("w1" in r and "0/0" in r for r in rows), result.stdout
+    from kvmesh.v1 import worker_pb2
+
+    w1.peer = worker_pb2.PeerStats(fetches=3, fetched_blocks=12, fetched_bytes=3 << 20,
+                                   served=5, refused=1, peer_hit_tokens=192)
+    result = runner.invoke(app, ["stats", "--service", service.address], env=WIDE)
+    assert "3/5" in result.stdout
+    peer_row = [line for line in result.stdout.splitlines()
+                if line.count("│") == 11 and "w1" in line and "MiB" in line]
+    assert [c.strip() for c in peer_row[0].split("│")[1:-1]] == [
+        "w1", "3", "12", "3.0 MiB", "0", "192", "5", "0", "0.0 MiB", "1"]
+    narrow = runner.invoke(app, ["stats", "--service", service.address],
+                           env={"COLUMNS": "80"})
+    assert "…" not in narrow.stdout and "refused" in narrow.stdout

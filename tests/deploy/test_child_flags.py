@@ -69,3 +69,20 @@ def test_the_ray_replicas_run_the_policy_the_driver_resolves(monkeypatch):
 
 def test_up_reads_the_policy_from_its_environment_as_the_service_does():
     assert env_flags("up")["--policy"] == env_flags("service")["--policy"] == "KVMESH_POLICY"
+
+
+@pytest.mark.parametrize(("argv", "want"), [([], (None, None)),
+                                            (["--peer-fetch", "--min-fetch-blocks", "6"],
+                                             (True, 6)),
+                                            (["--no-peer-fetch"], (False, None))])
+def test_up_parses_the_peer_fetch_switches(argv: list[str], want: tuple) -> None:
+    """``kvmesh up`` leaves the switch unset unless given (each child keeps its default)."""
+    cmd = typer.main.get_command(app).get_command(None, "up")
+    ctx = cmd.make_context("up", list(argv))
+    assert (ctx.params["peer_fetch"], ctx.params["min_fetch_blocks"]) == want
+
+
+def test_the_ray_replicas_get_the_peer_fetch_settings_only_when_set() -> None:
+    assert "peer_fetch" not in RayCluster(RaySpec())._service_settings()
+    settings = RayCluster(RaySpec(peer_fetch=True, min_fetch_blocks=3))._service_settings()
+    assert (settings["peer_fetch"], settings["min_fetch_blocks"]) == (True, 3)

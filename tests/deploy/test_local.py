@@ -58,3 +58,28 @@ def test_cost_weights_and_route_log_reach_every_replica_and_only_when_set(
         assert weights == ["saturation_weight=0.0", "wait_weight=0.5"]
         assert args[args.index("--route-log") + 1] == str(tmp_path / "logs" /
                                                           f"service-{i}.jsonl")
+
+
+def test_peer_fetch_reaches_services_and_workers_only_when_set(monkeypatch) -> None:
+    """Unset: no flag (each child's default). Set: the services get the switch and
+    --min-fetch-blocks; the workers the switch, only when this tree's worker takes it."""
+    import deploy.local as local
+
+    plain = LocalCluster(ClusterSpec(redis_url="redis://unused:1"))
+    assert not any("fetch" in a for a in plain._service_args(0, 0))
+    assert not any("fetch" in a for a in plain.add_worker("w0", start=False).cmd)
+    for on, flag in ((True, "--peer-fetch"), (False, "--no-peer-fetch")):
+        spec = ClusterSpec(redis_url="redis://unused:1", peer_fetch=on, min_fetch_blocks=8)
+        args = LocalCluster(spec)._service_args(0, 0)
+        assert flag in args and args[args.index("--min-fetch-blocks") + 1] == "8"
+        monkeypatch.setattr(local, "worker_flags", lambda f=flag: frozenset({f}))
+        assert flag in LocalCluster(spec).add_worker("w0", start=False).cmd
+        monkeypatch.setattr(local, "worker_flags", lambda: frozenset({"--model"}))
+        assert flag not in LocalCluster(spec).add_worker("w0", start=False).cmd
+
+
+def test_worker_flags_are_read_from_the_worker_command() -> None:
+    from deploy.local import worker_flags
+
+    flags = worker_flags()
+    assert {"--model", "--auto-pin", "--no-auto-pin"} <= flags and "--bogus" not in flags

@@ -136,3 +136,29 @@ def test_route_log_is_a_config_field_off_by_default(tmp_path) -> None:
     assert config_of("auto", None, **NONE).route_log is None
     path = str(tmp_path / "r.jsonl")
     assert config_of("auto", None, route_log=path, **NONE).route_log == path
+
+
+def _config(*args: str):
+    """The ServiceConfig ``kvmesh service ARGS`` would run with (parsed, not served)."""
+    app = typer.Typer()
+    register(app)
+    app.command("other")(lambda: None)
+    params = typer.main.get_command(app).get_command(None, "service").make_context(
+        "service", list(args)).params
+    for own in ("port", "host", "log_level"):
+        params.pop(own)
+    return config_of(**params)
+
+
+def test_peer_fetch_flags_reach_the_kvmesh_policy() -> None:
+    from service.policy import make_policies
+
+    off = _config()
+    assert (off.peer_fetch, off.min_fetch_blocks, off.fetch_costs.enabled) == (False, 4, False)
+    on = _config("--peer-fetch", "--min-fetch-blocks", "7", "--fetch-ticket-ttl-s", "5")
+    assert on.fetch_costs.enabled and on.fetch_costs.min_fetch_blocks == 7
+    assert on.fetch_ticket_ttl_s == 5.0
+    assert make_policies(on.weights, on.fetch_costs)["kvmesh"].fetch == on.fetch_costs
+    assert not _config("--peer-fetch", "--no-peer-fetch").peer_fetch  # the last one wins
+    code, out = _invoke("--min-fetch-blocks", "0")
+    assert code == 2 and "min_fetch_blocks must be >= 1" in out

@@ -51,7 +51,10 @@ def test_each_route_is_one_line_of_candidates_costs_loads_and_ages(tmp_path: Pat
     assert (best["worker"], other["worker"]) == ("a", "b")
     assert best["matched"] == {"gpu": 9, "cpu": 0, "disk": 0}  # the last token is computed
     assert best["load"] == {"running": 1, "waiting": 0, "queued_prefill_tokens": 8,
-                            "free_blocks": 90, "free_empty_blocks": 50, "decode_tokens": 30}
+                            "free_blocks": 90, "free_empty_blocks": 50, "decode_tokens": 30,
+                            "fetch_us_per_block": 0.0, "fetch_us_per_call": 0.0,
+                            "peer_fetch": False}
+    assert "fetch" not in best  # peer fetch is off by default
     assert best["load_age_ms"] == 250 and best["pending"] == {"requests": 0, "tokens": 0}
     for cand in first["candidates"]:
         assert sum(cand["terms"].values()) == pytest.approx(cand["cost"])

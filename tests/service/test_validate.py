@@ -253,3 +253,27 @@ def test_default_prompt_limit_is_one_million_tokens() -> None:
             assert await code_of(route(r.stub, [1] * 1_000_001)) == TOO_BIG
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("name", ["fetch_us_per_block", "fetch_us_per_call"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0])
+def test_a_load_with_a_bad_fetch_cost_is_refused_naming_it(name: str, value: float) -> None:
+    with pytest.raises(RequestError) as e:
+        validate.load(pb.WorkerLoad(**{name: value}))
+    assert e.value.code == INVALID and f"load.{name}" in e.value.message
+
+
+def test_a_load_keeps_its_fetch_costs_and_switch() -> None:
+    load = validate.load(pb.WorkerLoad(fetch_us_per_block=12.5, fetch_us_per_call=800.0,
+                                       peer_fetch=True, free_empty_blocks=0))
+    assert (load.fetch_us_per_block, load.fetch_us_per_call, load.peer_fetch) == (
+        12.5, 800.0, True)
+    assert validate.load(pb.WorkerLoad()).peer_fetch is False
+
+
+def test_a_route_names_at_most_one_well_formed_worker() -> None:
+    assert validate.route(pb.RouteRequest(token_ids=[1], worker_id="w-1"), CFG).worker_id \
+        == "w-1"
+    assert validate.route(pb.RouteRequest(token_ids=[1]), CFG).worker_id == ""
+    err = refused(pb.RouteRequest(token_ids=[1], worker_id="bad id!"))
+    assert err.code == INVALID and "worker_id" in err.message

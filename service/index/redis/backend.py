@@ -55,14 +55,17 @@ from service.index.redis.walk import walk
 
 __all__ = ["REGISTRY", "RedisBackend", "worker_key"]
 # (WorkerLoad field, record field, type): counts are ints, measured costs floats (stored
-# as repr(), which round-trips exactly).
+# as repr(), which round-trips exactly), switches 0/1.
 _LOAD_FIELDS = (("running", "running", int), ("waiting", "waiting", int),
                 ("queued_prefill_tokens", "queued", int), ("free_blocks", "free", int),
                 ("total_blocks", "total", int), ("decode_tokens", "decode", int),
                 ("prefill_us_per_token", "prefill_us", float),
                 ("onboard_us_per_block_cpu", "onboard_cpu_us", float),
                 ("onboard_us_per_block_disk", "onboard_disk_us", float),
-                ("tier_blocks", "tiers", int), ("free_empty_blocks", "empty", int))
+                ("tier_blocks", "tiers", int), ("free_empty_blocks", "empty", int),
+                ("fetch_us_per_block", "fetch_us", float),
+                ("fetch_us_per_call", "fetch_call_us", float),
+                ("peer_fetch", "peer", bool))
 # Anything the server or the socket answers instead of a result (refused, timeout, LOADING,
 # READONLY after a failover, OOM under maxmemory...) means "the index is unavailable".
 _DOWN = (rexc.RedisError, rexc.RedisClusterException, OSError)  # the last: a slot no node serves
@@ -70,7 +73,8 @@ SWEEP_COUNT = 1000  # block keys per sweep step (about a millisecond of Redis ti
 
 
 def _record(wid: str, ns: str, f: dict[str, str]) -> WorkerRecord:
-    load = WorkerLoad(**{name: kind(f.get(short, 0)) for name, short, kind in _LOAD_FIELDS})
+    load = WorkerLoad(**{name: bool(int(f.get(short, 0))) if kind is bool
+                         else kind(f.get(short, 0)) for name, short, kind in _LOAD_FIELDS})
     return WorkerRecord(worker_id=wid, ns=ns, address=f.get("address", ""),
                         model=f.get("model", ""), block_size=int(f.get("bs", 0)),
                         algo=f.get("algo", ""), load=load, last_seq=int(f.get("seq", 0)),
@@ -82,7 +86,8 @@ def _record(wid: str, ns: str, f: dict[str, str]) -> WorkerRecord:
 def _load_args(load: WorkerLoad) -> list[Any]:
     out: list[Any] = []
     for name, short, kind in _LOAD_FIELDS:
-        out += [short, repr(float(getattr(load, name))) if kind is float else getattr(load, name)]
+        value = getattr(load, name)
+        out += [short, repr(float(value)) if kind is float else int(value)]
     return out
 
 

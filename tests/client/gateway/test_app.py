@@ -29,7 +29,7 @@ def test_completion_text_usage_and_headers(stack: Stack) -> None:
     assert completion.usage.prompt_tokens_details.cached_tokens == W1_CACHED
     # a worker that gives no split served everything from its device tier
     assert completion.usage.prompt_tokens_details.cached_tokens_by_tier == {
-        "gpu": W1_CACHED, "cpu": 0, "disk": 0}
+        "gpu": W1_CACHED, "cpu": 0, "disk": 0, "peer": 0}
     assert raw.headers["x-kvmesh-worker"] == "w1"
     assert raw.headers["x-kvmesh-cached-tokens"] == str(W1_CACHED)
     req = stack.last_request
@@ -111,18 +111,18 @@ def test_streaming_completion(stack: Stack) -> None:
 
 
 def test_cached_tokens_by_tier_in_usage(stack: Stack) -> None:
-    """The worker's split reaches ``usage.prompt_tokens_details`` (body and usage chunk),
-    summed over a batch."""
-    stack.w1.cached, stack.w1.cached_by_tier = 3, {"gpu": 1, "cpu": 2}
+    """The worker's split, a peer's blocks included, reaches
+    ``usage.prompt_tokens_details`` (body and usage chunk), summed over a batch."""
+    stack.w1.cached, stack.w1.cached_by_tier = 5, {"gpu": 1, "cpu": 2, "peer": 2}
     client = stack.gateway.openai()
     batch = client.completions.create(model="tiny", prompt=["hello", "world"], max_tokens=1)
     details = batch.usage.prompt_tokens_details
-    assert details.cached_tokens == 6
-    assert details.cached_tokens_by_tier == {"gpu": 2, "cpu": 4, "disk": 0}
+    assert details.cached_tokens == 10
+    assert details.cached_tokens_by_tier == {"gpu": 2, "cpu": 4, "disk": 0, "peer": 4}
     chunks = list(client.completions.create(model="tiny", prompt="hello", max_tokens=2,
                                             stream=True, stream_options={"include_usage": True}))
     details = chunks[-1].usage.prompt_tokens_details
-    assert details.cached_tokens_by_tier == {"gpu": 1, "cpu": 2, "disk": 0}
+    assert details.cached_tokens_by_tier == {"gpu": 1, "cpu": 2, "disk": 0, "peer": 2}
 
 
 def test_streaming_chat(stack: Stack) -> None:
@@ -256,3 +256,22 @@ def test_continuous_usage_stats_put_usage_on_every_chunk(stack: Stack) -> None:
         model="tiny", prompt="hello", max_tokens=2, stream=True,
         stream_options={"continuous_usage_stats": True}))
     assert all(c.usage is None for c in plain)
+
+
+def test_each_worker_gets_its_own_candidates_fetch_plan(stack: Stack) -> None:
+    """The gateway routes once and hands the answer to the client: w1 (failing before any
+    token) gets its plan, the failover to w2 gets w2's, whole and streamed alike."""
+    from kvmesh.v1 import index_pb2
+
+    plans = [index_pb2.FetchPlan(source_worker_id=s, source_address=f"{s}:1", start_block=i,
+                                 block_hashes=[bytes([i]) * 32], tokens=16, est_s=0.001,
+                                 ticket=s.encode() * 8) for i, s in enumerate(("h1", "h2"))]
+    for cand, plan in zip(stack.index.candidates, plans, strict=True):
+        cand.fetch.CopyFrom(plan)
+    stack.w1.mode = "fail"
+    stack.w1.failure = (grpc.StatusCode.UNAVAILABLE, "draining")
+    client = stack.gateway.openai()
+    client.completions.create(model="tiny", prompt="hello", max_tokens=2)
+    list(client.completions.create(model="tiny", prompt="hello", max_tokens=2, stream=True))
+    assert [r.fetch for r in stack.w1.requests] == [plans[0]] * 2
+    assert [r.fetch for r in stack.w2.requests] == [plans[1]] * 2

@@ -5,6 +5,7 @@ The end-to-end path (real Serve replicas, a real index) is in tests/integration/
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 from ray.serve._private.common import (
@@ -198,3 +199,27 @@ def test_tls_options_reach_the_index_client(certs):
                tls_key=str(certs.client_key))
     with pytest.raises(ValueError, match="--tls-ca .*cannot read"):
         router(service_addresses=["h:1"], tls_ca="/nonexistent/ca.pem")
+
+
+def test_each_ranked_replicas_fetch_plan_travels_in_the_request():
+    """The plans of the candidates that are replicas go into the routed argument (a
+    ServeRequest or a dict), keyed by worker id; each replica reads its own."""
+    from client.results import FetchPlan
+    from deploy.ray.request import fetch_plan_for
+    from kvmesh.v1 import index_pb2
+
+    plan = FetchPlan("someone-else", "h:9", 1, (b"\x07" * 32,), 16, 0.002, b"ticket")
+    routed = answer(wid("b2"), "someone-else", wid("a1"))
+    routed.candidates[0] = replace(routed.candidates[0], fetch=plan)
+    routed.candidates[1] = replace(routed.candidates[1], fetch=plan)  # not a replica
+    for req in (ServeRequest(token_ids=[1, 2, 3]), {"token_ids": [1, 2, 3]}):
+        _, decisions, counters = run(ScriptedIndex(routed), [(req, "r1")])
+        assert decisions[0][0] == ["b2"] and counters["fetch_plans"] == 1
+        got = index_pb2.FetchPlan.FromString(fetch_plan_for(req, wid("b2")))
+        assert (got.source_worker_id, got.start_block, list(got.block_hashes), got.ticket) \
+            == ("someone-else", 1, [b"\x07" * 32], b"ticket")
+        assert fetch_plan_for(req, wid("a1")) is None
+        assert fetch_plan_for(req, "someone-else") is None
+    plain = ServeRequest(token_ids=[1])
+    _, _, counters = run(ScriptedIndex(answer(wid("a1"))), [(plain, "r1")])
+    assert plain.fetch is None and counters["fetch_plans"] == 0

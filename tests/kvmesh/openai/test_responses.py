@@ -12,7 +12,11 @@ def test_usage_reports_cached_tokens_by_tier_and_sums() -> None:
     total = (a + b).as_dict()
     assert total["total_tokens"] == 18
     assert total["prompt_tokens_details"] == {
-        "cached_tokens": 6, "cached_tokens_by_tier": {"gpu": 3, "cpu": 3, "disk": 0}}
+        "cached_tokens": 6, "cached_tokens_by_tier": {"gpu": 3, "cpu": 3, "disk": 0,
+                                                      "peer": 0}}
+    fetched = (a + Usage(8, 1, 6, {"gpu": 2, "peer": 4})).as_dict()  # pulled from a peer
+    assert fetched["prompt_tokens_details"]["cached_tokens_by_tier"] == {
+        "gpu": 3, "cpu": 3, "disk": 0, "peer": 4}
     assert (a + Usage(1, 1, None)).cached_tokens is None
     assert Usage(1, 1, None).as_dict()["prompt_tokens_details"] is None
 

@@ -257,9 +257,10 @@ def test_register_heartbeat_purge(backend_factory: Callable[[], IndexBackend]) -
 
 def test_measured_costs_round_trip(backend_factory: Callable[[], IndexBackend]) -> None:
     """The worker's measured costs (floats) come back exactly from register and heartbeat,
-    next to the integer load fields."""
+    next to the integer load fields and the peer-fetch switch (on, then off again)."""
     costs = dict(prefill_us_per_token=123.456789, onboard_us_per_block_cpu=0.1 + 0.2,
-                 onboard_us_per_block_disk=1e-7)
+                 onboard_us_per_block_disk=1e-7, fetch_us_per_block=0.1 + 0.7,
+                 fetch_us_per_call=1234.5678, peer_fetch=True)
 
     async def body(b: IndexBackend) -> None:
         first = WorkerLoad(running=1, total_blocks=8, **costs)
@@ -267,7 +268,8 @@ def test_measured_costs_round_trip(backend_factory: Callable[[], IndexBackend]) 
                                       heartbeat_ms=T0))
         assert (await b.get_worker("a")).load == first  # type: ignore[union-attr]
         later = WorkerLoad(running=2, free_blocks=3, total_blocks=8, prefill_us_per_token=7.5,
-                           onboard_us_per_block_cpu=2.25)
+                           onboard_us_per_block_cpu=2.25, fetch_us_per_block=3e-3)
+        assert later.peer_fetch is False
         await b.heartbeat("a", later, 0, T0 + 1)
         assert [w.load for w in await b.workers()] == [later]
 
