@@ -195,7 +195,7 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
             late_access[0] = access_token_of(router_token, opts.access_token, worker_id)
         except ValueError:
             await server.stop(None)
-            servicer.peer_source.close()
+            await servicer.peer_source.close()
             if publisher is not None:
                 await publisher.close()
             runner.stop()
@@ -262,7 +262,7 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
         for t in tasks:
             t.cancel()
         await server.stop(grace=1.0)
-        servicer.peer_source.close()  # the data plane goes with the server
+        await servicer.peer_source.close()  # the data plane goes with the server
         runner.stop()
 
 

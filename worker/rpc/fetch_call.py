@@ -9,27 +9,27 @@ router or client token without the requester's proof is refused here (``forged``
 
 Then, on the engine thread (between steps: the read lease), the longest run of the asked
 hashes this worker holds is copied to host memory (``worker.engine.peer_blocks.snapshot``),
-the header answers (fingerprint, layout, blocks, token ids) and the bytes follow: inline in
-this stream for transport "grpc", else offered on the worker's data plane
-(``kvmesh.transfer.transports.DataServer``) at the endpoint the header names.
+the header answers (fingerprint, layout, blocks, token ids) and the bytes are offered, once,
+on the worker's data plane (``kvmesh.transfer.transports.DataServer``, over the transport
+asked for) at the endpoint the header names. The data plane starts with the first fetch
+served and closes with the gRPC server (:meth:`PeerSource.close`).
 
 See docs/architecture.md#peer-kv-transfer-the-worker-side.
 """
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator
 
 import grpc
 
 from kvmesh.transfer import ticket
+from kvmesh.transfer.transports import DEFAULT_TRANSPORT, TRANSPORTS, DataServer
 from kvmesh.v1 import worker_pb2
 from worker.engine.async_engine import AsyncEngine
-from worker.engine.peer_blocks import Snapshot, layout, snapshot
+from worker.engine.peer_blocks import layout, snapshot
 from worker.rpc.peer_stats import PeerCounters
 
-INLINE = "grpc"          # the bytes in the FetchBlocks stream itself
-FRAME_BYTES = 1 << 20    # inline frames: whole blocks, about this many bytes
 MAX_BLOCKS = 8192        # blocks one fetch may ask for
 MAX_HASH_BYTES = 64
 OFFER_TTL_S = 10.0       # an offer nobody pulls is dropped after this long
@@ -42,25 +42,6 @@ class Refused(Exception):
         super().__init__(message)
         self.code = code
         self.reason = reason
-
-
-def _plane():
-    try:  # TEMPORARY until the data plane lands
-        from kvmesh.transfer import transports as data_plane
-    except ImportError:
-        return None
-    return data_plane
-
-
-def transports() -> tuple[str, ...]:
-    """Every transport a requester may ask for."""
-    plane = _plane()
-    return (INLINE, *(t for t in (plane.TRANSPORTS if plane else ()) if t != INLINE))
-
-
-def default_transport() -> str:
-    plane = _plane()
-    return plane.DEFAULT_TRANSPORT if plane else INLINE
 
 
 def check(request: worker_pb2.FetchBlocksRequest, key: bytes, worker_id: str,
@@ -76,11 +57,11 @@ def check(request: worker_pb2.FetchBlocksRequest, key: bytes, worker_id: str,
     if len({len(h) for h in hashes}) != 1 or not 0 < len(hashes[0]) <= MAX_HASH_BYTES:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "malformed",
                       f"block hashes must all have one size of 1..{MAX_HASH_BYTES} bytes")
-    transport = request.transport or default_transport()
-    if transport not in transports():
+    transport = request.transport or DEFAULT_TRANSPORT
+    if transport not in TRANSPORTS:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "malformed",
                       f"unknown transport {request.transport!r}; this worker serves "
-                      f"{', '.join(transports())}")
+                      f"{', '.join(TRANSPORTS)}")
     if not request.ticket:
         raise Refused(grpc.StatusCode.PERMISSION_DENIED, "no_ticket",
                       "FetchBlocks needs the ticket of the route that planned the fetch "
@@ -104,16 +85,18 @@ class PeerSource:
         self.enabled = enabled
         self.host = host
         self.counters = counters
-        self._data = None  # kvmesh.transfer.transports.DataServer
+        self._data: DataServer | None = None
+        self._starting = asyncio.Lock()
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        """Stop the data plane (pulls in flight end, failed, on the receiver's side)."""
         if self._data is not None:
-            self._data.close()
-            self._data = None
+            data, self._data = self._data, None
+            await data.close()
 
     async def serve(self, request: worker_pb2.FetchBlocksRequest,
-                    worker_id: str) -> AsyncIterator[worker_pb2.FetchBlocksResponse]:
-        """The header, then (inline) the data frames. Raises :class:`Refused`."""
+                    worker_id: str) -> worker_pb2.FetchBlocksResponse:
+        """The header naming where the bytes wait. Raises :class:`Refused`."""
         t0 = time.perf_counter()
         try:
             if not self.enabled:
@@ -128,31 +111,23 @@ class PeerSource:
         snap, fingerprint, lay = await self.runner.call(
             lambda e: (snapshot(e, hashes), e.fingerprint, layout(e)))
         endpoint = ""
-        if snap.count and transport != INLINE:
-            endpoint = self._data_server().offer(transport, snap.blocks(), OFFER_TTL_S)
+        if snap.count:
+            data = await self._data_server()
+            endpoint = data.offer(transport, snap.blocks(), OFFER_TTL_S)
         c = self.counters
         c.served += 1
         c.served_blocks += snap.count
         c.served_bytes += snap.count * lay.block_bytes
-        yield worker_pb2.FetchBlocksResponse(
+        c.latency.observe("source", max(snap.count, 1), time.perf_counter() - t0)
+        return worker_pb2.FetchBlocksResponse(
             fingerprint=fingerprint, blocks=snap.count, block_bytes=lay.block_bytes,
             token_ids=snap.token_ids, endpoint=endpoint, dtype=lay.dtype,
             block_shape=lay.block_shape)
-        if snap.count and transport == INLINE:
-            for frame in _frames(snap, lay.block_bytes):
-                yield worker_pb2.FetchBlocksResponse(data=frame)
-        c.latency.observe("source", max(snap.count, 1), time.perf_counter() - t0)
 
-    def _data_server(self):
-        if self._data is None:
-            self._data = _plane().DataServer(self.host)
-            self._data.start()
+    async def _data_server(self) -> DataServer:
+        async with self._starting:
+            if self._data is None:
+                data = DataServer(self.host)
+                await data.start()
+                self._data = data
         return self._data
-
-
-def _frames(snap: Snapshot, block_bytes: int):
-    """Whole blocks, about :data:`FRAME_BYTES` per frame."""
-    per = max(1, FRAME_BYTES // max(block_bytes, 1))
-    blocks = snap.blocks()
-    for i in range(0, len(blocks), per):
-        yield b"".join(blocks[i:i + per])

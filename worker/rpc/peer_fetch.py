@@ -16,7 +16,6 @@ See docs/architecture.md#peer-kv-transfer-the-worker-side.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -27,7 +26,8 @@ import grpc
 from kvmesh.hashing import Lora, MMItem, block_hashes
 from kvmesh.rpc.channel import Dialer
 from kvmesh.transfer import ticket
-from kvmesh.v1 import worker_pb2, worker_pb2_grpc
+from kvmesh.transfer.transports import TransferError, pull
+from kvmesh.v1 import index_pb2, worker_pb2, worker_pb2_grpc
 from worker.engine.async_engine import AsyncEngine
 from worker.engine.engine import Engine
 from worker.engine.peer_blocks import Layout, import_landed, layout
@@ -86,7 +86,7 @@ class PeerFetcher:
         self.transport = transport  # "": the source's default
         self._own: tuple[bytes, Layout] | None = None
 
-    async def fetch(self, plan: worker_pb2.FetchPlan, prompt: Sequence[int], *,
+    async def fetch(self, plan: index_pb2.FetchPlan, prompt: Sequence[int], *,
                     worker_id: str, salt: str | None, lora: Lora | None,
                     mm: tuple[MMItem, ...]) -> Landed | None:
         """The blocks of ``plan`` that landed and verified, or ``None`` (nothing to
@@ -106,13 +106,8 @@ class PeerFetcher:
             self.counters.fallback("hashes")
             return None
         fingerprint, lay = await self._own_layout()
-        timeout = min(MAX_TIMEOUT_S, max(MIN_TIMEOUT_S, 4 * plan.est_s))
-        try:
-            landed = await asyncio.wait_for(
-                self._pull(plan, worker_id, prompt, fingerprint, lay, began, timeout), timeout)
-        except TimeoutError:
-            self.counters.fallback("timeout")
-            return None
+        deadline = began + min(MAX_TIMEOUT_S, max(MIN_TIMEOUT_S, 4 * plan.est_s))
+        landed = await self._pull(plan, worker_id, prompt, fingerprint, lay, began, deadline)
         self.counters.latency.observe("receiver", max(landed.count if landed else 0, 1),
                                       time.perf_counter() - began)
         return landed
@@ -122,36 +117,39 @@ class PeerFetcher:
             self._own = await self.runner.call(lambda e: (e.fingerprint, layout(e)))
         return self._own
 
-    async def _pull(self, plan: worker_pb2.FetchPlan, worker_id: str, prompt: Sequence[int],
-                    fingerprint: bytes, lay: Layout, began: float,
-                    timeout: float) -> Landed | None:
-        c, bs, start = self.counters, self.runner.engine.block_size, plan.start_block
+    async def _header(self, plan: index_pb2.FetchPlan, worker_id: str,
+                      deadline: float) -> worker_pb2.FetchBlocksResponse | str:
+        """The source's header, or the fallback reason."""
         request = worker_pb2.FetchBlocksRequest(
             requester_id=worker_id, block_hashes=plan.block_hashes, ticket=plan.ticket,
             proof=ticket.proof(self.key, plan.ticket) if plan.ticket else b"",
             transport=self.transport)
-        async with self.dialer.aio(plan.source_address) as channel:
-            call = worker_pb2_grpc.WorkerServiceStub(channel).FetchBlocks(request,
-                                                                         timeout=timeout)
-            try:
+        try:
+            async with self.dialer.aio(plan.source_address) as channel:
+                call = worker_pb2_grpc.WorkerServiceStub(channel).FetchBlocks(
+                    request, timeout=max(0.05, deadline - time.perf_counter()))
                 head = await call.read()
-                if head is grpc.aio.EOF:
-                    c.fallback("error")
-                    return None
-                header_at = time.perf_counter()
-                reason = _verify(head, fingerprint, lay, prompt, start, bs,
-                                 len(plan.block_hashes))
-                if reason:
-                    c.fallback(reason)
-                    return None
-                c.fetches += 1
-                data = bytearray(head.blocks * lay.block_bytes)
-                count, reason = await self._bytes(call, head, data, lay.block_bytes, timeout)
-            except grpc.aio.AioRpcError as e:
-                c.fallback(_CODES.get(e.code(), "error"))
-                log.info("peer fetch from %s failed (%s): recomputing", plan.source_worker_id,
-                         e.details())
-                return None
+        except grpc.aio.AioRpcError as e:
+            log.info("peer fetch from %s failed (%s): recomputing", plan.source_worker_id,
+                     e.details())
+            return _CODES.get(e.code(), "error")
+        return "error" if head is grpc.aio.EOF else head
+
+    async def _pull(self, plan: index_pb2.FetchPlan, worker_id: str, prompt: Sequence[int],
+                    fingerprint: bytes, lay: Layout, began: float,
+                    deadline: float) -> Landed | None:
+        c, bs, start = self.counters, self.runner.engine.block_size, plan.start_block
+        head = await self._header(plan, worker_id, deadline)
+        reason = head if isinstance(head, str) else _verify(
+            head, fingerprint, lay, prompt, start, bs, len(plan.block_hashes))
+        if reason:
+            c.fallback(reason)
+            return None
+        header_at = time.perf_counter()
+        c.fetches += 1
+        data = bytearray(head.blocks * lay.block_bytes)
+        count, reason = await self._bytes(head, data, lay.block_bytes,
+                                          max(0.05, deadline - header_at))
         if not reason and head.blocks < len(plan.block_hashes):
             reason = "evicted"  # the source held only a prefix of the plan
         if reason:
@@ -159,38 +157,24 @@ class PeerFetcher:
         c.fetched_bytes += count * lay.block_bytes
         if not count:
             return None
-        now = time.perf_counter()
-        return Landed(start, count, data, header_at - began, now - header_at, began)
+        return Landed(start, count, data, header_at - began, time.perf_counter() - header_at,
+                      began)
 
-    async def _bytes(self, call, head: worker_pb2.FetchBlocksResponse, data: bytearray,
+    async def _bytes(self, head: worker_pb2.FetchBlocksResponse, data: bytearray,
                      block_bytes: int, timeout: float) -> tuple[int, str]:
-        """Fill ``data``; returns the whole blocks that landed and, if not all, why."""
-        if head.endpoint:
-            from kvmesh.transfer import transports as data_plane
+        """Fill ``data`` from the header's endpoint; the whole blocks that landed and, if
+        not all, why (the data plane's reason)."""
+        if not head.endpoint:
+            return 0, "error"
+        view = memoryview(data)
 
-            view = memoryview(data)
+        def sink(i: int, block: memoryview) -> None:
+            view[i * block_bytes:(i + 1) * block_bytes] = block
 
-            def sink(i: int, block: memoryview) -> None:
-                view[i * block_bytes:(i + 1) * block_bytes] = block
-
-            try:
-                return await data_plane.pull(head.endpoint, block_bytes, head.blocks, sink,
-                                             timeout), ""
-            except data_plane.TransferError as e:
-                return e.landed, e.reason
-        got = 0
         try:
-            while got < len(data):
-                msg = await call.read()
-                if msg is grpc.aio.EOF:
-                    break
-                size = min(len(msg.data), len(data) - got)
-                data[got:got + size] = msg.data[:size]
-                got += size
-        except grpc.aio.AioRpcError:
-            pass  # what landed before the stream broke is kept
-        count = got // block_bytes
-        return count, "" if count == head.blocks else "partial"
+            return await pull(head.endpoint, block_bytes, head.blocks, sink, timeout), ""
+        except TransferError as e:
+            return e.landed, e.reason
 
 
 def _verify(head: worker_pb2.FetchBlocksResponse, fingerprint: bytes, lay: Layout,

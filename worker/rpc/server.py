@@ -186,8 +186,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     async def FetchBlocks(self, request: worker_pb2.FetchBlocksRequest, context):
         """Serve a peer the blocks its ticket grants (``worker.rpc.fetch_call``)."""
         try:
-            async for msg in self.peer_source.serve(request, self.worker_id):
-                yield msg
+            yield await self.peer_source.serve(request, self.worker_id)
         except Refused as e:
             await context.abort(e.code, f"worker {self.worker_id}: {e}")
 
