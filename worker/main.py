@@ -214,7 +214,8 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
         # --http-port is given without --metrics-port
         from worker.rpc.metrics import WorkerMetrics
 
-        servicer.metrics = WorkerMetrics(runner, worker_id, servicer.tier_precision)
+        servicer.metrics = WorkerMetrics(runner, worker_id, servicer.tier_precision,
+                                         servicer.peer)
         if vllm_metrics is not None:
             servicer.metrics.include(vllm_metrics.registry)
         mport = servicer.metrics.serve(opts.metrics_port or 0, opts.metrics_host)

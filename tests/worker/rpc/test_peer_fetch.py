@@ -14,8 +14,10 @@ from kvmesh.transfer.transports import pull as real_pull
 from kvmesh.v1 import worker_pb2
 from tests.worker.rpc.peers import BS, generate, generate_request, peers, plan
 from worker import Engine
+from worker.engine.async_engine import AsyncEngine
 from worker.model import load_model
 from worker.rpc import peer_fetch
+from worker.rpc.metrics import WorkerMetrics
 
 _RNG = random.Random(3)
 PROMPT = [_RNG.randrange(3, 256) for _ in range(6 * BS + 5)]
@@ -53,9 +55,12 @@ def test_fetched_prefix_counts_as_peer_and_the_output_is_identical(tiny, want, t
                                                                           0, 6)))
             stats = {p.worker_id: (await p.stub.Stats(worker_pb2.WorkerStatsRequest()))
                      for p in (src, dst)}
-            return first, got, stats, dst.engine.load()
+            metrics = {p.worker_id: WorkerMetrics(p.servicer.runner, p.worker_id,
+                                                  peer=p.servicer.peer).registry
+                       for p in (src, dst)}
+            return first, got, stats, dst.engine.load(), metrics
 
-    first, got, stats, load = run(body())
+    first, got, stats, load, metrics = run(body())
     assert list(first.token_ids) == want == list(got.token_ids)
     assert dict(got.cached_tokens_by_tier) == {"gpu": 0, "cpu": 0, "disk": 0, "peer": 6 * BS}
     assert got.num_cached_tokens == 6 * BS
@@ -66,6 +71,14 @@ def test_fetched_prefix_counts_as_peer_and_the_output_is_identical(tiny, want, t
     assert (src.served, src.served_blocks, src.refused) == (1, 6, 0)
     assert stats["dst"].load.peer_fetch and stats["dst"].load.fetch_us_per_block > 0
     assert load["fetch_us_per_call"] > 0
+    recv, serve = ({"worker_id": "dst", "role": "receiver"}, {"worker_id": "src",
+                                                             "role": "source"})
+    assert metrics["dst"].get_sample_value("kvmesh_worker_peer_blocks_total", recv) == 6
+    assert metrics["src"].get_sample_value("kvmesh_worker_peer_blocks_total", serve) == 6
+    assert metrics["dst"].get_sample_value("kvmesh_worker_peer_hit_tokens_total",
+                                           {"worker_id": "dst"}) == 6 * BS
+    assert metrics["dst"].get_sample_value(
+        "kvmesh_worker_peer_fetch_latency_seconds_count", recv) == 1
 
 
 def _fallback(tiny, want, *, mutate=None, receiver=None, source_on=True, kill=False):
@@ -94,6 +107,21 @@ def _fallback(tiny, want, *, mutate=None, receiver=None, source_on=True, kill=Fa
 
 def test_source_unreachable_falls_back(tiny, want):
     assert _fallback(tiny, want, kill=True)[1] == {"unavailable": 1}
+
+
+def test_fallbacks_and_refusals_are_labelled_by_reason_in_the_metrics():
+    from worker.rpc.peer_stats import PeerCounters
+
+    counters = PeerCounters()
+    counters.fallback("timeout")
+    counters.refuse("expired")
+    counters.refuse("expired")
+    runner = AsyncEngine(Engine.from_pretrained("tiny", num_blocks=8))
+    registry = WorkerMetrics(runner, "w", peer=counters).registry
+    assert registry.get_sample_value("kvmesh_worker_peer_fallbacks_total",
+                                     {"worker_id": "w", "reason": "timeout"}) == 1
+    assert registry.get_sample_value("kvmesh_worker_peer_refusals_total",
+                                     {"worker_id": "w", "reason": "expired"}) == 2
 
 
 def test_a_plan_whose_hashes_are_not_this_prompt_is_not_fetched(tiny, want):
