@@ -10,6 +10,7 @@ See docs/architecture.md#worker-engine-and-model.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -66,7 +67,8 @@ class Completion:
     finish_reason: str  # "stop" (an EOS token) or "length" (max_tokens)
     prompt_tokens: int
     ttft_s: float
-    # num_cached_tokens per tier the blocks came from: {"gpu": .., "cpu": .., "disk": ..}
+    # num_cached_tokens per tier the blocks came from: {"gpu": .., "cpu": .., "disk": ..},
+    # plus "peer" when blocks pulled from another worker for it were hit
     cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
 
 
@@ -106,7 +108,6 @@ class Engine:
         self.costs = CostMeter(block_size)
         self.onboards = OnboardLog()  # the monitoring's onboard times (worker.rpc.metrics)
         self.peer_fetch = False  # serves and receives peer blocks (set by the worker process)
-        self._fingerprint: bytes | None = None
         self.copies: CopyExecutor | None = None
         if tiers.lower:
             store = None
@@ -128,16 +129,13 @@ class Engine:
         self._ids = itertools.count()
         self.requests_done = 0
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> bytes:
         """The model fingerprint (``worker.model.fingerprint``): the disk tier's directory
-        and what a peer fetch's blocks must match; computed once."""
-        if self._fingerprint is None:
-            kv = self.kv
-            self._fingerprint = model_fingerprint(
-                self.model, self.config, self.block_size, self.kv_cache.dtype, kv.hash_algo,
-                none_hash(kv.hash_algo, kv.hash_seed))
-        return self._fingerprint
+        and what a peer fetch's blocks must match."""
+        algo, seed = self.kv.hash_algo, self.kv.hash_seed
+        return model_fingerprint(self.model, self.config, self.block_size,
+                                 self.kv_cache.dtype, algo, none_hash(algo, seed))
 
     @classmethod
     def from_pretrained(cls, path_or_name: str | Path, block_size: int = 16,

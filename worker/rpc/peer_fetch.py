@@ -64,11 +64,14 @@ class Landed:
             seq.arrival = self.began  # its time to first token includes the fetch
             engine.costs.fetch(self.count, self.call_s, self.pull_s)
             try:
-                counters.fetched_blocks += import_landed(engine, seq.req, self.start,
-                                                         self.data, self.count)
+                n = import_landed(engine, seq.req, self.start, self.data, self.count)
             except Exception:
                 counters.fallback("import")
                 raise
+            counters.fetched_blocks += n
+            if n:  # the load's queued prefill: these tokens will not be computed
+                seq.expected_cached = max(seq.expected_cached,
+                                          sum(engine.kv.match_by_tier(seq.req).values()))
 
         return run
 

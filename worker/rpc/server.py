@@ -58,7 +58,7 @@ class PrecisionCounter:
 
 def cached_by_tier(seq: Seq) -> dict[str, int]:
     """``seq.num_cached_tokens`` split by the tier the blocks came from (set at first
-    admission; empty only for a request never admitted)."""
+    admission, "peer" included when non-zero; empty only for a request never admitted)."""
     if seq.cached_tokens_by_tier:
         return dict(seq.cached_tokens_by_tier)
     return {"gpu": max(seq.num_cached_tokens, 0), "cpu": 0, "disk": 0}
