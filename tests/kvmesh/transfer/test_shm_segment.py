@@ -21,7 +21,7 @@ def _ours() -> list[str]:
 def test_a_segment_is_owner_only_even_under_an_open_umask() -> None:
     old = os.umask(0)
     try:
-        path, fd = shm_segment.create()
+        path, fd = shm_segment.create(4096)
     finally:
         os.umask(old)
     try:
@@ -34,30 +34,36 @@ def test_a_segment_is_owner_only_even_under_an_open_umask() -> None:
     assert _ours() == []
 
 
-def test_the_receiver_unlinks_what_it_opens_and_reads_whole_frames() -> None:
-    path, fd = shm_segment.create()
+def test_the_receiver_maps_and_unlinks_what_it_opens() -> None:
+    path, fd = shm_segment.create(16)
     shm_segment.write(fd, [memoryview(b"a" * 8), memoryview(b"b" * 8)], 0)
     os.close(fd)
-    rfd = shm_segment.open_for_read(path)
+    seg = shm_segment.open_for_read(path, 16)
     try:
         assert not os.path.exists(path)
-        buf = bytearray(16)
-        shm_segment.read_into(rfd, memoryview(buf), 0, 0)
-        assert bytes(buf) == b"a" * 8 + b"b" * 8
-        with pytest.raises(TransferError) as e:
-            shm_segment.read_into(rfd, memoryview(buf), 8, 1)
-        assert (e.value.reason, e.value.landed) == ("truncated", 1)
+        assert bytes(seg) == b"a" * 8 + b"b" * 8
     finally:
-        os.close(rfd)
+        seg.close()
+
+
+def test_a_segment_shorter_than_the_pull_is_truncated() -> None:
+    path, fd = shm_segment.create(16)
+    os.close(fd)
+    try:
+        with pytest.raises(TransferError) as e:
+            shm_segment.open_for_read(path, 17, landed=3)
+        assert (e.value.reason, e.value.landed) == ("truncated", 3)
+    finally:
+        shm_segment.unlink(path)
 
 
 def test_a_segment_others_may_read_is_refused() -> None:
-    path, fd = shm_segment.create()
+    path, fd = shm_segment.create(16)
     os.fchmod(fd, 0o644)
     os.close(fd)
     try:
         with pytest.raises(TransferError) as e:
-            shm_segment.open_for_read(path)
+            shm_segment.open_for_read(path, 16)
         assert e.value.reason == "refused"
     finally:
         shm_segment.unlink(path)
@@ -67,7 +73,7 @@ def test_a_segment_others_may_read_is_refused() -> None:
                                   "/dev/shm/kvmesh-kv-1-zz", "/tmp/kvmesh-kv-1-" + "0" * 32])
 def test_the_receiver_opens_only_kvmesh_segment_names(path: str) -> None:
     with pytest.raises(TransferError) as e:
-        shm_segment.open_for_read(path)
+        shm_segment.open_for_read(path, 16)
     assert e.value.reason == "malformed"
 
 
