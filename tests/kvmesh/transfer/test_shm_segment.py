@@ -91,15 +91,17 @@ def test_no_segment_outlives_a_pull_an_expiry_or_a_close() -> None:
             await asyncio.sleep(0.05)
             with pytest.raises(TransferError):
                 await pull(lapsed, 4096, 40, lambda i, b: None, timeout_s=5)
-            ep = server.offer("shm", [os.urandom(1 << 20) for _ in range(32)])
+            big = os.urandom(64 << 10)  # 512 frames, 64 in flight at most: the close lands mid-way
+            ep = server.offer("shm", [big] * 512)
             closing: list[asyncio.Task] = []
 
             def sink(i: int, b: memoryview) -> None:
                 if i == 0:
                     closing.append(asyncio.get_running_loop().create_task(server.close()))
 
-            with pytest.raises(TransferError):
-                await pull(ep, 1 << 20, 32, sink, timeout_s=5)
+            with pytest.raises(TransferError) as e:
+                await pull(ep, 64 << 10, 512, sink, timeout_s=5)
+            assert e.value.reason == "closed" and 1 <= e.value.landed < 512
             await asyncio.gather(*closing)
         finally:
             await server.close()
