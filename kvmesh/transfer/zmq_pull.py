@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
+import mmap
 from collections.abc import Callable
 
 import zmq
@@ -30,7 +30,7 @@ from kvmesh.transfer.frames import (
 )
 from kvmesh.transfer.zmq_serve import OPEN
 
-WINDOW = 8
+WINDOW = 64  # frames the receiver lets the source send ahead; the source caps it
 _LINGER_MS = 1000
 _GRACE_S = 0.02  # after a disconnect, frames already received still land
 _EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
@@ -42,8 +42,7 @@ class _Receiver:
     def __init__(self, ep: Endpoint, block_bytes: int, count: int, sink: Sink) -> None:
         self.ep, self.bb, self.sink = ep, block_bytes, sink
         self.check = FrameCheck(ep.key, block_bytes, count)
-        self.fd = -1
-        self.buf: bytearray | None = None
+        self.segment: mmap.mmap | None = None
 
     def on_message(self, parts: list) -> None:
         """Take one message from the source: pass its blocks to the sink or raise."""
@@ -54,10 +53,11 @@ class _Receiver:
             raise TransferError(reason, self.check.landed,
                                 f"the source refused the pull: {said!r}")
         if head.kind == OPEN:
-            if self.ep.transport != "shm" or self.fd >= 0 or len(parts) != 2:
+            if self.ep.transport != "shm" or self.segment is not None or len(parts) != 2:
                 raise TransferError("malformed", self.check.landed, "an unexpected OPEN")
-            self.fd = shm_segment.open_for_read(bytes(parts[1].buffer).decode(errors="replace"),
-                                                self.check.landed)
+            path = bytes(parts[1].buffer).decode(errors="replace")
+            self.segment = shm_segment.open_for_read(path, self.check.count * self.bb,
+                                                     self.check.landed)
             return
         if self.ep.transport == "shm":
             self._segment_frame(head, len(parts))
@@ -81,23 +81,20 @@ class _Receiver:
         self.check.advance(head)
 
     def _segment_frame(self, head: Head, nparts: int) -> None:
-        if self.fd < 0 or nparts != 1:
+        if self.segment is None or nparts != 1:
             raise TransferError("malformed", self.check.landed, "a segment frame before OPEN")
-        self.check.check(head, None)
-        size = head.count * self.bb
-        if self.buf is None or len(self.buf) < size:
-            self.buf = bytearray(size)
-        view = memoryview(self.buf)[:size]
-        shm_segment.read_into(self.fd, view, head.first * self.bb, self.check.landed)
-        for j in range(head.count):
-            self.sink(head.first + j, view[j * self.bb:(j + 1) * self.bb])
+        self.check.check(head, None)  # bounds: first + count <= the pull's count = the map's
+        bb = self.bb
+        view = memoryview(self.segment)
+        for j in range(head.first, head.first + head.count):
+            self.sink(j, view[j * bb:(j + 1) * bb])
         self.check.advance(head)
 
     def close(self) -> None:
-        if self.fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
-            self.fd = -1
+        if self.segment is not None:
+            with contextlib.suppress(BufferError):  # a sink kept a view: the GC unmaps it
+                self.segment.close()
+            self.segment = None
 
 
 async def pull(ep: Endpoint, block_bytes: int, count: int, sink: Sink, timeout_s: float) -> int:

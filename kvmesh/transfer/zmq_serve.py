@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 OPEN = 6
 MAX_WINDOW = 64
+WINDOW_BYTES = 16 << 20  # in flight per pull: enough to keep loopback busy, bounded memory
 JOIN_BELOW = 64 * 1024  # blocks smaller than this travel joined: a part costs more than a copy
 
 
@@ -108,7 +109,7 @@ class ZmqServe:
             self._send([ident, Head(ERROR, head.key).pack(), b"mismatch"])
             return
         credits: asyncio.Queue[int] = asyncio.Queue()
-        window = max(1, min(MAX_WINDOW, head.index))
+        window = max(1, min(head.index, MAX_WINDOW, max(2, WINDOW_BYTES // self.frame_bytes)))
         task = asyncio.create_task(self._serve(ident, offer, window, credits))
         self._pulls[ident] = (task, credits)
         task.add_done_callback(lambda _t: self._pulls.pop(ident, None))
@@ -127,10 +128,11 @@ class ZmqServe:
                      credits: asyncio.Queue[int]) -> None:
         bb = offer.block_bytes
         spans = frame_spans(len(offer.blocks), blocks_per_frame(bb, self.frame_bytes))
-        path, fd = (shm_segment.create() if offer.transport == "shm" else ("", -1))
+        total = len(offer.blocks) * bb
+        path, fd = shm_segment.create(total) if offer.transport == "shm" else ("", -1)
         try:
             if fd >= 0:
-                self._send([ident, Head(OPEN, offer.key, extra=len(offer.blocks) * bb).pack(),
+                self._send([ident, Head(OPEN, offer.key, extra=total).pack(),
                             path.encode()])
             credit = window
             for index, (first, n) in enumerate(spans):

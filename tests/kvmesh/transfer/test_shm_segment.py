@@ -21,7 +21,7 @@ def _ours() -> list[str]:
 def test_a_segment_is_owner_only_even_under_an_open_umask() -> None:
     old = os.umask(0)
     try:
-        path, fd = shm_segment.create()
+        path, fd = shm_segment.create(4096)
     finally:
         os.umask(old)
     try:
@@ -34,30 +34,36 @@ def test_a_segment_is_owner_only_even_under_an_open_umask() -> None:
     assert _ours() == []
 
 
-def test_the_receiver_unlinks_what_it_opens_and_reads_whole_frames() -> None:
-    path, fd = shm_segment.create()
+def test_the_receiver_maps_and_unlinks_what_it_opens() -> None:
+    path, fd = shm_segment.create(16)
     shm_segment.write(fd, [memoryview(b"a" * 8), memoryview(b"b" * 8)], 0)
     os.close(fd)
-    rfd = shm_segment.open_for_read(path)
+    seg = shm_segment.open_for_read(path, 16)
     try:
         assert not os.path.exists(path)
-        buf = bytearray(16)
-        shm_segment.read_into(rfd, memoryview(buf), 0, 0)
-        assert bytes(buf) == b"a" * 8 + b"b" * 8
-        with pytest.raises(TransferError) as e:
-            shm_segment.read_into(rfd, memoryview(buf), 8, 1)
-        assert (e.value.reason, e.value.landed) == ("truncated", 1)
+        assert bytes(seg) == b"a" * 8 + b"b" * 8
     finally:
-        os.close(rfd)
+        seg.close()
+
+
+def test_a_segment_shorter_than_the_pull_is_truncated() -> None:
+    path, fd = shm_segment.create(16)
+    os.close(fd)
+    try:
+        with pytest.raises(TransferError) as e:
+            shm_segment.open_for_read(path, 17, landed=3)
+        assert (e.value.reason, e.value.landed) == ("truncated", 3)
+    finally:
+        shm_segment.unlink(path)
 
 
 def test_a_segment_others_may_read_is_refused() -> None:
-    path, fd = shm_segment.create()
+    path, fd = shm_segment.create(16)
     os.fchmod(fd, 0o644)
     os.close(fd)
     try:
         with pytest.raises(TransferError) as e:
-            shm_segment.open_for_read(path)
+            shm_segment.open_for_read(path, 16)
         assert e.value.reason == "refused"
     finally:
         shm_segment.unlink(path)
@@ -67,7 +73,7 @@ def test_a_segment_others_may_read_is_refused() -> None:
                                   "/dev/shm/kvmesh-kv-1-zz", "/tmp/kvmesh-kv-1-" + "0" * 32])
 def test_the_receiver_opens_only_kvmesh_segment_names(path: str) -> None:
     with pytest.raises(TransferError) as e:
-        shm_segment.open_for_read(path)
+        shm_segment.open_for_read(path, 16)
     assert e.value.reason == "malformed"
 
 
@@ -85,15 +91,17 @@ def test_no_segment_outlives_a_pull_an_expiry_or_a_close() -> None:
             await asyncio.sleep(0.05)
             with pytest.raises(TransferError):
                 await pull(lapsed, 4096, 40, lambda i, b: None, timeout_s=5)
-            ep = server.offer("shm", [os.urandom(1 << 20) for _ in range(32)])
+            big = os.urandom(64 << 10)  # 512 frames, 64 in flight at most: the close lands mid-way
+            ep = server.offer("shm", [big] * 512)
             closing: list[asyncio.Task] = []
 
             def sink(i: int, b: memoryview) -> None:
                 if i == 0:
                     closing.append(asyncio.get_running_loop().create_task(server.close()))
 
-            with pytest.raises(TransferError):
-                await pull(ep, 1 << 20, 32, sink, timeout_s=5)
+            with pytest.raises(TransferError) as e:
+                await pull(ep, 64 << 10, 512, sink, timeout_s=5)
+            assert e.value.reason == "closed" and 1 <= e.value.landed < 512
             await asyncio.gather(*closing)
         finally:
             await server.close()
