@@ -210,3 +210,21 @@ def test_the_receive_switch_off_ignores_plans(tiny, want):
 
     got, served, reported = run(body())
     assert served == 0 and not reported and list(got.token_ids) == want
+
+
+def test_a_salted_prompt_is_fetched_under_its_salt_and_never_without_it(tiny, want):
+    async def body():
+        async with peers(("src", "cred-src", engine(tiny)),
+                         ("dst", "cred-dst", engine(tiny))) as (src, dst):
+            await generate(src, generate_request(PROMPT, salt="tenant-a"))
+            salted = await generate(dst, generate_request(
+                PROMPT, salt="tenant-a", fetch=plan(src, dst, PROMPT, 0, 6, salt="tenant-a")))
+            # a plan for the unsalted chain does not name this (salted) prompt's blocks
+            other = await generate(dst, generate_request(
+                PROMPT, salt="tenant-b", fetch=plan(src, dst, PROMPT, 0, 6)))
+            return salted, other, dict(dst.servicer.peer.fallbacks)
+
+    salted, other, reasons = run(body())
+    assert salted.cached_tokens_by_tier["peer"] == 6 * BS and list(salted.token_ids) == want
+    assert other.num_cached_tokens == 0 and list(other.token_ids) == want
+    assert reasons == {"hashes": 1}
