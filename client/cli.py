@@ -37,6 +37,7 @@ BENCH_VERBS = {
     "fleet": "bench.fleet",  # simulated workers + routes over one Redis or a cluster
     "serve": "bench.ray_serve",  # Ray Serve routers side by side
     "trace": "bench.traces",  # synthetic Mooncake-format traces for replay
+    "transfer": "bench.transfer",  # the peer-KV data plane's transports, fetch vs recompute
 }
 
 

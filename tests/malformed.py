@@ -246,8 +246,12 @@ def worker_requests(lim: Limits, vocab: int = 256) -> dict[str, st.SearchStrateg
         salt=st.one_of(st.just(""), st.just("tenant"), texts(lim.max_salt_bytes)),
         lora=st.one_of(st.none(), st.none(), lora),
         mm=st.one_of(st.just([]), st.lists(mm, max_size=2)), index_matched_tokens=U64)
-    fetch = st.builds(wpb.FetchBlocksRequest, block_hashes=st.lists(hashes(), max_size=4),
-                      tier=_tier())
+    fetch = st.builds(wpb.FetchBlocksRequest,
+                      requester_id=st.one_of(st.just(""), st.just("w-peer"), texts(1100)),
+                      block_hashes=st.lists(hashes(), max_size=4),
+                      ticket=st.one_of(st.just(b""), st.binary(max_size=200)),
+                      proof=st.binary(max_size=40),
+                      transport=st.one_of(st.just(""), st.just("grpc"), st.text(max_size=6)))
     pin = st.builds(
         wpb.PinRequest, token_ids=st.one_of(st.just([]), prompt),
         block_hashes=st.one_of(st.just([]), st.just([]), st.lists(hashes(), max_size=4)),

@@ -69,6 +69,11 @@ def register(app: typer.Typer) -> None:
         disk_dir: opt.DiskDir = _TIERS.disk_dir,
         eviction: opt.Eviction = _TIERS.eviction,
         auto_pin: opt.AutoPin = _TIERS.auto_pin,
+        peer_fetch: Annotated[bool, typer.Option(
+            "--peer-fetch/--no-peer-fetch",
+            help="serve cached blocks to peers holding the service's ticket, and pull a "
+            "routed request's planned prefix from its holder (off: refuse and ignore "
+            "both)")] = _DEFAULTS.peer_fetch,
         vllm_events: Annotated[str | None, typer.Option(
             help="publish KV events on vLLM's ZMQ protocol at this PUB endpoint "
             "(tcp://127.0.0.1:5557; any other interface needs --vllm-curve-key), for kvmesh "

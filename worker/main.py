@@ -40,6 +40,7 @@ class WorkerOptions:
     token: str | None = None          # router token (--token): only derives access_token
     access_token: str | None = None   # its own WorkerService token (--access-token)
     service_token: str | None = None  # what it presents to the service (--service-token)
+    peer_fetch: bool = True           # serve peers' fetches and follow fetch plans
     hash_algo: str = DEFAULT_ALGO
     hash_seed: str | None = None      # None: kvmesh.hashing.resolve_seed's default (as vLLM)
     device: str | None = None
@@ -139,6 +140,7 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     once the server accepts calls; launchers wait for it."""
     from kvmesh.hashing import none_hash, resolve_seed
     from kvmesh.rpc.auth import worker_pin_token
+    from kvmesh.rpc.channel import Dialer
     from worker.engine.async_engine import AsyncEngine
     from worker.engine.engine import Engine
     from worker.engine.scheduler import SchedulerConfig
@@ -155,6 +157,7 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     tls = opts.tls
     # before the model loads: a certificate without a CA is refused here, not after start
     link_creds = tls.channel_credentials() if tls is not None and opts.services else None
+    peers = Dialer.from_tls(tls if tls is not None and tls.dials_tls() else None)
     engine = Engine.from_pretrained(
         opts.model, block_size=opts.block_size, num_blocks=opts.num_blocks, device=opts.device,
         hash_algo=opts.hash_algo, hash_seed=opts.hash_seed,
@@ -182,7 +185,9 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
         pin_token=worker_pin_token(opts.service_token) if opts.service_token else None,
         credentials=tls.server_credentials() if tls is not None else None,
         max_inflight_per_conn=opts.max_inflight_per_conn,
-        max_message_bytes=opts.max_message_bytes)
+        max_message_bytes=opts.max_message_bytes,
+        # its peer key is that of the credential it presents to the service
+        peer_fetch=opts.peer_fetch, credential=opts.service_token or "", dialer=peers)
     worker_id = opts.worker_id or f"{socket.gethostname()}-{port}"
     servicer.worker_id = worker_id  # known only once the port is bound (default host-port)
     if router_token:
@@ -190,6 +195,7 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
             late_access[0] = access_token_of(router_token, opts.access_token, worker_id)
         except ValueError:
             await server.stop(None)
+            await servicer.peer_source.close()
             if publisher is not None:
                 await publisher.close()
             runner.stop()
@@ -208,7 +214,8 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
         # --http-port is given without --metrics-port
         from worker.rpc.metrics import WorkerMetrics
 
-        servicer.metrics = WorkerMetrics(runner, worker_id, servicer.tier_precision)
+        servicer.metrics = WorkerMetrics(runner, worker_id, servicer.tier_precision,
+                                         servicer.peer)
         if vllm_metrics is not None:
             servicer.metrics.include(vllm_metrics.registry)
         mport = servicer.metrics.serve(opts.metrics_port or 0, opts.metrics_host)
@@ -256,6 +263,7 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
         for t in tasks:
             t.cancel()
         await server.stop(grace=1.0)
+        await servicer.peer_source.close()  # the data plane goes with the server
         runner.stop()
 
 

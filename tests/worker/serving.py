@@ -18,12 +18,13 @@ async def with_worker(fn: Callable[[worker_pb2_grpc.WorkerServiceStub, grpc.aio.
                       runner: AsyncEngine, worker_id: str = "w-test") -> T:
     """``await fn(stub, channel)`` against worker ``worker_id`` serving ``runner``; the
     server and the runner are stopped afterwards, whatever happens."""
-    server, port, _ = await create_server("127.0.0.1:0", runner, worker_id=worker_id,
-                                          model_name="tiny")
+    server, port, servicer = await create_server("127.0.0.1:0", runner, worker_id=worker_id,
+                                                 model_name="tiny")
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
             return await fn(worker_pb2_grpc.WorkerServiceStub(ch), ch)
     finally:
         await server.stop(None)
+        await servicer.peer_source.close()
         runner.stop()

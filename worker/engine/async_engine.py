@@ -73,12 +73,16 @@ class AsyncEngine:
         return fut
 
     async def generate(self, prompt: list[int], params: SamplingParams, *, request_id: str,
-                       salt: str | None = None, lora=None, mm=()) -> AsyncIterator[StepOutput]:
+                       salt: str | None = None, lora=None, mm=(),
+                       on_enqueued: Callable[[Engine, Seq], None] | None = None,
+                       ) -> AsyncIterator[StepOutput]:
         """Yield this request's step outputs until it finishes. Raises ``RequestError``
         (validated on the caller's side first, so a bad request never reaches the thread)
         and ``StepFailed`` (a step it was in failed; the engine serves on). Cancelling the
         consumer, even before the engine thread has enqueued the request, aborts it and
-        frees its blocks."""
+        frees its blocks. ``on_enqueued(engine, seq)`` runs on the engine thread right
+        after the request is queued, before any step can admit it (a peer fetch's import);
+        if it raises, the error is logged and the request runs without it."""
         prompt = [int(t) for t in prompt]  # a fresh list the engine then owns
         self.engine.validate(prompt, params)
         if request_id in self._streams:
@@ -89,6 +93,11 @@ class AsyncEngine:
         def add(engine: Engine) -> None:
             stream.seq = engine.enqueue(prompt, params, request_id=request_id, salt=salt,
                                         lora=lora, mm=mm)
+            if on_enqueued is not None:
+                try:
+                    on_enqueued(engine, stream.seq)
+                except Exception:  # the request recomputes what the hook would have given
+                    log.exception("request %s: work before its admission failed", request_id)
 
         def abort(engine: Engine) -> None:
             if stream.seq is not None:  # the inbox is FIFO: ``add`` has run by now

@@ -2,13 +2,16 @@
 
 The router credits a lower-tier prefix match by what it really saves here:
 ``1 - onboard_us_per_block / (block_size * prefill_us_per_token)`` (the service computes
-it). So the worker reports, with its load, three figures in microseconds:
+it). So the worker reports, with its load, these figures in microseconds:
 
 - ``prefill_us_per_token``: wall time of the steps that prefilled at least a block of
   tokens, divided by the tokens they computed (decode-only steps say nothing about it);
 - ``onboard_us_per_block_cpu`` / ``_disk``: wall time of the copies that brought blocks back
   from that tier, per block (the calibration reads its disk block cold, past the page
-  cache; live reads may hit the page cache and pull the average down).
+  cache; live reads may hit the page cache and pull the average down);
+- ``fetch_us_per_call`` / ``fetch_us_per_block``: a peer fetch's control call (to its
+  header) and its pull per block landed, measured live only (the router's
+  ``service.policy.fetch`` defaults stand in until then).
 
 Each is an exponentially weighted moving average of live measurements, seeded by a short
 calibration at start (:func:`calibrate`) when a lower tier is enabled. 0.0 means unknown.
@@ -38,6 +41,8 @@ class CostMeter:
         self.block_size = block_size
         self.prefill_us_per_token = 0.0
         self.onboard_us_per_block = dict.fromkeys(LOWER_TIERS, 0.0)
+        self.fetch_us_per_call = 0.0   # peer fetches (receiver): control call
+        self.fetch_us_per_block = 0.0  # and per block pulled
 
     @staticmethod
     def _mix(old: float, sample: float, weight: float = 1.0) -> float:
@@ -59,11 +64,21 @@ class CostMeter:
             self.onboard_us_per_block[tier] = self._mix(self.onboard_us_per_block[tier],
                                                         seconds * 1e6 / blocks)
 
+    def fetch(self, blocks: int, call_s: float, pull_s: float) -> None:
+        """A peer fetch: its control call (ticket check and the source's read) took
+        ``call_s``, then ``blocks`` blocks landed in ``pull_s``."""
+        self.fetch_us_per_call = self._mix(self.fetch_us_per_call, call_s * 1e6)
+        if blocks > 0:
+            self.fetch_us_per_block = self._mix(self.fetch_us_per_block,
+                                                pull_s * 1e6 / blocks)
+
     def load(self) -> dict[str, float]:
         """The ``WorkerLoad`` fields."""
         return {"prefill_us_per_token": self.prefill_us_per_token,
                 "onboard_us_per_block_cpu": self.onboard_us_per_block["cpu"],
-                "onboard_us_per_block_disk": self.onboard_us_per_block["disk"]}
+                "onboard_us_per_block_disk": self.onboard_us_per_block["disk"],
+                "fetch_us_per_block": self.fetch_us_per_block,
+                "fetch_us_per_call": self.fetch_us_per_call}
 
 
 def _best_of(reps: int, fn, before=None) -> float:

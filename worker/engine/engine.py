@@ -10,6 +10,7 @@ See docs/architecture.md#worker-engine-and-model.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -66,7 +67,8 @@ class Completion:
     finish_reason: str  # "stop" (an EOS token) or "length" (max_tokens)
     prompt_tokens: int
     ttft_s: float
-    # num_cached_tokens per tier the blocks came from: {"gpu": .., "cpu": .., "disk": ..}
+    # num_cached_tokens per tier the blocks came from: {"gpu": .., "cpu": .., "disk": ..},
+    # plus "peer" when blocks pulled from another worker for it were hit
     cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
 
 
@@ -105,14 +107,13 @@ class Engine:
         self.kv_cache = model.allocate_kv_cache(num_blocks, block_size)
         self.costs = CostMeter(block_size)
         self.onboards = OnboardLog()  # the monitoring's onboard times (worker.rpc.metrics)
+        self.peer_fetch = False  # serves and receives peer blocks (set by the worker process)
         self.copies: CopyExecutor | None = None
         if tiers.lower:
             store = None
             if tiers.disk_blocks:
-                store = DiskStore(tiers.disk_dir, model_fingerprint(
-                    model, config, block_size, self.kv_cache.dtype, hash_algo,
-                    none_hash(hash_algo, hash_seed)),
-                    config.kv_cache_bytes_per_block(block_size, self.kv_cache.dtype))
+                store = DiskStore(tiers.disk_dir, self.fingerprint,
+                                  config.kv_cache_bytes_per_block(block_size, self.kv_cache.dtype))
             self.copies = CopyExecutor(self.kv_cache, tiers.cpu_blocks, store)
             calibrate(self.costs, model, self.kv_cache, self.copies,
                       (scheduler or SchedulerConfig()).max_batched_tokens)
@@ -127,6 +128,14 @@ class Engine:
         self.eos = set(config.eos_token_ids)
         self._ids = itertools.count()
         self.requests_done = 0
+
+    @functools.cached_property
+    def fingerprint(self) -> bytes:
+        """The model fingerprint (``worker.model.fingerprint``): the disk tier's directory
+        and what a peer fetch's blocks must match."""
+        algo, seed = self.kv.hash_algo, self.kv.hash_seed
+        return model_fingerprint(self.model, self.config, self.block_size,
+                                 self.kv_cache.dtype, algo, none_hash(algo, seed))
 
     @classmethod
     def from_pretrained(cls, path_or_name: str | Path, block_size: int = 16,
@@ -381,7 +390,7 @@ class Engine:
 
     # --- reporting ------------------------------------------------------------------
 
-    def load(self) -> dict[str, int | float]:
+    def load(self) -> dict[str, int | float | bool]:
         """What the router's cost model reads (mirrors the proto's ``WorkerLoad``): the
         queues and the measured costs (``worker.engine.costs``; 0.0 = not measured yet)."""
         sched = self.scheduler
@@ -392,5 +401,5 @@ class Engine:
                 "decode_tokens": sum(s.num_tokens for s in sched.running),
                 "tier_blocks": sum(t.capacity_blocks for name, t in self.kv.tier_stats().items()
                                    if name != "gpu"),
-                **self.costs.load()}
+                "peer_fetch": self.peer_fetch, **self.costs.load()}
 

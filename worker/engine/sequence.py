@@ -39,7 +39,7 @@ class Seq:
     num_prompt_tokens: int
     status: SeqStatus = SeqStatus.WAITING
     num_cached_tokens: int = -1  # -1 until first admitted
-    cached_tokens_by_tier: dict[str, int] = field(  # fixed with it: gpu, cpu, disk
+    cached_tokens_by_tier: dict[str, int] = field(  # fixed with it: gpu, cpu, disk (+ peer)
         default_factory=lambda: dict.fromkeys(TIER_NAMES, 0))
     expected_cached: int = 0     # the cache hit it would get at enqueue time (load report)
     finish_reason: str | None = None

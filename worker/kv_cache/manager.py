@@ -23,6 +23,7 @@ from kvmesh.hashing import extend_block_hashes, extra_keys
 from .block import Extra, KVCacheBlock
 from .block_pool import BlockPool
 from .offload import DiskEntry
+from .peer_import import PeerImports
 from .pins import Pinned, PinTable
 from .request import KVRequest
 from .stats import Admissions, CacheStats, TierCounters
@@ -69,6 +70,7 @@ class KVCacheManager:
                             extra=self._extra)
         self.offloader = self._tiers.offloader  # None without lower tiers
         self._onboards = self._tiers.onboards
+        self.peer = PeerImports(self)  # blocks pulled from other workers
 
     # --- sizing -----------------------------------------------------------------------
 
@@ -234,7 +236,8 @@ class KVCacheManager:
         new_blocks = self.pool.get_new_blocks(num_new_blocks) if num_new_blocks else []
         table.extend(new_blocks)
         if admission:
-            self._tiers.admit(req, hits, num_new_computed_tokens)
+            self._tiers.admit(req, hits, num_new_computed_tokens,
+                              self.peer.admit(req.request_id, hits))
             self._record(req, num_new_computed_tokens)
         if self.enable_caching:
             self._cache_blocks(req, table, min(num_computed + num_new_tokens, req.num_tokens))
@@ -304,6 +307,7 @@ class KVCacheManager:
         copy is in flight). Freeing an unknown request is a no-op."""
         self._release_table(req)
         self._tiers.free(req.request_id)
+        self.peer.forget(req.request_id)
 
     def _release_table(self, req: KVRequest) -> None:
         table = self._blocks.pop(req.request_id, None)
@@ -407,9 +411,10 @@ class KVCacheManager:
         return self._tiers.add_to_snapshot(self.pool.snapshot())
 
     def cached_tokens_by_tier(self, req: KVRequest) -> dict[str, int]:
-        """Tokens of ``req`` served from each tier (``gpu``, ``cpu``, ``disk``), fixed at its
-        first admission (onboarded blocks count for the tier they came from); zeros for a
-        request not admitted yet or freed."""
+        """Tokens of ``req`` served from each tier (``gpu``, ``cpu``, ``disk``, and ``peer``
+        when blocks imported for it from another worker were hit), fixed at its first
+        admission (onboarded blocks count for the tier they came from); zeros for a request
+        not admitted yet or freed."""
         return self._tiers.cached_tokens(req.request_id)
 
     def tier_stats(self) -> dict[str, TierCounters]:

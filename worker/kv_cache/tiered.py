@@ -56,7 +56,7 @@ class Tiers:
         self.onboards = (None if self.offloader is None
                          else Onboarder(pool, self.offloader, block_size))
         self._by_tier: dict[str, dict[str, int]] = {}  # request id -> fixed at 1st admission
-        self._hit_tokens = dict.fromkeys(TIER_NAMES, 0)  # first admissions, per tier
+        self._hit_tokens = dict.fromkeys((*TIER_NAMES, "peer"), 0)  # first admissions
 
     # --- onboards -----------------------------------------------------------------------
 
@@ -122,14 +122,18 @@ class Tiers:
         if self.onboards is not None:
             self.onboards.check_admission(request_id)
 
-    def admit(self, req: KVRequest, hits: Sequence[KVCacheBlock], num_hits: int) -> None:
-        """``req`` was admitted with ``hits`` (``num_hits`` tokens, already referenced):
-        release its hold and, at a first admission, fix its tokens per tier."""
+    def admit(self, req: KVRequest, hits: Sequence[KVCacheBlock], num_hits: int,
+              peer: int = 0) -> None:
+        """``req`` was admitted with ``hits`` (``num_hits`` tokens, already referenced;
+        ``peer`` of them on blocks imported for it from another worker): release its hold
+        and, at a first admission, fix its tokens per tier (``"peer"`` only when > 0)."""
         lower = {} if self.onboards is None else self.onboards.admit(req.request_id, hits)
         if not req.num_preemptions:
             by_tier = dict.fromkeys(TIER_NAMES, 0)
             by_tier.update(lower)
-            by_tier["gpu"] = num_hits - sum(lower.values())
+            by_tier["gpu"] = num_hits - sum(lower.values()) - peer
+            if peer:
+                by_tier["peer"] = peer
             self._by_tier[req.request_id] = by_tier
             for name, n in by_tier.items():
                 self._hit_tokens[name] += n

@@ -302,6 +302,27 @@ class CopyExecutor:
         else:
             raise ValueError(f"unknown tier {tier!r}")
 
+    def read_block(self, tier: str, src: int | bytes) -> torch.Tensor:
+        """A host copy of one lower-tier block (a peer fetch's source read; engine thread,
+        between steps, so the slot or file stays put while read). Raises if it cannot be
+        read (an offload that failed, a damaged file: reported lost, so it is dropped)."""
+        if tier == "cpu":
+            ev = self._slot_ready.pop(src, None)
+            if ev is not None:
+                ev.synchronize()
+            if src in self._bad:
+                raise RuntimeError(f"host slot {src} was not written (its offload failed)")
+            return self.host[src].clone()
+        with self._cv:  # its file may still be on its way to disk
+            self._cv.wait_for(lambda: src not in self._writing)
+        try:
+            buf = self.store.read(src)
+        except Exception:
+            self._report([Lost("disk", src)])
+            raise
+        return torch.frombuffer(buf, dtype=torch.uint8).view(
+            self.cache.dtype).view(self.block_shape)
+
     def _on_side_stream(self) -> contextlib.AbstractContextManager:
         return torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext()
 

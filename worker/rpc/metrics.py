@@ -12,6 +12,10 @@ tier), and the index's precision (tokens it promised on a tier, and those the wo
 longer had there: ``worker.kv_cache.tier_precision``); plus pinned blocks, the mean matched
 prefix per admitted request and, with a disk tier, the block files it deleted as unusable
 (``disk_files_rejected``: damaged, or not written under this worker's key).
+
+Peer KV transfer (``worker.rpc.peer_stats``), labelled ``role`` ("receiver", "source"):
+fetches, blocks and bytes; fallbacks to recompute and refusals, labelled ``reason``; the
+prompt tokens served from a peer's blocks; the fetch latency histogram.
 """
 from __future__ import annotations
 
@@ -23,16 +27,19 @@ from kvmesh.tier_figures import hit_rate, load_factor
 from worker.engine.async_engine import AsyncEngine
 from worker.kv_cache.tier_precision import TierPrecision
 from worker.kv_cache.tier_stats import engine_tier_figures
+from worker.rpc.peer_stats import PeerCounters
 
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0)
 
 
 class _EngineCollector:
-    def __init__(self, runner: AsyncEngine, worker_id: str, precision: TierPrecision) -> None:
+    def __init__(self, runner: AsyncEngine, worker_id: str, precision: TierPrecision,
+                 peer: PeerCounters) -> None:
         self.runner = runner
         self.worker_id = worker_id
         self.precision = precision
+        self.peer = peer
 
     def collect(self):
         engine = self.runner.engine
@@ -76,6 +83,40 @@ class _EngineCollector:
             yield counter("disk_files_rejected", "Disk-tier block files deleted as unusable "
                           "(damaged, forged, or not written by this worker).", store.rejected)
         yield from self._tiers(engine, stats.queries)
+        yield from self._peer()
+
+    def _peer(self):
+        """Peer KV transfer, both sides (``role``: "receiver" fetches, "source" serves)."""
+        p, worker = self.peer, self.worker_id
+        sides = {"fetches": (p.fetches, p.served), "blocks": (p.fetched_blocks, p.served_blocks),
+                 "bytes": (p.fetched_bytes, p.served_bytes)}
+        for name, (received, served) in sides.items():
+            c = CounterMetricFamily(f"kvmesh_worker_peer_{name}",
+                                    f"Peer KV fetches: {name} received / served.",
+                                    labels=["worker_id", "role"])
+            c.add_metric([worker, "receiver"], received)
+            c.add_metric([worker, "source"], served)
+            yield c
+        for name, doc, counts in (
+                ("peer_fallbacks", "Fetches that fell back (in part) to recompute, by reason.",
+                 p.fallbacks),
+                ("peer_refusals", "Fetches refused as source, by reason.", p.refusals)):
+            c = CounterMetricFamily(f"kvmesh_worker_{name}", doc,
+                                    labels=["worker_id", "reason"])
+            for reason, n in sorted(counts.items()):
+                c.add_metric([worker, reason], n)
+            yield c
+        c = CounterMetricFamily("kvmesh_worker_peer_hit_tokens",
+                                "Prompt tokens whose KV came from a peer.", labels=["worker_id"])
+        c.add_metric([worker], p.peer_hit_tokens)
+        yield c
+        h = HistogramMetricFamily("kvmesh_worker_peer_fetch_latency_seconds",
+                                  "One peer fetch: plan to landed bytes (receiver), request "
+                                  "to bytes offered (source).", labels=["worker_id", "role"])
+        for role in ("receiver", "source"):
+            buckets, total = p.latency.histogram(role)
+            h.add_metric([worker, role], buckets, total)
+        yield h
 
     def _tiers(self, engine, queries: int):
         figures = engine_tier_figures(engine, self.precision)
@@ -138,12 +179,15 @@ class WorkerMetrics:
     """One registry per worker (tests run several workers in one process)."""
 
     def __init__(self, runner: AsyncEngine, worker_id: str,
-                 precision: TierPrecision | None = None) -> None:
+                 precision: TierPrecision | None = None,
+                 peer: PeerCounters | None = None) -> None:
         """``precision``: the server's count of the index's promises per tier (the
-        servicer's ``tier_precision``); None: none counted."""
+        servicer's ``tier_precision``); None: none counted. ``peer``: the servicer's peer
+        transfer counters (None: none)."""
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(runner, worker_id,
-                                                precision or TierPrecision()))
+                                                precision or TierPrecision(),
+                                                peer or PeerCounters()))
         self.ttft = Histogram("kvmesh_worker_time_to_first_token_seconds",
                               "Time to first token, measured on the worker.",
                               buckets=TTFT_BUCKETS, registry=self.registry)

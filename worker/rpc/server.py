@@ -19,6 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvmesh.rpc.auth import BearerAuth, shared_token
+from kvmesh.rpc.channel import Dialer
 from kvmesh.rpc.limits import RequestLimits, server_options
 from kvmesh.v1 import worker_pb2, worker_pb2_grpc
 from worker.engine.async_engine import AsyncEngine
@@ -27,8 +28,11 @@ from worker.engine.sequence import SamplingParams, Seq
 from worker.kv_cache import Pinned
 from worker.kv_cache.tier_precision import TierPrecision
 from worker.kv_cache.tier_stats import engine_tier_figures
+from worker.rpc.fetch_call import PeerSource, Refused
 from worker.rpc.internal_errors import InternalErrors
 from worker.rpc.metrics import WorkerMetrics
+from worker.rpc.peer_fetch import PeerFetcher
+from worker.rpc.peer_stats import PeerCounters
 from worker.rpc.pin_call import pin_call
 from worker.rpc.prompt_keys import prompt_keys
 
@@ -36,6 +40,7 @@ MAX_MESSAGE_BYTES = 16 << 20  # --max-message-bytes
 DEFAULT_MAX_INFLIGHT = 1024  # --max-inflight-per-conn (calls in flight per connection)
 MAX_MM_ITEMS = 64  # multimodal items per request: hashing costs blocks x items
 PIN_METHOD = "/kvmesh.v1.WorkerService/Pin"
+FETCH_METHOD = "/kvmesh.v1.WorkerService/FetchBlocks"  # the ticket is its credential
 
 
 @dataclass
@@ -53,7 +58,7 @@ class PrecisionCounter:
 
 def cached_by_tier(seq: Seq) -> dict[str, int]:
     """``seq.num_cached_tokens`` split by the tier the blocks came from (set at first
-    admission; empty only for a request never admitted)."""
+    admission, "peer" included when non-zero; empty only for a request never admitted)."""
     if seq.cached_tokens_by_tier:
         return dict(seq.cached_tokens_by_tier)
     return {"gpu": max(seq.num_cached_tokens, 0), "cpu": 0, "disk": 0}
@@ -61,7 +66,12 @@ def cached_by_tier(seq: Seq) -> dict[str, int]:
 
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     def __init__(self, runner: AsyncEngine, worker_id: str, model_name: str,
-                 max_mm_items: int = MAX_MM_ITEMS) -> None:
+                 max_mm_items: int = MAX_MM_ITEMS, *, peer_fetch: bool = True,
+                 credential: str | None = None, dialer: Dialer | None = None,
+                 host: str = "127.0.0.1") -> None:
+        """``peer_fetch``: serve peers and follow fetch plans (``runner``'s load says so);
+        ``credential``: what this worker presents to the service (its peer key's root);
+        ``dialer``: how it reaches peers; ``host``: where its data plane listens."""
         self.runner = runner
         self.max_mm_items = max_mm_items
         self.worker_id = worker_id
@@ -69,6 +79,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self.precision = PrecisionCounter()
         self.tier_precision = TierPrecision()  # per tier; read by Stats and the metrics
         self.metrics: WorkerMetrics | None = None  # set by the process that serves them
+        runner.engine.peer_fetch = peer_fetch
+        self.peer = PeerCounters()
+        self.peer_source = PeerSource(runner, credential=credential, enabled=peer_fetch,
+                                      host=host, counters=self.peer)
+        self.peer_fetcher = PeerFetcher(runner, credential=credential, enabled=peer_fetch,
+                                        dialer=dialer, counters=self.peer)
 
     async def Generate(self, request: worker_pb2.GenerateRequest, context):
         sp = request.sampling
@@ -84,8 +100,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         rid = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:8]}"
         start = time.perf_counter()
         try:
-            stream = self.runner.generate(list(request.token_ids), params, request_id=rid,
-                                          salt=request.salt or None, lora=lora, mm=mm)
+            prompt = list(request.token_ids)
+            hook = None
+            if request.HasField("fetch"):
+                self.runner.engine.validate(prompt, params)  # a bad request fetches nothing
+                landed = await self.peer_fetcher.fetch(
+                    request.fetch, prompt, worker_id=self.worker_id,
+                    salt=request.salt or None, lora=lora, mm=mm)
+                hook = landed.import_into(self.peer) if landed is not None else None
+            stream = self.runner.generate(prompt, params, request_id=rid,
+                                          salt=request.salt or None, lora=lora, mm=mm,
+                                          on_enqueued=hook)
             async for out in stream:
                 if not out.finished:
                     yield worker_pb2.GenerateResponse(token_ids=out.new_token_ids)
@@ -98,6 +123,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                                         seq.cached_tokens_by_tier, seq.num_prompt_tokens)
                 if self.metrics is not None and seq.ttft_s is not None:
                     self.metrics.ttft.observe(seq.ttft_s)
+                self.peer.peer_hit_tokens += seq.cached_tokens_by_tier.get("peer", 0)
                 yield worker_pb2.GenerateResponse(
                     token_ids=out.new_token_ids, finished=True, finish_reason=seq.finish_reason,
                     num_cached_tokens=seq.num_cached_tokens,
@@ -154,12 +180,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             index_served_tokens=self.precision.served,
             tiers=tiers,
             pinned_blocks=pinned,
-            mean_matched_tokens=cache.hits / cache.requests if cache.requests else 0.0)
+            mean_matched_tokens=cache.hits / cache.requests if cache.requests else 0.0,
+            peer=self.peer.to_pb())
 
-    async def FetchBlocks(self, request, context):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                            "FetchBlocks (peer KV transfer) is reserved and not implemented yet")
-        yield  # pragma: no cover - makes this an async generator like the other stream
+    async def FetchBlocks(self, request: worker_pb2.FetchBlocksRequest, context):
+        """Serve a peer the blocks its ticket grants (``worker.rpc.fetch_call``)."""
+        try:
+            yield await self.peer_source.serve(request, self.worker_id)
+        except Refused as e:
+            await context.abort(e.code, f"worker {self.worker_id}: {e}")
 
 
 def access_auth(access_token: str | Callable[[], str | None] | None,
@@ -168,13 +197,21 @@ def access_auth(access_token: str | Callable[[], str | None] | None,
     (``kvmesh.rpc.auth.worker_access_token`` of the cluster's router token and this worker's
     id: a token minted for another worker is refused, never the router token itself),
     except ``Pin``, which needs ``pin_token`` when one is set (the metadata service's
-    credential, ``kvmesh.rpc.auth.worker_pin_token``: routers cannot pin directly); a role
-    without a token is open; gRPC health stays open. ``access_token`` may be a function
-    (``kvmesh.rpc.auth.shared_token``) for a token known only once the port is bound."""
+    credential, ``kvmesh.rpc.auth.worker_pin_token``: routers cannot pin directly), and
+    ``FetchBlocks``, which reaches its handler from any caller: its credential is the
+    service's ticket and the requester's proof, checked there (no bearer token, the
+    router's included, is worth anything to it); a role without a token is open; gRPC
+    health stays open. ``access_token`` may be a function (``kvmesh.rpc.auth.shared_token``)
+    for a token known only once the port is bound."""
     client = [shared_token("client", access_token)] if access_token else []
     pin = [shared_token("pin", pin_token)] if pin_token else []
-    return BearerAuth(lambda method: "pin" if method == PIN_METHOD and pin else "client",
-                      {"client": client, "pin": pin})
+
+    def role_of(method: str) -> str | None:
+        if method == FETCH_METHOD:
+            return None
+        return "pin" if method == PIN_METHOD and pin else "client"
+
+    return BearerAuth(role_of, {"client": client, "pin": pin})
 
 
 async def create_server(address: str, runner: AsyncEngine, *, worker_id: str,
@@ -184,14 +221,17 @@ async def create_server(address: str, runner: AsyncEngine, *, worker_id: str,
                         pin_token: str | None = None,
                         max_inflight_per_conn: int = DEFAULT_MAX_INFLIGHT,
                         max_message_bytes: int = MAX_MESSAGE_BYTES,
-                        max_mm_items: int = MAX_MM_ITEMS,
+                        max_mm_items: int = MAX_MM_ITEMS, peer_fetch: bool = True,
+                        credential: str | None = None, dialer: Dialer | None = None,
                         ) -> tuple[grpc.aio.Server, int, WorkerServicer]:
     """Build (not start) the server; bind ``host:0`` for a free port. Returns the port.
 
     Interceptors, outermost first: ``InternalErrors`` (nothing answers UNKNOWN), request
     limits (``kvmesh.rpc.limits``: calls in flight per connection, request bytes, undecodable
     requests -> INVALID_ARGUMENT), then the ``access_token`` / ``pin_token`` if given
-    (``access_auth``), then ``interceptors``. ``credentials``: serve TLS.
+    (``access_auth``), then ``interceptors``. ``credentials``: serve TLS. ``peer_fetch``,
+    ``credential`` (what the worker presents to the service) and ``dialer`` (how it dials
+    peers): see :class:`WorkerServicer`; close ``servicer.peer_source`` with the server.
     """
     chain: list[grpc.aio.ServerInterceptor] = [InternalErrors(), RequestLimits(
         max_inflight=max_inflight_per_conn, max_message_bytes=max_message_bytes)]
@@ -199,7 +239,9 @@ async def create_server(address: str, runner: AsyncEngine, *, worker_id: str,
         chain.append(access_auth(access_token, pin_token))
     server = grpc.aio.server(interceptors=[*chain, *interceptors],
                              options=server_options(max_message_bytes, max_inflight_per_conn))
-    servicer = WorkerServicer(runner, worker_id, model_name, max_mm_items)
+    servicer = WorkerServicer(runner, worker_id, model_name, max_mm_items,
+                              peer_fetch=peer_fetch, credential=credential, dialer=dialer,
+                              host=address.rpartition(":")[0].strip("[]") or "127.0.0.1")
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

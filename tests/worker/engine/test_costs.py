@@ -26,6 +26,17 @@ def test_onboard_per_tier():
     m.onboard("cpu", 4, 0.0004)
     m.onboard("disk", 0, 1.0)  # nothing landed: no sample
     assert m.load() == {"prefill_us_per_token": 0.0, "onboard_us_per_block_cpu":
-                        pytest.approx(100.0), "onboard_us_per_block_disk": 0.0}
+                        pytest.approx(100.0), "onboard_us_per_block_disk": 0.0,
+                        "fetch_us_per_block": 0.0, "fetch_us_per_call": 0.0}
     m.onboard("disk", 2, 0.002)
     assert m.load()["onboard_us_per_block_disk"] == pytest.approx(1000.0)
+
+
+def test_fetch_costs_are_ewmas_of_the_call_and_the_pull_per_block():
+    m = CostMeter(block_size=16)
+    m.fetch(4, 0.002, 0.004)  # the first sample is taken as is
+    assert m.load()["fetch_us_per_call"] == pytest.approx(2000.0)
+    assert m.load()["fetch_us_per_block"] == pytest.approx(1000.0)
+    m.fetch(0, 0.001, 0.0)  # nothing landed: the per-block figure keeps its value
+    assert m.load()["fetch_us_per_block"] == pytest.approx(1000.0)
+    assert m.load()["fetch_us_per_call"] == pytest.approx((1 - ALPHA) * 2000 + ALPHA * 1000)

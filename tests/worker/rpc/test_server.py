@@ -84,14 +84,15 @@ def test_bad_requests_get_clear_codes_and_worker_keeps_serving(req, code, words)
     assert stats.cache.free_blocks == 8  # nothing leaked by the refused call
 
 
-def test_fetch_blocks_is_reserved():
+def test_fetch_blocks_naming_no_blocks_is_invalid():
     async def body(stub, ch):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             async for _ in stub.FetchBlocks(worker_pb2.FetchBlocksRequest()):
                 pass
         return err.value
 
-    assert asyncio.run(with_worker(body, _worker())).code() == grpc.StatusCode.UNIMPLEMENTED
+    err = asyncio.run(with_worker(body, _worker()))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "requester_id" in err.details()
 
 
 def test_prometheus_metrics_follow_the_cache():

@@ -57,7 +57,7 @@ def test_every_rpc_has_its_code_while_the_engine_fails():
     assert "step failed" in details and "out of memory" in details
     assert "another worker" in details
     assert got["Stats"][0] == grpc.StatusCode.OK
-    assert got["FetchBlocks"][0] == grpc.StatusCode.UNIMPLEMENTED
+    assert got["FetchBlocks"][0] == grpc.StatusCode.INVALID_ARGUMENT  # names no blocks
     assert got["Pin"][0] == grpc.StatusCode.OK  # nothing held yet: nothing pinned
     assert health.status == health_pb2.HealthCheckResponse.SERVING
     assert after == want

@@ -60,7 +60,11 @@ def test_access_token_and_tls_guard_every_worker_call(runner: AsyncEngine, certs
                 assert await code_of(stub.Generate(_req([1, 2, 3]), metadata=[
                     ("authorization", "Bearer wrong")])) == unauth
                 assert await code_of(stub.Stats(worker_pb2.WorkerStatsRequest())) == unauth
-                assert await code_of(stub.FetchBlocks(worker_pb2.FetchBlocksRequest())) == unauth
+                # FetchBlocks reaches its handler from anyone: the ticket is its credential
+                fetch = worker_pb2.FetchBlocksRequest(requester_id="w2", block_hashes=[b"h"])
+                assert await code_of(stub.FetchBlocks(fetch)) == grpc.StatusCode.PERMISSION_DENIED
+                assert await code_of(stub.FetchBlocks(fetch, metadata=TOKEN)) == (
+                    grpc.StatusCode.PERMISSION_DENIED)
                 # the router token itself is not a worker credential
                 assert await code_of(stub.Generate(_req([1, 2, 3]), metadata=ROUTER)) == unauth
                 assert await code_of(stub.Generate(_req([1, 2, 3]), metadata=TOKEN)) == ok

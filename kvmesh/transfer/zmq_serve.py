@@ -1,0 +1,163 @@
+"""The source side of the zmq and shm planes: one ROUTER socket, one task per pull.
+
+Protocol (every message starts with a :mod:`~kvmesh.transfer.frames` head):
+
+- receiver -> source: CLAIM (key, count, block size in ``extra``, window in ``index``) plus
+  the transport name; then one CREDIT per frame it has passed to its sink.
+- source -> receiver: ERROR plus a reason, or the frames: zmq: DATA heads followed by the
+  frame's blocks (one part per block, sent zero-copy, or one joined part when blocks are
+  small); shm: one OPEN (the segment's path) then a SEGMENT head per frame written into it.
+
+The source never has more than ``window`` frames in flight to one receiver (credit-based
+flow control: the ROUTER has no high-water mark to drop at, and memory stays bounded). A
+receiver silent for ``idle_s`` is dropped. Closing the server closes the TCP connections, which
+the receivers see as "closed".
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+
+import zmq
+import zmq.asyncio
+
+from kvmesh.transfer import shm_segment
+from kvmesh.transfer.frames import (
+    CLAIM,
+    CREDIT,
+    DATA,
+    ERROR,
+    SEGMENT,
+    Head,
+    TransferError,
+    blocks_per_frame,
+    frame_spans,
+    unpack,
+)
+from kvmesh.transfer.offers import Offer, OfferBook
+
+log = logging.getLogger(__name__)
+
+OPEN = 6
+MAX_WINDOW = 64
+WINDOW_BYTES = 16 << 20  # in flight per pull: enough to keep loopback busy, bounded memory
+JOIN_BELOW = 64 * 1024  # blocks smaller than this travel joined: a part costs more than a copy
+
+
+class ZmqServe:
+    """Serves the offers of ``book`` whose transport is "zmq" or "shm"."""
+
+    def __init__(self, book: OfferBook, host: str, frame_bytes: int, idle_s: float) -> None:
+        self.book, self.host, self.frame_bytes, self.idle_s = book, host, frame_bytes, idle_s
+        self.port = 0
+        self._sock: zmq.asyncio.Socket | None = None
+        self._loop_task: asyncio.Task | None = None
+        self._pulls: dict[bytes, tuple[asyncio.Task, asyncio.Queue[int]]] = {}
+
+    async def start(self) -> None:
+        sock = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+        sock.linger = 0
+        sock.sndhwm = 0  # bounded by the credit window instead; a ROUTER at its HWM drops
+        sock.rcvhwm = 0
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        if ":" in self.host:
+            sock.ipv6 = True
+        self.port = sock.bind_to_random_port(f"tcp://{host}")
+        self._sock = sock
+        self._loop_task = asyncio.create_task(self._receive())
+
+    async def close(self) -> None:
+        tasks = [t for t, _ in self._pulls.values()]
+        if self._loop_task is not None:
+            tasks.append(self._loop_task)
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._pulls.clear()
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+    async def _receive(self) -> None:
+        assert self._sock is not None
+        while True:
+            msg = await self._sock.recv_multipart()
+            if len(msg) < 2:
+                continue
+            ident = msg[0]
+            try:
+                head = unpack(msg[1])
+            except TransferError:
+                continue  # not our protocol: nothing to answer
+            pull = self._pulls.get(ident)
+            if head.kind == CREDIT and pull is not None:
+                pull[1].put_nowait(head.extra)
+            elif head.kind == CLAIM and pull is None:
+                self._claim(ident, head, msg[2].decode(errors="replace") if len(msg) > 2 else "")
+
+    def _claim(self, ident: bytes, head: Head, transport: str) -> None:
+        try:
+            offer = self.book.take(head.key, transport)
+        except TransferError as e:
+            self._send([ident, Head(ERROR, head.key).pack(), e.reason.encode()])
+            return
+        if head.count != len(offer.blocks) or head.extra != offer.block_bytes:
+            self._send([ident, Head(ERROR, head.key).pack(), b"mismatch"])
+            return
+        credits: asyncio.Queue[int] = asyncio.Queue()
+        window = max(1, min(head.index, MAX_WINDOW, max(2, WINDOW_BYTES // self.frame_bytes)))
+        task = asyncio.create_task(self._serve(ident, offer, window, credits))
+        self._pulls[ident] = (task, credits)
+        task.add_done_callback(lambda _t: self._pulls.pop(ident, None))
+
+    def _send(self, parts: list, copy: bool = True) -> None:
+        assert self._sock is not None
+        # never blocks: the ROUTER has no HWM and the window bounds what is queued
+        self._sock.send_multipart(parts, copy=copy)
+
+    async def _credit(self, credits: asyncio.Queue[int]) -> int:
+        # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancel that meets a result
+        async with asyncio.timeout(self.idle_s):
+            return max(0, min(MAX_WINDOW, await credits.get()))
+
+    async def _serve(self, ident: bytes, offer: Offer, window: int,
+                     credits: asyncio.Queue[int]) -> None:
+        bb = offer.block_bytes
+        spans = frame_spans(len(offer.blocks), blocks_per_frame(bb, self.frame_bytes))
+        total = len(offer.blocks) * bb
+        path, fd = shm_segment.create(total) if offer.transport == "shm" else ("", -1)
+        try:
+            if fd >= 0:
+                self._send([ident, Head(OPEN, offer.key, extra=total).pack(),
+                            path.encode()])
+            credit = window
+            for index, (first, n) in enumerate(spans):
+                while credit <= 0:
+                    credit += await self._credit(credits)
+                credit -= 1
+                blocks = offer.blocks[first:first + n]
+                if fd >= 0:
+                    shm_segment.write(fd, blocks, first * bb)
+                    self._send([ident, Head(SEGMENT, offer.key, index, first, n).pack()])
+                elif bb < JOIN_BELOW:
+                    self._send([ident, Head(DATA, offer.key, index, first, n).pack(),
+                                b"".join(blocks)])
+                else:
+                    self._send([ident, Head(DATA, offer.key, index, first, n).pack(), *blocks],
+                               copy=False)
+            if fd >= 0:  # the receiver has opened (and unlinked) it once all credit is back
+                while credit < window:
+                    credit += await self._credit(credits)
+        except TimeoutError:
+            log.info("peer KV pull dropped: the receiver sent no credit for %.0f s", self.idle_s)
+        finally:
+            offer.blocks = []  # release the source's buffers
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                shm_segment.unlink(path)
+

@@ -1,0 +1,133 @@
+"""``WorkerService.FetchBlocks``, the source side: serve a peer the blocks the service granted.
+
+Refusals, each counted by reason: the peer switch off (FAILED_PRECONDITION, "off"); a
+malformed request (INVALID_ARGUMENT, "malformed": no requester, no or odd hashes, too many,
+an unknown transport); a ticket that does not grant this fetch (PERMISSION_DENIED, the
+ticket's reason: "no_ticket", "malformed", "forged", "not_for_me", "hashes", "expired"). The
+ticket is the credential: the auth interceptor lets every caller reach this handler, and a
+router or client token without the requester's proof is refused here (``forged``).
+
+Then, on the engine thread (between steps: the read lease), the longest run of the asked
+hashes this worker holds is copied to host memory (``worker.engine.peer_blocks.snapshot``),
+the header answers (fingerprint, layout, blocks, token ids) and the bytes are offered, once,
+on the worker's data plane (``kvmesh.transfer.transports.DataServer``, over the transport
+asked for) at the endpoint the header names. The data plane starts with the first fetch
+served and closes with the gRPC server (:meth:`PeerSource.close`).
+
+See docs/architecture.md#peer-kv-transfer-the-worker-side.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from kvmesh.transfer import ticket
+from kvmesh.transfer.transports import DEFAULT_TRANSPORT, TRANSPORTS, DataServer
+from kvmesh.v1 import worker_pb2
+from worker.engine.async_engine import AsyncEngine
+from worker.engine.peer_blocks import layout, snapshot
+from worker.rpc.peer_stats import PeerCounters
+
+MAX_BLOCKS = 8192        # blocks one fetch may ask for
+MAX_HASH_BYTES = 64
+OFFER_TTL_S = 10.0       # an offer nobody pulls is dropped after this long
+
+
+class Refused(Exception):
+    """A fetch this source does not serve: ``code``, ``reason`` (a metric label), message."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+
+
+def check(request: worker_pb2.FetchBlocksRequest, key: bytes, worker_id: str,
+          now_ms: int) -> str:
+    """The transport to serve ``request`` over, or :class:`Refused`."""
+    hashes = list(request.block_hashes)
+    if not request.requester_id or len(request.requester_id.encode()) > ticket.MAX_ID_BYTES:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "malformed",
+                      "requester_id must name the fetching worker (1..1024 bytes)")
+    if not hashes or len(hashes) > MAX_BLOCKS:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "malformed",
+                      f"ask for 1..{MAX_BLOCKS} block hashes, not {len(hashes)}")
+    if len({len(h) for h in hashes}) != 1 or not 0 < len(hashes[0]) <= MAX_HASH_BYTES:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "malformed",
+                      f"block hashes must all have one size of 1..{MAX_HASH_BYTES} bytes")
+    transport = request.transport or DEFAULT_TRANSPORT
+    if transport not in TRANSPORTS:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "malformed",
+                      f"unknown transport {request.transport!r}; this worker serves "
+                      f"{', '.join(TRANSPORTS)}")
+    if not request.ticket:
+        raise Refused(grpc.StatusCode.PERMISSION_DENIED, "no_ticket",
+                      "FetchBlocks needs the ticket of the route that planned the fetch "
+                      "(FetchPlan.ticket) and the requester's proof")
+    try:
+        ticket.verify(key, request.ticket, request.proof, source=worker_id,
+                      requester=request.requester_id, block_hashes=hashes, now_ms=now_ms)
+    except ticket.TicketError as e:
+        raise Refused(grpc.StatusCode.PERMISSION_DENIED, e.reason, str(e)) from None
+    return transport
+
+
+class PeerSource:
+    """The source side of one worker: its peer key, its switch, its data plane (started on
+    first use, closed with the server) and its counters."""
+
+    def __init__(self, runner: AsyncEngine, *, credential: str | None, enabled: bool,
+                 host: str, counters: PeerCounters) -> None:
+        self.runner = runner
+        self.key = ticket.peer_key(credential)
+        self.enabled = enabled
+        self.host = host
+        self.counters = counters
+        self._data: DataServer | None = None
+        self._starting = asyncio.Lock()
+
+    async def close(self) -> None:
+        """Stop the data plane (pulls in flight end, failed, on the receiver's side)."""
+        if self._data is not None:
+            data, self._data = self._data, None
+            await data.close()
+
+    async def serve(self, request: worker_pb2.FetchBlocksRequest,
+                    worker_id: str) -> worker_pb2.FetchBlocksResponse:
+        """The header naming where the bytes wait. Raises :class:`Refused`."""
+        t0 = time.perf_counter()
+        try:
+            if not self.enabled:
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, "off",
+                              f"worker {worker_id} does not serve peer fetches "
+                              "(--no-peer-fetch)")
+            transport = check(request, self.key, worker_id, int(time.time() * 1000))
+        except Refused as e:
+            self.counters.refuse(e.reason)
+            raise
+        hashes = list(request.block_hashes)
+        snap, fingerprint, lay = await self.runner.call(
+            lambda e: (snapshot(e, hashes), e.fingerprint, layout(e)))
+        endpoint = ""
+        if snap.count:
+            data = await self._data_server()
+            endpoint = data.offer(transport, snap.blocks(), OFFER_TTL_S)
+        c = self.counters
+        c.served += 1
+        c.served_blocks += snap.count
+        c.served_bytes += snap.count * lay.block_bytes
+        c.latency.observe("source", max(snap.count, 1), time.perf_counter() - t0)
+        return worker_pb2.FetchBlocksResponse(
+            fingerprint=fingerprint, blocks=snap.count, block_bytes=lay.block_bytes,
+            token_ids=snap.token_ids, endpoint=endpoint, dtype=lay.dtype,
+            block_shape=lay.block_shape)
+
+    async def _data_server(self) -> DataServer:
+        async with self._starting:
+            if self._data is None:
+                data = DataServer(self.host)
+                await data.start()
+                self._data = data
+        return self._data
