@@ -220,6 +220,10 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
             servicer.metrics.include(vllm_metrics.registry)
         mport = servicer.metrics.serve(opts.metrics_port or 0, opts.metrics_host)
         metrics_note = f", metrics on :{mport}"
+    if opts.peer_fetch:  # before registering: the first load reports measured fetch costs
+        from worker.rpc.fetch_calibration import calibrate
+
+        await calibrate(servicer.peer_source, runner)
     await server.start()
     address = f"{opts.host}:{port}"
     http = None

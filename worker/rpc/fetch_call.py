@@ -112,7 +112,7 @@ class PeerSource:
             lambda e: (snapshot(e, hashes), e.fingerprint, layout(e)))
         endpoint = ""
         if snap.count:
-            data = await self._data_server()
+            data = await self.data_server()
             endpoint = data.offer(transport, snap.blocks(), OFFER_TTL_S)
         c = self.counters
         c.served += 1
@@ -124,7 +124,8 @@ class PeerSource:
             token_ids=snap.token_ids, endpoint=endpoint, dtype=lay.dtype,
             block_shape=lay.block_shape)
 
-    async def _data_server(self) -> DataServer:
+    async def data_server(self) -> DataServer:
+        """The data plane, started on first use (a fetch served or the start calibration)."""
         async with self._starting:
             if self._data is None:
                 data = DataServer(self.host)

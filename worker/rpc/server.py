@@ -223,6 +223,7 @@ async def create_server(address: str, runner: AsyncEngine, *, worker_id: str,
                         max_message_bytes: int = MAX_MESSAGE_BYTES,
                         max_mm_items: int = MAX_MM_ITEMS, peer_fetch: bool = True,
                         credential: str | None = None, dialer: Dialer | None = None,
+                        data_host: str | None = None,
                         ) -> tuple[grpc.aio.Server, int, WorkerServicer]:
     """Build (not start) the server; bind ``host:0`` for a free port. Returns the port.
 
@@ -232,6 +233,8 @@ async def create_server(address: str, runner: AsyncEngine, *, worker_id: str,
     (``access_auth``), then ``interceptors``. ``credentials``: serve TLS. ``peer_fetch``,
     ``credential`` (what the worker presents to the service) and ``dialer`` (how it dials
     peers): see :class:`WorkerServicer`; close ``servicer.peer_source`` with the server.
+    ``data_host``: where the data plane listens and what its endpoints name (peers must
+    reach it there); default: ``address``'s host.
     """
     chain: list[grpc.aio.ServerInterceptor] = [InternalErrors(), RequestLimits(
         max_inflight=max_inflight_per_conn, max_message_bytes=max_message_bytes)]
@@ -241,7 +244,8 @@ async def create_server(address: str, runner: AsyncEngine, *, worker_id: str,
                              options=server_options(max_message_bytes, max_inflight_per_conn))
     servicer = WorkerServicer(runner, worker_id, model_name, max_mm_items,
                               peer_fetch=peer_fetch, credential=credential, dialer=dialer,
-                              host=address.rpartition(":")[0].strip("[]") or "127.0.0.1")
+                              host=data_host or address.rpartition(":")[0].strip("[]")
+                              or "127.0.0.1")
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
