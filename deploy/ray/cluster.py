@@ -173,7 +173,9 @@ class RayCluster:
                 service_token=self.service_token(worker_id),
                 hash_seed=resolve_seed(DEFAULT_ALGO, s.hash_seed),
                 heartbeat_s=s.heartbeat_s, max_batched_tokens=s.max_batched_tokens,
-                device=s.device, tiers=s.tiers.of_worker(worker_id))
+                device=s.device, tiers=s.tiers.of_worker(worker_id),
+                # workers serve and follow fetches unless the cluster turned peer fetch off
+                peer_fetch=s.peer_fetch is not False, data_host=s.data_host)
             self.workers.append(WorkerActor.options(
                 name=self._name(f"worker-{number}"), namespace=NAMESPACE,
                 max_restarts=s.max_restarts, scheduling_strategy=in_bundle(group, i),

@@ -3,7 +3,10 @@
 Every ``KvmeshReplica`` hosts one worker and registers it as ``serve_worker_id(replica_id)``;
 ``generate`` yields the tokens of each step, then one ``finished=True`` dict with the cache and
 timing figures. A replica mints its own tokens at start from the secret it is given, keeping
-only those.
+only those. A request carrying the router's fetch plans (``deploy.ray.request``) has the
+replica's worker pull its own plan's blocks first, through the same receiver as the worker's
+gRPC Generate (``WorkerServicer.follow``); the final dict's ``cached_tokens_by_tier`` then
+counts them as "peer".
 
 See docs/architecture.md#ray-cluster-and-ray-serve.
 """
@@ -16,7 +19,7 @@ from typing import Any
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from deploy.ray.request import ServeRequest, request_field
+from deploy.ray.request import ServeRequest, fetch_plan_for, request_field
 from deploy.ray.router import ROUTER_PATH, serve_worker_id
 from deploy.ray.worker_host import WorkerConfig, WorkerHost
 
@@ -30,7 +33,8 @@ class KvmeshReplica:
                        token: str | None = None, worker_token: str | None = None,
                        worker_secret: str | None = None, hash_seed: str | None = None,
                        heartbeat_s: float = 1.0, max_batched_tokens: int = 2048,
-                       warmup: bool = True) -> None:
+                       warmup: bool = True, peer_fetch: bool = True,
+                       data_host: str | None = None) -> None:
         from kvmesh.rpc.auth import worker_access_token
         from service.worker_tokens import mint
 
@@ -42,7 +46,7 @@ class KvmeshReplica:
             access_token=worker_access_token(token, self.worker_id) if token else None,
             service_token=service_token, hash_seed=hash_seed,
             heartbeat_s=heartbeat_s, max_batched_tokens=max_batched_tokens,
-            warmup=warmup)).start()
+            warmup=warmup, peer_fetch=peer_fetch, data_host=data_host)).start()
 
     async def generate(self, request: ServeRequest | dict) -> AsyncIterator[dict[str, Any]]:
         """Stream one request's tokens, then its facts (see the module docstring)."""
@@ -50,9 +54,18 @@ class KvmeshReplica:
 
         params = SamplingParams(max_tokens=int(request_field(request, "max_tokens", 1) or 1),
                                 ignore_eos=True)
+        prompt = [int(t) for t in request_field(request, "token_ids")]
+        salt = request_field(request, "salt") or None
+        hook = None
+        plan = fetch_plan_for(request, self.worker_id)
+        if plan:  # the router's plan for THIS worker: the gRPC Generate's receiver path
+            from kvmesh.v1 import index_pb2
+
+            hook = await self._host.servicer.follow(index_pb2.FetchPlan.FromString(plan),
+                                                    prompt, params, salt=salt)
         stream = self._host.runner.generate(
-            [int(t) for t in request_field(request, "token_ids")], params,
-            request_id=f"serve-{uuid.uuid4().hex[:12]}", salt=request_field(request, "salt"))
+            prompt, params, request_id=f"serve-{uuid.uuid4().hex[:12]}", salt=salt,
+            on_enqueued=hook)
         async for out in stream:
             if not out.finished:
                 if out.new_token_ids:
@@ -62,7 +75,8 @@ class KvmeshReplica:
             yield {"token_ids": list(out.new_token_ids), "finished": True,
                    "num_cached_tokens": seq.num_cached_tokens,
                    "prompt_tokens": seq.num_prompt_tokens, "ttft_s": seq.ttft_s or 0.0,
-                   "worker_id": self.worker_id}
+                   "worker_id": self.worker_id,
+                   "cached_tokens_by_tier": dict(seq.cached_tokens_by_tier)}
 
     async def info(self) -> dict[str, Any]:
         """The hosted worker's id, address, node and registration state."""

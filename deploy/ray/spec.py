@@ -72,6 +72,9 @@ class RaySpec:
     #                                       driver's KVMESH_POLICY, else kvmesh)
     peer_fetch: bool | None = None        # the replicas plan peer KV fetches (None: theirs, off)
     min_fetch_blocks: int | None = None   # the replicas' smallest fetch (None: theirs)
+    data_host: str | None = None          # where workers' peer-KV data planes listen (None:
+    #                                       each worker's node IP, reachable from the other
+    #                                       nodes; "127.0.0.1" only on a one-node Ray)
     # local Ray only (ignored when connecting to an existing cluster)
     local_num_cpus: int | None = None
     local_object_store_bytes: int | None = None

@@ -34,6 +34,10 @@ class WorkerConfig:
     max_batched_tokens: int = 2048
     device: str | None = None
     host: str | None = None   # None: this Ray node's IP
+    data_host: str | None = None  # where its peer-KV data plane listens and what its
+    #                               endpoints name (None: ``host``); peers on other nodes
+    #                               must reach it there, so loopback only on one node
+    peer_fetch: bool = True   # serve peers' fetches and follow fetch plans (calibrated)
     port: int = 0
     warmup: bool = False      # run one salted request first (first-call costs off the clock)
     tiers: TierConfig = TierConfig()  # its own (disk_dir on this worker's node)
@@ -58,6 +62,7 @@ class WorkerHost:
         self.runner: Any = None      # worker.engine.async_engine.AsyncEngine once started
         self.link: Any = None        # worker.index_link.ServiceLink
         self._server: Any = None
+        self.servicer: Any = None    # worker.rpc.server.WorkerServicer (fetch plans go here)
         self._link_task: asyncio.Task[None] | None = None
 
     async def start(self) -> WorkerHost:
@@ -85,9 +90,16 @@ class WorkerHost:
                             salt="kvmesh-warmup")
         self.runner = AsyncEngine(engine).start()
         host = cfg.host or ray.util.get_node_ip_address()
-        self._server, port, _ = await create_server(
+        # its peer key is that of the credential it presents to the service (the tickets
+        # the service mints for its fetches are bound to it)
+        self._server, port, self.servicer = await create_server(
             f"{host}:{cfg.port}", self.runner, worker_id=cfg.worker_id, model_name=cfg.model,
-            access_token=cfg.access_token)
+            access_token=cfg.access_token, peer_fetch=cfg.peer_fetch,
+            credential=cfg.service_token or "", data_host=cfg.data_host)
+        if cfg.peer_fetch:  # before registering: its first load reports real fetch costs
+            from worker.rpc.fetch_calibration import calibrate
+
+            await calibrate(self.servicer.peer_source, self.runner)
         await self._server.start()
         self.address = f"{host}:{port}"
         if cfg.services:
@@ -113,6 +125,7 @@ class WorkerHost:
         return {"worker_id": self.config.worker_id, "address": self.address,
                 "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                 "registered": self.registered,
+                "data_host": self.servicer.peer_source.host if self.servicer else "",
                 "device": str(self.runner.engine.device) if self.runner else "",
                 "num_blocks": self.runner.engine.kv.num_blocks if self.runner else 0}
 
@@ -129,6 +142,9 @@ class WorkerHost:
         if self._server is not None:
             await self._server.stop(grace=1.0)
             self._server = None
+        if self.servicer is not None:  # its data plane goes with the server
+            await self.servicer.peer_source.close()
+            self.servicer = None
         if self.runner is not None:
             runner, self.runner = self.runner, None
             await asyncio.get_running_loop().run_in_executor(None, runner.stop)

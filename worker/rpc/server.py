@@ -18,10 +18,11 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from kvmesh.hashing import Lora, MMItem
 from kvmesh.rpc.auth import BearerAuth, shared_token
 from kvmesh.rpc.channel import Dialer
 from kvmesh.rpc.limits import RequestLimits, server_options
-from kvmesh.v1 import worker_pb2, worker_pb2_grpc
+from kvmesh.v1 import index_pb2, worker_pb2, worker_pb2_grpc
 from worker.engine.async_engine import AsyncEngine
 from worker.engine.engine import RequestError, StepFailed
 from worker.engine.sequence import SamplingParams, Seq
@@ -103,11 +104,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             prompt = list(request.token_ids)
             hook = None
             if request.HasField("fetch"):
-                self.runner.engine.validate(prompt, params)  # a bad request fetches nothing
-                landed = await self.peer_fetcher.fetch(
-                    request.fetch, prompt, worker_id=self.worker_id,
-                    salt=request.salt or None, lora=lora, mm=mm)
-                hook = landed.import_into(self.peer) if landed is not None else None
+                hook = await self.follow(request.fetch, prompt, params,
+                                         salt=request.salt or None, lora=lora, mm=mm)
             stream = self.runner.generate(prompt, params, request_id=rid,
                                           salt=request.salt or None, lora=lora, mm=mm,
                                           on_enqueued=hook)
@@ -189,6 +187,19 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             yield await self.peer_source.serve(request, self.worker_id)
         except Refused as e:
             await context.abort(e.code, f"worker {self.worker_id}: {e}")
+
+    async def follow(self, plan: index_pb2.FetchPlan, prompt: list[int],
+                     params: SamplingParams, *, salt: str | None = None,
+                     lora: Lora | None = None, mm: tuple[MMItem, ...] = ()):
+        """Pull ``plan``'s blocks for ``prompt`` (``worker.rpc.peer_fetch``); the
+        ``on_enqueued`` hook importing what landed, or None (the request recomputes).
+        Every host of this worker that takes fetch plans (its gRPC Generate, a Ray Serve
+        replica) goes through here. Raises ``RequestError`` for a request the engine
+        refuses (nothing is fetched for it)."""
+        self.runner.engine.validate(prompt, params)
+        landed = await self.peer_fetcher.fetch(plan, prompt, worker_id=self.worker_id,
+                                               salt=salt, lora=lora, mm=mm)
+        return landed.import_into(self.peer) if landed is not None else None
 
 
 def access_auth(access_token: str | Callable[[], str | None] | None,
