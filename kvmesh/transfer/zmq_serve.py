@@ -3,7 +3,9 @@
 Protocol (every message starts with a :mod:`~kvmesh.transfer.frames` head):
 
 - receiver -> source: CLAIM (key, count, block size in ``extra``, window in ``index``) plus
-  the transport name; then one CREDIT per frame it has passed to its sink.
+  the transport name; then one CREDIT per frame it has passed to its sink; CANCEL if it
+  gives up (timeout, a bad frame). One connection may carry several pulls at once: every
+  message names its offer key.
 - source -> receiver: ERROR plus a reason, or the frames: zmq: DATA heads followed by the
   frame's blocks (one part per block, sent zero-copy, or one joined part when blocks are
   small); shm: one OPEN (the segment's path) then a SEGMENT head per frame written into it.
@@ -40,7 +42,7 @@ from kvmesh.transfer.offers import Offer, OfferBook
 
 log = logging.getLogger(__name__)
 
-OPEN = 6
+OPEN, CANCEL = 6, 7
 MAX_WINDOW = 64
 WINDOW_BYTES = 16 << 20  # in flight per pull: enough to keep loopback busy, bounded memory
 JOIN_BELOW = 64 * 1024  # blocks smaller than this travel joined: a part costs more than a copy
@@ -54,7 +56,8 @@ class ZmqServe:
         self.port = 0
         self._sock: zmq.asyncio.Socket | None = None
         self._loop_task: asyncio.Task | None = None
-        self._pulls: dict[bytes, tuple[asyncio.Task, asyncio.Queue[int]]] = {}
+        # (receiver's connection, offer key) -> the task serving that pull, its credits
+        self._pulls: dict[tuple[bytes, bytes], tuple[asyncio.Task, asyncio.Queue[int]]] = {}
 
     async def start(self) -> None:
         sock = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
@@ -93,11 +96,15 @@ class ZmqServe:
                 head = unpack(msg[1])
             except TransferError:
                 continue  # not our protocol: nothing to answer
-            pull = self._pulls.get(ident)
+            pull = self._pulls.get((ident, head.key))
             if head.kind == CREDIT and pull is not None:
                 pull[1].put_nowait(head.extra)
+            elif head.kind == CANCEL and pull is not None:
+                pull[0].cancel()
             elif head.kind == CLAIM and pull is None:
                 self._claim(ident, head, msg[2].decode(errors="replace") if len(msg) > 2 else "")
+            elif head.kind == CLAIM:  # the same offer again, while its first pull runs
+                self._send([ident, Head(ERROR, head.key).pack(), b"refused"])
 
     def _claim(self, ident: bytes, head: Head, transport: str) -> None:
         try:
@@ -111,8 +118,8 @@ class ZmqServe:
         credits: asyncio.Queue[int] = asyncio.Queue()
         window = max(1, min(head.index, MAX_WINDOW, max(2, WINDOW_BYTES // self.frame_bytes)))
         task = asyncio.create_task(self._serve(ident, offer, window, credits))
-        self._pulls[ident] = (task, credits)
-        task.add_done_callback(lambda _t: self._pulls.pop(ident, None))
+        self._pulls[ident, head.key] = (task, credits)
+        task.add_done_callback(lambda _t: self._pulls.pop((ident, head.key), None))
 
     def _send(self, parts: list, copy: bool = True) -> None:
         assert self._sock is not None
