@@ -44,8 +44,8 @@ class _Receiver:
             if self.ep.transport != "shm" or self.segment is not None or len(parts) != 2:
                 raise TransferError("malformed", self.check.landed, "an unexpected OPEN")
             path = bytes(parts[1].buffer).decode(errors="replace")
-            self.segment = shm_segment.open_for_read(path, self.check.count * self.bb,
-                                                     self.check.landed)
+            size = min(head.extra, self.check.count * self.bb)  # a ring, or the whole pull
+            self.segment = shm_segment.open_for_read(path, size, self.check.landed)
             return
         if self.ep.transport == "shm":
             self._segment_frame(head, len(parts))
@@ -71,11 +71,14 @@ class _Receiver:
     def _segment_frame(self, head: Head, nparts: int) -> None:
         if self.segment is None or nparts != 1:
             raise TransferError("malformed", self.check.landed, "a segment frame before OPEN")
-        self.check.check(head, None)  # bounds: first + count <= the pull's count = the map's
-        bb = self.bb
+        self.check.check(head, None)
+        bb, at = self.bb, head.extra
+        if at % bb or at + head.count * bb > len(self.segment):
+            raise TransferError("oversized", self.check.landed, f"frame {head.index} lies at "
+                                f"{at}, outside the {len(self.segment)}-byte segment")
         view = memoryview(self.segment)
-        for j in range(head.first, head.first + head.count):
-            self.sink(j, view[j * bb:(j + 1) * bb])
+        for j in range(head.count):
+            self.sink(head.first + j, view[at + j * bb:at + (j + 1) * bb])
         self.check.advance(head)
 
     def close(self) -> None:

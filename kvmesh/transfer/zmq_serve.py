@@ -8,7 +8,9 @@ Protocol (every message starts with a :mod:`~kvmesh.transfer.frames` head):
   message names its offer key.
 - source -> receiver: ERROR plus a reason, or the frames: zmq: DATA heads followed by the
   frame's blocks (one part per block, sent zero-copy, or one joined part when blocks are
-  small); shm: one OPEN (the segment's path) then a SEGMENT head per frame written into it.
+  small); shm: one OPEN (the segment's path, its size in ``extra``) then a SEGMENT head per
+  frame written into it (its offset in ``extra``: the segment is a ring of ``window`` frames,
+  so a long pull touches no more memory than its window).
 
 The source never has more than ``window`` frames in flight to one receiver (credit-based
 flow control: the ROUTER has no high-water mark to drop at, and memory stays bounded). A
@@ -134,13 +136,16 @@ class ZmqServe:
     async def _serve(self, ident: bytes, offer: Offer, window: int,
                      credits: asyncio.Queue[int]) -> None:
         bb = offer.block_bytes
-        spans = frame_spans(len(offer.blocks), blocks_per_frame(bb, self.frame_bytes))
-        total = len(offer.blocks) * bb
-        path, fd = shm_segment.create(total) if offer.transport == "shm" else ("", -1)
+        per_frame = blocks_per_frame(bb, self.frame_bytes)
+        spans = frame_spans(len(offer.blocks), per_frame)
+        # shm: a ring of one slot per frame in flight; slot i % slots is written again only
+        # once frame i - slots is credited, i.e. out of the receiver's sink
+        slots = min(window, len(spans))
+        ring = slots * per_frame * bb
+        path, fd = shm_segment.create(ring) if offer.transport == "shm" else ("", -1)
         try:
             if fd >= 0:
-                self._send([ident, Head(OPEN, offer.key, extra=total).pack(),
-                            path.encode()])
+                self._send([ident, Head(OPEN, offer.key, extra=ring).pack(), path.encode()])
             credit = window
             for index, (first, n) in enumerate(spans):
                 while credit <= 0:
@@ -148,8 +153,9 @@ class ZmqServe:
                 credit -= 1
                 blocks = offer.blocks[first:first + n]
                 if fd >= 0:
-                    shm_segment.write(fd, blocks, first * bb)
-                    self._send([ident, Head(SEGMENT, offer.key, index, first, n).pack()])
+                    at = (index % slots) * per_frame * bb
+                    shm_segment.write(fd, blocks, at)
+                    self._send([ident, Head(SEGMENT, offer.key, index, first, n, at).pack()])
                 elif bb < JOIN_BELOW:
                     self._send([ident, Head(DATA, offer.key, index, first, n).pack(),
                                 b"".join(blocks)])
