@@ -12,6 +12,8 @@ Three measurements, in one run, the source in its own process (``bench.transfer_
 - the recompute cost per block: prefill time per token times the block size
   (``bench.recompute``), hence ``fetch_over_recompute`` and the crossover prefix length
   ``us_per_call / (recompute - fetch per block)`` blocks, below which recomputing wins.
+
+See docs/benchmarks.md#peer-kv-transfer-kvmesh-bench-transfer.
 """
 from __future__ import annotations
 

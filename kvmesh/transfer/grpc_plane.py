@@ -4,6 +4,8 @@ No proto: the request is a CLAIM head and each response message a DATA head foll
 frame's blocks, joined (gRPC sends each message as one buffer, so a frame costs one copy on
 the source). gRPC's own flow control paces the stream. Refusals are gRPC statuses with an
 actionable message and the reason in the trailing metadata ``kvmesh-reason``.
+
+See docs/architecture.md#peer-kv-transfer-the-data-plane.
 """
 from __future__ import annotations
 

@@ -4,6 +4,8 @@ Invariants: an offer is handed out (``take``) at most once; an offer past its de
 never handed out and its blocks are released at the next sweep; a key that was never offered,
 or was already taken, is answered "refused", one that lapsed "expired" (remembered for a
 bounded number of keys, after which it too reads "refused").
+
+See docs/architecture.md#peer-kv-transfer-the-data-plane.
 """
 from __future__ import annotations
 

@@ -12,6 +12,8 @@ that, but such a process can already read the worker's memory). The source unlin
 when its side ends. KV reveals prompts: the file is created 0600 with O_EXCL|O_NOFOLLOW, and
 the receiver opens only names this module makes, inside :data:`SHM_DIR`, so a hostile
 source cannot make it read or unlink anything else.
+
+See docs/architecture.md#peer-kv-transfer-the-data-plane.
 """
 from __future__ import annotations
 

@@ -12,6 +12,8 @@ listening on every transport) and :func:`pull`. Transports:
   messages over the zmq socket (:mod:`kvmesh.transfer.shm_segment`).
 
 An RDMA backend (NIXL/UCX) would be one more name here behind the same offer/pull pair.
+
+See docs/architecture.md#peer-kv-transfer-the-data-plane.
 """
 from __future__ import annotations
 

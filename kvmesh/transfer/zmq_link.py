@@ -11,6 +11,8 @@ the TCP connection ends) fails every pull on the link with "closed" at once, aft
 that had already arrived (``GRACE_S``); a source not listening at all fails them with
 "unreachable" at once (the caller falls back to recompute without waiting out its deadline).
 Either way the link is dropped and the next pull connects afresh.
+
+See docs/architecture.md#peer-kv-transfer-the-data-plane.
 """
 from __future__ import annotations
 

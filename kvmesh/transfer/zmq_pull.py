@@ -1,5 +1,8 @@
 """The receiver side of the zmq and shm planes (protocol in :mod:`kvmesh.transfer.zmq_serve`),
-over a shared connection to the source (:mod:`kvmesh.transfer.zmq_link`)."""
+over a shared connection to the source (:mod:`kvmesh.transfer.zmq_link`).
+
+See docs/architecture.md#peer-kv-transfer-the-data-plane.
+"""
 from __future__ import annotations
 
 import asyncio

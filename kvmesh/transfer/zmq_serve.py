@@ -16,6 +16,8 @@ The source never has more than ``window`` frames in flight to one receiver (cred
 flow control: the ROUTER has no high-water mark to drop at, and memory stays bounded). A
 receiver silent for ``idle_s`` is dropped. Closing the server closes the TCP connections, which
 the receivers see as "closed".
+
+See docs/architecture.md#peer-kv-transfer-the-data-plane.
 """
 from __future__ import annotations
 
