@@ -76,6 +76,13 @@ class ZmqServe:
         self._loop_task = asyncio.create_task(self._receive())
 
     async def close(self) -> None:
+        # the socket first: libzmq drops what it still queues, so the pulls' zero-copy
+        # buffers are free by the time their tasks end (and their offers' leases with them)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
         tasks = [t for t, _ in self._pulls.values()]
         if self._loop_task is not None:
             tasks.append(self._loop_task)
@@ -85,9 +92,6 @@ class ZmqServe:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._pulls.clear()
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
 
     async def _receive(self) -> None:
         assert self._sock is not None
@@ -117,6 +121,7 @@ class ZmqServe:
             self._send([ident, Head(ERROR, head.key).pack(), e.reason.encode()])
             return
         if head.count != len(offer.blocks) or head.extra != offer.block_bytes:
+            offer.finish("failed")
             self._send([ident, Head(ERROR, head.key).pack(), b"mismatch"])
             return
         credits: asyncio.Queue[int] = asyncio.Queue()
@@ -125,10 +130,29 @@ class ZmqServe:
         self._pulls[ident, head.key] = (task, credits)
         task.add_done_callback(lambda _t: self._pulls.pop((ident, head.key), None))
 
-    def _send(self, parts: list, copy: bool = True) -> None:
-        assert self._sock is not None
-        # never blocks: the ROUTER has no HWM and the window bounds what is queued
-        self._sock.send_multipart(parts, copy=copy)
+    def _send(self, parts: list) -> None:
+        if self._sock is not None:  # never blocks: no HWM, the window bounds what is queued
+            self._sock.send_multipart(parts)
+
+    def _send_zero_copy(self, parts: list) -> asyncio.Future | None:
+        """Send without copying ``parts``; the future's result tracks when libzmq is done
+        reading them (the bytes are in the kernel, or dropped)."""
+        if self._sock is None:
+            return None
+        return self._sock.send_multipart(parts, copy=False, track=True)
+
+    async def _released(self, sends: list[asyncio.Future]) -> None:
+        """Wait (at most idle_s) until libzmq reads none of the offer's buffers any more: only
+        then may the source reuse them (a zero-copy send reads them until written out)."""
+        deadline = asyncio.get_running_loop().time() + self.idle_s
+        for fut in sends:
+            if not fut.done():  # never handed to libzmq (the socket refused it)
+                fut.cancel()
+                continue
+            tracker = None if fut.cancelled() or fut.exception() else fut.result()
+            while (tracker is not None and not tracker.done
+                   and asyncio.get_running_loop().time() < deadline):
+                await asyncio.sleep(0.002)
 
     async def _credit(self, credits: asyncio.Queue[int]) -> int:
         # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancel that meets a result
@@ -144,7 +168,14 @@ class ZmqServe:
         # once frame i - slots is credited, i.e. out of the receiver's sink
         slots = min(window, len(spans))
         ring = slots * per_frame * bb
-        path, fd = shm_segment.create(ring) if offer.transport == "shm" else ("", -1)
+        outcome, sends = "failed", []
+        try:
+            path, fd = shm_segment.create(ring) if offer.transport == "shm" else ("", -1)
+        except OSError:
+            log.exception("peer KV pull dropped: cannot create the shm segment")
+            self._send([ident, Head(ERROR, offer.key).pack(), b"refused"])
+            offer.finish(outcome)
+            return
         try:
             if fd >= 0:
                 self._send([ident, Head(OPEN, offer.key, extra=ring).pack(), path.encode()])
@@ -162,17 +193,29 @@ class ZmqServe:
                     self._send([ident, Head(DATA, offer.key, index, first, n).pack(),
                                 b"".join(blocks)])
                 else:
-                    self._send([ident, Head(DATA, offer.key, index, first, n).pack(), *blocks],
-                               copy=False)
+                    sent = self._send_zero_copy(
+                        [ident, Head(DATA, offer.key, index, first, n).pack(), *blocks])
+                    sends = [f for f in sends if not _released(f)]
+                    if sent is not None:
+                        sends.append(sent)
             if fd >= 0:  # the receiver has opened (and unlinked) it once all credit is back
                 while credit < window:
                     credit += await self._credit(credits)
+            outcome = "sent"
         except TimeoutError:
             log.info("peer KV pull dropped: the receiver sent no credit for %.0f s", self.idle_s)
         finally:
-            offer.blocks = []  # release the source's buffers
+            try:
+                await self._released(sends)
+            finally:
+                offer.finish(outcome)  # releases the source's buffers (and its lease)
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
                 shm_segment.unlink(path)
 
+
+
+def _released(fut: asyncio.Future) -> bool:
+    """A zero-copy send whose buffers libzmq no longer reads."""
+    return fut.done() and (fut.cancelled() or fut.exception() is not None or fut.result().done)
