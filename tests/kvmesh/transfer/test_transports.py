@@ -117,7 +117,7 @@ def test_a_source_closed_mid_transfer_fails_with_the_blocks_landed(transport: st
     async def main() -> None:
         server = DataServer(frame_bytes=size)
         await server.start()
-        ep = server.offer(transport, _blocks(n, size))
+        ep = server.offer(transport, [os.urandom(size)] * n)
         landed: list[int] = []
         closing: list[asyncio.Task] = []
 
