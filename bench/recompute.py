@@ -6,6 +6,8 @@ weights, no download): tiny's architecture (byte vocabulary, 2:1 grouped-query a
 MLP 3x the width) at 8 layers, hidden 512, 8 heads of 64. Its KV is 16 KiB a token in fp32,
 so about 40x more KV bytes per FLOP than Llama-3-8B in bf16 (128 KiB a token for ~16 GFLOP):
 a fetch that pays off here pays off more on real models.
+
+See docs/benchmarks.md#peer-kv-transfer-kvmesh-bench-transfer.
 """
 from __future__ import annotations
 

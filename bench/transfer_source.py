@@ -6,6 +6,8 @@ a peer sees: two interpreters, two event loops, the bytes crossing the loopback 
 ``[transport, frame_bytes, count, block_bytes]``; the source answers with an endpoint for an
 offer of ``count`` blocks (views of one buffer, reused) on its DataServer for that frame
 size; ``"cpu"`` gets its CPU seconds so far. End of input stops it.
+
+See docs/benchmarks.md#peer-kv-transfer-kvmesh-bench-transfer.
 """
 from __future__ import annotations
 

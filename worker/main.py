@@ -195,7 +195,7 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
             late_access[0] = access_token_of(router_token, opts.access_token, worker_id)
         except ValueError:
             await server.stop(None)
-            await servicer.peer_source.close()
+            await servicer.close_peers()
             if publisher is not None:
                 await publisher.close()
             runner.stop()
@@ -267,7 +267,7 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
         for t in tasks:
             t.cancel()
         await server.stop(grace=1.0)
-        await servicer.peer_source.close()  # the data plane goes with the server
+        await servicer.close_peers()  # the data plane goes with the server
         runner.stop()
 
 

@@ -143,7 +143,7 @@ class WorkerHost:
             await self._server.stop(grace=1.0)
             self._server = None
         if self.servicer is not None:  # its data plane goes with the server
-            await self.servicer.peer_source.close()
+            await self.servicer.close_peers()
             self.servicer = None
         if self.runner is not None:
             runner, self.runner = self.runner, None

@@ -3,6 +3,8 @@
 Form: ``<transport>://<host>:<port>/<key as 32 hex digits>``. The key is 16 random bytes
 drawn per offer; whoever holds the endpoint may pull the offer once, so the endpoint is a
 secret handed only to the requester (inside the fetch reply, after its ticket verified).
+
+See docs/architecture.md#peer-kv-transfer-the-data-plane.
 """
 from __future__ import annotations
 

@@ -12,6 +12,8 @@ credit message. The receiver accepts a frame only if its key is the one it claim
 index is the next one, its first block is the next block and its payload is exactly
 ``count * block_bytes``: a frame out of order, of the wrong size or for another offer ends
 the pull with :class:`TransferError`, and nothing of that frame reaches the sink.
+
+See docs/architecture.md#peer-kv-transfer-the-data-plane.
 """
 from __future__ import annotations
 

@@ -4,6 +4,8 @@ No proto: the request is a CLAIM head and each response message a DATA head foll
 frame's blocks, joined (gRPC sends each message as one buffer, so a frame costs one copy on
 the source). gRPC's own flow control paces the stream. Refusals are gRPC statuses with an
 actionable message and the reason in the trailing metadata ``kvmesh-reason``.
+
+See docs/architecture.md#peer-kv-transfer-the-data-plane.
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ def handler(book: OfferBook, frame_bytes: int) -> grpc.GenericRpcHandler:
                 raise TransferError("malformed", 0, "the request is not a CLAIM head")
             offer = book.take(head.key, "grpc")
             if head.count != len(offer.blocks) or head.extra != offer.block_bytes:
+                offer.finish("failed")
                 raise TransferError("mismatch", 0, f"the offer holds {len(offer.blocks)} blocks "
                                     f"of {offer.block_bytes} bytes, the claim asks for "
                                     f"{head.count} of {head.extra}")
@@ -59,14 +62,15 @@ def handler(book: OfferBook, frame_bytes: int) -> grpc.GenericRpcHandler:
                                 f"peer KV pull refused ({e.reason}): {e}; route again",
                                 trailing_metadata=(("kvmesh-reason", e.reason),))
             return
-        bb = offer.block_bytes
+        bb, outcome = offer.block_bytes, "failed"
         try:
             spans = frame_spans(len(offer.blocks), blocks_per_frame(bb, frame_bytes))
             for index, (first, n) in enumerate(spans):
                 head_bytes = Head(DATA, offer.key, index, first, n).pack()
                 yield b"".join([head_bytes, *offer.blocks[first:first + n]])
+            outcome = "sent"
         finally:
-            offer.blocks = []
+            offer.finish(outcome)
 
     rpc = grpc.unary_stream_rpc_method_handler(pull)
     return grpc.method_handlers_generic_handler(SERVICE, {"Pull": rpc})

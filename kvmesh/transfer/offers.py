@@ -3,10 +3,16 @@
 Invariants: an offer is handed out (``take``) at most once; an offer past its deadline is
 never handed out and its blocks are released at the next sweep; a key that was never offered,
 or was already taken, is answered "refused", one that lapsed "expired" (remembered for a
-bounded number of keys, after which it too reads "refused").
+bounded number of keys, after which it too reads "refused"). Every offer ends exactly once
+(:meth:`Offer.finish`): its buffers are released and its ``on_done`` told how ("sent": every
+frame left the source; "failed": the pull stopped half way; "expired"; "closed": the server
+closed), so a source can hold a read lease on the blocks for exactly as long as needed.
+
+See docs/architecture.md#peer-kv-transfer-the-data-plane.
 """
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections import OrderedDict
@@ -14,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvmesh.transfer.frames import KEY_BYTES, TransferError
+
+log = logging.getLogger(__name__)
 
 _LAPSED_KEPT = 4096
 
@@ -24,23 +32,33 @@ class Offer:
     blocks: list[memoryview]
     block_bytes: int
     deadline: float
+    on_done: Callable[[str], None] | None = None
     key: bytes = field(default_factory=lambda: secrets.token_bytes(KEY_BYTES))
+
+    def finish(self, outcome: str) -> None:
+        """End the offer (once; later calls do nothing): release its blocks, tell on_done."""
+        self.blocks = []
+        done, self.on_done = self.on_done, None
+        if done is not None:
+            try:
+                done(outcome)
+            except Exception:  # the source's callback must not break the data plane
+                log.exception("an offer's on_done callback failed")
 
 
 class OfferBook:
-    """Offers by key. ``on_drop`` is called with each offer that lapses unpulled."""
+    """Offers by key."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic,
-                 on_drop: Callable[[Offer], None] | None = None) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._on_drop = on_drop
         self._offers: dict[bytes, Offer] = {}
         self._lapsed: OrderedDict[bytes, None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._offers)
 
-    def add(self, transport: str, blocks: Sequence[memoryview | bytes], ttl_s: float) -> Offer:
+    def add(self, transport: str, blocks: Sequence[memoryview | bytes], ttl_s: float,
+            on_done: Callable[[str], None] | None = None) -> Offer:
         """A new offer of ``blocks`` (all one size, at least one) for ``ttl_s`` seconds."""
         views = [memoryview(b).cast("B") for b in blocks]
         if not views:
@@ -51,7 +69,7 @@ class OfferBook:
         if not ttl_s > 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
         self.sweep()
-        offer = Offer(transport, views, size, self._clock() + ttl_s)
+        offer = Offer(transport, views, size, self._clock() + ttl_s, on_done)
         self._offers[offer.key] = offer
         return offer
 
@@ -77,11 +95,10 @@ class OfferBook:
             self._lapsed[key] = None
             if len(self._lapsed) > _LAPSED_KEPT:
                 self._lapsed.popitem(last=False)
-            if self._on_drop is not None:
-                self._on_drop(offer)
+            offer.finish("expired")
 
     def clear(self) -> None:
-        for offer in self._offers.values():
-            if self._on_drop is not None:
-                self._on_drop(offer)
-        self._offers.clear()
+        """Drop every offer (the server closes)."""
+        offers, self._offers = list(self._offers.values()), {}
+        for offer in offers:
+            offer.finish("closed")

@@ -1,9 +1,10 @@
 """Shared-memory segments of the shm plane: one /dev/shm file per pull, owner-only (0600).
 
-The source sizes a fresh segment for the whole pull, writes each frame into it (``pwritev``
-straight from the offered buffers) and tells the receiver its path over the control socket;
+The source sizes a fresh segment for the frames one pull has in flight (a ring: see
+:mod:`kvmesh.transfer.zmq_serve`), writes each frame into its slot (``pwritev`` straight
+from the offered buffers) and tells the receiver its path over the control socket;
 the receiver opens it, checks it is a regular file of its own user that nobody else may read
-and at least the pull's size, unlinks it at once (a receiver's crash leaves nothing behind)
+and at least the size announced, unlinks it at once (a receiver's crash leaves nothing behind)
 and maps it read-only: each frame reaches the sink as a view of the mapping, one copy in all
 (the sink's). Only the source still holds the file then, and it never shortens it (a
 shortened mapped file would SIGBUS the receiver; another process of the same user could do
@@ -11,6 +12,8 @@ that, but such a process can already read the worker's memory). The source unlin
 when its side ends. KV reveals prompts: the file is created 0600 with O_EXCL|O_NOFOLLOW, and
 the receiver opens only names this module makes, inside :data:`SHM_DIR`, so a hostile
 source cannot make it read or unlink anything else.
+
+See docs/architecture.md#peer-kv-transfer-the-data-plane.
 """
 from __future__ import annotations
 

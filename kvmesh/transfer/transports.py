@@ -12,9 +12,12 @@ listening on every transport) and :func:`pull`. Transports:
   messages over the zmq socket (:mod:`kvmesh.transfer.shm_segment`).
 
 An RDMA backend (NIXL/UCX) would be one more name here behind the same offer/pull pair.
+
+See docs/architecture.md#peer-kv-transfer-the-data-plane.
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 
 import grpc
@@ -29,6 +32,7 @@ __all__ = ["DEFAULT_TRANSPORT", "TRANSPORTS", "DataServer", "TransferError", "pu
 
 TRANSPORTS = ("zmq", "grpc", "shm")
 DEFAULT_TRANSPORT = "zmq"
+SWEEP_S = 0.5  # how late a lapsed offer may release its blocks
 
 
 class DataServer:
@@ -47,6 +51,7 @@ class DataServer:
         self._frame_bytes = frame_bytes
         self._grpc: grpc.aio.Server | None = None
         self._grpc_port = 0
+        self._sweeper: asyncio.Task | None = None
 
     async def start(self) -> None:
         await self._zmq.start()
@@ -56,9 +61,18 @@ class DataServer:
         self._grpc_port = server.add_insecure_port(f"{host}:0")
         await server.start()
         self._grpc = server
+        self._sweeper = asyncio.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        while True:  # lapsed offers end on time even when no new offer or pull comes
+            await asyncio.sleep(SWEEP_S)
+            self.book.sweep()
 
     async def close(self) -> None:
         """Stop serving: pulls in flight end ("closed" on their side), offers are dropped."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         await self._zmq.close()
         if self._grpc is not None:
             await self._grpc.stop(grace=None)
@@ -66,20 +80,24 @@ class DataServer:
         self.book.clear()
 
     def offer(self, transport: str, blocks: Sequence[memoryview | bytes],
-              ttl_s: float = 30.0) -> str:
+              ttl_s: float = 30.0, *, on_done: Callable[[str], None] | None = None) -> str:
         """Make ``blocks`` (each one block's KV bytes, all the same size) pullable ONCE over
         ``transport``; returns an endpoint string for the receiver (it carries a one-time
         random key). An offer not pulled within ttl_s is dropped; a second pull is refused.
-        The blocks are referenced, not copied: keep them unchanged until the pull ends or
-        the offer lapses."""
+
+        The blocks are referenced, not copied: keep them unchanged until the offer ends.
+        ``on_done(outcome)`` is called once when it does, after the data plane stopped
+        reading them: "sent" (every frame left), "failed" (the pull stopped half way or
+        did not match), "expired" (not pulled within ttl_s), "closed" (the server closed):
+        release the blocks' read lease there."""
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {transport!r}; one of {TRANSPORTS}")
         if self._grpc is None:
             raise RuntimeError("DataServer.offer before start()")
-        offer = self.book.add(transport, blocks, ttl_s)
-        if offer.block_bytes > MAX_BLOCK_BYTES:
-            self.book.take(offer.key, transport)
-            raise ValueError(f"blocks of {offer.block_bytes} bytes exceed {MAX_BLOCK_BYTES}")
+        if blocks and memoryview(blocks[0]).nbytes > MAX_BLOCK_BYTES:
+            raise ValueError(f"blocks of {memoryview(blocks[0]).nbytes} bytes exceed "
+                             f"{MAX_BLOCK_BYTES}")
+        offer = self.book.add(transport, blocks, ttl_s, on_done)
         port = self._grpc_port if transport == "grpc" else self._zmq.port
         return str(Endpoint(transport, self.host, port, offer.key))
 

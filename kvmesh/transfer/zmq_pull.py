@@ -1,9 +1,7 @@
-"""The receiver side of the zmq and shm planes (protocol in :mod:`kvmesh.transfer.zmq_serve`).
+"""The receiver side of the zmq and shm planes (protocol in :mod:`kvmesh.transfer.zmq_serve`),
+over a shared connection to the source (:mod:`kvmesh.transfer.zmq_link`).
 
-One DEALER per pull, with a socket monitor: a source that goes away mid-pull (its process
-closed or killed: the TCP connection ends) is "closed" at once rather than a timeout, and a
-source not listening at all is "unreachable" at once (the caller falls back to recompute
-without waiting out its deadline).
+See docs/architecture.md#peer-kv-transfer-the-data-plane.
 """
 from __future__ import annotations
 
@@ -12,11 +10,7 @@ import contextlib
 import mmap
 from collections.abc import Callable
 
-import zmq
-import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
-
-from kvmesh.transfer import shm_segment
+from kvmesh.transfer import shm_segment, zmq_link
 from kvmesh.transfer.endpoint import Endpoint
 from kvmesh.transfer.frames import (
     CLAIM,
@@ -28,12 +22,9 @@ from kvmesh.transfer.frames import (
     TransferError,
     unpack,
 )
-from kvmesh.transfer.zmq_serve import OPEN
+from kvmesh.transfer.zmq_serve import CANCEL, OPEN
 
 WINDOW = 64  # frames the receiver lets the source send ahead; the source caps it
-_LINGER_MS = 1000
-_GRACE_S = 0.02  # after a disconnect, frames already received still land
-_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
 
 Sink = Callable[[int, memoryview], None]
 
@@ -56,8 +47,8 @@ class _Receiver:
             if self.ep.transport != "shm" or self.segment is not None or len(parts) != 2:
                 raise TransferError("malformed", self.check.landed, "an unexpected OPEN")
             path = bytes(parts[1].buffer).decode(errors="replace")
-            self.segment = shm_segment.open_for_read(path, self.check.count * self.bb,
-                                                     self.check.landed)
+            size = min(head.extra, self.check.count * self.bb)  # a ring, or the whole pull
+            self.segment = shm_segment.open_for_read(path, size, self.check.landed)
             return
         if self.ep.transport == "shm":
             self._segment_frame(head, len(parts))
@@ -83,11 +74,14 @@ class _Receiver:
     def _segment_frame(self, head: Head, nparts: int) -> None:
         if self.segment is None or nparts != 1:
             raise TransferError("malformed", self.check.landed, "a segment frame before OPEN")
-        self.check.check(head, None)  # bounds: first + count <= the pull's count = the map's
-        bb = self.bb
+        self.check.check(head, None)
+        bb, at = self.bb, head.extra
+        if at % bb or at + head.count * bb > len(self.segment):
+            raise TransferError("oversized", self.check.landed, f"frame {head.index} lies at "
+                                f"{at}, outside the {len(self.segment)}-byte segment")
         view = memoryview(self.segment)
-        for j in range(head.first, head.first + head.count):
-            self.sink(j, view[j * bb:(j + 1) * bb])
+        for j in range(head.count):
+            self.sink(head.first + j, view[at + j * bb:at + (j + 1) * bb])
         self.check.advance(head)
 
     def close(self) -> None:
@@ -100,62 +94,28 @@ class _Receiver:
 async def pull(ep: Endpoint, block_bytes: int, count: int, sink: Sink, timeout_s: float) -> int:
     """Pull over zmq or shm; the contract is :func:`kvmesh.transfer.transports.pull`'s."""
     rx = _Receiver(ep, block_bytes, count, sink)
-    sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-    sock.linger = 0
-    sock.rcvhwm = 0
-    mon = sock.get_monitor_socket(_EVENTS)
-    pending: list[asyncio.Future] = []
+    conn = zmq_link.link(ep.address)
+    inbox = conn.open(ep.key)
     try:
         async with asyncio.timeout(timeout_s):
-            sock.connect(f"tcp://{ep.address}")
-            claim = Head(CLAIM, ep.key, WINDOW, 0, count, block_bytes).pack()
-            await sock.send_multipart([claim, ep.transport.encode()])
-            await _receive(sock, mon, rx, pending)
-        sock.linger = _LINGER_MS  # the last credit still leaves: the source waits for it
+            conn.send([Head(CLAIM, ep.key, WINDOW, 0, count, block_bytes).pack(),
+                       ep.transport.encode()])
+            credit = Head(CREDIT, ep.key, extra=1).pack()
+            while not rx.check.done:
+                msg = await inbox.get()
+                if isinstance(msg, str):
+                    raise TransferError(msg, rx.check.landed, f"the connection to the source "
+                                        f"at {ep.address} ended: {msg}")
+                before = rx.check.index
+                rx.on_message(msg)
+                if rx.check.index > before:
+                    conn.send([credit])
         return count
     except TimeoutError:
         raise TransferError("timeout", rx.check.landed,
                             f"the pull did not finish within {timeout_s} s") from None
     finally:
-        for fut in pending:
-            fut.cancel()
+        if not rx.check.done:
+            conn.send([Head(CANCEL, ep.key).pack()])  # the source stops and releases the offer
+        conn.release(ep.key)
         rx.close()
-        sock.disable_monitor()
-        mon.close(linger=0)
-        sock.close()
-
-
-async def _receive(sock: zmq.asyncio.Socket, mon: zmq.asyncio.Socket, rx: _Receiver,
-                   pending: list[asyncio.Future]) -> None:
-    credit = Head(CREDIT, rx.ep.key, extra=1).pack()
-    recv, event = sock.recv_multipart(copy=False), mon.recv_multipart()
-    pending[:] = [recv, event]
-    connected = False
-    while not rx.check.done:
-        done, _ = await asyncio.wait((recv, event), return_when=asyncio.FIRST_COMPLETED)
-        if recv in done:
-            before = rx.check.index
-            rx.on_message(recv.result())
-            if rx.check.index > before:
-                sock.send(credit)
-            recv = sock.recv_multipart(copy=False)
-            pending[0] = recv
-            continue
-        kind = parse_monitor_message(event.result())["event"]
-        if kind == zmq.EVENT_CONNECTED:
-            connected = True
-        elif kind == zmq.EVENT_CONNECT_RETRIED and not connected:
-            raise TransferError("unreachable", 0, f"nothing listens at {rx.ep.address}")
-        elif kind == zmq.EVENT_DISCONNECTED:
-            while not rx.check.done:  # what arrived before the connection ended still lands
-                got, _ = await asyncio.wait((recv,), timeout=_GRACE_S)
-                if not got:
-                    break
-                rx.on_message(recv.result())
-                recv = sock.recv_multipart(copy=False)
-                pending[0] = recv
-            if not rx.check.done:
-                raise TransferError("closed", rx.check.landed,
-                                    "the source went away mid-transfer")
-        event = mon.recv_multipart()
-        pending[1] = event

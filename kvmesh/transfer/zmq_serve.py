@@ -3,15 +3,21 @@
 Protocol (every message starts with a :mod:`~kvmesh.transfer.frames` head):
 
 - receiver -> source: CLAIM (key, count, block size in ``extra``, window in ``index``) plus
-  the transport name; then one CREDIT per frame it has passed to its sink.
+  the transport name; then one CREDIT per frame it has passed to its sink; CANCEL if it
+  gives up (timeout, a bad frame). One connection may carry several pulls at once: every
+  message names its offer key.
 - source -> receiver: ERROR plus a reason, or the frames: zmq: DATA heads followed by the
   frame's blocks (one part per block, sent zero-copy, or one joined part when blocks are
-  small); shm: one OPEN (the segment's path) then a SEGMENT head per frame written into it.
+  small); shm: one OPEN (the segment's path, its size in ``extra``) then a SEGMENT head per
+  frame written into it (its offset in ``extra``: the segment is a ring of ``window`` frames,
+  so a long pull touches no more memory than its window).
 
 The source never has more than ``window`` frames in flight to one receiver (credit-based
 flow control: the ROUTER has no high-water mark to drop at, and memory stays bounded). A
 receiver silent for ``idle_s`` is dropped. Closing the server closes the TCP connections, which
 the receivers see as "closed".
+
+See docs/architecture.md#peer-kv-transfer-the-data-plane.
 """
 from __future__ import annotations
 
@@ -40,7 +46,7 @@ from kvmesh.transfer.offers import Offer, OfferBook
 
 log = logging.getLogger(__name__)
 
-OPEN = 6
+OPEN, CANCEL = 6, 7
 MAX_WINDOW = 64
 WINDOW_BYTES = 16 << 20  # in flight per pull: enough to keep loopback busy, bounded memory
 JOIN_BELOW = 64 * 1024  # blocks smaller than this travel joined: a part costs more than a copy
@@ -54,7 +60,8 @@ class ZmqServe:
         self.port = 0
         self._sock: zmq.asyncio.Socket | None = None
         self._loop_task: asyncio.Task | None = None
-        self._pulls: dict[bytes, tuple[asyncio.Task, asyncio.Queue[int]]] = {}
+        # (receiver's connection, offer key) -> the task serving that pull, its credits
+        self._pulls: dict[tuple[bytes, bytes], tuple[asyncio.Task, asyncio.Queue[int]]] = {}
 
     async def start(self) -> None:
         sock = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
@@ -69,6 +76,13 @@ class ZmqServe:
         self._loop_task = asyncio.create_task(self._receive())
 
     async def close(self) -> None:
+        # the socket first: libzmq drops what it still queues, so the pulls' zero-copy
+        # buffers are free by the time their tasks end (and their offers' leases with them)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
         tasks = [t for t, _ in self._pulls.values()]
         if self._loop_task is not None:
             tasks.append(self._loop_task)
@@ -78,9 +92,6 @@ class ZmqServe:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._pulls.clear()
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
 
     async def _receive(self) -> None:
         assert self._sock is not None
@@ -93,11 +104,15 @@ class ZmqServe:
                 head = unpack(msg[1])
             except TransferError:
                 continue  # not our protocol: nothing to answer
-            pull = self._pulls.get(ident)
+            pull = self._pulls.get((ident, head.key))
             if head.kind == CREDIT and pull is not None:
                 pull[1].put_nowait(head.extra)
+            elif head.kind == CANCEL and pull is not None:
+                pull[0].cancel()
             elif head.kind == CLAIM and pull is None:
                 self._claim(ident, head, msg[2].decode(errors="replace") if len(msg) > 2 else "")
+            elif head.kind == CLAIM:  # the same offer again, while its first pull runs
+                self._send([ident, Head(ERROR, head.key).pack(), b"refused"])
 
     def _claim(self, ident: bytes, head: Head, transport: str) -> None:
         try:
@@ -106,18 +121,38 @@ class ZmqServe:
             self._send([ident, Head(ERROR, head.key).pack(), e.reason.encode()])
             return
         if head.count != len(offer.blocks) or head.extra != offer.block_bytes:
+            offer.finish("failed")
             self._send([ident, Head(ERROR, head.key).pack(), b"mismatch"])
             return
         credits: asyncio.Queue[int] = asyncio.Queue()
         window = max(1, min(head.index, MAX_WINDOW, max(2, WINDOW_BYTES // self.frame_bytes)))
         task = asyncio.create_task(self._serve(ident, offer, window, credits))
-        self._pulls[ident] = (task, credits)
-        task.add_done_callback(lambda _t: self._pulls.pop(ident, None))
+        self._pulls[ident, head.key] = (task, credits)
+        task.add_done_callback(lambda _t: self._pulls.pop((ident, head.key), None))
 
-    def _send(self, parts: list, copy: bool = True) -> None:
-        assert self._sock is not None
-        # never blocks: the ROUTER has no HWM and the window bounds what is queued
-        self._sock.send_multipart(parts, copy=copy)
+    def _send(self, parts: list) -> None:
+        if self._sock is not None:  # never blocks: no HWM, the window bounds what is queued
+            self._sock.send_multipart(parts)
+
+    def _send_zero_copy(self, parts: list) -> asyncio.Future | None:
+        """Send without copying ``parts``; the future's result tracks when libzmq is done
+        reading them (the bytes are in the kernel, or dropped)."""
+        if self._sock is None:
+            return None
+        return self._sock.send_multipart(parts, copy=False, track=True)
+
+    async def _released(self, sends: list[asyncio.Future]) -> None:
+        """Wait (at most idle_s) until libzmq reads none of the offer's buffers any more: only
+        then may the source reuse them (a zero-copy send reads them until written out)."""
+        deadline = asyncio.get_running_loop().time() + self.idle_s
+        for fut in sends:
+            if not fut.done():  # never handed to libzmq (the socket refused it)
+                fut.cancel()
+                continue
+            tracker = None if fut.cancelled() or fut.exception() else fut.result()
+            while (tracker is not None and not tracker.done
+                   and asyncio.get_running_loop().time() < deadline):
+                await asyncio.sleep(0.002)
 
     async def _credit(self, credits: asyncio.Queue[int]) -> int:
         # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancel that meets a result
@@ -127,13 +162,23 @@ class ZmqServe:
     async def _serve(self, ident: bytes, offer: Offer, window: int,
                      credits: asyncio.Queue[int]) -> None:
         bb = offer.block_bytes
-        spans = frame_spans(len(offer.blocks), blocks_per_frame(bb, self.frame_bytes))
-        total = len(offer.blocks) * bb
-        path, fd = shm_segment.create(total) if offer.transport == "shm" else ("", -1)
+        per_frame = blocks_per_frame(bb, self.frame_bytes)
+        spans = frame_spans(len(offer.blocks), per_frame)
+        # shm: a ring of one slot per frame in flight; slot i % slots is written again only
+        # once frame i - slots is credited, i.e. out of the receiver's sink
+        slots = min(window, len(spans))
+        ring = slots * per_frame * bb
+        outcome, sends = "failed", []
+        try:
+            path, fd = shm_segment.create(ring) if offer.transport == "shm" else ("", -1)
+        except OSError:
+            log.exception("peer KV pull dropped: cannot create the shm segment")
+            self._send([ident, Head(ERROR, offer.key).pack(), b"refused"])
+            offer.finish(outcome)
+            return
         try:
             if fd >= 0:
-                self._send([ident, Head(OPEN, offer.key, extra=total).pack(),
-                            path.encode()])
+                self._send([ident, Head(OPEN, offer.key, extra=ring).pack(), path.encode()])
             credit = window
             for index, (first, n) in enumerate(spans):
                 while credit <= 0:
@@ -141,23 +186,36 @@ class ZmqServe:
                 credit -= 1
                 blocks = offer.blocks[first:first + n]
                 if fd >= 0:
-                    shm_segment.write(fd, blocks, first * bb)
-                    self._send([ident, Head(SEGMENT, offer.key, index, first, n).pack()])
+                    at = (index % slots) * per_frame * bb
+                    shm_segment.write(fd, blocks, at)
+                    self._send([ident, Head(SEGMENT, offer.key, index, first, n, at).pack()])
                 elif bb < JOIN_BELOW:
                     self._send([ident, Head(DATA, offer.key, index, first, n).pack(),
                                 b"".join(blocks)])
                 else:
-                    self._send([ident, Head(DATA, offer.key, index, first, n).pack(), *blocks],
-                               copy=False)
+                    sent = self._send_zero_copy(
+                        [ident, Head(DATA, offer.key, index, first, n).pack(), *blocks])
+                    sends = [f for f in sends if not _released(f)]
+                    if sent is not None:
+                        sends.append(sent)
             if fd >= 0:  # the receiver has opened (and unlinked) it once all credit is back
                 while credit < window:
                     credit += await self._credit(credits)
+            outcome = "sent"
         except TimeoutError:
             log.info("peer KV pull dropped: the receiver sent no credit for %.0f s", self.idle_s)
         finally:
-            offer.blocks = []  # release the source's buffers
+            try:
+                await self._released(sends)
+            finally:
+                offer.finish(outcome)  # releases the source's buffers (and its lease)
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
                 shm_segment.unlink(path)
 
+
+
+def _released(fut: asyncio.Future) -> bool:
+    """A zero-copy send whose buffers libzmq no longer reads."""
+    return fut.done() and (fut.cancelled() or fut.exception() is not None or fut.result().done)

@@ -46,7 +46,10 @@ def test_bench_transfer_json_reports_every_figure_consistently(monkeypatch) -> N
             assert cross is None
     assert out["us_per_block"] == out["models"]["8-layer"]["fetch"][d]["us_per_block"]
     assert out["us_per_call"] == out["models"]["8-layer"]["fetch"][d]["us_per_call"]
-    assert set(out["goals"]) == {"default_ge_1_gbps", "default_ge_4x_grpc",
+    assert out["default_vs_grpc_cpu_bound"] == pytest.approx(
+        out["cpu_bound_gbps"][d][str(1 << 20)] / out["cpu_bound_gbps"]["grpc"][str(1 << 20)])
+    assert set(out["goals"]) == {"default_ge_1_gbps", "default_ge_1_gbps_cpu_bound",
+                                 "default_ge_4x_grpc", "default_ge_4x_grpc_cpu_bound",
                                  "fetch_le_0.1x_recompute"}
 
 

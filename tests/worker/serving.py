@@ -26,5 +26,5 @@ async def with_worker(fn: Callable[[worker_pb2_grpc.WorkerServiceStub, grpc.aio.
             return await fn(worker_pb2_grpc.WorkerServiceStub(ch), ch)
     finally:
         await server.stop(None)
-        await servicer.peer_source.close()
+        await servicer.close_peers()
         runner.stop()

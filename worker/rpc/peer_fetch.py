@@ -16,8 +16,10 @@ See docs/architecture.md#peer-kv-transfer-the-worker-side.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,6 +40,7 @@ log = logging.getLogger("kvmesh.worker.peer")
 
 MIN_TIMEOUT_S = 2.0   # a fetch's deadline: this, or 4x the route's estimate if longer
 MAX_TIMEOUT_S = 30.0
+MAX_CHANNELS = 64     # sources this worker keeps a channel to
 _CODES = {grpc.StatusCode.UNAVAILABLE: "unavailable",
           grpc.StatusCode.DEADLINE_EXCEEDED: "timeout",
           grpc.StatusCode.PERMISSION_DENIED: "refused",
@@ -88,6 +91,21 @@ class PeerFetcher:
         self.counters = counters
         self.transport = transport  # "": the source's default
         self._own: tuple[bytes, Layout] | None = None
+        # one channel per source, kept: a fetch's control call pays no connection set-up
+        self._channels: OrderedDict[str, grpc.aio.Channel] = OrderedDict()
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), OrderedDict()
+        for channel in channels:
+            await channel.close()
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.pop(address, None) or self.dialer.aio(address)
+        self._channels[address] = channel
+        if len(self._channels) > MAX_CHANNELS:  # the least recently used source's goes
+            _, old = self._channels.popitem(last=False)
+            asyncio.get_running_loop().create_task(old.close())
+        return channel
 
     async def fetch(self, plan: index_pb2.FetchPlan, prompt: Sequence[int], *,
                     worker_id: str, salt: str | None, lora: Lora | None,
@@ -128,10 +146,9 @@ class PeerFetcher:
             proof=ticket.proof(self.key, plan.ticket) if plan.ticket else b"",
             transport=self.transport)
         try:
-            async with self.dialer.aio(plan.source_address) as channel:
-                call = worker_pb2_grpc.WorkerServiceStub(channel).FetchBlocks(
-                    request, timeout=max(0.05, deadline - time.perf_counter()))
-                head = await call.read()
+            call = worker_pb2_grpc.WorkerServiceStub(self._channel(plan.source_address)) \
+                .FetchBlocks(request, timeout=max(0.05, deadline - time.perf_counter()))
+            head = await call.read()
         except grpc.aio.AioRpcError as e:
             log.info("peer fetch from %s failed (%s): recomputing", plan.source_worker_id,
                      e.details())

@@ -181,6 +181,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             mean_matched_tokens=cache.hits / cache.requests if cache.requests else 0.0,
             peer=self.peer.to_pb())
 
+    async def close_peers(self) -> None:
+        """Close the data plane and the channels to peers (with the gRPC server)."""
+        await self.peer_source.close()
+        await self.peer_fetcher.close()
+
     async def FetchBlocks(self, request: worker_pb2.FetchBlocksRequest, context):
         """Serve a peer the blocks its ticket grants (``worker.rpc.fetch_call``)."""
         try:
@@ -243,7 +248,7 @@ async def create_server(address: str, runner: AsyncEngine, *, worker_id: str,
     requests -> INVALID_ARGUMENT), then the ``access_token`` / ``pin_token`` if given
     (``access_auth``), then ``interceptors``. ``credentials``: serve TLS. ``peer_fetch``,
     ``credential`` (what the worker presents to the service) and ``dialer`` (how it dials
-    peers): see :class:`WorkerServicer`; close ``servicer.peer_source`` with the server.
+    peers): see :class:`WorkerServicer`; ``await servicer.close_peers()`` with the server.
     ``data_host``: where the data plane listens and what its endpoints name (peers must
     reach it there); default: ``address``'s host.
     """

@@ -34,15 +34,31 @@ def test_an_offer_for_another_transport_is_refused_and_kept() -> None:
 
 
 def test_a_lapsed_offer_is_expired_and_its_blocks_released() -> None:
-    clock, dropped = _Clock(), []
-    book = OfferBook(clock, on_drop=dropped.append)
-    offer = book.add("zmq", [b"ab"], 1.0)
+    clock, ended = _Clock(), []
+    book = OfferBook(clock)
+    offer = book.add("zmq", [b"ab"], 1.0, on_done=ended.append)
     clock.now += 1.0
     book.add("zmq", [b"cd"], 1.0)  # adding sweeps too
-    assert dropped == [offer] and len(book) == 1
+    assert ended == ["expired"] and offer.blocks == [] and len(book) == 1
     with pytest.raises(TransferError) as e:
         book.take(offer.key, "zmq")
     assert e.value.reason == "expired"
+
+
+def test_an_offer_ends_once_and_a_failing_callback_is_contained() -> None:
+    ended: list[str] = []
+
+    def boom(outcome: str) -> None:
+        ended.append(outcome)
+        raise RuntimeError("the source's bug")
+
+    book = OfferBook()
+    offer = book.add("zmq", [b"ab"], 30, on_done=boom)
+    offer.finish("sent")
+    offer.finish("failed")
+    kept = book.add("shm", [b"cd"], 30, on_done=ended.append)
+    book.clear()
+    assert ended == ["sent", "closed"] and kept.blocks == []
 
 
 def test_keys_are_random_and_distinct() -> None:

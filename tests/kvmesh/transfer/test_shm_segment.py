@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import time
 
 import pytest
 
@@ -106,5 +107,26 @@ def test_no_segment_outlives_a_pull_an_expiry_or_a_close() -> None:
         finally:
             await server.close()
         assert _ours() == []
+
+    asyncio.run(main())
+
+
+def test_a_pull_longer_than_the_ring_reuses_its_slots_in_order() -> None:
+    async def main() -> None:
+        server = DataServer(frame_bytes=4096)  # one block a frame, a ring of 64 slots
+        await server.start()
+        try:
+            blocks = [os.urandom(4096) for _ in range(300)]
+            got: list[bytes] = []
+
+            def sink(i: int, b: memoryview) -> None:
+                if i % 50 == 0:
+                    time.sleep(0.01)  # the source must wait for credit, not overwrite
+                got.append(bytes(b))
+
+            assert await pull(server.offer("shm", blocks), 4096, 300, sink, 10) == 300
+            assert got == blocks
+        finally:
+            await server.close()
 
     asyncio.run(main())

@@ -117,7 +117,7 @@ def test_a_source_closed_mid_transfer_fails_with_the_blocks_landed(transport: st
     async def main() -> None:
         server = DataServer(frame_bytes=size)
         await server.start()
-        ep = server.offer(transport, _blocks(n, size))
+        ep = server.offer(transport, [os.urandom(size)] * n)
         landed: list[int] = []
         closing: list[asyncio.Task] = []
 
@@ -182,3 +182,39 @@ def test_offer_validates_its_blocks() -> None:
             server.offer("zmq", [])
 
     asyncio.run(_with_server(body))
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_every_offer_ends_once_and_says_how(transport: str, monkeypatch) -> None:
+    from kvmesh.transfer import transports
+
+    monkeypatch.setattr(transports, "SWEEP_S", 0.02)
+    ended: dict[str, list[str]] = {"sent": [], "lapsed": [], "mismatch": [], "cut": [],
+                                   "left": []}
+
+    async def main() -> None:
+        server = DataServer(frame_bytes=1 << 20)
+        await server.start()
+        ok = server.offer(transport, _blocks(5, 70_000), on_done=ended["sent"].append)
+        server.offer(transport, _blocks(1, 8), ttl_s=0.01, on_done=ended["lapsed"].append)
+        bad = server.offer(transport, _blocks(2, 8), on_done=ended["mismatch"].append)
+        cut = server.offer(transport, [os.urandom(1 << 20)] * 64, on_done=ended["cut"].append)
+        server.offer(transport, _blocks(1, 8), on_done=ended["left"].append)
+        await _pull_all(ok, 70_000, 5)
+        await asyncio.sleep(0.2)  # no offer or pull comes: the sweeper ends the lapsed one
+        assert ended["lapsed"] == ["expired"]
+        with pytest.raises(TransferError):
+            await _pull_all(bad, 8, 3)
+        closing: list[asyncio.Task] = []
+
+        def sink(i: int, block: memoryview) -> None:
+            if i == 0:
+                closing.append(asyncio.get_running_loop().create_task(server.close()))
+
+        with pytest.raises(TransferError):
+            await pull(cut, 1 << 20, 64, sink, timeout_s=10)
+        await asyncio.gather(*closing)
+
+    asyncio.run(main())
+    assert ended == {"sent": ["sent"], "lapsed": ["expired"], "mismatch": ["failed"],
+                     "cut": ["failed"], "left": ["closed"]}

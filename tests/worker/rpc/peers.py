@@ -100,5 +100,5 @@ async def peers(*specs: tuple[str, str, Engine], peer_fetch: Sequence[bool] = ()
         for server, channel, peer in started:
             await channel.close()
             await server.stop(None)
-            await peer.servicer.peer_source.close()
+            await peer.servicer.close_peers()
             peer.servicer.runner.stop()
