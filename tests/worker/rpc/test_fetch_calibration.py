@@ -53,8 +53,8 @@ def test_calibration_seeds_the_fetch_costs_the_load_reports(tiny, transport):
     assert load["fetch_us_per_call"] == got.us_per_call
     assert load["fetch_us_per_block"] == got.us_per_block
     assert took < 0.5, f"the calibration took {took:.3f} s"
-    # a fetch's fixed cost (connect, handshake, engine hop) dwarfs one small block's bytes
-    assert got.us_per_call > got.us_per_block
+    # a tiny block is 32 KiB: well under a millisecond to move, whatever the transport
+    assert got.us_per_block < 1000.0
     assert n == 2 and seen == [block, block]
 
 
