@@ -2,8 +2,9 @@
 
 Every generator is deterministic in its ``WorkloadSpec``: the same spec gives the same
 requests in the same order. Token ids are bytes (the tiny model's vocabulary); each tenant has
-its own cache salt. ``sessions`` (the demo), ``stream`` (bench e2e), ``text_rounds`` (bench
-serve), ``chat_trace`` (a Mooncake-format trace); ``ceiling_tokens`` scores a perfect router.
+its own cache salt. ``sessions`` (the demo), ``stream`` and ``chats`` (bench e2e),
+``text_rounds`` (bench serve), ``chat_trace`` (a Mooncake-format trace); ``ceiling_tokens``
+scores a perfect router.
 
 See docs/architecture.md#replay-and-simulation.
 """
@@ -30,16 +31,16 @@ class WorkloadSpec:
     tenants: int = 6
     system_tokens: int = 1024     # a system prompt (the RAG template is half of it)
     question_tokens: int = 48     # a user message
-    answer_tokens: int = 64       # text_rounds: an answer joining the chat's history
+    answer_tokens: int = 64       # text_rounds, chats: an answer joining the chat's history
     max_tokens: int = 12          # tokens to generate per request
     requests: int = 120           # sessions, stream
     rate_per_s: float = 6.0       # arrivals/s: sessions (sessions), requests (stream)
     chat_fraction: float = 0.6    # sessions
-    turns_per_chat: int = 6       # sessions, text_rounds
+    turns_per_chat: int = 6       # sessions, text_rounds, chats
     doc_tokens: int = 512         # sessions (RAG documents)
     docs_per_tenant: int = 3      # sessions
     system_prompts: int = 2       # text_rounds: app prompts shared by every tenant
-    chats_per_tenant: int = 3     # text_rounds
+    chats_per_tenant: int = 3     # text_rounds, chats
     hot_share: float = 0.0        # stream: tenant-0's share of the requests (0: uniform)
     seed: int = 0
 
@@ -119,6 +120,38 @@ def stream(spec: WorkloadSpec) -> list[Request]:
         question = _tokens(rng, spec.question_tokens)
         out.append(Request(clock, f"tenant-{t}", systems[t] + question, spec.max_tokens))
         clock += rng.expovariate(spec.rate_per_s)
+    return out
+
+
+def chats(spec: WorkloadSpec) -> list[Request]:
+    """Long multi-turn chats whose holders overload (``kvmesh bench e2e --workload chats``).
+
+    ``spec.tenants`` tenants, each with a ``system_tokens`` system prompt and
+    ``chats_per_tenant`` chats of ``turns_per_chat`` turns. Turn k of a chat is its system
+    prompt, the k earlier questions each followed by its answer (``answer_tokens`` of
+    seeded tokens: the stream never depends on what a run generated, so every row sends
+    the same prompts), then the new question. Turns go out round by round (every chat's
+    turn 0, then every chat's turn 1, ...), at Poisson arrivals of ``rate_per_s``: each
+    chat grows turn after turn, and every chat of a tenant shares its system prompt, so a
+    router that keeps each tenant on the worker holding its prompt makes that worker busy
+    while others idle (fewer tenants than workers: some workers hold nothing).
+    ``spec.requests`` caps the stream (0 or more than all turns: all of them)."""
+    rng = random.Random(spec.seed)
+    systems = [_tokens(rng, spec.system_tokens) for _ in range(spec.tenants)]
+    convos = [(t, [(_tokens(rng, spec.question_tokens), _tokens(rng, spec.answer_tokens))
+                   for _ in range(spec.turns_per_chat)])
+              for t in range(spec.tenants) for _ in range(spec.chats_per_tenant)]
+    total = len(convos) * spec.turns_per_chat
+    limit = min(spec.requests, total) if spec.requests > 0 else total
+    out, clock = [], 0.0
+    for k in range(spec.turns_per_chat):
+        for t, turns in convos:
+            if len(out) == limit:
+                return out
+            history = [tok for q, a in turns[:k] for tok in q + a]
+            out.append(Request(clock, f"tenant-{t}", systems[t] + history + turns[k][0],
+                               spec.max_tokens))
+            clock += rng.expovariate(spec.rate_per_s)
     return out
 
 

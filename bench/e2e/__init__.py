@@ -5,7 +5,10 @@ Each row (a policy, a variant ``kvmesh[weight=value,...]``, or ``kvmesh@REV``) g
 and system prompts, Poisson arrivals), sized so each worker's cache holds only a few tenants:
 the regime where routing decides the hit rate. Reported per row: throughput, TTFT, hit rate,
 requests per worker, and ratios of plain ``kvmesh`` over the others. Options add skewed load,
-rounds, route logs and a CPU tier.
+rounds, route logs and a CPU tier; ``--workload chats`` sends long multi-turn chats
+(``bench.workload.chats``) and ``--peer-fetch`` runs kvmesh with and without peer KV fetch
+(``bench.e2e.outputs``: the fetch's ratios, and every row's outputs checked identical);
+``--model 8-layer`` serves a random 8-layer model (``bench.random_checkpoint``).
 
 See docs/architecture.md#end-to-end-and-serving-benches.
 """
@@ -24,17 +27,19 @@ from typing import Any
 
 import typer
 
+from bench.e2e.outputs import compare, fetch_ratios
 from bench.e2e.rounds import median_row, rotated
 from bench.e2e.rows import Setup, preflight, revision_setups, setups
 from bench.revision import service_flags, source_tree
 from bench.route_log import read as read_routes
 from bench.route_log import summarize as summarize_routes
 from bench.variants import Variant, parse, parse_list
-from bench.workload import Request, WorkloadSpec, stream
+from bench.workload import Request, WorkloadSpec, chats, stream
 from kvmesh.contract import KVMESH, ROUND_ROBIN
 from kvmesh.contract import POLICIES as ALL_POLICIES
 
 POLICIES = (KVMESH, ROUND_ROBIN)
+WORKLOADS = {"stream": stream, "chats": chats}
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,11 @@ class E2ESpec:
     # rate: requests per second (Poisson), see the module docstring
     workload: WorkloadSpec = WorkloadSpec(tenants=8, system_tokens=1536, question_tokens=64,
                                           max_tokens=8, rate_per_s=12.0, requests=240)
+    kind: str = "stream"          # the generator: a key of WORKLOADS
+
+    def __post_init__(self) -> None:
+        if self.kind not in WORKLOADS:
+            raise ValueError(f"workload {self.kind!r}: one of {', '.join(WORKLOADS)}")
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,9 @@ class Outcome:
     done_s: float          # completion time since the run's start
     worker: str
     error: str = ""
+    index: int = -1                  # the request's place in the stream
+    token_ids: tuple[int, ...] = ()  # what it generated (greedy: the same in every row)
+    peer_tokens: int = 0             # prompt tokens whose KV came from a peer
 
 
 async def drive(addresses: list[str], requests: list[Request], policy: str,
@@ -70,7 +83,7 @@ async def drive(addresses: list[str], requests: list[Request], policy: str,
     async with AsyncKvmeshClient(addresses, generate_timeout=300.0) as client:
         t0 = time.perf_counter()
 
-        async def one(r: Request) -> None:
+        async def one(i: int, r: Request) -> None:
             await asyncio.sleep(max(0.0, r.arrival_s - (time.perf_counter() - t0)))
             sent = time.perf_counter()
             first = math.nan
@@ -82,14 +95,16 @@ async def drive(addresses: list[str], requests: list[Request], policy: str,
                     if isinstance(item, GenerateResult):
                         outcomes.append(Outcome(
                             len(r.tokens), item.num_cached_tokens, len(item.token_ids), first,
-                            item.ttft_s, time.perf_counter() - t0, item.worker_id))
+                            item.ttft_s, time.perf_counter() - t0, item.worker_id, "", i,
+                            tuple(item.token_ids),
+                            item.cached_tokens_by_tier.get("peer", 0)))
             except Exception as exc:  # counted and reported, never silently dropped
                 outcomes.append(Outcome(len(r.tokens), 0, 0, math.nan, math.nan,
-                                        time.perf_counter() - t0, "", repr(exc)[:200]))
+                                        time.perf_counter() - t0, "", repr(exc)[:200], i))
             if on_done is not None:
                 on_done()
 
-        await asyncio.gather(*(one(r) for r in requests))
+        await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
         return outcomes, max(o.done_s for o in outcomes)
 
 
@@ -127,6 +142,7 @@ def summarize(policy: str, outcomes: list[Outcome], makespan: float,
         if ttft else math.nan,
         "mean_worker_ttft_s": statistics.fmean(o.worker_ttft_s for o in ok) if ok else math.nan,
         "token_hit_rate": sum(o.cached_tokens for o in ok) / prompt if prompt else 0.0,
+        "peer_hit_rate": sum(o.peer_tokens for o in ok) / prompt if prompt else 0.0,
         "hit_rate_by_tier": {t: n / prompt for t, n in sorted((hits_by_tier or {}).items())
                              if prompt},
         "per_worker": dict(sorted(spread.items())),
@@ -136,7 +152,8 @@ def summarize(policy: str, outcomes: list[Outcome], makespan: float,
 def run_setup(spec: E2ESpec, setup: Setup, reqs: list[Request], progress: Any = None,
               model: str = "tiny") -> dict[str, Any]:
     """One row: ``reqs`` through a fresh cluster of ``setup``; with a route log, the row
-    carries its records (``bench.route_log.read``) under ``route_log``."""
+    carries its records (``bench.route_log.read``) under ``route_log``; ``outputs``: each
+    answered request's generated token ids by its index in ``reqs``."""
     from deploy.local import ClusterSpec, LocalCluster
     from worker.kv_cache.tier_config import TierConfig
 
@@ -145,7 +162,8 @@ def run_setup(spec: E2ESpec, setup: Setup, reqs: list[Request], progress: Any = 
         workers=spec.workers, num_blocks=spec.num_blocks,
         tiers=TierConfig(cpu_blocks=setup.cpu_blocks),
         policy=v.policy, model=model, cost_weights=dict(v.overrides),
-        route_log_dir=setup.route_log_dir, code_dir=setup.code_dir))
+        route_log_dir=setup.route_log_dir, code_dir=setup.code_dir,
+        peer_fetch=setup.peer_fetch))
     try:
         cluster.start()
         tick = None if progress is None else progress(setup.label, len(reqs))
@@ -155,6 +173,7 @@ def run_setup(spec: E2ESpec, setup: Setup, reqs: list[Request], progress: Any = 
     finally:
         cluster.stop()
     row = summarize(setup.label, outcomes, makespan, by_tier)
+    row["outputs"] = {o.index: list(o.token_ids) for o in outcomes if not o.error}
     if setup.route_log_dir:
         row["route_log"] = read_routes(setup.route_log_dir)  # summarized by run()
     return row
@@ -162,7 +181,8 @@ def run_setup(spec: E2ESpec, setup: Setup, reqs: list[Request], progress: Any = 
 
 def run(spec: E2ESpec, policies: Sequence[str | Variant] = POLICIES, progress: Any = None,
         model: str = "tiny", against: str | None = None,
-        route_log: str | None = None, rounds: int = 1) -> dict[str, Any]:
+        route_log: str | None = None, rounds: int = 1,
+        peer_fetch: bool = False) -> dict[str, Any]:
     """Each policy (a name or a ``bench.variants.Variant``) on a fresh cluster (twice,
     without and with the CPU tier, when ``spec.cpu_blocks``), then ``kvmesh@against`` (its
     cluster runs git revision ``against``) when given; rows plus ratios: ``ratios``, kvmesh
@@ -170,13 +190,17 @@ def run(spec: E2ESpec, policies: Sequence[str | Variant] = POLICIES, progress: A
     every other row. ``route_log``: each row's cluster logs its routes to
     ``route_log/<label>/`` (which must hold no logs yet) and ``route_logs`` holds their
     analyses. ``rounds``: every row that many times, in a rotated order, reported as the
-    median of its rounds (``bench.e2e.rounds``)."""
+    median of its rounds (``bench.e2e.rounds``). ``peer_fetch``: kvmesh with and without
+    fetch (``bench.e2e.rows``), ``fetch_ratios`` the first over the second; ``outputs``: each
+    row's requests compared with the first row's (``bench.e2e.outputs``). ``model``:
+    ``tiny``, a name of ``bench.recompute.MODELS`` (a random checkpoint) or a directory."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, not {rounds}")
     variants = [p if isinstance(p, Variant) else parse(p, ALL_POLICIES) for p in policies]
     preflight(variants, spec.cpu_blocks, against, route_log)
-    reqs = stream(spec.workload)
-    todo = setups(variants, spec.cpu_blocks, route_log)
+    reqs = WORKLOADS[spec.kind](spec.workload)
+    model = served_model(model)
+    todo = setups(variants, spec.cpu_blocks, route_log, peer_fetch)
     with source_tree(against) if against else nullcontext(None) as tree:
         if against:
             todo += revision_setups(against, tree, service_flags(tree), spec.cpu_blocks,
@@ -189,12 +213,28 @@ def run(spec: E2ESpec, policies: Sequence[str | Variant] = POLICIES, progress: A
                 done[s.label].append(run_setup(spec, s, reqs, progress, model))
     logs = {label: summarize_routes([rec for r in rs for rec in r.pop("route_log")])
             for label, rs in done.items() if "route_log" in rs[0]}
+    outputs = compare({label: [r.pop("outputs") for r in rs] for label, rs in done.items()})
     rows = [median_row(rs) for rs in done.values()]
     offered = sum(len(r.tokens) + r.max_tokens for r in reqs) / max(reqs[-1].arrival_s, 1e-9)
     cpu = bool(spec.cpu_blocks)
     return {"spec": asdict(spec), "against": against, "offered_tokens_per_s": offered,
             "rounds": rounds, "rows": rows, "ratios": _ratios(rows, cpu=cpu),
-            "ratios_over": _ratios_over(rows, cpu=cpu), "route_logs": logs}
+            "ratios_over": _ratios_over(rows, cpu=cpu), "route_logs": logs,
+            "fetch_ratios": fetch_ratios(rows), "outputs": outputs,
+            "model": Path(model).name if model != "tiny" else model}
+
+
+def served_model(model: str) -> str:
+    """What the workers' ``--model`` gets: ``tiny``, a directory as it is, or the random
+    checkpoint of a ``bench.recompute.MODELS`` name (written once under the temp dir)."""
+    import tempfile
+
+    from bench.random_checkpoint import checkpoint
+    from bench.recompute import MODELS
+
+    if model == "tiny" or model not in MODELS:
+        return model
+    return str(checkpoint(model, Path(tempfile.gettempdir()) / "kvmesh-bench-models"))
 
 
 def _ratio(k: dict[str, Any], other: dict[str, Any]) -> dict[str, float]:
@@ -260,6 +300,18 @@ def register(bench: typer.Typer) -> None:
                 1, min=1, help="run every row this many times, each round in a rotated "
                 "order, and report each row's median (a noisy host ranks close policies "
                 "by luck in one run)"),
+            workload: str = typer.Option(
+                d.kind, help="stream: one question per request on a tenant's system prompt; "
+                "chats: multi-turn chats growing turn after turn (--chats-per-tenant, "
+                "--turns, --answer-tokens), all of a tenant's on its system prompt"),
+            chats_per_tenant: int = typer.Option(w.chats_per_tenant, min=1),
+            turns: int = typer.Option(w.turns_per_chat, min=1, help="turns per chat"),
+            answer_tokens: int = typer.Option(w.answer_tokens, min=0),
+            peer_fetch: bool = typer.Option(
+                False, "--peer-fetch", help="run kvmesh with peer KV fetch (kvmesh+fetch) "
+                "and without, and report the ratios"),
+            model: str = typer.Option("tiny", help="tiny, 8-layer (a seeded random "
+                                      "checkpoint) or a model directory"),
             seed: int = typer.Option(w.seed),
             as_json: bool = typer.Option(False, "--json")) -> None:
         """kvmesh vs the other policies on a real local cluster: throughput, TTFT, hit
@@ -268,8 +320,13 @@ def register(bench: typer.Typer) -> None:
 
         load = replace(w, tenants=tenants, system_tokens=system_tokens,
                        question_tokens=question_tokens, max_tokens=max_tokens,
-                       rate_per_s=rate, requests=requests, hot_share=hot_share, seed=seed)
-        spec = E2ESpec(workers, num_blocks, cpu_blocks, load)
+                       rate_per_s=rate, requests=requests, hot_share=hot_share, seed=seed,
+                       chats_per_tenant=chats_per_tenant, turns_per_chat=turns,
+                       answer_tokens=answer_tokens)
+        if workload not in WORKLOADS:
+            raise typer.BadParameter(f"one of {', '.join(WORKLOADS)}",
+                                     param_hint="--workload")
+        spec = E2ESpec(workers, num_blocks, cpu_blocks, load, workload)
         if policies is None:
             policies = "kvmesh" if cpu_blocks else ",".join(POLICIES)
         try:
@@ -285,8 +342,8 @@ def register(bench: typer.Typer) -> None:
                 task = bar.add_task(policy, total=total)
                 return lambda: bar.advance(task)
 
-            res = run(spec, variants, progress, against=against, route_log=route_log_dir,
-                      rounds=rounds)
+            res = run(spec, variants, progress, model=model, against=against,
+                      route_log=route_log_dir, rounds=rounds, peer_fetch=peer_fetch)
         if as_json:
             print(json.dumps(res))
         else:

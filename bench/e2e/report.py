@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from bench import route_log
+from bench.e2e.outputs import fetch_goals
 from bench.e2e.rounds import wins
 from kvmesh.contract import CONSISTENT_HASH, LEAST_LOADED, PREFIX_ONLY, ROUND_ROBIN
 
@@ -19,10 +20,16 @@ def _title(res: dict[str, Any]) -> str:
     hot = (f"; tenant-0 takes {s['hot_share']:.0%} of them" if s.get("hot_share") else "")
     n = res.get("rounds", 1)
     rounds = f"; each row the median of {n} rounds" if n > 1 else ""
-    return (f"e2e: {s['workers']} tiny-model workers x {s['num_blocks']} blocks{cpu_note}, "
-            f"{s['requests']} requests at {s['rate_per_s']}/s (Poisson), {s['tenants']} "
-            f"tenants x {s['system_tokens']}-token system prompt + "
-            f"{s['question_tokens']}-token question, {s['max_tokens']} out{hot}{rounds}")
+    head = (f"e2e: {s['workers']} {res.get('model', 'tiny')}-model workers x "
+            f"{s['num_blocks']} blocks{cpu_note}, {s['requests']} requests at "
+            f"{s['rate_per_s']}/s (Poisson), {s['tenants']} tenants x {s['system_tokens']}-token "
+            "system prompt + ")
+    if s.get("kind") == "chats":
+        return (head + f"{s['chats_per_tenant']} chats each of {s['turns_per_chat']} turns "
+                f"({s['question_tokens']}-token questions, {s['answer_tokens']}-token "
+                f"answers joining the history), {s['max_tokens']} out{rounds}")
+    return (head + f"{s['question_tokens']}-token question, {s['max_tokens']} out"
+            f"{hot}{rounds}")
 
 
 def _ratio_row(t: Table, name: str, ra: dict[str, float]) -> None:
@@ -77,7 +84,7 @@ def goals(res: dict[str, Any]) -> list[tuple[str, bool]]:
             ratio = k["tokens_per_s"] / rows[name]["tokens_per_s"]
             out.append((f"throughput >= {name} ({ratio:.2f}x)", ratio >= 1.0))
     others = [r for r in res["rows"] if r["policy"] != "kvmesh"
-              and not r["policy"].startswith(("kvmesh[", "kvmesh@"))]
+              and not r["policy"].startswith(("kvmesh[", "kvmesh@", "kvmesh+"))]
     if others:
         best = min(others, key=lambda r: r["mean_ttft_s"])
         out.append((f"lowest mean TTFT ({k['mean_ttft_s'] * 1e3:,.0f} ms; best other "
@@ -123,6 +130,19 @@ def show(res: dict[str, Any]) -> None:
     elif ra:
         for goal, met in goals(res):
             console.print(f"goal: {goal}: {'met' if met else 'MISSED'}", markup=False)
+    for label, ra in res.get("fetch_ratios", {}).items():
+        console.print(f"{label} over {label.removesuffix('+fetch')}: throughput "
+                      f"{ra['throughput']:.2f}x, mean TTFT {ra['mean_ttft_lower']:.2f}x lower, "
+                      f"p90 TTFT {ra['p90_ttft_lower']:.2f}x lower", markup=False)
+    for r in res["rows"]:
+        if r.get("peer_hit_rate"):
+            console.print(f"{r['policy']}: {r['peer_hit_rate']:.1%} of prompt tokens came "
+                          "from a peer", markup=False)
+    for goal, met in fetch_goals(res.get("fetch_ratios", {})):
+        console.print(f"goal: {goal}: {'met' if met else 'MISSED'}", markup=False)
+    for label, o in res.get("outputs", {}).items():
+        console.print(f"outputs {label}: {o['mismatches']} of {o['compared']} requests differ "
+                      "from the first row's", markup=False)
     if res.get("against"):
         console.print(f"kvmesh@{res['against']}: the service and workers of git revision "
                       f"{res['against']}, driven by this bench and client")

@@ -4,9 +4,11 @@ A row is a policy variant (``bench.variants``: ``kvmesh[saturation_weight=0]`` r
 with that cost weight in every service replica), without or with the CPU tier (label
 ``+cpu``), on this tree's code or, for ``kvmesh@REV`` (``--against REV``), on git revision
 ``REV``'s (``bench.revision``); with ``--route-log DIR`` its service replicas log their
-routes to ``DIR/<label>/``. :func:`preflight` refuses what would fail or mislead only after
-minutes of benchmarking: a revision git does not know, a log directory holding logs already
-(they would be analysed with the new ones).
+routes to ``DIR/<label>/``. With ``--peer-fetch`` plain kvmesh runs twice: ``kvmesh+fetch``
+(the services plan peer KV fetches, ``--peer-fetch``) and ``kvmesh`` (``--no-peer-fetch``);
+the other rows keep each process's default (the service's is off). :func:`preflight`
+refuses what would fail or mislead only after minutes of benchmarking: a revision git does
+not know, a log directory holding logs already (they would be analysed with the new ones).
 """
 from __future__ import annotations
 
@@ -22,24 +24,32 @@ from bench.variants import Variant
 class Setup:
     """One row: ``variant`` on a fresh cluster with ``cpu_blocks`` CPU-tier blocks per
     worker, running ``code_dir``'s tree (None: this one), logging its routes to
-    ``route_log_dir`` (None: no log)."""
+    ``route_log_dir`` (None: no log), its peer fetch switched by ``peer_fetch`` (None: the
+    processes' defaults)."""
 
     label: str
     variant: Variant
     cpu_blocks: int = 0
     code_dir: str | None = None
     route_log_dir: str | None = None
+    peer_fetch: bool | None = None
+
+
+FETCH = "+fetch"  # the label suffix of a row whose services plan peer fetches
 
 
 def setups(variants: list[Variant], cpu_blocks: int = 0,
-           route_log: str | None = None) -> list[Setup]:
-    """This tree's rows: each variant, then (when ``cpu_blocks``) again with the CPU tier."""
+           route_log: str | None = None, peer_fetch: bool = False) -> list[Setup]:
+    """This tree's rows: each variant, then (when ``cpu_blocks``) again with the CPU tier;
+    with ``peer_fetch``, plain kvmesh first with fetch (``kvmesh+fetch``), then without."""
     out = []
     for v in variants:
+        fetch = (True, False) if peer_fetch and v.label == "kvmesh" else (None,)
         for cpu in ((0, cpu_blocks) if cpu_blocks else (0,)):
-            label = f"{v.label}+cpu" if cpu else v.label
-            out.append(Setup(label, v, cpu, None,
-                             str(Path(route_log) / label) if route_log else None))
+            for f in fetch:
+                label = (f"{v.label}+cpu" if cpu else v.label) + (FETCH if f else "")
+                out.append(Setup(label, v, cpu, None,
+                                 str(Path(route_log) / label) if route_log else None, f))
     return out
 
 

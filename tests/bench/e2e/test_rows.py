@@ -115,7 +115,8 @@ def test_the_command_hands_its_flags_to_the_run(monkeypatch: pytest.MonkeyPatch,
 
     seen: dict = {}
 
-    def fake_run(spec, variants, progress, against=None, route_log=None, rounds=1) -> dict:
+    def fake_run(spec, variants, progress, against=None, route_log=None, rounds=1,
+                 **_: object) -> dict:
         seen.update(spec=spec, variants=variants, against=against, route_log=route_log,
                     rounds=rounds)
         return {"spec": {}, "rows": []}
