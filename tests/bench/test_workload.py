@@ -1,4 +1,5 @@
-"""``bench.workload.stream`` with a hot tenant (``hot_share``), and without one unchanged."""
+"""``bench.workload.stream`` with a hot tenant (``hot_share``), and without one unchanged;
+``bench.workload.chats``: chats growing turn after turn on their tenant's system prompt."""
 from __future__ import annotations
 
 import random
@@ -7,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from bench.workload import Request, WorkloadSpec, stream
+from bench.workload import Request, WorkloadSpec, chats, stream
 
 SPEC = WorkloadSpec(tenants=5, system_tokens=32, question_tokens=8, max_tokens=3,
                     rate_per_s=10.0, requests=400, seed=7)
@@ -53,3 +54,34 @@ def test_extreme_shares() -> None:
     assert {r.salt for r in one} == {"tenant-0"}
     with pytest.raises(ValueError, match="hot_share must be in"):
         WorkloadSpec(hot_share=1.5)
+
+
+CHATS = WorkloadSpec(tenants=2, system_tokens=48, question_tokens=8, answer_tokens=6,
+                     chats_per_tenant=3, turns_per_chat=4, max_tokens=2, rate_per_s=5.0,
+                     requests=0, seed=3)
+
+
+def test_chats_grow_turn_after_turn_on_their_tenants_system_prompt() -> None:
+    reqs = chats(CHATS)
+    assert len(reqs) == 2 * 3 * 4 and reqs == chats(CHATS)  # every turn; seeded
+    assert [r.arrival_s for r in reqs] == sorted(r.arrival_s for r in reqs)
+    assert reqs[0].arrival_s == 0.0 and all(r.max_tokens == 2 for r in reqs)
+    per_round = 2 * 3  # every chat's turn k, then every chat's turn k + 1
+    for k in range(4):
+        for r in reqs[k * per_round:(k + 1) * per_round]:
+            assert len(r.tokens) == 48 + k * (8 + 6) + 8
+    for c in range(per_round):
+        turns = reqs[c::per_round]
+        assert len({r.salt for r in turns}) == 1
+        for before, after in zip(turns, turns[1:], strict=False):
+            # the next turn is this one's prompt, its answer, then a new question
+            assert after.tokens[:len(before.tokens)] == before.tokens
+    systems = {(r.salt, tuple(r.tokens[:48])) for r in reqs}
+    assert len(systems) == 2 and {s for s, _ in systems} == {"tenant-0", "tenant-1"}
+    assert len({tuple(r.tokens) for r in reqs}) == len(reqs)  # no two prompts alike
+
+
+def test_chats_stop_at_the_requests_asked_for() -> None:
+    reqs = chats(replace(CHATS, requests=7))
+    assert reqs == chats(CHATS)[:7]
+    assert chats(replace(CHATS, requests=1000)) == chats(CHATS)

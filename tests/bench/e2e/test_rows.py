@@ -5,11 +5,13 @@ import math
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from bench import e2e
 from bench.e2e.rows import Setup, preflight, revision_setups, setups
 from bench.variants import Variant, parse_list
+from bench.workload import WorkloadSpec, chats
 from kvmesh.contract import POLICIES
 
 
@@ -133,3 +135,77 @@ def test_the_command_hands_its_flags_to_the_run(monkeypatch: pytest.MonkeyPatch,
     assert [v.label for v in seen["variants"]] == ["kvmesh", "kvmesh[saturation_weight=0]"]
     assert (seen["against"], seen["route_log"]) == ("HEAD", str(tmp_path))
     assert seen["rounds"] == 3
+
+
+def test_peer_fetch_runs_plain_kvmesh_with_and_without_fetch() -> None:
+    variants = parse_list("kvmesh,kvmesh[saturation_weight=0],round_robin", POLICIES)
+    rows = setups(variants, peer_fetch=True)
+    assert [(s.label, s.peer_fetch) for s in rows] == [
+        ("kvmesh+fetch", True), ("kvmesh", False), ("kvmesh[saturation_weight=0]", None),
+        ("round_robin", None)]
+    assert rows[0].variant == rows[1].variant == Variant("kvmesh")
+    assert all(s.peer_fetch is None for s in setups(variants))  # off: rows as before
+
+
+def test_a_fetch_row_starts_its_cluster_with_the_service_switch(monkeypatch) -> None:
+    """run_setup hands the row's switch to the cluster (``kvmesh up --peer-fetch``), runs the
+    stream through it and keeps each request's output by its index."""
+    import deploy.local
+
+    started: list = []
+
+    class FakeCluster:
+        service_addresses = ["svc:1"]
+        worker_addresses = ["w:1"]
+
+        def __init__(self, spec) -> None:
+            started.append(spec)
+
+        def start(self) -> None:
+            pass
+
+        def stop(self) -> None:
+            pass
+
+    async def fake_drive(addresses, reqs, policy, tick):
+        return [e2e.Outcome(len(r.tokens), 16, 2, 0.1, 0.1, 1.0, "w", "", i, (i, 7),
+                            16 if i else 0) for i, r in enumerate(reqs)], 1.0
+
+    async def no_tiers(addresses):
+        return {}
+
+    monkeypatch.setattr(deploy.local, "LocalCluster", FakeCluster)
+    monkeypatch.setattr(e2e, "drive", fake_drive)
+    monkeypatch.setattr(e2e, "tier_hits", no_tiers)
+    reqs = chats(WorkloadSpec(tenants=1, system_tokens=32, question_tokens=4,
+                              answer_tokens=4, chats_per_tenant=2, turns_per_chat=2))
+    fetch, plain = setups([Variant("kvmesh")], peer_fetch=True)
+    row = e2e.run_setup(e2e.E2ESpec(workers=2), fetch, reqs, model="m")
+    e2e.run_setup(e2e.E2ESpec(workers=2), plain, reqs, model="m")
+    assert [(s.peer_fetch, s.model, s.workers) for s in started] == [(True, "m", 2),
+                                                                     (False, "m", 2)]
+    assert row["outputs"] == {i: [i, 7] for i in range(4)}
+    assert row["peer_hit_rate"] == pytest.approx(3 * 16 / sum(len(r.tokens) for r in reqs))
+
+
+def test_the_command_takes_the_chats_workload_fetch_and_model(monkeypatch) -> None:
+    seen: dict = {}
+
+    def fake_run(spec, variants, progress, **kw) -> dict:
+        seen.update(spec=spec, **kw)
+        return {"spec": {}, "rows": []}
+
+    monkeypatch.setattr(e2e, "run", fake_run)
+    app = typer.Typer()
+    e2e.register(app)
+    app.command("other")(lambda: None)
+    res = CliRunner().invoke(app, ["e2e", "--workload", "chats", "--chats-per-tenant", "5",
+                                   "--turns", "7", "--answer-tokens", "9", "--peer-fetch",
+                                   "--model", "8-layer", "--json"])
+    assert res.exit_code == 0, res.output
+    w = seen["spec"].workload
+    assert (seen["spec"].kind, w.chats_per_tenant, w.turns_per_chat, w.answer_tokens) == (
+        "chats", 5, 7, 9)
+    assert seen["peer_fetch"] is True and seen["model"] == "8-layer"
+    bad = CliRunner().invoke(app, ["e2e", "--workload", "poems"])
+    assert bad.exit_code != 0 and "stream, chats" in bad.output
