@@ -53,6 +53,7 @@ class E2ESpec:
     workload: WorkloadSpec = WorkloadSpec(tenants=8, system_tokens=1536, question_tokens=64,
                                           max_tokens=8, rate_per_s=12.0, requests=240)
     kind: str = "stream"          # the generator: a key of WORKLOADS
+    max_batched_tokens: int = 2048  # per worker step (a step is the read lease's wait)
 
     def __post_init__(self) -> None:
         if self.kind not in WORKLOADS:
@@ -109,14 +110,19 @@ async def drive(addresses: list[str], requests: list[Request], policy: str,
 
 
 async def tier_hits(worker_addresses: list[str]) -> dict[str, int]:
-    """Prompt tokens the workers served from each KV tier (their ``Stats``, summed)."""
+    """Prompt tokens the workers served from each KV tier (their ``Stats``, summed), and
+    their peer-fetch counters summed under ``peer:<name>`` (fetches, fallbacks, ...)."""
     from client import AsyncKvmeshClient
+    from client.peer_stats import peer_counts
 
     out: dict[str, int] = {}
     async with AsyncKvmeshClient(worker_addresses[:1]) as client:
         for address in worker_addresses:
-            for t in (await client.worker_stats(address)).get("tiers", ()):
+            stats = await client.worker_stats(address)
+            for t in stats.get("tiers", ()):
                 out[t["tier"]] = out.get(t["tier"], 0) + t["hit_tokens"]
+            for name, n in (peer_counts(stats) or {}).items():
+                out[f"peer:{name}"] = out.get(f"peer:{name}", 0) + n
     return out
 
 
@@ -144,7 +150,9 @@ def summarize(policy: str, outcomes: list[Outcome], makespan: float,
         "token_hit_rate": sum(o.cached_tokens for o in ok) / prompt if prompt else 0.0,
         "peer_hit_rate": sum(o.peer_tokens for o in ok) / prompt if prompt else 0.0,
         "hit_rate_by_tier": {t: n / prompt for t, n in sorted((hits_by_tier or {}).items())
-                             if prompt},
+                             if prompt and not t.startswith("peer:")},
+        "peer": {t.removeprefix("peer:"): n for t, n in sorted((hits_by_tier or {}).items())
+                 if t.startswith("peer:")},
         "per_worker": dict(sorted(spread.items())),
     }
 
@@ -160,6 +168,7 @@ def run_setup(spec: E2ESpec, setup: Setup, reqs: list[Request], progress: Any = 
     v = setup.variant
     cluster = LocalCluster(ClusterSpec(
         workers=spec.workers, num_blocks=spec.num_blocks,
+        max_batched_tokens=spec.max_batched_tokens,
         tiers=TierConfig(cpu_blocks=setup.cpu_blocks),
         policy=v.policy, model=model, cost_weights=dict(v.overrides),
         route_log_dir=setup.route_log_dir, code_dir=setup.code_dir,
@@ -312,6 +321,8 @@ def register(bench: typer.Typer) -> None:
                 "and without, and report the ratios"),
             model: str = typer.Option("tiny", help="tiny, 8-layer (a seeded random "
                                       "checkpoint) or a model directory"),
+            max_batched_tokens: int = typer.Option(d.max_batched_tokens, min=16,
+                                                   help="tokens per worker step"),
             seed: int = typer.Option(w.seed),
             as_json: bool = typer.Option(False, "--json")) -> None:
         """kvmesh vs the other policies on a real local cluster: throughput, TTFT, hit
@@ -326,7 +337,7 @@ def register(bench: typer.Typer) -> None:
         if workload not in WORKLOADS:
             raise typer.BadParameter(f"one of {', '.join(WORKLOADS)}",
                                      param_hint="--workload")
-        spec = E2ESpec(workers, num_blocks, cpu_blocks, load, workload)
+        spec = E2ESpec(workers, num_blocks, cpu_blocks, load, workload, max_batched_tokens)
         if policies is None:
             policies = "kvmesh" if cpu_blocks else ",".join(POLICIES)
         try:

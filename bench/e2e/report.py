@@ -135,9 +135,12 @@ def show(res: dict[str, Any]) -> None:
                       f"{ra['throughput']:.2f}x, mean TTFT {ra['mean_ttft_lower']:.2f}x lower, "
                       f"p90 TTFT {ra['p90_ttft_lower']:.2f}x lower", markup=False)
     for r in res["rows"]:
-        if r.get("peer_hit_rate"):
+        if r.get("peer_hit_rate") or r.get("peer", {}).get("fetches"):
+            p = r.get("peer", {})
             console.print(f"{r['policy']}: {r['peer_hit_rate']:.1%} of prompt tokens came "
-                          "from a peer", markup=False)
+                          f"from a peer; fetches {p.get('fetches', 0)}, fallbacks "
+                          f"{p.get('fallbacks', 0)}, served {p.get('served', 0)}, refused "
+                          f"{p.get('refused', 0)}", markup=False)
     for goal, met in fetch_goals(res.get("fetch_ratios", {})):
         console.print(f"goal: {goal}: {'met' if met else 'MISSED'}", markup=False)
     for label, o in res.get("outputs", {}).items():
