@@ -110,14 +110,17 @@ class PeerSource:
         hashes = list(request.block_hashes)
         snap, fingerprint, lay = await self.runner.call(
             lambda e: (snapshot(e, hashes), e.fingerprint, layout(e)))
+        c = self.counters
         endpoint = ""
         if snap.count:
+            def done(outcome: str) -> None:  # blocks and bytes count once they all left
+                if outcome == "sent":
+                    c.served_blocks += snap.count
+                    c.served_bytes += snap.count * lay.block_bytes
+
             data = await self._data_server()
-            endpoint = data.offer(transport, snap.blocks(), OFFER_TTL_S)
-        c = self.counters
+            endpoint = data.offer(transport, snap.blocks(), OFFER_TTL_S, on_done=done)
         c.served += 1
-        c.served_blocks += snap.count
-        c.served_bytes += snap.count * lay.block_bytes
         c.latency.observe("source", max(snap.count, 1), time.perf_counter() - t0)
         return worker_pb2.FetchBlocksResponse(
             fingerprint=fingerprint, blocks=snap.count, block_bytes=lay.block_bytes,
