@@ -7,8 +7,9 @@ Three measurements, in one run, the source in its own process (``bench.transfer_
   alternating so every transport sees the same machine load; wall GB/s (medians), and the
   CPU-bound rate ``bytes / max(source CPU, receiver CPU)`` (what each side's own core would
   give: on a shared machine the wall rate mostly measures the neighbours);
-- the fetch cost per pull and per block: pulls of 1..N blocks end to end (connect, claim,
-  frames, the sink copying each block out), fitted as ``us_per_call + n * us_per_block``;
+- the fetch cost per pull and per block: pulls of 1..N blocks end to end (claim, frames,
+  the sink copying each block out; the connection to the source warm, as between peers),
+  the fastest of ``repeats`` each, fitted as ``us_per_call + n * us_per_block``;
 - the recompute cost per block: prefill time per token times the block size
   (``bench.recompute``), hence ``fetch_over_recompute`` and the crossover prefix length
   ``us_per_call / (recompute - fetch per block)`` blocks, below which recomputing wins.
@@ -97,7 +98,9 @@ async def _fetch_costs(rx: _Receiver, bb: int, repeats: int) -> dict[str, dict[s
                 times.setdefault((t, n), []).append(wall)
     out = {}
     for t in TRANSPORTS:
-        call, block = _fit({n: statistics.median(times[t, n]) for n in FETCH_COUNTS})
+        # the fastest of the repeats, as for the recompute side: on a shared host a median
+        # carries the neighbours' bursts, which can even tilt the fit's slope negative
+        call, block = _fit({n: min(times[t, n]) for n in FETCH_COUNTS})
         out[t] = {"us_per_call": call * 1e6, "us_per_block": block * 1e6}
     return out
 

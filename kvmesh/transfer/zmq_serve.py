@@ -182,7 +182,7 @@ class ZmqServe:
             credit = window
             for index, (first, n) in enumerate(spans):
                 while credit <= 0:
-                    credit += await self._credit(credits)
+                    credit = min(window, credit + await self._credit(credits))
                 credit -= 1
                 blocks = offer.blocks[first:first + n]
                 if fd >= 0:
@@ -200,7 +200,7 @@ class ZmqServe:
                         sends.append(sent)
             if fd >= 0:  # the receiver has opened (and unlinked) it once all credit is back
                 while credit < window:
-                    credit += await self._credit(credits)
+                    credit = min(window, credit + await self._credit(credits))
             outcome = "sent"
         except TimeoutError:
             log.info("peer KV pull dropped: the receiver sent no credit for %.0f s", self.idle_s)

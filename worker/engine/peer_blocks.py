@@ -82,10 +82,14 @@ def snapshot(engine: Engine, hashes: Sequence[bytes]) -> Snapshot:
     lay = layout(engine)
     out = torch.empty((len(found), *lay.block_shape), dtype=cache.dtype)
     device = [(n, bid) for n, (tier, bid) in enumerate(found) if tier == "gpu"]
-    if device:
+    if device and cache.device.type != "cpu":  # one gather on the device, one copy down
         idx = torch.tensor([bid for _, bid in device], device=cache.device)
-        rows = cache[:, :, idx].movedim(2, 0).to("cpu")
-        out[torch.tensor([n for n, _ in device])] = rows
+        rows = cache[:, :, idx].movedim(2, 0).contiguous().to("cpu")
+        for j, (n, _) in enumerate(device):
+            out[n].copy_(rows[j])
+    else:  # block by block: each is 2 x layers contiguous runs (a strided gather is slower)
+        for n, bid in device:
+            out[n].copy_(cache[:, :, bid])
     count = len(found)
     tiers: dict[str, int] = {"gpu": len(device)} if device else {}
     for n, (tier, src) in enumerate(found):
@@ -133,9 +137,9 @@ def import_landed(engine: Engine, req: KVRequest, start: int, data: bytearray,
         off, n = res.first - start, len(res.blocks)
         raw = torch.frombuffer(data, dtype=torch.uint8)[off * lay.block_bytes:
                                                         (off + n) * lay.block_bytes]
-        rows = raw.view(cache.dtype).view(n, *lay.block_shape)
-        idx = torch.tensor([b.block_id for b in res.blocks], device=cache.device)
-        cache[:, :, idx] = rows.to(cache.device).movedim(0, 2)
+        rows = raw.view(cache.dtype).view(n, *lay.block_shape).to(cache.device)
+        for j, block in enumerate(res.blocks):
+            cache[:, :, block.block_id].copy_(rows[j])
     except BaseException:
         kv.peer.abort(res)
         raise

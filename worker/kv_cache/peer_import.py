@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .block import BlockContent, KVCacheBlock
+from .onboard import Read
 from .request import KVRequest
 
 if TYPE_CHECKING:
@@ -44,15 +45,11 @@ class PeerImports:
         self._imported: dict[str, dict[int, bytes]] = {}  # request id -> block id -> hash
         self.blocks = 0  # blocks imported (cumulative)
 
-    def held(self, req: KVRequest) -> tuple[int, BlockContent | None]:
-        """How many leading chain blocks of ``req`` this pool holds (device hits, then the
-        lower tiers' continuation) and the content of the last one."""
-        kv = self.kv
-        hits, _ = kv.get_computed_blocks(req)
-        reads = kv._tiers.match(req, hits)  # the manager's own verified walk
-        if reads:
-            return len(hits) + len(reads), reads[-1][1].content
-        return len(hits), hits[-1].content if hits else None
+    def held(self, req: KVRequest) -> tuple[list[KVCacheBlock], list[Read]]:
+        """The leading chain blocks of ``req`` this pool holds: device hits, then the lower
+        tiers' continuation (the manager's own verified walk)."""
+        hits, _ = self.kv.get_computed_blocks(req)
+        return hits, self.kv._tiers.match(req, hits)
 
     def reserve(self, req: KVRequest, start: int, count: int) -> Reservation | None:
         """Fresh blocks for the fetched chain blocks ``[start, start + count)`` of ``req``
@@ -65,13 +62,24 @@ class PeerImports:
             return None
         kv._update_hashes(req)
         stop = min(start + count, (req.num_tokens - 1) // kv.block_size, len(req.block_hashes))
-        first, parent = self.held(req)
+        hits, reads = self.held(req)
+        first = len(hits) + len(reads)
         if first < start or first >= stop:
             return None
-        n = min(stop - first, kv.pool.num_free_blocks)
-        if n <= 0:
-            return None
-        return Reservation(req, first, kv.pool.get_new_blocks(n), parent)
+        parent = reads[-1][1].content if reads else hits[-1].content if hits else None
+        # The chain held here must survive the evictions taking fresh blocks causes, or
+        # the imported blocks could never be reached: hold it meanwhile.
+        kv.pool.touch(hits)
+        for tier, entry in reads:
+            tier.read(entry)
+        try:
+            n = min(stop - first, kv.pool.num_free_blocks)
+            blocks = kv.pool.get_new_blocks(n) if n > 0 else []
+        finally:
+            kv.pool.free_blocks(reversed(hits))  # back as cached, most recently used
+            for tier, entry in reads:
+                kv.offloader.release(tier, entry)
+        return Reservation(req, first, blocks, parent) if blocks else None
 
     def commit(self, res: Reservation) -> int:
         """The KV of ``res``'s blocks is written: cache them (one ``PoolStored``), release

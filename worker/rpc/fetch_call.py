@@ -32,6 +32,7 @@ from worker.rpc.peer_stats import PeerCounters
 
 MAX_BLOCKS = 8192        # blocks one fetch may ask for
 MAX_HASH_BYTES = 64
+MAX_FETCH_BYTES = 1 << 30  # host memory one fetch may take on the source (a prefix beyond)
 OFFER_TTL_S = 10.0       # an offer nobody pulls is dropped after this long
 
 
@@ -108,16 +109,24 @@ class PeerSource:
             self.counters.refuse(e.reason)
             raise
         hashes = list(request.block_hashes)
-        snap, fingerprint, lay = await self.runner.call(
-            lambda e: (snapshot(e, hashes), e.fingerprint, layout(e)))
+
+        def read(e):  # at most MAX_FETCH_BYTES of host copies per fetch: a prefix of it
+            lay = layout(e)
+            return snapshot(e, hashes[:max(1, MAX_FETCH_BYTES // lay.block_bytes)]), \
+                e.fingerprint, lay
+
+        snap, fingerprint, lay = await self.runner.call(read)
+        c = self.counters
         endpoint = ""
         if snap.count:
+            def done(outcome: str) -> None:  # blocks and bytes count once they all left
+                if outcome == "sent":
+                    c.served_blocks += snap.count
+                    c.served_bytes += snap.count * lay.block_bytes
+
             data = await self.data_server()
-            endpoint = data.offer(transport, snap.blocks(), OFFER_TTL_S)
-        c = self.counters
+            endpoint = data.offer(transport, snap.blocks(), OFFER_TTL_S, on_done=done)
         c.served += 1
-        c.served_blocks += snap.count
-        c.served_bytes += snap.count * lay.block_bytes
         c.latency.observe("source", max(snap.count, 1), time.perf_counter() - t0)
         return worker_pb2.FetchBlocksResponse(
             fingerprint=fingerprint, blocks=snap.count, block_bytes=lay.block_bytes,

@@ -21,8 +21,8 @@ class PeerCounters:
     fetched_blocks: int = 0   # blocks landed, verified and imported
     fetched_bytes: int = 0    # bytes landed
     fallbacks: Counter[str] = field(default_factory=Counter)  # reason -> fetches
-    served: int = 0
-    served_blocks: int = 0
+    served: int = 0           # fetches answered with a header
+    served_blocks: int = 0    # blocks of offers fully sent
     served_bytes: int = 0
     refusals: Counter[str] = field(default_factory=Counter)   # reason -> refused calls
     peer_hit_tokens: int = 0  # prompt tokens admitted on imported blocks

@@ -218,3 +218,48 @@ def test_every_offer_ends_once_and_says_how(transport: str, monkeypatch) -> None
     asyncio.run(main())
     assert ended == {"sent": ["sent"], "lapsed": ["expired"], "mismatch": ["failed"],
                      "cut": ["failed"], "left": ["closed"]}
+
+
+_SOURCE = """
+import asyncio, sys
+from kvmesh.transfer.transports import DataServer
+
+async def main():
+    server = DataServer(frame_bytes=1 << 20)
+    await server.start()
+    print(server.offer(sys.argv[1], [bytes([i % 256]) * (1 << 20) for i in range(256)]),
+          flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_source_process_killed_mid_transfer_fails_closed_with_whole_blocks(
+        transport: str) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _SOURCE, transport], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None
+        ep = proc.stdout.readline().strip()
+        landed: list[int] = []
+
+        def sink(i: int, block: memoryview) -> None:
+            assert block == bytes([i % 256]) * (1 << 20)  # whole, and the right one
+            landed.append(i)
+            if i == 2:
+                proc.send_signal(signal.SIGKILL)
+
+        with pytest.raises(TransferError) as e:
+            asyncio.run(pull(ep, 1 << 20, 256, sink, timeout_s=20))
+        assert e.value.reason == "closed"
+        assert e.value.landed == len(landed) and 3 <= len(landed) < 256
+    finally:
+        proc.kill()
+        proc.wait(10)

@@ -8,8 +8,8 @@ from worker.kv_cache import KVCacheManager, KVRequest
 BS = 4
 
 
-def req(rid: str, n_tokens: int, salt: str | None = None) -> KVRequest:
-    return KVRequest(rid, list(range(10, 10 + n_tokens)), salt=salt)
+def req(rid: str, n_tokens: int, salt: str | None = None, base: int = 10) -> KVRequest:
+    return KVRequest(rid, list(range(base, base + n_tokens)), salt=salt)
 
 
 def admit(kv: KVCacheManager, r: KVRequest) -> dict[str, int]:
@@ -66,3 +66,19 @@ def test_an_aborted_import_caches_nothing_and_a_freed_request_forgets_its_import
     kv.peer.commit(kv.peer.reserve(r, 0, 3))
     kv.free(r)  # gone before its admission: a later request's hits are plain gpu
     assert admit(kv, req("a", 3 * BS + 1)) == {"gpu": 3 * BS, "cpu": 0, "disk": 0}
+
+
+def test_taking_fresh_blocks_never_evicts_the_held_chain_it_continues():
+    kv = KVCacheManager(7, BS)
+    head = req("h", 2 * BS + 1)
+    admit(kv, head)
+    kv.free(head)
+    other = req("o", 4 * BS + 1, base=500)
+    admit(kv, other)
+    kv.free(other)  # the head's two cached blocks are now next in line for eviction
+    assert [b.block_hash for b in list(kv.pool.free_queue)[1:3]] == head.block_hashes[1::-1]
+    r = req("r", 6 * BS + 1)
+    res = kv.peer.reserve(r, 2, 4)
+    assert res.first == 2 and len(res.blocks) == 4
+    kv.peer.commit(res)
+    assert admit(kv, r) == {"gpu": 2 * BS, "cpu": 0, "disk": 0, "peer": 4 * BS}

@@ -158,3 +158,21 @@ def test_malformed_requests_are_invalid(tiny, bad):
 
     code, _, refusals = attack(tiny, req)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and refusals == {"malformed": 1}
+
+
+def test_a_fetch_is_capped_to_its_byte_budget_and_serves_a_prefix(tiny, monkeypatch):
+    from worker.rpc import fetch_call
+
+    async def body():
+        async with peers(("src", "cred-src", engine(tiny)),
+                         ("dst", "cred-dst", engine(tiny))) as (src, dst):
+            monkeypatch.setattr(fetch_call, "MAX_FETCH_BYTES",
+                                2 * src.engine.kv_cache[:, :, 0].numel() * 4)
+            await generate(src, generate_request(PROMPT))
+            hashes = chain(PROMPT, src.engine)
+            async for head in src.stub.FetchBlocks(fetch_request(
+                    "dst", "cred-dst", hashes, mint(src, dst, hashes))):
+                return head
+
+    head = asyncio.run(body())
+    assert head.blocks == 2 and list(head.token_ids) == PROMPT[:2 * BS]
