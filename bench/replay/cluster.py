@@ -112,6 +112,7 @@ class SimRequest:
     hit_by_tier: dict[str, int] = field(default_factory=dict)
     fetch: Plan | None = None  # the route's peer fetch (``--peer-fetch``), made at admission
     fetched: tuple[int, int] | None = None  # the blocks it imported: [start, end)
+    fetch_s: float = 0.0  # the import's transfer, which its prefill waits for
 
     @property
     def prompt_tokens(self) -> int:
@@ -280,7 +281,7 @@ class SimWorker:
 
     def _pull(self, req: SimRequest) -> None:
         """Make ``req``'s planned fetch (:func:`.fetch.pull`): W's step waits for the
-        transfer (``copy_s``), the source pays the gather of what it served."""
+        transfer (``fetch_s``), the source pays the gather of what it served."""
         plan, fetch = req.fetch, self.fetch
         assert plan is not None and fetch is not None
         source = self.fleet[plan.source]
@@ -291,7 +292,7 @@ class SimWorker:
         if not n:
             return
         seconds = fetch.seconds(n)
-        req.copy_s += seconds
+        req.fetch_s = seconds
         t.fetches, t.blocks, t.seconds = t.fetches + 1, t.blocks + n, t.seconds + seconds
         if source.waiting or source.running:  # an idle source's read delays nothing
             source._owed += n * fetch.source_block_s
@@ -331,7 +332,7 @@ class SimWorker:
 
     def _run_prefill(self, req: SimRequest) -> None:
         start = self.clock
-        dt = self.cost.prefill_s(req.prefill_tokens) + req.copy_s + self._owed
+        dt = self.cost.prefill_s(req.prefill_tokens) + req.copy_s + req.fetch_s + self._owed
         self._owed = 0.0
         self.clock += dt
         self._prefill = (start, self.clock, req.prefill_tokens)
