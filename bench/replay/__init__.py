@@ -159,7 +159,7 @@ def register(bench: typer.Typer) -> None:
                 print(line)
         else:
             out = Console()
-            report.print_table(results, title, out if out.is_terminal else Console(width=150))
+            report.print_table(results, title, out if out.is_terminal else Console(width=180))
         if plot is None and all_policies:
             plot = Path(f"replay-{trace.stem}.png")
         if plot is not None:
