@@ -71,6 +71,11 @@ def parse(text: str, policies: tuple[str, ...]) -> Variant:
 def parse_list(text: str, policies: tuple[str, ...]) -> list[Variant]:
     """A comma-separated list whose items may carry ``[...]`` (commas inside brackets
     belong to the item)."""
+    return [parse(item, policies) for item in split_list(text)]
+
+
+def split_list(text: str) -> list[str]:
+    """The non-empty items of a comma-separated list, commas inside ``[...]`` kept."""
     items, depth, cur = [], 0, ""
     for ch in text:
         depth += (ch == "[") - (ch == "]")
@@ -80,4 +85,4 @@ def parse_list(text: str, policies: tuple[str, ...]) -> list[Variant]:
         else:
             cur += ch
     items.append(cur)
-    return [parse(item, policies) for item in items if item.strip()]
+    return [item for item in items if item.strip()]

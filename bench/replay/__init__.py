@@ -26,23 +26,27 @@ PEERS = ("approx_tree", "ray_prefix_tree", "oracle")
 POLICIES = (*INDEX_POLICIES, *PEERS)
 
 
-def _policies(policy: str | None, all_policies: bool, against: list[str]) -> list[str]:
-    """The rows' labels: the policies (or variants) asked for, each ``kvmesh@REV`` right
-    after the plain ``kvmesh`` row (at the end without one). REV's code is loaded here, so a
-    revision that cannot run is refused before any replay."""
-    from bench.variants import parse_list
+def _policies(policy: str | None, all_policies: bool, against: list[str],
+              peer_fetch: bool = False) -> list[str]:
+    """The rows' labels: the policies (or variants) asked for, then ``kvmesh+fetch`` (with
+    ``peer_fetch``) and each ``kvmesh@REV`` right after the plain ``kvmesh`` row (at the end
+    without one). REV's code is loaded here, so a revision that cannot run is refused before
+    any replay."""
+    from bench.variants import split_list
 
-    from .rows import parse_row
+    from .rows import FETCH, parse_row
 
     if all_policies:
         labels = list(POLICIES)
     else:
         try:
-            labels = [v.label for v in parse_list(policy or "kvmesh", POLICIES)]
+            labels = [parse_row(item).label for item in split_list(policy or "kvmesh")]
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--policy") from e
     at = labels.index("kvmesh") + 1 if "kvmesh" in labels else len(labels)
     revs = [f"kvmesh@{rev.strip()}" for rev in against]
+    if peer_fetch and "kvmesh" + FETCH not in labels:
+        revs.insert(0, "kvmesh" + FETCH)
     for label in revs:
         try:
             parse_row(label).index_policy()
@@ -89,6 +93,16 @@ def register(bench: typer.Typer) -> None:
         max_running: int = typer.Option(None, min=1, help="running requests per worker "
                                         "(default: 256)"),
         seed: int = typer.Option(0, help="seed of the policies' tie-breaking"),
+        peer_fetch: bool = typer.Option(
+            False, "--peer-fetch", help="also run row kvmesh+fetch: the kvmesh policy "
+            "planning peer fetches, its workers pulling a prefix from its holder"),
+        min_fetch_blocks: int = typer.Option(4, min=1, help="fewest blocks worth a fetch "
+                                             "(rows kvmesh+fetch)"),
+        fetch_us_per_block: float = typer.Option(
+            None, min=0, help="seconds of one fetched block, in us (default: the block's "
+            "bytes at 25 GB/s, an RDMA NIC per GPU; 84 us for 2 MiB)"),
+        fetch_us_per_call: float = typer.Option(None, min=0, help="fixed us of one fetch "
+                                                "(default: 1200)"),
     ) -> None:
         """Replay a trace through the real KV managers, index and policies vs peers'
         routers; token hit rate, load imbalance and estimated TTFT per policy."""
@@ -109,7 +123,7 @@ def register(bench: typer.Typer) -> None:
 
         if index not in ("memory", "redis"):
             raise typer.BadParameter("valid: memory, redis", param_hint="--index")
-        names = _policies(policy, all_policies, against)
+        names = _policies(policy, all_policies, against, peer_fetch)
         try:
             reqs = load_trace(trace, limit)
         except ValueError as e:
@@ -118,7 +132,10 @@ def register(bench: typer.Typer) -> None:
                  "decode_s_per_ctx_token": decode_s_per_ctx_token, "max_running": max_running}
         cost = CostModel(**{k: v for k, v in given.items() if v is not None})
         cfg = ReplayConfig(workers=workers, block_size=block_size,
-                           capacity_blocks=capacity_blocks, seed=seed, cost=cost)
+                           capacity_blocks=capacity_blocks, seed=seed, cost=cost,
+                           min_fetch_blocks=min_fetch_blocks,
+                           fetch_us_per_block=fetch_us_per_block,
+                           fetch_us_per_call=fetch_us_per_call)
         err = Console(stderr=True)
         with Progress(TextColumn("{task.description:<16}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TimeRemainingColumn(), console=err) as bar:
@@ -133,12 +150,16 @@ def register(bench: typer.Typer) -> None:
                  f"{capacity_blocks:,} blocks of {block_size}, index {index}; prefill "
                  f"{cost.prefill_s_per_token:g} s/token, decode {cost.decode_step_s:g} s/step "
                  f"+ {cost.decode_s_per_ctx_token:g} s/context token")
+        if any("+fetch" in n for n in names):
+            f = cfg.fetch_cost()
+            title += (f"; fetch {f.call_s * 1e6:g} us/call + {f.block_s * 1e6:g} us/block, "
+                      f">= {min_fetch_blocks} blocks")
         if as_json:
             for line in report.json_lines(results):
                 print(line)
         else:
             out = Console()
-            report.print_table(results, title, out if out.is_terminal else Console(width=150))
+            report.print_table(results, title, out if out.is_terminal else Console(width=180))
         if plot is None and all_policies:
             plot = Path(f"replay-{trace.stem}.png")
         if plot is not None:

@@ -21,6 +21,7 @@ from service.index.base import WorkerLoad
 from worker.kv_cache import KVCacheManager, KVRequest
 
 from .copies import CopyTotals
+from .fetch import FetchCost, FetchTotals, Plan, pull
 from .trace import TraceRequest
 
 OUTPUT_TOKEN = 1  # generated tokens are not modelled; their blocks only take space
@@ -109,6 +110,9 @@ class SimRequest:
     copy_s: float = 0.0  # synchronous copies its admission ordered (offloads, spills)
     expected_prefill: int = 0  # its prefill as the worker's load counts it while it waits
     hit_by_tier: dict[str, int] = field(default_factory=dict)
+    fetch: Plan | None = None  # the route's peer fetch (``--peer-fetch``), made at admission
+    fetched: tuple[int, int] | None = None  # the blocks it imported: [start, end)
+    fetch_s: float = 0.0  # the import's transfer, which its prefill waits for
 
     @property
     def prompt_tokens(self) -> int:
@@ -125,6 +129,7 @@ class WorkerTotals:
     ttfts: list[float] = field(default_factory=list)
     hit_by_tier: dict[str, int] = field(default_factory=dict)  # sums to hit_tokens
     copies: CopyTotals = field(default_factory=CopyTotals)
+    fetches: FetchTotals = field(default_factory=FetchTotals)
 
 
 class SimWorker:
@@ -132,12 +137,17 @@ class SimWorker:
 
     ``advance(until)`` runs the worker's own events up to the first step boundary at or
     after ``until`` (work started before ``until`` finishes); ``submit`` queues a request
-    routed at ``now``; ``load(now)`` is what its heartbeat would report at ``now``.
+    routed at ``now``; ``load(now)`` is what its heartbeat would report at ``now``. With
+    ``fetch`` (``--peer-fetch``) it serves and receives peer blocks (:mod:`.fetch`) among
+    ``fleet``, which the cluster sets.
     """
 
-    def __init__(self, index: int, manager: KVCacheManager, cost: CostModel) -> None:
+    def __init__(self, index: int, manager: KVCacheManager, cost: CostModel,
+                 fetch: FetchCost | None = None) -> None:
         self.index, self.worker_id = index, f"w{index:02d}"
-        self.kv, self.cost = manager, cost
+        self.kv, self.cost, self.fetch = manager, cost, fetch
+        self.fleet: list[SimWorker] = []
+        self._owed = 0.0  # serving peers' reads: charged to its next step
         self.clock = 0.0
         self.steps = 0
         self.waiting: deque[SimRequest] = deque()
@@ -166,10 +176,15 @@ class SimWorker:
         if self._prefill is not None and self._prefill[1] > now:
             start, end, tokens = self._prefill
             queued += int(tokens * (end - max(now, start)) / max(end - start, 1e-12))
+        fetch = self.fetch
         return WorkerLoad(running=running, waiting=len(self.waiting),
                           queued_prefill_tokens=queued, free_blocks=self.kv.num_free_blocks,
                           total_blocks=self.kv.num_blocks, decode_tokens=self.ctx_tokens,
-                          free_empty_blocks=self.kv.num_free_empty_blocks)
+                          free_empty_blocks=self.kv.num_free_empty_blocks,
+                          prefill_us_per_token=self.cost.prefill_s_per_token * 1e6,
+                          peer_fetch=fetch is not None,
+                          fetch_us_per_block=fetch.block_s * 1e6 if fetch else 0.0,
+                          fetch_us_per_call=fetch.call_s * 1e6 if fetch else 0.0)
 
     @property
     def in_flight(self) -> int:
@@ -195,7 +210,8 @@ class SimWorker:
         while ahead < usable and full[ahead] in self._promised:
             ahead += 1
         # keep_warm, as the engine's scheduler does when a request queues; it counts the hits
-        cached = max(sum(self.kv.keep_warm(req.kv).values()), ahead * self.kv.block_size)
+        cached = max(sum(self.kv.keep_warm(req.kv).values()), ahead * self.kv.block_size,
+                     req.fetch.end * self.kv.block_size if req.fetch else 0)
         req.expected_prefill = req.prompt_tokens - cached
         self._promised.update(full)
         self.waiting.append(req)
@@ -217,6 +233,8 @@ class SimWorker:
             kv.finish_onboard(req.kv.request_id, True)
             self.totals.copies.onboard_wait_s += self.clock - self._onboard_since
             self._onboard_end = None
+        if req.fetch is not None and req.fetched is None:
+            self._pull(req)
         hits, n = kv.get_computed_blocks(req.kv)
         if self._lower and kv.start_onboard(req.kv, hits):
             start = max(self.clock, self._copy_free)
@@ -254,7 +272,30 @@ class SimWorker:
             req.hit_by_tier = kv.cached_tokens_by_tier(req.kv)
         else:
             req.hit_by_tier = {"gpu": n}
+        if req.fetched is not None:  # the imported blocks it hit came from the peer
+            start, end = req.fetched
+            peer = min(max(n - start * kv.block_size, 0), (end - start) * kv.block_size)
+            req.hit_by_tier["gpu"] -= peer
+            req.hit_by_tier["peer"] = peer
         return req
+
+    def _pull(self, req: SimRequest) -> None:
+        """Make ``req``'s planned fetch (:func:`.fetch.pull`): W's step waits for the
+        transfer (``fetch_s``), the source pays the gather of what it served."""
+        plan, fetch = req.fetch, self.fetch
+        assert plan is not None and fetch is not None
+        source = self.fleet[plan.source]
+        start, n = pull(self.kv, source.kv, req.kv, plan.end)
+        req.fetched = (start, start + n)
+        t = self.totals.fetches
+        t.planned_blocks += plan.blocks
+        if not n:
+            return
+        seconds = fetch.seconds(n)
+        req.fetch_s = seconds
+        t.fetches, t.blocks, t.seconds = t.fetches + 1, t.blocks + n, t.seconds + seconds
+        if source.waiting or source.running:  # an idle source's read delays nothing
+            source._owed += n * fetch.source_block_s
 
     def _finish_due(self) -> list[SimRequest]:
         done: list[SimRequest] = []
@@ -291,7 +332,8 @@ class SimWorker:
 
     def _run_prefill(self, req: SimRequest) -> None:
         start = self.clock
-        dt = self.cost.prefill_s(req.prefill_tokens) + req.copy_s
+        dt = self.cost.prefill_s(req.prefill_tokens) + req.copy_s + req.fetch_s + self._owed
+        self._owed = 0.0
         self.clock += dt
         self._prefill = (start, self.clock, req.prefill_tokens)
         req.ttft_s = self.clock - req.trace.arrival_s
@@ -319,6 +361,7 @@ class SimWorker:
             k = max(1, min(k, math.ceil((until - self.clock) / self.cost.step_s(self.ctx_tokens))))
         step = self.cost.step_s(self.ctx_tokens + batch * (k - 1) / 2)  # context grows
         self.steps += k
-        self.clock += k * step
-        self.totals.busy_s += k * step
+        self.clock += k * step + self._owed
+        self.totals.busy_s += k * step + self._owed
+        self._owed = 0.0
         self.ctx_tokens += batch * k

@@ -47,6 +47,7 @@ from worker.kv_cache import KVCacheManager, KVRequest
 from . import INDEX_POLICIES, POLICIES
 from .cluster import CostModel, SimRequest, SimWorker
 from .copies import CopyTotals
+from .fetch import FetchCost, FetchTotals, Plan
 from .peers import ApproxTreeRouter, RayPrefixTreeRouter
 from .rows import parse_row
 from .trace import TokenSynth, TraceRequest
@@ -77,6 +78,16 @@ class ReplayConfig:
     disk_blocks: int = 0
     eviction: str = "lru"
     auto_pin: bool = False
+    # Rows ``kvmesh+fetch`` (``--peer-fetch``): the fewest blocks worth a fetch, and the
+    # transfer's figures at this block size (None: :mod:`.fetch`'s defaults).
+    min_fetch_blocks: int = 4
+    fetch_us_per_block: float | None = None
+    fetch_us_per_call: float | None = None
+
+    def fetch_cost(self) -> FetchCost:
+        """What one peer fetch costs in this cluster (:class:`.fetch.FetchCost`)."""
+        return FetchCost.of(self.cost.block_bytes(self.block_size), self.fetch_us_per_block,
+                            self.fetch_us_per_call)
 
 
 @dataclass
@@ -97,6 +108,7 @@ class PolicyResult:
     wall_s: float
     hit_by_tier: dict[str, int] = field(default_factory=dict)  # sums to hit_tokens
     copies: CopyTotals = field(default_factory=CopyTotals)
+    fetches: FetchTotals = field(default_factory=FetchTotals)
 
     @property
     def token_hit_rate(self) -> float:
@@ -129,6 +141,8 @@ class PolicyResult:
             "p99_ttft_s": round(self.ttft_s(99), 3),
             "utilization": round(self.busy_s / (self.sim_s * workers), 3) if self.sim_s else 0,
             "evictions": self.evictions, "wall_s": round(self.wall_s, 1),
+            "peer_tokens": self.hit_by_tier.get("peer", 0), "fetches": self.fetches.fetches,
+            "fetched_blocks": self.fetches.blocks,
         }
 
 
@@ -183,7 +197,11 @@ class IndexRouter:
                  for w in workers]
         key = (prompt_key(req.kv.token_ids, req.trace.salt, req.trace.lora)
                if self.policy.reads_key else b"")
-        best = self.policy.rank(req.prompt_tokens, views, self.rng, key=key)[0].view
+        ranked = self.policy.rank(req.prompt_tokens, views, self.rng, key=key)[0]
+        best, plan = ranked.view, ranked.fetch
+        if plan is not None:
+            req.fetch = Plan(int(plan.source.worker_id[1:]), plan.start_block + plan.blocks,
+                             plan.blocks)
         if best.match.blocks < len(chain) and self.uses_index:
             await self.backend.add_provisional(self.ns, chain, best.worker_id,
                                                best.match.blocks, now_ms,
@@ -241,8 +259,11 @@ def make_cluster(name: str, cfg: ReplayConfig) -> list[SimWorker]:
         shared = pool(cfg.capacity_blocks * cfg.workers)
         workers.extend(SimWorker(i, shared, cfg.cost) for i in range(cfg.workers))
     else:
-        workers.extend(SimWorker(i, pool(cfg.capacity_blocks, i), cfg.cost)
+        fetch = cfg.fetch_cost() if parse_row(name).fetch else None
+        workers.extend(SimWorker(i, pool(cfg.capacity_blocks, i), cfg.cost, fetch)
                        for i in range(cfg.workers))
+        for w in workers:
+            w.fleet = workers
     return workers
 
 
@@ -252,7 +273,9 @@ def make_router(name: str, cfg: ReplayConfig, synth: TokenSynth,
     rng = random.Random(cfg.seed)
     row = parse_row(name)
     if row.policy in INDEX_POLICIES:
-        return IndexRouter(row.index_policy(cfg.weights), backend(), cfg, rng, row.label)
+        fetch = cfg.fetch_cost().costs(cfg.min_fetch_blocks) if row.fetch else None
+        return IndexRouter(row.index_policy(cfg.weights, fetch), backend(), cfg, rng,
+                           row.label)
     if row.policy == "approx_tree":
         return PeerRouter(name, ApproxTreeRouter(cfg.workers, rng))
     if row.policy == "ray_prefix_tree":
@@ -302,8 +325,9 @@ async def replay_policy(name: str, reqs: Sequence[TraceRequest], synth: TokenSyn
     tot = [w.totals for w in workers]
     managers = {id(w.kv): w.kv for w in workers}.values()
     by_tier: dict[str, int] = {}
-    copies = CopyTotals()
+    copies, fetches = CopyTotals(), FetchTotals()
     for t in tot:
+        fetches.add(t.fetches)
         for tier, n in t.hit_by_tier.items():
             by_tier[tier] = by_tier.get(tier, 0) + n
         copies.add(t.copies)
@@ -316,7 +340,8 @@ async def replay_policy(name: str, reqs: Sequence[TraceRequest], synth: TokenSyn
         ttfts=[x for t in tot for x in t.ttfts],
         busy_s=sum(t.busy_s for t in tot), sim_s=end - start,
         evictions=sum(m.stats.evictions for m in managers),
-        wall_s=time.perf_counter() - t0, hit_by_tier=by_tier, copies=copies)
+        wall_s=time.perf_counter() - t0, hit_by_tier=by_tier, copies=copies,
+        fetches=fetches)
 
 
 def run(reqs: Sequence[TraceRequest], policies: Sequence[str], cfg: ReplayConfig, *,

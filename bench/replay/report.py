@@ -5,9 +5,11 @@ The targets compare ``kvmesh`` with the others from ONE run: token hit rate >= 2
 0.01 of the pooled ``oracle``'s; load imbalance <= 1.3; the lowest p90 TTFT of all policies
 (``oracle`` is a bound, not a policy, and is left out of that comparison); against each
 revision row ``kvmesh@REV``, a hit rate at least REV's and a p99 TTFT no worse (so
-every change to the cost model is judged before and after in one run). Checks whose rows did
-not run are skipped. Rows of the ``kvmesh`` policy other than the plain one (variants
-``kvmesh[...]``, revisions: :mod:`.rows`) are never rivals.
+every change to the cost model is judged before and after in one run); the peer-fetch row
+``kvmesh+fetch``: a hit rate >= 99% of the oracle's and a mean TTFT >= 15% below plain
+``kvmesh``'s. Checks whose rows did not run are skipped. Rows of the ``kvmesh`` policy
+other than the plain one (variants ``kvmesh[...]``, revisions, ``kvmesh+fetch``:
+:mod:`.rows`) are never rivals.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from .replay import PolicyResult
 from .rows import base_policy
 
 BOUND = "oracle"
+FETCH_ROW = "kvmesh+fetch"
 
 
 def json_lines(results: Sequence[PolicyResult]) -> list[str]:
@@ -60,6 +63,16 @@ def targets(results: Sequence[PolicyResult]) -> list[tuple[str, bool, str]]:
                         f"{hit:.4f} vs {r.token_hit_rate:.4f}"))
             out.append((f"p99 TTFT <= {r.policy}", k.ttft_s(99) <= r.ttft_s(99),
                         f"{k.ttft_s(99):.3f}s vs {r.ttft_s(99):.3f}s"))
+    f = by.get(FETCH_ROW)
+    if f is not None:
+        if bound is not None and bound.token_hit_rate:
+            ratio = f.token_hit_rate / bound.token_hit_rate
+            out.append(("fetch: hit rate >= 0.99x oracle", ratio >= 0.99,
+                        f"{f.token_hit_rate:.4f} / {bound.token_hit_rate:.4f} = {ratio:.4f}x"))
+        if k.ttft_s():
+            cut = 1 - f.ttft_s() / k.ttft_s()
+            out.append(("fetch: mean TTFT >= 15% below kvmesh", cut >= 0.15,
+                        f"{f.ttft_s():.3f}s vs {k.ttft_s():.3f}s ({cut:+.1%} cut)"))
     out.append(("load imbalance <= 1.3", k.load_imbalance <= 1.3, f"{k.load_imbalance:.3f}"))
     rivals = [r for r in results if base_policy(r.policy) not in ("kvmesh", BOUND)]
     if rivals:
@@ -75,8 +88,11 @@ def print_table(results: Sequence[PolicyResult], title: str, console: Console) -
     """The human-readable table, then the targets."""
     rr = next((r.token_hit_rate for r in results if r.policy == ROUND_ROBIN), 0.0)
     table = Table(title=title)
-    for col in ("policy", "requests", "hit rate", "x rr", "imbalance", "prefill tok",
-                "mean TTFT s", "p90 TTFT s", "p99 TTFT s", "util", "evictions", "wall s"):
+    fetch = any(r.fetches.fetches for r in results)
+    cols = ("policy", "requests", "hit rate", *(("peer", "fetches") if fetch else ()), "x rr",
+            "imbalance", "prefill tok", "mean TTFT s", "p90 TTFT s", "p99 TTFT s", "util",
+            "evictions", "wall s")
+    for col in cols:
         if col == "policy":  # labels of variants differ at their end: fold, never cut
             table.add_column(col, justify="left", overflow="fold")
         else:
@@ -85,8 +101,11 @@ def print_table(results: Sequence[PolicyResult], title: str, console: Console) -
         # a variant's "[weight=value]" is text, not rich markup
         name = f"{r.policy} (bound)" if r.policy == BOUND else escape(r.policy)
         util = r.summary()["utilization"]
+        peer = ((f"{r.hit_by_tier.get('peer', 0) / r.prompt_tokens:.2%}"
+                 if r.prompt_tokens else "-"),
+                f"{r.fetches.fetches:,} ({r.fetches.blocks:,} bl)") if fetch else ()
         table.add_row(name, f"{r.requests:,}" + (f" (-{r.rejected})" if r.rejected else ""),
-                      f"{r.token_hit_rate:.2%}",
+                      f"{r.token_hit_rate:.2%}", *peer,
                       f"{r.token_hit_rate / rr:.2f}" if rr else "-",
                       f"{r.load_imbalance:.2f}", f"{r.prefill_tokens:,}",
                       f"{r.ttft_s():.2f}", f"{r.ttft_s(90):.2f}", f"{r.ttft_s(99):.2f}",

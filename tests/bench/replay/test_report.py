@@ -32,3 +32,18 @@ def test_replay_targets_hold_kvmesh_to_the_peers_the_oracle_and_its_past() -> No
     assert got["hit rate >= 2x round_robin"] and got["lowest p90 TTFT"]
     res[1] = dataclasses.replace(res[1], ttfts=[0.1] * 10)
     assert not {n: m for n, m, _ in targets(res)}["p99 TTFT <= kvmesh@abc"]
+
+
+def test_the_fetch_row_is_held_to_the_oracle_and_to_kvmesh_without_fetch() -> None:
+    res = [_result("kvmesh", 0.50, 1.0), _result("kvmesh+fetch", 0.53, 0.8),
+           _result("oracle", 0.535, 0.7), _result("round_robin", 0.2, 3.0)]
+    got = {name: met for name, met, _ in targets(res)}
+    said = {name: text for name, _, text in targets(res)}
+    assert got["fetch: hit rate >= 0.99x oracle"] is True  # 0.53 / 0.535 = 0.9907
+    assert got["fetch: mean TTFT >= 15% below kvmesh"] is True
+    assert said["fetch: mean TTFT >= 15% below kvmesh"].endswith("(+20.0% cut)")
+    assert got["lowest p90 TTFT"]  # the fetch row is kvmesh's, never a rival
+    res[1] = _result("kvmesh+fetch", 0.52, 0.9)
+    got = {name: met for name, met, _ in targets(res)}
+    assert not got["fetch: hit rate >= 0.99x oracle"]
+    assert not got["fetch: mean TTFT >= 15% below kvmesh"]
