@@ -187,8 +187,9 @@ def register(bench: typer.Typer) -> None:
 
     @bench.command("tiers")
     def tiers(
-        trace: Path = typer.Argument(..., exists=True, dir_okay=False,
-                                     help="Mooncake-format JSONL trace"),
+        trace: Path = typer.Argument(None, exists=True, dir_okay=False,
+                                     help="Mooncake-format JSONL trace (not with "
+                                     "--step-overhead)"),
         limit: int = typer.Option(None, min=1, help="replay only the first N requests"),
         workers: int = typer.Option(8, min=1, help="simulated workers"),
         block_size: int = typer.Option(16, min=1, help="tokens per KV block"),
@@ -205,11 +206,26 @@ def register(bench: typer.Typer) -> None:
         policy: str = typer.Option("kvmesh", help="routing policy"),
         as_json: bool = typer.Option(False, "--json", help="one JSON line per setup"),
         plot: Path = typer.Option(None, help="write the comparison PNG here"),
+        step_overhead: bool = typer.Option(
+            False, "--step-overhead", help="instead of a trace: real engines' step time "
+            "with synchronous and write-behind offloads vs none (bench/tiers/steps.py)"),
+        steps: int = typer.Option(60, min=1, help="--step-overhead: measured steps each"),
+        batch: int = typer.Option(8, min=1, help="--step-overhead: prompts per step"),
+        prompt_tokens: int = typer.Option(128, min=1, help="--step-overhead: tokens each"),
+        kv_scale: int = typer.Option(1, min=1, help="--step-overhead: the tiny model with "
+                                     "this many times its KV and attention heads"),
     ) -> None:
         """The tiered KV cache on a trace: hit rate, TTFT, prefill and bytes moved for
-        gpu only / gpu+cpu / gpu+cpu+disk, layered eviction and pinning, side by side."""
+        gpu only / gpu+cpu / gpu+cpu+disk, layered eviction and pinning, side by side.
+        With --step-overhead: what offloads cost real engines' steps."""
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        if step_overhead:
+            _step_overhead(steps, batch, prompt_tokens, block_size, cpu_x, kv_scale, as_json)
+            return
+        if trace is None:
+            raise typer.BadParameter("give a trace (or --step-overhead)", param_hint="TRACE")
 
         from bench.replay import INDEX_POLICIES
         from bench.replay.trace import load_trace
@@ -255,3 +271,23 @@ def register(bench: typer.Typer) -> None:
                                      else Console(width=200), met)
         if plot is not None:
             err.print(f"plot: {tiers_report.plot(results, plot, title)}")
+
+
+def _step_overhead(steps: int, batch: int, prompt_tokens: int, block_size: int, cpu_x: float,
+                   kv_scale: int, as_json: bool) -> None:
+    import json
+
+    from rich.console import Console
+
+    from bench.tiers import steps as step_bench
+
+    res = step_bench.measure(step_bench.model(kv_scale), block_size=block_size, batch=batch,
+                             prompt_tokens=prompt_tokens, steps=steps, cpu_x=cpu_x)
+    if as_json:
+        for r in res:
+            print(json.dumps(r.summary(res[0])))
+        return
+    title = (f"step overhead of offloads: tiny model (KV heads x{kv_scale}), {batch} fresh "
+             f"prompts of {prompt_tokens} tokens a step, blocks of {block_size}, CPU tier "
+             f"{cpu_x:g}x, {steps} steps each, turn by turn")
+    step_bench.report(res, title, Console(width=160))

@@ -22,9 +22,12 @@ class Lane:
     """One background thread running jobs in submission order; started on first use.
     ``queued`` (under ``cv``) counts jobs not finished yet; ``cv`` is notified after each."""
 
-    def __init__(self, name: str, cv: threading.Condition) -> None:
+    def __init__(self, name: str, cv: threading.Condition,
+                 on_start: Callable[[], None] | None = None) -> None:
+        """``on_start`` runs first on the lane's thread (e.g. its torch settings)."""
         self.name = name
         self.cv = cv
+        self.on_start = on_start
         self.queued = 0
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -49,6 +52,8 @@ class Lane:
         return self._thread is not None and self._thread.is_alive()
 
     def _loop(self) -> None:
+        if self.on_start is not None:
+            self.on_start()
         while (job := self._jobs.get()) is not None:
             try:
                 job()

@@ -54,7 +54,9 @@ class WriteBehind:
         self.cuda = cache.device.type == "cuda"
         self.stream = torch.cuda.Stream(cache.device) if self.cuda else None
         self.cv = cv
-        self.lane = Lane("kvmesh-kv-offload", cv)
+        # One intra-op thread: the copies are memory-bound, and more would only take cores
+        # from the forward they run beside (torch's setting is per thread).
+        self.lane = Lane("kvmesh-kv-offload", cv, on_start=lambda: torch.set_num_threads(1))
         self.on_failed = on_failed
         self._issued = 0  # ticks handed out
         self._done = 0    # ticks done (batches finish in order)
