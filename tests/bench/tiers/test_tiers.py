@@ -75,14 +75,15 @@ def test_lower_tiers_raise_the_hit_rate_at_equal_device_memory(results) -> None:
     assert by["gpu+cpu"].result.copies.spill_blocks == 0
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_an_onboard_delays_the_prefill_by_its_copy_time(overlap: bool) -> None:
+@pytest.mark.parametrize("offloads", ["sync", "write-behind"])
+def test_an_onboard_delays_the_prefill_by_its_copy_time(offloads: str) -> None:
     """A pool of 33 blocks (one 512-token prompt + its output block): b evicts all of a's
     blocks to the CPU tier; c (a's prompt again) has them copied back, waiting for the copy,
     then prefills only its last block. Its admission's offloads stall its prefill, unless
-    they overlap (run on the copy engine)."""
+    they are written behind it (and then the onboard's own copies wait only for the copy
+    out of the block each overwrites, on the other lane)."""
     cost = CostModel(prefill_s_per_token=1e-3, decode_step_s=0.01, decode_s_per_ctx_token=0,
-                     offload_overlap=overlap)
+                     offloads=offloads)
     w = SimWorker(0, KVCacheManager(33, 16, cpu_blocks=64), cost)
     synth = TokenSynth(16)
 
@@ -106,8 +107,12 @@ def test_an_onboard_delays_the_prefill_by_its_copy_time(overlap: bool) -> None:
     # the onboard's 31 device blocks: b's unhashed output block (free queue head) and 30 of
     # b's cached blocks, offloaded first; c's admission evicts (offloads) 2 more
     assert copies.offload_blocks == 32 + 30 + 2
-    assert c.copy_s == pytest.approx(0.0 if overlap else 2 * cost.offload_s(16))
-    onboard = 30 * cost.offload_s(16) + 31 * cost.onboard_s("cpu", 16)
+    behind = offloads == "write-behind"
+    # written behind: 2 copies out (168 us) end long before its 16 ms prefill: no stall
+    assert c.copy_s == pytest.approx(0.0 if behind else 2 * cost.offload_s(16))
+    # the onboard: after its 30 offloads on one engine, or beside them, each copy in after
+    # the copy out of its block (equal sizes and bandwidths: the last one lands last)
+    onboard = 31 * cost.onboard_s("cpu", 16) + (0 if behind else 30 * cost.offload_s(16))
     assert c.ttft_s == pytest.approx(onboard + 16e-3 + c.copy_s)
     assert copies.onboard_wait_s == pytest.approx(onboard)
 
@@ -133,8 +138,8 @@ def test_setup_names_are_checked(bad: str) -> None:
 def test_setup_sizes_the_lower_tiers_from_the_device_pool() -> None:
     cfg = tiers.Setup.parse("gpu+cpu+disk/layered").config(BASE, 4.0, 16.0)
     assert (cfg.capacity_blocks, cfg.cpu_blocks, cfg.disk_blocks) == (160, 640, 2560)
-    assert (cfg.eviction, cfg.auto_pin, cfg.cost.offload_overlap) == ("layered", False, False)
-    assert tiers.Setup.parse("gpu+cpu/overlap/pin").config(BASE, 4, 16).cost.offload_overlap
+    assert (cfg.eviction, cfg.auto_pin, cfg.cost.offloads) == ("layered", False, "write-behind")
+    assert tiers.Setup.parse("gpu+cpu/sync/pin").config(BASE, 4, 16).cost.offloads == "sync"
     bound = tiers.Setup.parse("bound").config(BASE, 4.0, 16.0)  # the CPU tier's memory on device
     assert (bound.capacity_blocks, bound.cpu_blocks, bound.disk_blocks) == (800, 0, 0)
 
