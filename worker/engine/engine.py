@@ -89,9 +89,8 @@ class Engine:
                  disk_dir: str | Path | None = None, eviction: str | None = None,
                  auto_pin: bool | None = None, write_behind: bool = True) -> None:
         """``tiers`` holds every tier setting; the single tier arguments (the engine's API
-        before ``TierConfig``) override its fields one by one. ``write_behind``: offloads to
-        the CPU tier run behind the step (False: each completes before the step's forward;
-        the output is the same either way)."""
+        before ``TierConfig``) override its fields one by one. ``write_behind``: offloads run
+        behind the step (False: before its forward; the output is the same either way)."""
         self.model = model
         self.config = config
         self.block_size = block_size
@@ -274,12 +273,12 @@ class Engine:
         tokens: list[int] = []
         rows = []
         written: list[int] = []  # the blocks this step writes KV into
-        bs = self.block_size
         for w in work:
-            tokens.extend(w.seq.req.token_ids[w.num_computed:w.num_computed + w.num_new_tokens])
-            table = self.kv.get_block_ids(w.seq.req)
-            rows.append((table, w.num_computed, w.num_new_tokens))
-            written += table[w.num_computed // bs:(w.num_computed + w.num_new_tokens - 1) // bs + 1]
+            end = w.num_computed + w.num_new_tokens
+            tokens.extend(w.seq.req.token_ids[w.num_computed:end])
+            rows.append((table := self.kv.get_block_ids(w.seq.req), w.num_computed,
+                         w.num_new_tokens))
+            written += table[w.num_computed // self.block_size:(end - 1) // self.block_size + 1]
         meta = AttentionMetadata.build(rows, self.block_size, self.device)
         input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
         # A block still being copied out (write-behind) is written only after its copy.

@@ -110,22 +110,24 @@ class CopyExecutor:
             raise error
 
     def offload(self, copies: Sequence[tuple[int, int, bytes]]) -> None:
-        """Copy device blocks into host slots: ``(block_id, slot, block_hash)`` each."""
+        """Copy device blocks into host slots: ``(block_id, slot, block_hash)`` each; with
+        write-behind, start copying them (a failure on the lane is reported lost)."""
         if not copies:
             return
-        if self.behind is not None:
-            with self._cv:
-                for _, slot, block_hash in copies:
-                    self._bad.discard(slot)
-                    self._slot_hash[slot] = block_hash
-            self.behind.submit(copies)
-            return
         try:
+            if self.behind is not None:
+                with self._cv:
+                    for _, slot, block_hash in copies:
+                        self._bad.discard(slot)
+                        self._slot_hash[slot] = block_hash
+                self.behind.submit(copies)
+                return
             self._offload(copies)
         except BaseException:
-            for _, slot, block_hash in copies:  # half-written: reading them must fail
-                self._slot_hash[slot] = block_hash  # (named, so the manager drops them)
-                self._bad.add(slot)
+            with self._cv:
+                for _, slot, block_hash in copies:  # half-written: reading them must fail
+                    self._slot_hash[slot] = block_hash  # (named, so the manager drops them)
+                    self._bad.add(slot)
             self._report([Lost("cpu", h, slot) for _, slot, h in copies])
             raise
         for _, slot, block_hash in copies:
