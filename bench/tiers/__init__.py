@@ -220,6 +220,9 @@ def register(bench: typer.Typer) -> None:
         prompt_tokens: int = typer.Option(128, min=1, help="--step-overhead: tokens each"),
         kv_scale: int = typer.Option(1, min=1, help="--step-overhead: the tiny model with "
                                      "this many times its KV and attention heads"),
+        link_us_per_block: float = typer.Option(
+            0.0, min=0.0, help="--step-overhead: emulate a slower link, each offloaded "
+            "block's copy taking this many us more (e.g. a GPU's share of a step)"),
     ) -> None:
         """The tiered KV cache on a trace: hit rate, TTFT, prefill and bytes moved for
         gpu only / gpu+cpu / gpu+cpu+disk, layered eviction and pinning, side by side.
@@ -228,7 +231,8 @@ def register(bench: typer.Typer) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         if step_overhead:
-            _step_overhead(steps, batch, prompt_tokens, block_size, cpu_x, kv_scale, as_json)
+            _step_overhead(steps, batch, prompt_tokens, block_size, cpu_x, kv_scale,
+                           link_us_per_block, as_json)
             return
         if trace is None:
             raise typer.BadParameter("give a trace (or --step-overhead)", param_hint="TRACE")
@@ -280,7 +284,7 @@ def register(bench: typer.Typer) -> None:
 
 
 def _step_overhead(steps: int, batch: int, prompt_tokens: int, block_size: int, cpu_x: float,
-                   kv_scale: int, as_json: bool) -> None:
+                   kv_scale: int, link_us: float, as_json: bool) -> None:
     import json
 
     from rich.console import Console
@@ -288,12 +292,14 @@ def _step_overhead(steps: int, batch: int, prompt_tokens: int, block_size: int, 
     from bench.tiers import steps as step_bench
 
     res = step_bench.measure(step_bench.model(kv_scale), block_size=block_size, batch=batch,
-                             prompt_tokens=prompt_tokens, steps=steps, cpu_x=cpu_x)
+                             prompt_tokens=prompt_tokens, steps=steps, cpu_x=cpu_x,
+                             link_us_per_block=link_us)
     if as_json:
         for r in res:
             print(json.dumps(r.summary(res[0])))
         return
     title = (f"step overhead of offloads: tiny model (KV heads x{kv_scale}), {batch} fresh "
              f"prompts of {prompt_tokens} tokens a step, blocks of {block_size}, CPU tier "
-             f"{cpu_x:g}x, {steps} steps each, turn by turn")
+             f"{cpu_x:g}x, {steps} steps each, turn by turn"
+             + (f", link emulated +{link_us:g} us per offloaded block" if link_us else ""))
     step_bench.report(res, title, Console(width=160))

@@ -98,9 +98,14 @@ def model(kv_scale: int = 1):
 
 def measure(model_and_config, *, block_size: int = 16, batch: int = 8,
             prompt_tokens: int = 128, steps: int = 60, warmup: int = 3,
-            cpu_x: float = 4.0, tick: Callable[[], None] | None = None) -> list[ModeResult]:
+            cpu_x: float = 4.0, link_us_per_block: float = 0.0,
+            tick: Callable[[], None] | None = None) -> list[ModeResult]:
     """Run ``steps`` measured steps (after ``warmup``) on each mode's engine, taking turns
-    step by step; returns one result per mode, :data:`MODES` order."""
+    step by step; returns one result per mode, :data:`MODES` order. ``link_us_per_block``
+    (> 0) emulates a slower link: each offloaded block's copy takes that much longer (a
+    sleep, which holds no core and no GIL, as a DMA transfer would not), in the copy path of
+    each mode: before the forward when synchronous, on the lane, layer by layer, when
+    write-behind."""
     from worker import Engine
     from worker.engine.scheduler import SchedulerConfig
     from worker.engine.sequence import SamplingParams
@@ -125,6 +130,8 @@ def measure(model_and_config, *, block_size: int = 16, batch: int = 8,
     for mode, e in engines.items():
         if e.copies is not None:
             e.copies.execute = _timed(e.copies.execute, copy_s, mode)
+            if link_us_per_block > 0:
+                _slow_link(e.copies, link_us_per_block * 1e-6)
 
     def one_step(e) -> float:
         for _ in range(batch):  # fresh prompts: nothing hits, every block is new
@@ -155,6 +162,27 @@ def measure(model_and_config, *, block_size: int = 16, batch: int = 8,
         for e in engines.values():
             e.close()
     return [results[m] for m in MODES]
+
+
+def _slow_link(copies, s_per_block: float) -> None:
+    """Add ``s_per_block`` to every offloaded block's copy (see :func:`measure`)."""
+    if copies.behind is not None:
+        lane = copies.behind
+        copy_layer = lane.copy_layer
+
+        def slow_layer(layer, blocks, slots) -> None:
+            time.sleep(s_per_block * len(blocks) / lane.layers)
+            copy_layer(layer, blocks, slots)
+
+        lane.copy_layer = slow_layer
+    else:
+        offload = copies._offload
+
+        def slow(batch) -> None:
+            time.sleep(s_per_block * len(batch))
+            offload(batch)
+
+        copies._offload = slow
 
 
 def _timed(execute: Callable, into: dict[str, float], mode: str) -> Callable:

@@ -48,3 +48,12 @@ def test_cli_step_overhead_json_and_trace_required_otherwise() -> None:
     assert table.exit_code == 0 and "within 10% of no offloads" in table.stdout
     bad = runner.invoke(app, [])
     assert bad.exit_code == 2 and "--step-overhead" in bad.output
+
+
+def test_an_emulated_slow_link_holds_the_synchronous_step_only() -> None:
+    res = steps.measure(steps.model(), block_size=16, batch=2, prompt_tokens=32, steps=3,
+                        warmup=1, link_us_per_block=20_000)
+    _, sync, wb = res
+    assert sync.offloaded == wb.offloaded > 0
+    assert sync.copy_s >= sync.offloaded * 0.02  # every block's emulated 20 ms, in the step
+    assert wb.copy_s < sync.offloaded * 0.02 / 4  # handed to the lane, not waited for there
