@@ -256,20 +256,25 @@ class SimWorker:
                 del self._promised[h]
         if kv.allocate_slots(req.kv, prompt - n, hits, n) is None:
             raise AssertionError("admission was checked against the free blocks")
+        prompt_orders = kv.take_transfers() if self._lower else []
         req.kv.num_computed_tokens = prompt
         req.kv.token_ids.extend([OUTPUT_TOKEN] * out)
         if kv.allocate_slots(req.kv, out) is None:
             raise AssertionError("decode slots were checked against the free blocks")
         req.hit_tokens, req.prefill_tokens = n, prompt - n
         if self._lower:
-            orders = kv.take_transfers()
+            orders = prompt_orders + kv.take_transfers()
             req.copy_s = self.totals.copies.charge(orders, self.cost, kv.block_size)
             off, _ = offloads_s(orders, self.cost, kv.block_size)
             if self.cost.offloads == "write-behind" and off:
-                # behind the prefill that overwrites the evicted blocks, layer by layer
-                self._offload_free = max(self._offload_free, self.clock) + off
+                # the prompt's evicted blocks: behind the prefill that overwrites them,
+                # layer by layer; the decode blocks' (reserved here, written by decode steps
+                # to come, a block per block_size steps): queued behind them on the lane
+                off_prompt, _ = offloads_s(prompt_orders, self.cost, kv.block_size)
+                self._offload_free = max(self._offload_free, self.clock) + off_prompt
                 prefill = self.cost.prefill_s(req.prefill_tokens)
                 stall = self._offload_free - self.clock - prefill * (1 - 1 / self.cost.layers)
+                self._offload_free += off - off_prompt
                 req.copy_s += max(stall, 0.0) - off
             req.hit_by_tier = kv.cached_tokens_by_tier(req.kv)
         else:
