@@ -168,3 +168,29 @@ def test_cli_json_and_table_with_goals(small_trace: Path, tmp_path: Path,
     assert "the bound, the CPU tier's memory at device speed" in res.stdout
     bad = runner.invoke(app, [*args, "--setups", "gpu+tpu"])
     assert bad.exit_code == 2 and "bad setup" in bad.output
+
+
+@pytest.mark.parametrize("offloads", ["sync", "write-behind"])
+def test_written_behind_offloads_stall_a_prefill_only_for_what_outlasts_it(offloads: str) -> None:
+    """A slow link (20 ms per block): b's prompt evicts 31 of a's blocks (its head block is
+    a's unhashed output block), its output block one more. Synchronous, b's prefill waits
+    for all 32 copies; written behind, only for what of the prompt's 31 is not done when its
+    prefill would have ended, less its last layer, and never for its decode block's."""
+    cost = CostModel(prefill_s_per_token=1e-3, decode_step_s=0.01, decode_s_per_ctx_token=0,
+                     pcie_bytes_per_s=(2 << 20) / 0.02, offloads=offloads)
+    w = SimWorker(0, KVCacheManager(33, 16, cpu_blocks=64), cost)
+    synth = TokenSynth(16)
+    reqs = []
+    for i, at in enumerate((0.0, 1.0)):
+        tr = TraceRequest(i, at, CHUNK_TOKENS, 1, (i + 1,))
+        reqs.append(SimRequest(tr, KVRequest(f"r{i}", synth.tokens(tr),
+                                             block_hashes=synth.chain(tr))))
+        w.advance(at)
+        w.submit(reqs[-1], at)
+    w.advance(math.inf)
+    b = reqs[1]
+    assert w.totals.copies.offload_blocks == 32 and cost.offload_s(16) == pytest.approx(0.02)
+    prefill = 512 * 1e-3
+    want = 32 * 0.02 if offloads == "sync" else 31 * 0.02 - prefill * (1 - 1 / cost.layers)
+    assert b.copy_s == pytest.approx(want)
+    assert b.ttft_s == pytest.approx(prefill + want)
