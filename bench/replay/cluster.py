@@ -20,7 +20,7 @@ from kvmesh.events.pool import PoolEvent
 from service.index.base import WorkerLoad
 from worker.kv_cache import KVCacheManager, KVRequest
 
-from .copies import CopyTotals
+from .copies import CopyTotals, offloads_s
 from .fetch import FetchCost, FetchTotals, Plan, pull
 from .trace import TraceRequest
 
@@ -54,9 +54,15 @@ class CostModel:
     Onboard per block: CPU 2 MiB / 25 GB/s = 84 us, disk + 350 us = 434 us, against 800 us to
     recompute its 16 tokens (ratios 0.10 and 0.54).
 
-    ``offload_overlap``: False (kvmesh's data plane) stalls the step on its offloads and
-    spills, as the forward reuses the evicted blocks; True runs them on the copy engine
-    behind the step (what a per-layer pipelined or write-behind data plane would get).
+    ``offloads``: how the data plane runs offloads (device -> CPU). ``"write-behind"``
+    (kvmesh's, ``worker/kv_io/write_behind.py``): on their own lane (the device -> host
+    direction of PCIe, a copy engine of its own), behind the step; the prefill that reuses
+    the evicted blocks writes each of its ``layers`` after that layer's copy, so it stalls
+    only for what of the copies is not done when it would have ended, less its last layer;
+    an onboard into a block being copied out ends after that copy. ``"sync"`` (the data
+    plane before write-behind, ``Engine(write_behind=False)``): the offloads complete
+    before the step, which stalls for all of them, and share one copy engine with onboards.
+    Spills stall the step either way (their host memcpy runs on the engine thread).
     """
 
     prefill_s_per_token: float = 5e-5
@@ -67,7 +73,8 @@ class CostModel:
     pcie_bytes_per_s: float = 25e9
     disk_bytes_per_s: float = 6e9
     host_copy_bytes_per_s: float = 10e9
-    offload_overlap: bool = False
+    offloads: str = "write-behind"  # or "sync"
+    layers: int = 32  # Llama-3-8B's
 
     def prefill_s(self, tokens: int) -> float:
         return self.prefill_s_per_token * tokens
@@ -164,7 +171,8 @@ class SimWorker:
         self._pins = manager.pins.auto
         self._onboard_end: float | None = None  # the head's onboard completes then
         self._onboard_since = 0.0
-        self._copy_free = 0.0  # the copy engine is busy until then
+        self._copy_free = 0.0  # the copy engine (onboards) is busy until then
+        self._offload_free = 0.0  # write-behind: the offload lane is busy until then
 
     # --- what a router sees -----------------------------------------------------------
 
@@ -238,9 +246,17 @@ class SimWorker:
         hits, n = kv.get_computed_blocks(req.kv)
         if self._lower and kv.start_onboard(req.kv, hits):
             start = max(self.clock, self._copy_free)
-            copy = self.totals.copies.charge(kv.take_transfers(), self.cost, kv.block_size)
-            self._onboard_since, self._copy_free = self.clock, start + copy
-            self._onboard_end = self._copy_free
+            orders = kv.take_transfers()
+            copy = self.totals.copies.charge(orders, self.cost, kv.block_size)
+            end = start + copy
+            off, onboards = offloads_s(orders, self.cost, kv.block_size)
+            if self.cost.offloads == "write-behind" and off:
+                # its evicted blocks go out on the offload lane; each onboard copy into one
+                # of them waits for its copy out: the last lands after the last offload
+                off_end = self._offload_free = max(self._offload_free, self.clock) + off
+                end = max(start + copy - off, off_end + (copy - off) / max(onboards, 1))
+            self._onboard_since, self._copy_free = self.clock, end
+            self._onboard_end = end
             return None
         out = max(req.trace.output_length, 1)
         need = (kv.num_blocks_needed(req.prompt_tokens + out) - len(hits)
@@ -258,17 +274,26 @@ class SimWorker:
                 del self._promised[h]
         if kv.allocate_slots(req.kv, prompt - n, hits, n) is None:
             raise AssertionError("admission was checked against the free blocks")
+        prompt_orders = kv.take_transfers() if self._lower else []
         req.kv.num_computed_tokens = prompt
         req.kv.token_ids.extend([OUTPUT_TOKEN] * out)
         if kv.allocate_slots(req.kv, out) is None:
             raise AssertionError("decode slots were checked against the free blocks")
         req.hit_tokens, req.prefill_tokens = n, prompt - n
         if self._lower:
-            copy = self.totals.copies.charge(kv.take_transfers(), self.cost, kv.block_size)
-            if self.cost.offload_overlap:
-                self._copy_free = max(self._copy_free, self.clock) + copy
-            else:
-                req.copy_s = copy
+            orders = prompt_orders + kv.take_transfers()
+            req.copy_s = self.totals.copies.charge(orders, self.cost, kv.block_size)
+            off, _ = offloads_s(orders, self.cost, kv.block_size)
+            if self.cost.offloads == "write-behind" and off:
+                # the prompt's evicted blocks: behind the prefill that overwrites them,
+                # layer by layer; the decode blocks' (reserved here, written by decode steps
+                # to come, a block per block_size steps): queued behind them on the lane
+                off_prompt, _ = offloads_s(prompt_orders, self.cost, kv.block_size)
+                self._offload_free = max(self._offload_free, self.clock) + off_prompt
+                prefill = self.cost.prefill_s(req.prefill_tokens)
+                stall = self._offload_free - self.clock - prefill * (1 - 1 / self.cost.layers)
+                self._offload_free += off - off_prompt
+                req.copy_s += max(stall, 0.0) - off
             req.hit_by_tier = kv.cached_tokens_by_tier(req.kv)
         else:
             req.hit_by_tier = {"gpu": n}

@@ -59,3 +59,16 @@ class CopyTotals:
         self.spill_blocks += other.spill_blocks
         self.copy_s += other.copy_s
         self.onboard_wait_s += other.onboard_wait_s
+
+
+def offloads_s(transfers: Iterable[Offload | Spill | Onboard | Drop], cost: CostModel,
+               block_size: int) -> tuple[float, int]:
+    """The seconds of the ``Offload`` orders among ``transfers`` and how many onboard copies
+    they hold (what a write-behind data plane takes off the step's path)."""
+    offloads = onboards = 0
+    for t in transfers:
+        if isinstance(t, Offload):
+            offloads += 1
+        elif isinstance(t, Onboard):
+            onboards += len(t.copies)
+    return offloads * cost.offload_s(block_size), onboards

@@ -89,9 +89,10 @@ class Engine:
                  kv_cache_bytes: int | None = None, tiers: TierConfig | None = None,
                  cpu_blocks: int | None = None, disk_blocks: int | None = None,
                  disk_dir: str | Path | None = None, eviction: str | None = None,
-                 auto_pin: bool | None = None) -> None:
+                 auto_pin: bool | None = None, write_behind: bool = True) -> None:
         """``tiers`` holds every tier setting; the single tier arguments (the engine's API
-        before ``TierConfig``) override its fields one by one."""
+        before ``TierConfig``) override its fields one by one. ``write_behind``: offloads run
+        behind the step (False: before its forward; the output is the same either way)."""
         self.model = model
         self.config = config
         self.block_size = block_size
@@ -114,7 +115,8 @@ class Engine:
             if tiers.disk_blocks:
                 store = DiskStore(tiers.disk_dir, self.fingerprint,
                                   config.kv_cache_bytes_per_block(block_size, self.kv_cache.dtype))
-            self.copies = CopyExecutor(self.kv_cache, tiers.cpu_blocks, store)
+            self.copies = CopyExecutor(self.kv_cache, tiers.cpu_blocks, store,
+                                       write_behind=write_behind)
             calibrate(self.costs, model, self.kv_cache, self.copies,
                       (scheduler or SchedulerConfig()).max_batched_tokens)
             if store is not None:  # what an earlier run left on disk is announced again
@@ -279,12 +281,18 @@ class Engine:
         start = time.perf_counter()
         tokens: list[int] = []
         rows = []
+        written: list[int] = []  # the blocks this step writes KV into
         for w in work:
-            tokens.extend(w.seq.req.token_ids[w.num_computed:w.num_computed + w.num_new_tokens])
-            rows.append((self.kv.get_block_ids(w.seq.req), w.num_computed, w.num_new_tokens))
+            end = w.num_computed + w.num_new_tokens
+            tokens.extend(w.seq.req.token_ids[w.num_computed:end])
+            rows.append((table := self.kv.get_block_ids(w.seq.req), w.num_computed,
+                         w.num_new_tokens))
+            written += table[w.num_computed // self.block_size:(end - 1) // self.block_size + 1]
         meta = AttentionMetadata.build(rows, self.block_size, self.device)
         input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        hidden = self.model(input_ids, meta.positions, meta, self.kv_cache)
+        # A block still being copied out (write-behind) is written only after its copy.
+        cache = self.kv_cache if self.copies is None else self.copies.gate(written)
+        hidden = self.model(input_ids, meta.positions, meta, cache)
         # Only sequences whose every token is now computed produce a token this step.
         done = [i for i, w in enumerate(work)
                 if w.num_computed + w.num_new_tokens == w.seq.num_tokens]

@@ -2,9 +2,10 @@
 
 The manager moves hashes between tiers in its books at once; the bytes follow when the engine
 runs these orders, oldest first, once per step after scheduling and before the forward. Orders
-must run in the order given (``Offload`` completes before that step's forward; a ``Spill``
-precedes the offload reusing its slot). A copy the data plane could not make comes back as a
-:class:`Lost`, and the manager forgets its entry.
+must run in the order given (an ``Offload`` reads its device block before anything overwrites
+it, the step's forward included, and fills its slot before anything reads the slot; a
+``Spill`` precedes the offload reusing its slot). A copy the data plane could not make comes
+back as a :class:`Lost`, and the manager forgets its entry.
 
 See docs/architecture.md#worker-kv-cache.
 """

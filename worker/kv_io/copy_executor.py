@@ -2,10 +2,11 @@
 
 It owns the host-memory tier and the disk store and runs the manager's orders so that a step
 never reads a block whose copy is not done: ``offload`` has completed (for the next forward)
-when it returns; ``spill`` copies the slot out at once and writes the file in the background;
-``onboard`` is asynchronous (``poll`` returns the finished ones); every copy that did not
-happen is reported by ``take_lost``. Not thread-safe: call everything but ``copy_in`` from
-the engine thread.
+when it returns, or, write-behind, runs behind the step and the forward iterates ``gate``
+(``worker.kv_io.write_behind``); ``spill`` copies the slot out at once and writes the file
+in the background; ``onboard`` is asynchronous (``poll`` returns the finished ones); every
+copy that did not happen is reported by ``take_lost``. Not thread-safe: call everything but
+``copy_in`` from the engine thread.
 
 See docs/architecture.md#worker-data-plane.
 """
@@ -13,17 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from worker.kv_cache.transfers import Drop, Lost, Offload, Onboard, Spill, Transfer
 from worker.kv_io.disk_store import DiskEntry, DiskStore
+from worker.kv_io.lane import Lane
+from worker.kv_io.write_behind import WriteBehind
 
 log = logging.getLogger("kvmesh.worker.kv_transfer")
 
@@ -46,9 +48,12 @@ class OnboardDone:
 class CopyExecutor:
     """Executes the manager's copy orders over ``cache`` (``[layers, 2, blocks, ...]``).
 
-    ``cpu_blocks``: host slots (0: no host tier); ``store``: the disk tier (None: none)."""
+    ``cpu_blocks``: host slots (0: no host tier); ``store``: the disk tier (None: none);
+    ``write_behind``: offloads run behind the step (the forward must iterate :meth:`gate`)
+    instead of completing before ``offload`` returns."""
 
-    def __init__(self, cache: torch.Tensor, cpu_blocks: int, store: DiskStore | None) -> None:
+    def __init__(self, cache: torch.Tensor, cpu_blocks: int, store: DiskStore | None, *,
+                 write_behind: bool = False) -> None:
         self.cache = cache
         self.cuda = cache.device.type == "cuda"
         self.block_shape = (cache.shape[0], cache.shape[1], *cache.shape[3:])
@@ -61,8 +66,10 @@ class CopyExecutor:
         self._slot_ready: dict[int, torch.cuda.Event] = {}  # CUDA: offload still copying
         self._staging: list[torch.Tensor] = []  # CUDA: pinned reads of in-flight copies
         self._cv = threading.Condition()  # guards the lanes' counts, _done, _writing, _lost
-        self._reads = _Lane("kvmesh-kv-onboard", self._cv)
-        self._writes = _Lane("kvmesh-kv-spill", self._cv)
+        self._reads = Lane("kvmesh-kv-onboard", self._cv)
+        self._writes = Lane("kvmesh-kv-spill", self._cv)
+        self.behind = (WriteBehind(cache, self.host, self._cv, self._offload_failed)
+                       if write_behind and self.host is not None else None)
         self._writing: dict[bytes, int] = {}  # hash -> its writes not finished yet
         self._done: deque[OnboardDone] = deque()
         self._onboarding: set[str] = set()  # request ids submitted, not yet polled
@@ -103,20 +110,42 @@ class CopyExecutor:
             raise error
 
     def offload(self, copies: Sequence[tuple[int, int, bytes]]) -> None:
-        """Copy device blocks into host slots: ``(block_id, slot, block_hash)`` each."""
+        """Copy device blocks into host slots: ``(block_id, slot, block_hash)`` each; with
+        write-behind, start copying them (a failure on the lane is reported lost)."""
         if not copies:
             return
         try:
+            if self.behind is not None:
+                with self._cv:
+                    for _, slot, block_hash in copies:
+                        self._bad.discard(slot)
+                        self._slot_hash[slot] = block_hash
+                self.behind.submit(copies)
+                return
             self._offload(copies)
         except BaseException:
-            for _, slot, block_hash in copies:  # half-written: reading them must fail
-                self._slot_hash[slot] = block_hash  # (named, so the manager drops them)
-                self._bad.add(slot)
+            with self._cv:
+                for _, slot, block_hash in copies:  # half-written: reading them must fail
+                    self._slot_hash[slot] = block_hash  # (named, so the manager drops them)
+                    self._bad.add(slot)
             self._report([Lost("cpu", h, slot) for _, slot, h in copies])
             raise
         for _, slot, block_hash in copies:
             self._bad.discard(slot)
             self._slot_hash[slot] = block_hash
+
+    def _offload_failed(self, base: int, copies: Sequence[tuple[int, int, bytes]]) -> None:
+        """A write-behind batch failed (offload lane, under ``_cv``): its slots that no later
+        offload rewrites are unreadable, and every copy of it is reported lost."""
+        for _, slot, _ in copies:
+            if self.behind.latest(slot, base):
+                self._bad.add(slot)
+        self._lost += [Lost("cpu", h, slot) for _, slot, h in copies]
+
+    def gate(self, written: Iterable[int]) -> torch.Tensor | Iterable[torch.Tensor]:
+        """The cache as the forward writing device blocks ``written`` must iterate it:
+        the cache itself, unless a write-behind offload still reads one of them."""
+        return self.cache if self.behind is None else self.behind.gate(written)
 
     def _offload(self, copies: Sequence[tuple[int, int, bytes]]) -> None:
         if self.cuda:
@@ -141,7 +170,11 @@ class CopyExecutor:
             ev = self._slot_ready.pop(slot, None)
             if ev is not None:
                 ev.synchronize()
-            if slot in self._bad or self._slot_hash.get(slot) != entry.block_hash:
+            if self.behind is not None:
+                self.behind.wait_slot(slot)
+            with self._cv:
+                bad = slot in self._bad or self._slot_hash.get(slot) != entry.block_hash
+            if bad:
                 # never written: the manager drops the disk entry it announced (take_lost)
                 log.warning("spill of host slot %d: it does not hold a good copy of %s; "
                             "not written", slot, entry.block_hash.hex()[:16])
@@ -218,6 +251,8 @@ class CopyExecutor:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Block until every submitted job (writes included) has run; False on timeout."""
+        if self.behind is not None and not self.behind.flush(timeout):
+            return False
         with self._cv:
             return self._cv.wait_for(
                 lambda: self._reads.queued == 0 and self._writes.queued == 0, timeout)
@@ -225,10 +260,13 @@ class CopyExecutor:
     @property
     def running(self) -> bool:
         """Whether a background thread is alive (False once closed)."""
-        return self._reads.alive or self._writes.alive
+        return self._reads.alive or self._writes.alive or (
+            self.behind is not None and self.behind.lane.alive)
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish the queued jobs (pending file writes) and stop the threads."""
+        if self.behind is not None:
+            self.behind.lane.close(timeout)
         self._reads.close(timeout)
         self._writes.close(timeout)
 
@@ -281,8 +319,14 @@ class CopyExecutor:
         tests wrap this to inject slow or failing copies). Raises if the source cannot be
         read. On CUDA the copy is only issued on the side stream: :meth:`sync` waits."""
         dst = self.cache[:, :, block_id]
+        if self.behind is not None:  # never overwrite a block, or read a slot, mid-offload
+            self.behind.wait_block(block_id, self.stream)
+            if tier == "cpu":
+                self.behind.wait_slot(src, self.stream)
         if tier == "cpu":
-            if src in self._bad:
+            with self._cv:
+                bad = src in self._bad
+            if bad:
                 raise RuntimeError(f"host slot {src} was not written (its offload failed)")
             with self._on_side_stream():
                 dst.copy_(self.host[src], non_blocking=self.cuda)
@@ -325,47 +369,6 @@ class CopyExecutor:
 
     def _on_side_stream(self) -> contextlib.AbstractContextManager:
         return torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext()
-
-
-class _Lane:
-    """One background thread running jobs in submission order; started on first use.
-    ``queued`` (under ``cv``) counts jobs not finished yet; ``cv`` is notified after each."""
-
-    def __init__(self, name: str, cv: threading.Condition) -> None:
-        self.name = name
-        self.cv = cv
-        self.queued = 0
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, job: Callable[[], None]) -> None:
-        with self.cv:
-            self.queued += 1
-        self._jobs.put(job)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
-            self._thread.start()
-
-    def close(self, timeout: float) -> None:
-        """Run what is queued, then stop the thread."""
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join(timeout)
-            self._thread = None
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def _loop(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            try:
-                job()
-            except Exception:  # a failed write loses one file, never the thread
-                log.exception("KV copy job failed")
-            with self.cv:
-                self.queued -= 1
-                self.cv.notify_all()
 
 
 def _host_slots(n: int, shape: tuple[int, ...], dtype: torch.dtype,

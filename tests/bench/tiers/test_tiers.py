@@ -34,8 +34,9 @@ def results(tmp_path_factory: pytest.TempPathFactory,
 
     path = write_trace(tmp_path_factory.mktemp("tiers") / "t.jsonl", convs=13, turns=5)
     reqs = load_trace(path)
+    # a CPU tier of 2x: the ~1,700 blocks offloaded overflow it, so the disk tier is used
     res = tiers.run(reqs, _setups("gpu", "gpu+cpu", "gpu+cpu+disk", "gpu+cpu/layered/pin"),
-                    BASE, cpu_x=4.0, disk_x=16.0)
+                    BASE, cpu_x=2.0, disk_x=16.0)
     return reqs, {r.setup.name: r for r in res}
 
 
@@ -75,14 +76,15 @@ def test_lower_tiers_raise_the_hit_rate_at_equal_device_memory(results) -> None:
     assert by["gpu+cpu"].result.copies.spill_blocks == 0
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_an_onboard_delays_the_prefill_by_its_copy_time(overlap: bool) -> None:
+@pytest.mark.parametrize("offloads", ["sync", "write-behind"])
+def test_an_onboard_delays_the_prefill_by_its_copy_time(offloads: str) -> None:
     """A pool of 33 blocks (one 512-token prompt + its output block): b evicts all of a's
     blocks to the CPU tier; c (a's prompt again) has them copied back, waiting for the copy,
     then prefills only its last block. Its admission's offloads stall its prefill, unless
-    they overlap (run on the copy engine)."""
+    they are written behind it (and then the onboard's own copies wait only for the copy
+    out of the block each overwrites, on the other lane)."""
     cost = CostModel(prefill_s_per_token=1e-3, decode_step_s=0.01, decode_s_per_ctx_token=0,
-                     offload_overlap=overlap)
+                     offloads=offloads)
     w = SimWorker(0, KVCacheManager(33, 16, cpu_blocks=64), cost)
     synth = TokenSynth(16)
 
@@ -106,8 +108,12 @@ def test_an_onboard_delays_the_prefill_by_its_copy_time(overlap: bool) -> None:
     # the onboard's 31 device blocks: b's unhashed output block (free queue head) and 30 of
     # b's cached blocks, offloaded first; c's admission evicts (offloads) 2 more
     assert copies.offload_blocks == 32 + 30 + 2
-    assert c.copy_s == pytest.approx(0.0 if overlap else 2 * cost.offload_s(16))
-    onboard = 30 * cost.offload_s(16) + 31 * cost.onboard_s("cpu", 16)
+    behind = offloads == "write-behind"
+    # written behind: 2 copies out (168 us) end long before its 16 ms prefill: no stall
+    assert c.copy_s == pytest.approx(0.0 if behind else 2 * cost.offload_s(16))
+    # the onboard: after its 30 offloads on one engine, or beside them, each copy in after
+    # the copy out of its block (equal sizes and bandwidths: the last one lands last)
+    onboard = 31 * cost.onboard_s("cpu", 16) + (0 if behind else 30 * cost.offload_s(16))
     assert c.ttft_s == pytest.approx(onboard + 16e-3 + c.copy_s)
     assert copies.onboard_wait_s == pytest.approx(onboard)
 
@@ -133,8 +139,8 @@ def test_setup_names_are_checked(bad: str) -> None:
 def test_setup_sizes_the_lower_tiers_from_the_device_pool() -> None:
     cfg = tiers.Setup.parse("gpu+cpu+disk/layered").config(BASE, 4.0, 16.0)
     assert (cfg.capacity_blocks, cfg.cpu_blocks, cfg.disk_blocks) == (160, 640, 2560)
-    assert (cfg.eviction, cfg.auto_pin, cfg.cost.offload_overlap) == ("layered", False, False)
-    assert tiers.Setup.parse("gpu+cpu/overlap/pin").config(BASE, 4, 16).cost.offload_overlap
+    assert (cfg.eviction, cfg.auto_pin, cfg.cost.offloads) == ("layered", False, "write-behind")
+    assert tiers.Setup.parse("gpu+cpu/sync/pin").config(BASE, 4, 16).cost.offloads == "sync"
     bound = tiers.Setup.parse("bound").config(BASE, 4.0, 16.0)  # the CPU tier's memory on device
     assert (bound.capacity_blocks, bound.cpu_blocks, bound.disk_blocks) == (800, 0, 0)
 
@@ -162,3 +168,29 @@ def test_cli_json_and_table_with_goals(small_trace: Path, tmp_path: Path,
     assert "the bound, the CPU tier's memory at device speed" in res.stdout
     bad = runner.invoke(app, [*args, "--setups", "gpu+tpu"])
     assert bad.exit_code == 2 and "bad setup" in bad.output
+
+
+@pytest.mark.parametrize("offloads", ["sync", "write-behind"])
+def test_written_behind_offloads_stall_a_prefill_only_for_what_outlasts_it(offloads: str) -> None:
+    """A slow link (20 ms per block): b's prompt evicts 31 of a's blocks (its head block is
+    a's unhashed output block), its output block one more. Synchronous, b's prefill waits
+    for all 32 copies; written behind, only for what of the prompt's 31 is not done when its
+    prefill would have ended, less its last layer, and never for its decode block's."""
+    cost = CostModel(prefill_s_per_token=1e-3, decode_step_s=0.01, decode_s_per_ctx_token=0,
+                     pcie_bytes_per_s=(2 << 20) / 0.02, offloads=offloads)
+    w = SimWorker(0, KVCacheManager(33, 16, cpu_blocks=64), cost)
+    synth = TokenSynth(16)
+    reqs = []
+    for i, at in enumerate((0.0, 1.0)):
+        tr = TraceRequest(i, at, CHUNK_TOKENS, 1, (i + 1,))
+        reqs.append(SimRequest(tr, KVRequest(f"r{i}", synth.tokens(tr),
+                                             block_hashes=synth.chain(tr))))
+        w.advance(at)
+        w.submit(reqs[-1], at)
+    w.advance(math.inf)
+    b = reqs[1]
+    assert w.totals.copies.offload_blocks == 32 and cost.offload_s(16) == pytest.approx(0.02)
+    prefill = 512 * 1e-3
+    want = 32 * 0.02 if offloads == "sync" else 31 * 0.02 - prefill * (1 - 1 / cost.layers)
+    assert b.copy_s == pytest.approx(want)
+    assert b.ttft_s == pytest.approx(prefill + want)
