@@ -351,6 +351,8 @@ class CopyExecutor:
         between steps, so the slot or file stays put while read). Raises if it cannot be
         read (an offload that failed, a damaged file: reported lost, so it is dropped)."""
         if tier == "cpu":
+            if self.behind is not None:  # a write-behind offload into it may be in flight
+                self.behind.wait_slot(src)
             ev = self._slot_ready.pop(src, None)
             if ev is not None:
                 ev.synchronize()
