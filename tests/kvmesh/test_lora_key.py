@@ -7,6 +7,7 @@ and the worker turns ``GenerateRequest.lora`` into the one its KV cache hashes
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -38,8 +39,10 @@ class _Runner:
     """Records what the worker would hand its engine, and runs nothing."""
 
     lora: object = "unset"
+    engine = SimpleNamespace()  # the servicer sets its peer switch there
 
-    async def generate(self, prompt, params, *, request_id, salt=None, lora=None, mm=()):
+    async def generate(self, prompt, params, *, request_id, salt=None, lora=None, mm=(),
+                       on_enqueued=None):
         self.lora = lora
         return
         yield  # an (empty) async generator, like AsyncEngine.generate
