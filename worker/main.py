@@ -157,7 +157,7 @@ async def serve(opts: WorkerOptions, stop: asyncio.Event | None = None) -> None:
     tls = opts.tls
     # before the model loads: a certificate without a CA is refused here, not after start
     link_creds = tls.channel_credentials() if tls is not None and opts.services else None
-    peers = Dialer.from_tls(tls if tls is not None and tls.dials_tls() else None)
+    peers = Dialer.from_tls(tls if tls is not None and tls.dials_tls else None)
     engine = Engine.from_pretrained(
         opts.model, block_size=opts.block_size, num_blocks=opts.num_blocks, device=opts.device,
         hash_algo=opts.hash_algo, hash_seed=opts.hash_seed,
