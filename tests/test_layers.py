@@ -111,6 +111,7 @@ KVMESH_PARTS = {
     "events": {"contract", "hashing", "ops", "v1", "_chain"},
     "link": {"contract", "hashing", "ops", "rpc", "events", "v1"},
     "transfer": set(),
+    "quota": {"contract", "v1"},
 }
 
 

@@ -101,24 +101,28 @@ class RegisterWorkerResponse(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., resync: _Optional[bool] = ..., heartbeat_interval_ms: _Optional[int] = ..., liveness_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "load", "last_seq", "incarnation")
+    __slots__ = ("worker_id", "load", "last_seq", "incarnation", "quota_version")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_VERSION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     load: WorkerLoad
     last_seq: int
     incarnation: int
-    def __init__(self, worker_id: _Optional[str] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., last_seq: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    quota_version: int
+    def __init__(self, worker_id: _Optional[str] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., last_seq: _Optional[int] = ..., incarnation: _Optional[int] = ..., quota_version: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("resync", "reregister")
+    __slots__ = ("resync", "reregister", "quotas")
     RESYNC_FIELD_NUMBER: _ClassVar[int]
     REREGISTER_FIELD_NUMBER: _ClassVar[int]
+    QUOTAS_FIELD_NUMBER: _ClassVar[int]
     resync: bool
     reregister: bool
-    def __init__(self, resync: _Optional[bool] = ..., reregister: _Optional[bool] = ...) -> None: ...
+    quotas: TenantQuotas
+    def __init__(self, resync: _Optional[bool] = ..., reregister: _Optional[bool] = ..., quotas: _Optional[_Union[TenantQuotas, _Mapping]] = ...) -> None: ...
 
 class BlockStored(_message.Message):
     __slots__ = ("block_hashes", "parent_hash", "tier")
@@ -193,7 +197,7 @@ class SyncWorkerResponse(_message.Message):
     def __init__(self, indexed_blocks: _Optional[int] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
-    __slots__ = ("token_ids", "salt", "lora", "mm", "model", "policy", "max_candidates", "dry_run", "token_ids_packed", "worker_id")
+    __slots__ = ("token_ids", "salt", "lora", "mm", "model", "policy", "max_candidates", "dry_run", "token_ids_packed", "worker_id", "tenant")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SALT_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
@@ -204,6 +208,7 @@ class RouteRequest(_message.Message):
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_PACKED_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     salt: str
     lora: Lora
@@ -214,7 +219,8 @@ class RouteRequest(_message.Message):
     dry_run: bool
     token_ids_packed: bytes
     worker_id: str
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., salt: _Optional[str] = ..., lora: _Optional[_Union[Lora, _Mapping]] = ..., mm: _Optional[_Iterable[_Union[MultimodalItem, _Mapping]]] = ..., model: _Optional[str] = ..., policy: _Optional[str] = ..., max_candidates: _Optional[int] = ..., dry_run: _Optional[bool] = ..., token_ids_packed: _Optional[bytes] = ..., worker_id: _Optional[str] = ...) -> None: ...
+    tenant: str
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., salt: _Optional[str] = ..., lora: _Optional[_Union[Lora, _Mapping]] = ..., mm: _Optional[_Iterable[_Union[MultimodalItem, _Mapping]]] = ..., model: _Optional[str] = ..., policy: _Optional[str] = ..., max_candidates: _Optional[int] = ..., dry_run: _Optional[bool] = ..., token_ids_packed: _Optional[bytes] = ..., worker_id: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class FetchPlan(_message.Message):
     __slots__ = ("source_worker_id", "source_address", "start_block", "block_hashes", "tokens", "est_s", "ticket")
@@ -373,3 +379,49 @@ class StatsResponse(_message.Message):
     counters: _containers.ScalarMap[str, float]
     degraded: bool
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., counters: _Optional[_Mapping[str, float]] = ..., degraded: _Optional[bool] = ...) -> None: ...
+
+class TenantQuota(_message.Message):
+    __slots__ = ("tenant", "gpu", "cpu", "disk")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    CPU_FIELD_NUMBER: _ClassVar[int]
+    DISK_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    gpu: float
+    cpu: float
+    disk: float
+    def __init__(self, tenant: _Optional[str] = ..., gpu: _Optional[float] = ..., cpu: _Optional[float] = ..., disk: _Optional[float] = ...) -> None: ...
+
+class TenantQuotas(_message.Message):
+    __slots__ = ("default_quota", "tenants", "version")
+    DEFAULT_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    default_quota: TenantQuota
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantQuota]
+    version: int
+    def __init__(self, default_quota: _Optional[_Union[TenantQuota, _Mapping]] = ..., tenants: _Optional[_Iterable[_Union[TenantQuota, _Mapping]]] = ..., version: _Optional[int] = ...) -> None: ...
+
+class SetTenantQuotaRequest(_message.Message):
+    __slots__ = ("quota", "clear")
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_FIELD_NUMBER: _ClassVar[int]
+    quota: TenantQuota
+    clear: bool
+    def __init__(self, quota: _Optional[_Union[TenantQuota, _Mapping]] = ..., clear: _Optional[bool] = ...) -> None: ...
+
+class SetTenantQuotaResponse(_message.Message):
+    __slots__ = ("quotas",)
+    QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    quotas: TenantQuotas
+    def __init__(self, quotas: _Optional[_Union[TenantQuotas, _Mapping]] = ...) -> None: ...
+
+class GetTenantQuotasRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetTenantQuotasResponse(_message.Message):
+    __slots__ = ("quotas",)
+    QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    quotas: TenantQuotas
+    def __init__(self, quotas: _Optional[_Union[TenantQuotas, _Mapping]] = ...) -> None: ...

@@ -74,6 +74,16 @@ class IndexServiceStub:
                 request_serializer=kvmesh_dot_v1_dot_index__pb2.UnpinPrefixRequest.SerializeToString,
                 response_deserializer=kvmesh_dot_v1_dot_index__pb2.UnpinPrefixResponse.FromString,
                 _registered_method=True)
+        self.SetTenantQuota = channel.unary_unary(
+                '/kvmesh.v1.IndexService/SetTenantQuota',
+                request_serializer=kvmesh_dot_v1_dot_index__pb2.SetTenantQuotaRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_index__pb2.SetTenantQuotaResponse.FromString,
+                _registered_method=True)
+        self.GetTenantQuotas = channel.unary_unary(
+                '/kvmesh.v1.IndexService/GetTenantQuotas',
+                request_serializer=kvmesh_dot_v1_dot_index__pb2.GetTenantQuotasRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_index__pb2.GetTenantQuotasResponse.FromString,
+                _registered_method=True)
 
 
 class IndexServiceServicer:
@@ -128,6 +138,20 @@ class IndexServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetTenantQuota(self, request, context):
+        """Admin: per-tenant cache quotas, stored in the index's store; workers apply them from
+        their next heartbeat's answer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTenantQuotas(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_IndexServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -170,6 +194,16 @@ def add_IndexServiceServicer_to_server(servicer, server):
                     servicer.UnpinPrefix,
                     request_deserializer=kvmesh_dot_v1_dot_index__pb2.UnpinPrefixRequest.FromString,
                     response_serializer=kvmesh_dot_v1_dot_index__pb2.UnpinPrefixResponse.SerializeToString,
+            ),
+            'SetTenantQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTenantQuota,
+                    request_deserializer=kvmesh_dot_v1_dot_index__pb2.SetTenantQuotaRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_index__pb2.SetTenantQuotaResponse.SerializeToString,
+            ),
+            'GetTenantQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTenantQuotas,
+                    request_deserializer=kvmesh_dot_v1_dot_index__pb2.GetTenantQuotasRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_index__pb2.GetTenantQuotasResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -388,6 +422,60 @@ class IndexService:
             '/kvmesh.v1.IndexService/UnpinPrefix',
             kvmesh_dot_v1_dot_index__pb2.UnpinPrefixRequest.SerializeToString,
             kvmesh_dot_v1_dot_index__pb2.UnpinPrefixResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTenantQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvmesh.v1.IndexService/SetTenantQuota',
+            kvmesh_dot_v1_dot_index__pb2.SetTenantQuotaRequest.SerializeToString,
+            kvmesh_dot_v1_dot_index__pb2.SetTenantQuotaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTenantQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvmesh.v1.IndexService/GetTenantQuotas',
+            kvmesh_dot_v1_dot_index__pb2.GetTenantQuotasRequest.SerializeToString,
+            kvmesh_dot_v1_dot_index__pb2.GetTenantQuotasResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -20,7 +20,7 @@ class SamplingParams(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "token_ids", "sampling", "salt", "lora", "mm", "index_matched_tokens", "index_matched_tokens_by_tier", "fetch")
+    __slots__ = ("request_id", "token_ids", "sampling", "salt", "lora", "mm", "index_matched_tokens", "index_matched_tokens_by_tier", "fetch", "tenant")
     class IndexMatchedTokensByTierEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,7 @@ class GenerateRequest(_message.Message):
     INDEX_MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     INDEX_MATCHED_TOKENS_BY_TIER_FIELD_NUMBER: _ClassVar[int]
     FETCH_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
@@ -46,7 +47,8 @@ class GenerateRequest(_message.Message):
     index_matched_tokens: int
     index_matched_tokens_by_tier: _containers.ScalarMap[str, int]
     fetch: _index_pb2.FetchPlan
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., salt: _Optional[str] = ..., lora: _Optional[_Union[_index_pb2.Lora, _Mapping]] = ..., mm: _Optional[_Iterable[_Union[_index_pb2.MultimodalItem, _Mapping]]] = ..., index_matched_tokens: _Optional[int] = ..., index_matched_tokens_by_tier: _Optional[_Mapping[str, int]] = ..., fetch: _Optional[_Union[_index_pb2.FetchPlan, _Mapping]] = ...) -> None: ...
+    tenant: str
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., salt: _Optional[str] = ..., lora: _Optional[_Union[_index_pb2.Lora, _Mapping]] = ..., mm: _Optional[_Iterable[_Union[_index_pb2.MultimodalItem, _Mapping]]] = ..., index_matched_tokens: _Optional[int] = ..., index_matched_tokens_by_tier: _Optional[_Mapping[str, int]] = ..., fetch: _Optional[_Union[_index_pb2.FetchPlan, _Mapping]] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "finished", "finish_reason", "num_cached_tokens", "prompt_tokens", "ttft_s", "e2e_s", "worker_id", "cached_tokens_by_tier")
@@ -130,7 +132,7 @@ class TierStats(_message.Message):
     def __init__(self, tier: _Optional[str] = ..., capacity_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., evictions: _Optional[int] = ..., offloads: _Optional[int] = ..., onboard_blocks: _Optional[int] = ..., onboard_bytes: _Optional[int] = ..., onboard_seconds: _Optional[float] = ..., index_promised_tokens: _Optional[int] = ..., index_missed_tokens: _Optional[int] = ...) -> None: ...
 
 class WorkerStatsResponse(_message.Message):
-    __slots__ = ("worker_id", "model", "load", "cache", "requests_done", "index_promised_tokens", "index_served_tokens", "tiers", "pinned_blocks", "mean_matched_tokens", "peer")
+    __slots__ = ("worker_id", "model", "load", "cache", "requests_done", "index_promised_tokens", "index_served_tokens", "tiers", "pinned_blocks", "mean_matched_tokens", "peer", "tenants")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +144,7 @@ class WorkerStatsResponse(_message.Message):
     PINNED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     MEAN_MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     load: _index_pb2.WorkerLoad
@@ -153,7 +156,36 @@ class WorkerStatsResponse(_message.Message):
     pinned_blocks: int
     mean_matched_tokens: float
     peer: PeerStats
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., load: _Optional[_Union[_index_pb2.WorkerLoad, _Mapping]] = ..., cache: _Optional[_Union[CacheStats, _Mapping]] = ..., requests_done: _Optional[int] = ..., index_promised_tokens: _Optional[int] = ..., index_served_tokens: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., pinned_blocks: _Optional[int] = ..., mean_matched_tokens: _Optional[float] = ..., peer: _Optional[_Union[PeerStats, _Mapping]] = ...) -> None: ...
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantStats]
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., load: _Optional[_Union[_index_pb2.WorkerLoad, _Mapping]] = ..., cache: _Optional[_Union[CacheStats, _Mapping]] = ..., requests_done: _Optional[int] = ..., index_promised_tokens: _Optional[int] = ..., index_served_tokens: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., pinned_blocks: _Optional[int] = ..., mean_matched_tokens: _Optional[float] = ..., peer: _Optional[_Union[PeerStats, _Mapping]] = ..., tenants: _Optional[_Iterable[_Union[TenantStats, _Mapping]]] = ...) -> None: ...
+
+class TenantStats(_message.Message):
+    __slots__ = ("tenant", "requests", "prompt_tokens", "cached_tokens", "tiers")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    tiers: _containers.RepeatedCompositeFieldContainer[TenantTier]
+    def __init__(self, tenant: _Optional[str] = ..., requests: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TenantTier, _Mapping]]] = ...) -> None: ...
+
+class TenantTier(_message.Message):
+    __slots__ = ("tier", "blocks", "quota_blocks", "hit_blocks", "evicted_blocks")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    HIT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    tier: str
+    blocks: int
+    quota_blocks: int
+    hit_blocks: int
+    evicted_blocks: int
+    def __init__(self, tier: _Optional[str] = ..., blocks: _Optional[int] = ..., quota_blocks: _Optional[int] = ..., hit_blocks: _Optional[int] = ..., evicted_blocks: _Optional[int] = ...) -> None: ...
 
 class PeerStats(_message.Message):
     __slots__ = ("fetches", "fetched_blocks", "fetched_bytes", "fallbacks", "served", "served_blocks", "served_bytes", "refused", "peer_hit_tokens")
