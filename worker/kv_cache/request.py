@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvmesh.hashing import Lora, MMItem
+from kvmesh.quota import DEFAULT_TENANT
 
 
 @dataclass(eq=False)
@@ -27,6 +28,8 @@ class KVRequest:
     Owned by the manager: ``block_hashes``, the hash chain of the full blocks of
     ``token_ids``, extended incrementally (each block is hashed once). ``salt``, ``lora``
     and ``mm`` are the extra keys of the chain (see :mod:`kvmesh.hashing`) and must not change.
+    ``tenant`` (:func:`kvmesh.quota.check_tenant`) is whom the blocks it caches are charged
+    to; it is never part of a hash.
     """
 
     request_id: str
@@ -38,6 +41,7 @@ class KVRequest:
     num_preemptions: int = 0
     block_hashes: list[bytes] = field(default_factory=list)
     num_prompt_tokens: int | None = None
+    tenant: str = DEFAULT_TENANT
 
     @property
     def num_tokens(self) -> int:
