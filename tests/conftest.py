@@ -27,6 +27,11 @@ from hypothesis import settings
 from deploy.redis_cluster import RedisClusterServer, start_redis_cluster
 from deploy.redis_server import RedisServer, start_redis
 
+# A Ray driver replaces the process's SIGSEGV handler with its own, which writes to Ray's
+# session log (closed again by ray.shutdown): a crash in any later test would then end the
+# run with no trace at all. Keep Python's faulthandler (pytest enables it) in charge.
+os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+
 INTEGRATION_FIXTURES = frozenset({"redis_server", "redis_url", "ray_cluster", "redis_cluster",
                                   "redis_cluster_url"})
 CLUSTER_SHARDS = 3
