@@ -120,6 +120,8 @@ class _Gateway:
         self.fair = FairSlots(config.max_total, self.slots, config.tenant_weights,
                               config.max_wait_s)
         self.metrics = GatewayMetrics()
+        self.metrics.admitted.set_function(lambda: self.fair.admitted)
+        self.metrics.waiting.set_function(self.fair.waiting)
         self._forwarder: Forwarder | None = None
         self.gate = EngineGate(config.engines, self.metrics.forwards.labels("refused"))
         self.health = ClusterHealth(lambda: self.client().stats(), ttl_s=config.health_ttl_s)

@@ -101,6 +101,7 @@ class FairSlots:
         self.max_wait_s = max_wait_s
         self.admitted = 0
         self._queues: dict[str, deque[_Waiter]] = {}
+        self._waiting = 0  # kept, not summed: the metrics thread reads it mid-loop
         self._vtime = 0.0
         self._finish: dict[str, float] = {}
         self._seq = counter()
@@ -118,7 +119,7 @@ class FairSlots:
         """Requests waiting (of ``share`` only, when given)."""
         if share is not None:
             return len(self._queues.get(share, ()))
-        return sum(len(q) for q in self._queues.values())
+        return self._waiting
 
     async def take(self, owner: str, share: str, count: int = 1,
                    gone: Callable[[], Awaitable[object]] | None = None) -> Lease:
@@ -139,6 +140,7 @@ class FairSlots:
         waiter.granted = asyncio.get_running_loop().create_future()
         queue = self._queues.setdefault(share, deque())
         queue.append(waiter)
+        self._waiting += 1
         if len(queue) == 1:
             self._tag(waiter)
         self._dispatch()
@@ -200,6 +202,7 @@ class FairSlots:
     def _pop(self, waiter: _Waiter) -> None:
         queue = self._queues[waiter.share]
         queue.popleft()
+        self._waiting -= 1
         if queue:
             self._tag(queue[0])
         else:
@@ -214,6 +217,7 @@ class FairSlots:
             self._pop(waiter)
         else:
             queue.remove(waiter)
+            self._waiting -= 1
         self._dispatch()
 
     def _release(self, count: int, cap: Lease | None = None) -> None:

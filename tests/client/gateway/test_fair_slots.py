@@ -19,7 +19,14 @@ from deploy.waiting import wait_until
 from kvmesh.openai.errors import OpenAIError
 from kvmesh.v1 import worker_pb2_grpc
 from tests.client.fake_servers import FakeWorker, candidate, start_server
-from tests.client.gateway.conftest import SECRET, TENANT_KEYS, LiveGateway, Stack
+from tests.client.gateway.conftest import (
+    METRICS_KEY,
+    SECRET,
+    TENANT_KEYS,
+    LiveGateway,
+    Stack,
+    metric_samples,
+)
 
 
 class Harness:
@@ -257,7 +264,8 @@ def test_through_the_gateway_two_tenants_take_turns_and_a_gone_client_leaves_the
     stack.index.candidates = [candidate("paced", address)]
     gw = LiveGateway(GatewayConfig(service=stack.index_address, generate_timeout=10,
                                    tenancy=Tenancy(TENANT_KEYS, SECRET), max_total=1,
-                                   max_batch_prompts=1, max_wait_s=20))
+                                   max_batch_prompts=1, max_wait_s=20,
+                                   metrics_key=METRICS_KEY))
     fair = gw.server.config.app.state.gateway.fair
 
     def ask(key: str) -> str:
@@ -272,6 +280,9 @@ def test_through_the_gateway_two_tenants_take_turns_and_a_gone_client_leaves_the
             wait_until(lambda: fair.waiting("acme") == 4, 10, what="acme's backlog")
             calls += [pool.submit(ask, "key-globex") for _ in range(2)]
             wait_until(lambda: fair.waiting("globex") == 2, 10, what="globex waiting")
+            samples = metric_samples(gw.url)
+            assert samples["kvmesh_gateway_waiting_requests", ()] == 6
+            assert samples["kvmesh_gateway_admitted_prompts", ()] == 1
             body = b'{"model": "tiny", "prompt": "x", "max_tokens": 1}'
             with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as gone:
                 gone.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
