@@ -176,6 +176,8 @@ class FairSlots:
         finally:
             if watch is not None:
                 watch.cancel()
+                if watch.done() and not watch.cancelled():
+                    watch.exception()  # a failed watch reads as gone; its error is not news
         if not waiter.granted.done():
             raise OpenAIError(503, "the client went away while waiting for a slot",
                               code="client_gone")
