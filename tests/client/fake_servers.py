@@ -103,11 +103,11 @@ class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
         self.token = token
         self.failure: tuple[grpc.StatusCode, str] = (grpc.StatusCode.INTERNAL, "scripted")
         self.fail_after = 0
+        # set: each Generate waits for a permit before answering (a test paces the worker)
+        self.permits: threading.Semaphore | None = None
         self.requests: list[worker_pb2.GenerateRequest] = []
         self.metadata: list[dict[str, str]] = []
         self.peer: worker_pb2.PeerStats | None = None  # Stats' peer counters (None: unset)
-        # set: each Generate waits for a permit before answering (a test paces the worker)
-        self.permits: threading.Semaphore | None = None
 
     def _fail_at(self, context: grpc.ServicerContext, point: int) -> None:
         if self.mode == "fail" and self.fail_after == point:
