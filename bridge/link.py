@@ -5,7 +5,8 @@ Registration carries the bridge's hash algorithm and root hash (it rehashes ever
 the model given, else the engine's. Every heartbeat first scrapes the engine's ``/metrics``
 (a failed scrape sends none: a silent engine leaves routing); none is sent while the ingest
 loop is hung or the path to the index is wedged. Past capacity the pending events are shed
-for a snapshot, at most once per ``shed_interval_s``.
+for a snapshot, at most once per ``shed_interval_s``. Tenant quotas are acknowledged, never
+applied: vLLM's own pool evicts by its own rules, which a bridge cannot change.
 
 See docs/architecture.md#the-index-link-kvmeshlink.
 """
@@ -43,6 +44,7 @@ class StateFeed:
         self._sampled: EngineLoad | None = None  # the last answered scrape
         self._worker_id = worker_id
         self._warned = False
+        self._quotas_told = False  # warned once that quotas are set but not enforced here
         self.max_age = 0.5  # how old a scrape may be (half the heartbeat interval)
 
     def wire(self, batch: Sequence[Event]) -> Sequence[Event]:
@@ -70,6 +72,14 @@ class StateFeed:
 
     async def snapshot(self) -> tuple[int, list[index_pb2.BlockStored]]:
         return self.state.snapshot()
+
+    async def quotas(self, quotas: index_pb2.TenantQuotas) -> None:
+        """Acknowledge ``quotas`` without applying them (vLLM cannot enforce them), so the
+        service stops sending them with every heartbeat answer."""
+        if quotas.version and not self._quotas_told:
+            self._quotas_told = True
+            log.warning("%s: tenant quotas are set on the service, but a vLLM engine cannot "
+                        "enforce them: this rank evicts as vLLM does", self._worker_id)
 
 
 class EngineLink(Link[Event]):

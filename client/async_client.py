@@ -28,6 +28,7 @@ from client.convert import (
 from client.errors import BrokenStream, KvmeshError
 from client.failover import Failures
 from client.results import GenerateResult, PinResult, RouteResult, TokenChunk
+from kvmesh.quota import Quotas
 from kvmesh.rpc.retry import Source
 from kvmesh.v1 import index_pb2, worker_pb2
 
@@ -36,7 +37,8 @@ __all__ = ["AsyncKvmeshClient", "TokenChunk"]
 
 class AsyncKvmeshClient(BaseClient):
     """Asyncio client: ``await route(...)``, ``generate``, ``stats``, ``worker_stats``,
-    ``pin``, ``unpin``, and ``async for`` over ``generate_stream(...)``.
+    ``pin``, ``unpin``, ``set_tenant_quota``, ``get_tenant_quotas``, and ``async for`` over
+    ``generate_stream(...)``.
 
     ``timeout`` bounds each service call and ``worker_stats`` (seconds); ``generate_timeout``
     bounds one attempt of a Generate stream on one worker; ``pin_timeout`` a pin or unpin.
@@ -185,6 +187,25 @@ class AsyncKvmeshClient(BaseClient):
                                             0.0, 0, unpin=True)
         _, response = await self._service_call(method, request, admin=True)
         return pin_result(response)
+
+    async def set_tenant_quota(self, tenant: str, *, gpu: float | None = None,
+                               cpu: float | None = None, disk: float | None = None,
+                               clear: bool = False) -> Quotas:
+        """Set ``tenant``'s cache quota (admin token): a fraction of each tier given (at
+        least one; the others fall back to the default's), replacing its quota; or remove it
+        with ``clear``. ``tenant`` ``"*"`` (``kvmesh.quota.ALL_TENANTS``) is the default of
+        every tenant. Workers apply it within a few seconds. Returns every quota after the
+        change; raises ``KvmeshError`` (INVALID_ARGUMENT for a bad tenant or fraction)."""
+        request = self._quota_request(tenant, gpu, cpu, disk, clear)
+        _, response = await self._service_call("SetTenantQuota", request, admin=True)
+        return Quotas.from_proto(response.quotas)
+
+    async def get_tenant_quotas(self) -> Quotas:
+        """Every tenant quota the service stores (admin token); ``Quotas()``: none."""
+        _, response = await self._service_call("GetTenantQuotas",
+                                                   index_pb2.GetTenantQuotasRequest(),
+                                                   admin=True)
+        return Quotas.from_proto(response.quotas)
 
     async def stats(self) -> dict[str, Any]:
         """The service's view: ``workers``, ``counters``, ``degraded``, ``service``."""

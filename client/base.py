@@ -106,6 +106,15 @@ class BaseClient:
         return "PinPrefix", index_pb2.PinPrefixRequest(prefix=ref, ttl_s=float(ttl_s),
                                                        max_workers=max(0, int(max_workers)))
 
+    @staticmethod
+    def _quota_request(tenant: str, gpu: float | None, cpu: float | None, disk: float | None,
+                       clear: bool) -> index_pb2.SetTenantQuotaRequest:
+        """A SetTenantQuota request (the service validates it: INVALID_ARGUMENT)."""
+        fractions = {t: float(v) for t, v in (("gpu", gpu), ("cpu", cpu), ("disk", disk))
+                     if v is not None}
+        return index_pb2.SetTenantQuotaRequest(
+            quota=index_pb2.TenantQuota(tenant=tenant, **fractions), clear=clear)
+
     def _worker_metadata(self, worker_id: str) -> tuple[tuple[str, str], ...]:
         """The metadata of a call to worker ``worker_id``: that worker's own access token
         (valid on no other worker), or none on an open cluster."""

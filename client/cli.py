@@ -20,7 +20,7 @@ from typer.core import TyperGroup
 # install) is not listed; one that fails to import is an error, not hidden.
 VERBS = {
     "route": "client.commands", "generate": "client.commands", "stats": "client.commands",
-    "pin": "client.commands",
+    "pin": "client.commands", "quota": "client.quota_cmds",
     "service": "service.cli", "worker-token": "service.cli",
     "worker-access-token": "service.cli",
     "worker": "worker.cli",

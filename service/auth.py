@@ -1,9 +1,10 @@
 """The metadata service's access policy, enforced by ``kvmesh.rpc.auth.BearerAuth``.
 
-Roles: *router* (Route, Stats, reflection), *admin* (pins), *worker* (register, heartbeat,
-publish, sync: a bound token for its own id, or the shared worker token). The router token is
-never a worker credential. A role with no token is open; a service with a router token but
-no worker credential refuses to start (:func:`check_credentials`).
+Roles: *router* (Route, Stats, reflection), *admin* (pins, tenant quotas), *worker*
+(register, heartbeat, publish, sync: a bound token for its own id, or the shared worker
+token). The router token is never a worker credential. A role with no token is open; a
+service with a router token but no worker credential refuses to start
+(:func:`check_credentials`).
 
 See docs/architecture.md#the-service-process.
 """
@@ -21,12 +22,13 @@ if TYPE_CHECKING:  # service.config calls check_credentials
 SERVICE = "/kvmesh.v1.IndexService/"
 WORKER_METHODS = frozenset(SERVICE + m for m in
                            ("RegisterWorker", "Heartbeat", "PublishEvents", "SyncWorker"))
-ADMIN_METHODS = frozenset(SERVICE + m for m in ("PinPrefix", "UnpinPrefix"))
+ADMIN_METHODS = frozenset(SERVICE + m for m in ("PinPrefix", "UnpinPrefix", "SetTenantQuota",
+                                                 "GetTenantQuotas"))
 _FINGERPRINT_LABEL = b"kvmesh credential fingerprint v1\x00"
 
 
 def role_of(method: str) -> str:
-    """``"worker"`` for the worker calls, ``"admin"`` for the pins, ``"router"`` for
+    """``"worker"`` for the worker calls, ``"admin"`` for pins and quotas, ``"router"`` for
     everything else."""
     if method in WORKER_METHODS:
         return "worker"

@@ -22,7 +22,8 @@ _SHARED = {"redis_url": opt.RedisUrl, "policy": opt.Policy, "token": opt.Token,
            "admin_token": opt.AdminToken,
            "worker_token": opt.WorkerToken, "worker_secret": opt.WorkerSecret,
            "tls_cert_file": opt.TlsCert, "tls_key_file": opt.TlsKey, "tls_ca_file": opt.TlsCa,
-           "tls_client_auth": opt.TlsClientAuth}
+           "tls_client_auth": opt.TlsClientAuth,
+           "default_tenant_quota": opt.DefaultTenantQuota}
 _HELP = {
     "redis_cluster": "The --redis-url names a node of a Redis Cluster (as a "
                      "redis+cluster:// URL does); default: one Redis server.",
@@ -49,6 +50,7 @@ _HELP = {
                   "benchmarks show it wins.",
     "min_fetch_blocks": "Plan a peer fetch only for at least this many blocks.",
     "fetch_ticket_ttl_s": "Lifetime of a planned fetch's ticket, seconds.",
+    "quota_refresh_s": "How often a replica re-reads the stored tenant quotas, seconds.",
 }
 _LEVELS = ("debug", "info", "warning", "error")
 SECRETS = ("token", "worker_token", "worker_secret", "admin_token")
@@ -75,6 +77,7 @@ _OWN = [
         "--cost-weight", metavar="NAME=VALUE",
         help="Set one weight of the kvmesh cost model (repeatable); NAME is a field of "
         "service.config.CostWeights: " + ", ".join(cost_weight_names()) + ".")], None),
+    ("tenant_quota", opt.TenantQuota, None),
 ]
 
 
@@ -99,12 +102,14 @@ def _params() -> list[inspect.Parameter]:
 
 def config_of(backend: str, hash_seed: str | None, cpu_credit: float | None = None,
               disk_credit: float | None = None, cost_weight: list[str] | None = None,
-              **fields: Any) -> ServiceConfig:
+              tenant_quota: list[str] | None = None, **fields: Any) -> ServiceConfig:
     """The ServiceConfig of the command's flags: ``backend`` auto resolved, the seed resolved
     as vLLM does, empty secrets as none, explicit credits and ``--cost-weight NAME=VALUE``
-    items into the cost weights. Raises ``ValueError`` for inconsistent flags (a credit set
-    by both its flag and ``--cost-weight``, a bad weight name or value)."""
+    items into the cost weights, ``--tenant-quota NAME=FRACTION`` items into the start
+    quotas. Raises ``ValueError`` for inconsistent flags (a credit set by both its flag and
+    ``--cost-weight``, a bad weight name or value, a bad tenant quota)."""
     from kvmesh.hashing import resolve_seed
+    from kvmesh.quota import parse_assignment
     from service.config import CostWeights, parse_cost_weights
 
     kind = backend if backend != "auto" else ("redis" if fields.get("redis_url") else "memory")
@@ -118,8 +123,9 @@ def config_of(backend: str, hash_seed: str | None, cpu_credit: float | None = No
                                  "both set: give one")
             overrides[name] = value
     weights = CostWeights(**overrides)
+    quotas = tuple(parse_assignment(item) for item in tenant_quota or ())
     return ServiceConfig(backend=kind, hash_seed=resolve_seed(None, hash_seed),
-                         weights=weights, **fields)
+                         weights=weights, tenant_quotas=quotas, **fields)
 
 
 def register(app: typer.Typer) -> None:

@@ -128,7 +128,7 @@ class ServiceConfig:
     token: str | None = field(default=None, repr=False)  # router token: Route/Stats only
     worker_token: str | None = field(default=None, repr=False)  # shared, unbound worker token
     worker_secret: str | None = field(default=None, repr=False)  # mints id-bound tokens
-    admin_token: str | None = field(default=None, repr=False)  # PinPrefix / UnpinPrefix only
+    admin_token: str | None = field(default=None, repr=False)  # pins and tenant quotas only
     heartbeat_interval_s: float = 1.0
     liveness_timeout_s: float = 3.0       # no heartbeat for this long: out of routing
     purge_after_s: float = 10.0           # no heartbeat for this long: the janitor purges
@@ -174,6 +174,11 @@ class ServiceConfig:
     peer_fetch: bool = False
     min_fetch_blocks: int = 4             # plan a fetch only for at least this many blocks
     fetch_ticket_ttl_s: float = 30.0      # a planned fetch's ticket expires this much later
+    # Tenant quotas (service.quotas): written to the store at start, overriding those
+    # tenants' stored quotas; each a fraction of every tier.
+    tenant_quotas: tuple[tuple[str, float], ...] = ()  # (tenant, fraction)
+    default_tenant_quota: float | None = None
+    quota_refresh_s: float = 1.0          # a replica re-reads the stored quotas this often
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -211,6 +216,18 @@ class ServiceConfig:
             raise ValueError("max_inflight_per_conn must be >= 0 (0: unlimited)")
         if not 0 < self.fetch_ticket_ttl_s <= 3600:
             raise ValueError("fetch_ticket_ttl_s must be in (0, 3600] seconds")
+        self._check_quotas()
+
+    def _check_quotas(self) -> None:
+        from kvmesh.quota import check_fraction, check_tenant
+
+        if self.default_tenant_quota is not None:
+            check_fraction(self.default_tenant_quota, "the default tenant quota")
+        for name, fraction in self.tenant_quotas:
+            check_tenant(name)
+            check_fraction(fraction, f"the quota of tenant {name!r}")
+        if not 0 < self.quota_refresh_s <= 60:
+            raise ValueError("quota_refresh_s must be in (0, 60] seconds")
 
     def indexed_cap(self, total_blocks: int) -> int:
         """The most blocks a worker reporting a pool of ``total_blocks`` may have indexed."""

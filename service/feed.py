@@ -34,6 +34,7 @@ from service.index.base import (
 )
 from service.liveness import WorkerTable
 from service.metrics import ServiceMetrics
+from service.quotas import QuotaBook
 from service.validate import RequestError
 
 log = logging.getLogger("kvmesh.service")
@@ -43,8 +44,10 @@ class WorkerFeed:
     """The worker calls over one backend, keeping the replica's worker ``table`` in step."""
 
     def __init__(self, config: ServiceConfig, backend: IndexBackend, table: WorkerTable,
-                 block_cap: BlockCap, metrics: ServiceMetrics, clock: Clock) -> None:
+                 block_cap: BlockCap, metrics: ServiceMetrics, clock: Clock,
+                 quotas: QuotaBook | None = None) -> None:
         self.cfg = config
+        self.quotas = quotas if quotas is not None else QuotaBook(config, backend, clock)
         self.backend = backend
         self.table = table
         self.block_cap = block_cap
@@ -92,7 +95,8 @@ class WorkerFeed:
     async def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         """Record the worker's load; ask for a snapshot (``resync``) when the index lost
         track of its events or it comes back from the dead, and for a new registration
-        when the index does not know it."""
+        when the index does not know it. The answer carries the tenant quotas when they
+        differ from the ``quota_version`` the worker applies (``service.quotas``)."""
         validate.worker_id(req.worker_id)
         load = validate.load(req.load)
         now = self.clock()
@@ -121,7 +125,11 @@ class WorkerFeed:
         elif returning:
             resync = True
             self.metrics.resyncs.labels("returned").inc()
-        return pb.HeartbeatResponse(resync=resync)
+        answer = pb.HeartbeatResponse(resync=resync)
+        quotas = await self.quotas.current()
+        if quotas is not None and quotas.version != req.quota_version:
+            answer.quotas.CopyFrom(quotas)
+        return answer
 
     async def publish(self, req: pb.PublishEventsRequest) -> pb.PublishEventsResponse:
         """Apply the worker's events in seq order; a gap answers ``resync`` (nothing

@@ -1,9 +1,10 @@
 """The metadata service process: grpc.aio server + background refresh and janitor loops.
 
-``create_server(addr, ServiceConfig(...))`` returns the server and its port. Replicas hold no
-state beyond caches, so any number may serve one Redis. Refresh re-reads worker records (and
-ends a degraded period); the janitor purges silent workers (atomic, so racing replicas are
-harmless). Also serves ``grpc.health.v1`` and reflection.
+``create_server(addr, ServiceConfig(...))`` returns the server and its port. Replicas hold
+no state beyond caches, so any number may serve one Redis. Refresh re-reads worker records
+(and ends a degraded period; it also stores the start flags' tenant quotas once the index is
+up); the janitor purges silent workers (atomic, so racing replicas are harmless). Also
+serves ``grpc.health.v1`` and reflection.
 
 See docs/architecture.md#the-service-process.
 """
@@ -58,6 +59,8 @@ class IndexServer:
         cfg = self.config
         with contextlib.suppress(IndexUnavailable):
             await self.servicer.router.refresh()  # a down index at start is fine: it is retried
+        with contextlib.suppress(IndexUnavailable):
+            await self.servicer.quotas.write_start()  # the --tenant-quota flags (retried too)
         await self.grpc_server.start()
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -103,6 +106,8 @@ class IndexServer:
 
     async def _refresh(self) -> None:
         try:
+            if self.servicer.quotas.starting:
+                await self.servicer.quotas.write_start()
             await self.servicer.router.refresh()
         except IndexUnavailable:
             self.servicer.router.mark_down()

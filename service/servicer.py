@@ -1,14 +1,14 @@
-"""IndexService handlers. Stateless: all durable state is in the backend; what a replica
-keeps (the worker table, metrics, round-robin counter) is a cache or per-replica statistics.
+"""IndexService handlers. Stateless: all durable state is in the backend; what a replica keeps
+(the worker table, metrics, round-robin counter) is a cache or per-replica statistics.
 
 A dispatcher only: each handler validates and hands its request to ``WorkerFeed`` (worker
-calls), ``Router`` (Route, Stats) or ``PinService`` (pins). Error contract: malformed ->
-INVALID_ARGUMENT, over a limit -> RESOURCE_EXHAUSTED, unknown worker -> NOT_FOUND, root hash
-or incarnation mismatch -> FAILED_PRECONDITION, a live worker's id from another address or
-credential -> ALREADY_EXISTS, backend down on a worker call -> UNAVAILABLE; anything else is
-a bug answered INTERNAL (:func:`_rpc`: never UNKNOWN). Route and Stats never fail because of
-the backend (degraded answers). A rejected request changes nothing. Time: the injected
-``clock`` only.
+calls), ``Router`` (Route, Stats), ``PinService`` (pins) or ``QuotaBook`` (tenant quotas).
+Error contract: malformed -> INVALID_ARGUMENT, over a limit -> RESOURCE_EXHAUSTED, unknown
+worker -> NOT_FOUND, root hash or incarnation mismatch -> FAILED_PRECONDITION, a live
+worker's id from another address or credential -> ALREADY_EXISTS, backend down on a worker
+call -> UNAVAILABLE; anything else is a bug answered INTERNAL (:func:`_rpc`: never UNKNOWN).
+Route and Stats never fail because of the backend (degraded answers). A rejected request
+changes nothing. Time: the injected ``clock`` only.
 
 See docs/architecture.md#the-service-process.
 """
@@ -44,6 +44,7 @@ from service.liveness import WorkerTable
 from service.metrics import ServiceMetrics
 from service.pins import PinService
 from service.policy import make_policies
+from service.quotas import QuotaBook
 from service.route import Router
 from service.validate import RequestError
 
@@ -84,7 +85,7 @@ def _rpc(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
 
 
 class IndexServicer(pb_grpc.IndexServiceServicer):
-    """The eight RPCs over one backend; see the module docstring for the error contract."""
+    """The ten RPCs over one backend; see the module docstring for the error contract."""
 
     def __init__(self, config: ServiceConfig, backend: IndexBackend,
                  clock: Clock = wall_ms) -> None:
@@ -99,7 +100,9 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         self.pins = PinService(config, self.table, self.router.lookup, self.router.hashes,
                                policies["kvmesh"], rng, clock)
         block_cap = BlockCap(config.indexed_blocks_per_pool, config.min_indexed_cap)
-        self.feed = WorkerFeed(config, backend, self.table, block_cap, self.metrics, clock)
+        self.quotas = QuotaBook(config, backend, clock)
+        self.feed = WorkerFeed(config, backend, self.table, block_cap, self.metrics, clock,
+                               self.quotas)
 
     def close(self) -> None:
         """Release what the servicer holds open (the router's route log)."""
@@ -149,3 +152,14 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
     @_rpc
     async def UnpinPrefix(self, req: pb.UnpinPrefixRequest) -> pb.UnpinPrefixResponse:
         return await self.pins.unpin(validate.unpin(req, self.cfg))
+
+    # --- admin RPCs (service.quotas) -----------------------------------------------------
+
+    @_rpc
+    async def SetTenantQuota(self, req: pb.SetTenantQuotaRequest) -> pb.SetTenantQuotaResponse:
+        return await self.quotas.set(req)
+
+    @_rpc
+    async def GetTenantQuotas(self, req: pb.GetTenantQuotasRequest
+                              ) -> pb.GetTenantQuotasResponse:
+        return await self.quotas.get()

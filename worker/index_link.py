@@ -7,7 +7,9 @@ step (``worker.engine.event_tap``) and handed to the event loop; the runner's lo
 change of which (a request finished) sends the next heartbeat early, so the router's cost
 model never sees a worker as busy for up to a second after it went idle; and snapshots of
 the cache, taken on the engine thread. Events the pool dropped unread, like an overflowing
-:class:`~worker.outbox.Outbox`, are replaced by a snapshot.
+:class:`~worker.outbox.Outbox`, are replaced by a snapshot. Tenant quotas a heartbeat
+answer carries are applied to the pool on the engine thread
+(``KVCacheManager.set_quotas``), between steps.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import grpc
 from kvmesh.events.pool import PoolEvent
 from kvmesh.events.to_index import event_to_proto, snapshot_blocks
 from kvmesh.link.link import Link
+from kvmesh.quota import Quotas
 from kvmesh.v1 import index_pb2
 from worker.engine.async_engine import AsyncEngine
 from worker.engine.engine import Engine
@@ -49,6 +52,12 @@ class EngineFeed:
     async def snapshot(self) -> tuple[int, list[index_pb2.BlockStored]]:
         snap = await self.runner.call(lambda e: e.kv.cached_block_hashes())
         return snap.seq, snapshot_blocks(snap)
+
+    async def quotas(self, quotas: index_pb2.TenantQuotas) -> None:
+        """Apply ``quotas`` to the pool on the engine thread (``ValueError`` when
+        malformed: the pool keeps its own)."""
+        new = Quotas.from_proto(quotas)
+        await self.runner.call(lambda e: e.kv.set_quotas(new))
 
 
 class ServiceLink(Link[PoolEvent]):

@@ -9,7 +9,10 @@ only reads the events side's numbers, raises its flags (``registered``, ``need_s
 after the service answered, ``need_sync`` first) and wakes it thread-safely. A heartbeat
 whose resync answer raced a publish or snapshot (the index may be ahead of the
 ``last_seq`` it carried) is no evidence of a lost index: it is rechecked by a heartbeat
-soon after, never obeyed.
+soon after, never obeyed. A heartbeat carries the version of the tenant quotas the side
+applies (``quota_version``); an answer with quotas hands them to the feed
+(``Feed.quotas``), and the version it reports next is theirs; malformed quotas are logged
+and ignored (the side keeps its own, and the service sends them again next beat).
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ class Beats:
     _beat_load: index_pb2.WorkerLoad
     _recheck: bool
     feed: Any
+    quota_version: int  # the TenantQuotas.version the side applies (0: none)
 
     def _wake_beats(self) -> None:
         """Wake the beat task (any thread): a registration or a load change to tell."""
@@ -143,8 +147,11 @@ class Beats:
         quiet, epoch = self._inflight == 0, self._epoch
         resp = await stub.Heartbeat(index_pb2.HeartbeatRequest(
             worker_id=self.worker_id, load=load, last_seq=self.last_seq,
-            incarnation=self.incarnation), timeout=self.timeout, metadata=self.metadata)
+            incarnation=self.incarnation, quota_version=self.quota_version),
+            timeout=self.timeout, metadata=self.metadata)
         self.counters["heartbeats"] += 1
+        if resp.HasField("quotas"):
+            await self._take_quotas(resp.quotas)
         if resp.reregister:
             self.registered = False
         elif resp.resync and not (quiet and epoch == self._epoch):
@@ -157,3 +164,15 @@ class Beats:
             self.need_sync = True
             self._wake()
 
+    async def _take_quotas(self, quotas: index_pb2.TenantQuotas) -> None:
+        """Hand a heartbeat answer's quotas to the feed; report their version from now on."""
+        try:
+            await self.feed.quotas(quotas)
+        except ValueError as e:
+            self.counters["bad_quotas"] += 1
+            self._warn("quotas", "%s: ignoring malformed tenant quotas (version %d), keeping "
+                       "version %d: %s", self.worker_id, quotas.version, self.quota_version, e)
+            return
+        self.quota_version = quotas.version
+        self.counters["quota_updates"] += 1
+        log.info("%s: tenant quotas version %d applied", self.worker_id, quotas.version)

@@ -44,3 +44,9 @@ class Feed(Protocol[E]):
     async def snapshot(self) -> tuple[int, Sequence[index_pb2.BlockStored]]:
         """(seq, every block held as of that seq) for ``SyncWorker``."""
         ...
+
+    async def quotas(self, quotas: index_pb2.TenantQuotas) -> None:
+        """Apply the tenant quotas a heartbeat answer carries (or acknowledge them, for a
+        side that cannot enforce them). Raises ``ValueError`` for quotas it cannot apply
+        (``kvmesh.quota.Quotas.from_proto``): the side keeps what it has."""
+        ...

@@ -100,6 +100,7 @@ class Link(Beats, Generic[E]):
         self._epoch = 0
         self._recheck = False  # a heartbeat's resync answer was deferred: beat again soon
         self._beat_load = index_pb2.WorkerLoad()  # as of the last heartbeat
+        self.quota_version = 0  # tenant quotas the feed applies (kvmesh.link.beats)
         self._warned: set[str] = set()
 
     # --- the events side (its loop) -------------------------------------------------------

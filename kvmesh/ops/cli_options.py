@@ -69,6 +69,15 @@ AdminToken = Annotated[str | None, typer.Option(
     "--admin-token", envvar="KVMESH_ADMIN_TOKEN",
     help="Admin token (the service's --admin-token): PinPrefix/UnpinPrefix need it, the "
     "router token is not enough.")]
+# Tenant quotas at start (kvmesh.quota; `kvmesh quota set` changes them at run time).
+TenantQuota = Annotated[list[str] | None, typer.Option(
+    "--tenant-quota", metavar="NAME=F",
+    help="NAME=FRACTION: tenant NAME's cache quota, a fraction of each KV tier of every "
+    "worker, stored at start over its stored one (repeatable).")]
+DefaultTenantQuota = Annotated[float | None, typer.Option(
+    "--default-tenant-quota", metavar="F",
+    help="Every tenant's cache quota (a fraction of each KV tier of every worker), stored at "
+    "start; default: the stored one (none: no quotas).")]
 WorkerToken = Annotated[str | None, typer.Option(
     "--worker-token", envvar="KVMESH_WORKER_TOKEN",
     help="Separate token for Register/Heartbeat/Publish/Sync.")]

@@ -19,6 +19,7 @@ from enum import Enum
 from urllib.parse import quote
 
 from kvmesh.contract import TIER_PB, TIERS
+from kvmesh.quota import Quota, Quotas
 
 TIER_GPU, TIER_CPU, TIER_DISK = (TIER_PB[t] for t in TIERS)  # the wire's Tier values
 ALL_TIERS = 0b111
@@ -304,6 +305,17 @@ class IndexBackend(abc.ABC):
     @abc.abstractmethod
     async def get_worker(self, worker_id: str) -> WorkerRecord | None:
         """One worker's record (a copy), or None."""
+
+    @abc.abstractmethod
+    async def quotas(self) -> Quotas:
+        """The tenant quotas every replica serves (``Quotas()`` when none is set)."""
+
+    @abc.abstractmethod
+    async def set_quota(self, tenant: str, quota: Quota | None) -> Quotas:
+        """Set ``tenant``'s quota (``kvmesh.quota.ALL_TENANTS``: the default), or remove it
+        when ``quota`` is None or empty; returns the quotas after. One tenant is one atomic
+        write, so replicas setting different tenants at once lose neither. The caller
+        validates (tenant name, the per-tenant limit)."""
 
     async def sweep(self) -> int:
         """Reclaim the memory of entries that were dropped logically (the redis backend

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from kvmesh.quota import Quota, Quotas
 from service.index.base import (
     TIER_GPU,
     ApplyResult,
@@ -57,6 +58,7 @@ class MemoryBackend(IndexBackend):
         self._sweep_at: dict[str, int] = {}  # ns -> provisional map size that triggers a sweep
         self._records: dict[str, WorkerRecord] = {}
         self._held: dict[str, dict[bytes, bytes]] = {}              # wid -> hash -> root
+        self._quotas = Quotas()
 
     # --- worker state -------------------------------------------------------------------
 
@@ -249,3 +251,12 @@ class MemoryBackend(IndexBackend):
     async def get_worker(self, worker_id: str) -> WorkerRecord | None:
         rec = self._records.get(worker_id)
         return None if rec is None else copy_record(rec)
+
+    # --- tenant quotas ------------------------------------------------------------------
+
+    async def quotas(self) -> Quotas:
+        return self._quotas
+
+    async def set_quota(self, tenant: str, quota: Quota | None) -> Quotas:
+        self._quotas = self._quotas.with_quota(tenant, quota)
+        return self._quotas

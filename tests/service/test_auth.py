@@ -94,3 +94,31 @@ def test_tls_with_token(tmp_path: Path) -> None:
             await server.stop(None)
 
     asyncio.run(main())
+
+
+def test_the_quota_rpcs_take_the_admin_token_and_refuse_every_other_credential() -> None:
+    """Set/GetTenantQuotas on a real server with every role's token configured: the router
+    token, the shared worker token, a worker's bound token, a wrong one and none are all
+    refused (UNAUTHENTICATED or PERMISSION_DENIED), and nothing is set."""
+    from service import worker_tokens
+
+    secret = "s" * 16
+    cfg = ServiceConfig(token="r-tok", worker_token="w-tok", worker_secret=secret,
+                        admin_token="adm-tok")
+    refused = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+    req = pb.SetTenantQuotaRequest(quota=pb.TenantQuota(tenant="a", gpu=0.3))
+
+    async def main() -> None:
+        async with serve(cfg) as r:
+            for token in ("r-tok", "w-tok", worker_tokens.mint(secret, "a"), "wrong", None):
+                assert await code_of(r.stub.SetTenantQuota(req, metadata=meta(token))) \
+                    in refused, token
+                assert await code_of(r.stub.GetTenantQuotas(
+                    pb.GetTenantQuotasRequest(), metadata=meta(token))) in refused, token
+            got = await r.stub.GetTenantQuotas(pb.GetTenantQuotasRequest(),
+                                               metadata=meta("adm-tok"))
+            assert got.quotas.version == 0  # no refused call set anything
+            res = await r.stub.SetTenantQuota(req, metadata=meta("adm-tok"))
+            assert res.quotas.tenants[0].tenant == "a" and res.quotas.version != 0
+
+    asyncio.run(main())

@@ -54,7 +54,8 @@ def every_rpc(stub: Any, w: ProtocolWorker) -> dict[str, Callable[[], Awaitable[
 def test_every_handler_goes_through_the_error_mapping() -> None:
     names = pb.DESCRIPTOR.services_by_name["IndexService"].methods_by_name
     assert set(names) == {"RegisterWorker", "Heartbeat", "PublishEvents", "SyncWorker",
-                          "Route", "Stats", "PinPrefix", "UnpinPrefix"}
+                          "Route", "Stats", "PinPrefix", "UnpinPrefix", "SetTenantQuota",
+                          "GetTenantQuotas"}
     for name in names:
         assert hasattr(getattr(IndexServicer, name), "__wrapped__"), name
 

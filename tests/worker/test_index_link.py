@@ -224,3 +224,33 @@ def test_heartbeats_overlapping_publishes_ask_no_resync(redis_url):
             assert link.counters["resyncs"] == 1 and link.counters["gaps"] == 0
 
     asyncio.run(main())
+
+
+def test_quotas_set_on_the_service_reach_the_pool_change_and_clear(redis_url):
+    """A quota set through the client reaches the engine's pool within a few seconds (the
+    next heartbeat after the replica's refresh), a change reaches it again, and a clear
+    returns it to no quotas."""
+    from kvmesh.quota import Quota, Quotas
+
+    async def main():
+        port = free_port()
+        cfg = dict(backend="redis", redis_url=redis_url, heartbeat_interval_s=0.2)
+        async with service_at(port, **cfg), linked_engine(port) as (runner, link), \
+                AsyncKvmeshClient(f"127.0.0.1:{port}") as client:
+            kv = runner.engine.kv
+
+            async def pool_quotas():
+                return await runner.call(lambda e: e.kv.quotas)
+
+            want = await client.set_tenant_quota("a", gpu=0.3, cpu=0.5)
+            assert want == Quotas(tenants={"a": Quota(gpu=0.3, cpu=0.5)})
+            await eventually(pool_quotas, lambda q: q == want, within=5)
+            want = await client.set_tenant_quota("*", gpu=0.8)
+            await eventually(pool_quotas, lambda q: q == want, within=5)
+            assert link.quota_version == want.version
+            await client.set_tenant_quota("a", clear=True)
+            await client.set_tenant_quota("*", clear=True)
+            await eventually(pool_quotas, lambda q: q == Quotas(), within=5)
+            assert kv.quotas.version == 0 and link.counters["quota_updates"] >= 3
+
+    asyncio.run(main())

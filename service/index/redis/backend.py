@@ -21,6 +21,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.retry import Retry
 
+from kvmesh.quota import ALL_TENANTS, Quota, Quotas, check_tenant
 from service.index.base import (
     ApplyResult,
     ApplyStatus,
@@ -146,6 +147,21 @@ class RedisBackend(IndexBackend):
 
     async def close(self) -> None:
         await self.client.aclose()
+
+    # --- tenant quotas (one hash on the control slot; a field per tenant) -----------------
+
+    async def quotas(self) -> Quotas:
+        async with self._guard():
+            return keys.quotas_of(await self.client.hgetall(keys.QUOTAS))
+
+    async def set_quota(self, tenant: str, quota: Quota | None) -> Quotas:
+        name = tenant if tenant == ALL_TENANTS else check_tenant(tenant)
+        async with self._guard():
+            if quota is None or quota.empty:
+                await self.client.hdel(keys.QUOTAS, name)
+            else:
+                await self.client.hset(keys.QUOTAS, name, keys.quota_value(quota))
+        return await self.quotas()
 
     async def _ns(self, worker_id: str, fresh: bool = False) -> str | None:
         if fresh or worker_id not in self._ns_of:

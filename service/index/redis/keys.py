@@ -12,12 +12,18 @@ See docs/architecture.md#the-redis-layout-serviceindexredis.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import logging
+from collections.abc import Mapping, Sequence
 
 from redis.crc import key_slot
 
+from kvmesh.contract import TIERS
+from kvmesh.quota import ALL_TENANTS, Quota, Quotas
+
 CTL = "kvm:{ctl}:"
 REGISTRY = CTL + "workers"
+QUOTAS = CTL + "quotas"  # tenant ("*": the default) -> its Quota as JSON
 HANDLES, FREE, DEAD, CYCLE, SWEEP = (CTL + s for s in ("handles", "free", "dead", "cycle",
                                                        "sweep"))
 MAX_HANDLE = 2 ** 24 - 1
@@ -112,3 +118,27 @@ def live_map(reply: dict[bytes, bytes] | list[bytes]) -> tuple[bytes | None, dic
     version = fields.pop(b"v", None)
     fields.pop(b"c", None)
     return version, {int(h): wid.decode() for h, wid in fields.items()}
+
+
+def quota_value(quota: Quota) -> str:
+    """A tenant's field value in :data:`QUOTAS`: ``{"gpu": 0.3}``, set tiers only."""
+    return json.dumps({t: quota.get(t) for t in TIERS if quota.get(t) is not None},
+                      sort_keys=True)
+
+
+def quotas_of(fields: Mapping[str, str]) -> Quotas:
+    """The :class:`Quotas` of :data:`QUOTAS`' fields. A field no quota can be (written by
+    hand, or by another version) is skipped with a warning: one bad tenant must not take
+    every tenant's quotas away."""
+    default, tenants = Quota(), {}
+    for tenant, value in sorted(fields.items()):
+        try:
+            quota = Quota(**{t: float(v) for t, v in json.loads(value).items()})
+            if tenant == ALL_TENANTS:
+                default = quota
+            else:
+                tenants[tenant] = quota
+        except (ValueError, TypeError, AttributeError) as e:
+            logging.getLogger("kvmesh.service").warning(
+                "ignoring the stored quota of tenant %r (%s): %s", tenant, QUOTAS, e)
+    return Quotas(default, tenants)

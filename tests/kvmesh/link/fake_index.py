@@ -42,6 +42,7 @@ class FakeIndex(pb_grpc.IndexServiceServicer):
     view: set[tuple[bytes, int]] = field(default_factory=set)  # (hash, tier)
     last_seq: int = 0
     in_flight: int = 0
+    quotas: pb.TenantQuotas | None = None  # answered to a heartbeat of another version
 
     def of(self, method: str) -> list:
         return [req for m, _, req in self.calls if m == method]
@@ -67,7 +68,10 @@ class FakeIndex(pb_grpc.IndexServiceServicer):
             bad.resync_next_beat = False
             return pb.HeartbeatResponse(resync=True)
         ahead = bad.beat_resync_in_flight and self.in_flight > 0
-        return pb.HeartbeatResponse(resync=ahead or req.last_seq != self.last_seq)
+        resp = pb.HeartbeatResponse(resync=ahead or req.last_seq != self.last_seq)
+        if self.quotas is not None and self.quotas.version != req.quota_version:
+            resp.quotas.CopyFrom(self.quotas)
+        return resp
 
     async def SyncWorker(self, req, context):  # noqa: N802
         self._note("SyncWorker", req)

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from kvmesh.quota import ALL_TENANTS, Quota, Quotas
 from service.index.base import (
     TIER_CPU,
     TIER_GPU,
@@ -364,3 +365,28 @@ def test_resolve_snapshot_handles_cycles() -> None:
     a, b2 = H(1)[0], H(2)[0]
     got = resolve_snapshot([IndexStored((a,), parent=b2), IndexStored((b2,), parent=a)])
     assert got == {}
+
+
+def test_tenant_quotas_are_set_replaced_and_cleared_per_tenant(
+        backend_factory: Callable[[], IndexBackend]) -> None:
+    """Quotas start empty; a set replaces one tenant's quota (the default's with '*'), a
+    clear removes it; tenants set at once, each in its own write, are all kept."""
+    async def body(b: IndexBackend) -> None:
+        assert await b.quotas() == Quotas()
+        got = await b.set_quota(ALL_TENANTS, Quota(gpu=0.8))
+        assert got == Quotas(Quota(gpu=0.8)) == await b.quotas()
+        await asyncio.gather(*(b.set_quota(t, Quota(gpu=0.1 * i, disk=0.5))
+                               for i, t in enumerate("abcd")))
+        await b.set_quota("b", Quota(cpu=0.25))  # replaces b's whole quota
+        want = Quotas(Quota(gpu=0.8), {"a": Quota(gpu=0.0, disk=0.5),
+                                       "b": Quota(cpu=0.25),
+                                       "c": Quota(gpu=0.2, disk=0.5),
+                                       "d": Quota(gpu=0.1 * 3, disk=0.5)})
+        assert await b.quotas() == want and want.version != 0
+        assert (await b.set_quota("c", None)).tenants.keys() == {"a", "b", "d"}
+        await b.set_quota(ALL_TENANTS, None)
+        for t in "abd":
+            await b.set_quota(t, Quota())  # empty: removed too
+        assert await b.quotas() == Quotas() and (await b.quotas()).version == 0
+
+    run(backend_factory, body)

@@ -14,6 +14,7 @@ from redis.asyncio.connection import Connection
 from redis.crc import key_slot
 
 from deploy.redis_server import RedisServer
+from kvmesh.quota import Quota, Quotas
 from service.index.base import (
     TIER_CPU,
     BlockMatch,
@@ -245,6 +246,20 @@ def test_a_lookup_after_a_server_restart_retries_on_a_fresh_connection(
             redis_server.kill()
             redis_server.start()  # empty again; the pool still holds the dead connection
             assert await b.lookup(NS, H(1, 2), T0) == {}
+        finally:
+            await b.close()
+
+    asyncio.run(main())
+
+
+def test_a_malformed_stored_quota_is_skipped_not_fatal(redis_url: str) -> None:
+    """One tenant's field that no quota can be (written by hand) costs that tenant only."""
+    async def main() -> None:
+        b = RedisBackend.from_url(redis_url)
+        try:
+            await b.set_quota("a", Quota(gpu=0.3))
+            await b.client.hset(keys.QUOTAS, mapping={"b": "{not json", "c": '{"gpu": 7}'})
+            assert await b.quotas() == Quotas(tenants={"a": Quota(gpu=0.3)})
         finally:
             await b.close()
 
