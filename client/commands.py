@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 Tokens = Annotated[str | None, typer.Option("--tokens", help="Prompt token ids: 1,2,3")]
 Text = Annotated[str | None, typer.Option("--text", help="Prompt text (byte-level tokens).")]
 Salt = Annotated[str | None, typer.Option("--salt", help="Cache salt (tenant isolation).")]
+Tenant = Annotated[str | None, typer.Option(
+    "--tenant", help="Whom the request is for (cache quotas and accounting; default: the "
+    "default tenant). A label, never a credential: --salt decides what is shared.")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Per-call timeout, seconds.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 WorkerId = Annotated[str | None, typer.Option(
@@ -113,14 +116,14 @@ def route_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
               record: Annotated[bool, typer.Option(
                   help="Route for real (provisional entries, load estimate) instead of "
                        "only looking.")] = False,
-              worker_id: WorkerId = None,
+              worker_id: WorkerId = None, tenant: Tenant = None,
               tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None) -> None:
     """Ask the service which worker holds the longest prefix of a prompt (and which
     candidates would first pull blocks from a peer: the fetch column)."""
     prompt = _prompt(tokens, text)
     with _client(service, token, timeout, (tls_ca, tls_cert, tls_key)) as client:
         result = client.route(prompt, salt=salt, policy=policy, max_candidates=max_candidates,
-                              dry_run=not record, worker_id=worker_id)
+                              dry_run=not record, worker_id=worker_id, tenant=tenant)
     if json_out:
         _print_json(dataclasses.asdict(result))
         return
@@ -153,14 +156,14 @@ def generate_cmd(tokens: Tokens = None, text: Text = None, salt: Salt = None,
                  temperature: Annotated[float, typer.Option("--temperature")] = 0.0,
                  seed: Annotated[int | None, typer.Option("--seed")] = None,
                  policy: Policy = None, timeout: Timeout = 5.0,
-                 json_out: JsonOut = False, worker_id: WorkerId = None,
+                 json_out: JsonOut = False, worker_id: WorkerId = None, tenant: Tenant = None,
                  tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None) -> None:
     """Route a prompt and generate on the chosen worker (failing over if it is down)."""
     prompt = _prompt(tokens, text)
     with _client(service, token, timeout, (tls_ca, tls_cert, tls_key)) as client:
         result = client.generate(prompt, max_tokens=max_tokens, salt=salt,
                                  temperature=temperature, seed=seed, policy=policy,
-                                 worker_id=worker_id)
+                                 worker_id=worker_id, tenant=tenant)
         if text is not None and not json_out:
             _note_random_model(client, result.address, result.worker_id)
     out = dataclasses.asdict(result)

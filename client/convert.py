@@ -24,6 +24,7 @@ from client.results import (
     PinResult,
     RouteResult,
 )
+from kvmesh.quota import check_tenant
 from kvmesh.rpc.auth import WorkerAccess
 from kvmesh.v1 import index_pb2, worker_pb2
 
@@ -93,13 +94,17 @@ def route_request(token_ids: Iterable[int], salt: str | None = None, lora: LoraS
                   mm: Iterable[MmSpec] = (), policy: str | None = None,
                   max_candidates: int = 0, model: str | None = None,
                   dry_run: bool = False, packed: bool = True,
-                  worker_id: str | None = None) -> index_pb2.RouteRequest:
+                  worker_id: str | None = None,
+                  tenant: str | None = None) -> index_pb2.RouteRequest:
     """Build a ``RouteRequest``; ``None`` means the service's default for every option
-    (``worker_id``: answer only that worker, which may still be planned a peer fetch).
+    (``worker_id``: answer only that worker, which may still be planned a peer fetch;
+    ``tenant``: the default tenant). Raises ``ValueError`` for a tenant name the service
+    would refuse (:func:`kvmesh.quota.check_tenant`), before anything is sent.
 
     The prompt goes as ``token_ids_packed`` (:func:`pack_tokens`) when every id fits a
     uint32, else (or with ``packed=False``, for a service older than the field) as the
     repeated ``token_ids``, which the service still reads and checks."""
+    tenant = check_tenant(tenant) if tenant else ""  # "" on the wire: the default tenant
     ids = _token_list(token_ids)
     if not isinstance(ids, Sequence) and not hasattr(ids, "dtype"):
         ids = list(ids)  # an iterator: it is read twice when it cannot be packed
@@ -108,7 +113,7 @@ def route_request(token_ids: Iterable[int], salt: str | None = None, lora: LoraS
         token_ids=ids if raw is None else (), token_ids_packed=raw or b"", salt=salt or "",
         lora=_lora(lora), mm=_mm(mm), model=model or "", policy=policy or "",
         max_candidates=max(0, int(max_candidates)), dry_run=dry_run,
-        worker_id=worker_id or "")
+        worker_id=worker_id or "", tenant=tenant)
 
 
 def pack_tokens(token_ids: Sequence[int]) -> bytes | None:
@@ -170,14 +175,15 @@ def generate_request(route: index_pb2.RouteRequest, max_tokens: int = 16,
                      temperature: float = 0.0, seed: int | None = None,
                      ignore_eos: bool = False,
                      request_id: str | None = None) -> worker_pb2.GenerateRequest:
-    """Build the worker's ``GenerateRequest`` for the same prompt, salt, LoRA and mm items."""
+    """Build the worker's ``GenerateRequest`` for the same prompt, salt, LoRA, mm items and
+    tenant."""
     sampling = worker_pb2.SamplingParams(max_tokens=int(max_tokens),
                                          temperature=float(temperature), ignore_eos=ignore_eos)
     if seed is not None:
         sampling.seed = int(seed)
     req = worker_pb2.GenerateRequest(request_id=request_id or uuid.uuid4().hex,
                                      token_ids=route_tokens(route), sampling=sampling,
-                                     salt=route.salt, mm=route.mm)
+                                     salt=route.salt, mm=route.mm, tenant=route.tenant)
     if route.HasField("lora"):
         req.lora.CopyFrom(route.lora)
     return req

@@ -29,7 +29,7 @@ from client.convert import (
 from client.errors import BrokenStream, KvmeshError
 from client.failover import Failures
 from client.results import GenerateResult, PinResult, RouteResult, TokenChunk
-from kvmesh.quota import Quotas
+from kvmesh.quota import Quotas, check_tenant
 from kvmesh.rpc.retry import Source
 from kvmesh.v1 import index_pb2, worker_pb2
 
@@ -70,18 +70,21 @@ class KvmeshClient(BaseClient):
     def route(self, token_ids: Iterable[int], salt: str | None = None, *,
               lora: LoraSpec = None, mm: Iterable[MmSpec] = (), policy: str | None = None,
               max_candidates: int = 0, dry_run: bool = False,
-              worker_id: str | None = None) -> RouteResult:
+              worker_id: str | None = None,
+              tenant: str | None = None) -> RouteResult:
         """Ask the service which worker should serve this prompt (best candidate first).
 
         Raises ``KvmeshError(UNAVAILABLE)`` when no worker can take it. ``dry_run`` asks the
         same question without the side effects routing has on the service (provisional
         entries for the chosen worker, its estimated load): use it to inspect. ``worker_id``
         answers only that worker (NOT_FOUND when it is not live), with the peer fetch the
-        service may plan for it.
+        service may plan for it. ``tenant``: whom the request is for (quotas and accounting;
+        None: the default tenant); a name ``kvmesh.quota.check_tenant`` refuses raises
+        ``ValueError`` before anything is sent.
         """
         request = route_request(token_ids, salt, lora, mm, policy, max_candidates,
                                 dry_run=dry_run, packed=self.packed_tokens,
-                                worker_id=worker_id)
+                                worker_id=worker_id, tenant=tenant)
         return self._route(request)
 
     def _route(self, request: index_pb2.RouteRequest) -> RouteResult:
@@ -92,19 +95,22 @@ class KvmeshClient(BaseClient):
                  temperature: float = 0.0, seed: int | None = None, *, lora: LoraSpec = None,
                  mm: Iterable[MmSpec] = (), policy: str | None = None,
                  ignore_eos: bool = False, routed: RouteResult | None = None,
-                 worker_id: str | None = None) -> GenerateResult:
+                 worker_id: str | None = None, tenant: str | None = None,
+                 ) -> GenerateResult:
         """Route the prompt, then generate on the chosen worker, restarting the request on
         the next candidate when the retry table says so (``kvmesh.rpc.retry``) or the stream ends
         early. ``routed``: a ``route`` answer for this very prompt (same salt, LoRA and mm)
         to use instead of routing again; ``worker_id``: run on that worker only (see
-        :meth:`route`). Each worker called gets its own candidate's peer fetch plan.
+        :meth:`route`). Each worker called gets its own candidate's peer fetch plan;
+        ``tenant`` goes to the service and to every worker tried (see :meth:`route`).
 
         Returns only a finished generation; raises ``KvmeshError`` when every candidate failed
         (code of the last failure) or on an error the table surfaces.
         """
         with closing(self._generation(token_ids, max_tokens, salt, temperature, seed, lora,
                                       mm, policy, ignore_eos, stream=False,
-                                      routed=routed, worker_id=worker_id)) as run:
+                                      routed=routed, worker_id=worker_id,
+                                      tenant=tenant)) as run:
             result = next(run)
         assert isinstance(result, GenerateResult)
         return result
@@ -114,7 +120,7 @@ class KvmeshClient(BaseClient):
                         seed: int | None = None, *, lora: LoraSpec = None,
                         mm: Iterable[MmSpec] = (), policy: str | None = None,
                         ignore_eos: bool = False, routed: RouteResult | None = None,
-                        worker_id: str | None = None,
+                        worker_id: str | None = None, tenant: str | None = None,
                         ) -> Iterator[TokenChunk | GenerateResult]:
         """Route, then stream the generation: ``TokenChunk``s as the worker produces them,
         then exactly one ``GenerateResult`` (all tokens and the worker's facts) last.
@@ -122,23 +128,25 @@ class KvmeshClient(BaseClient):
         Fails over to the next candidate (as the retry table says) only while nothing was
         yielded yet; once tokens went out, any failure raises ``KvmeshError`` (a dropped
         stream as UNAVAILABLE). Closing the iterator early (``close()``) cancels the
-        worker's request. ``routed``: as for :meth:`generate`.
+        worker's request. ``routed``, ``tenant``: as for :meth:`generate` (a bad tenant
+        raises ``ValueError`` here, not at the first ``next``).
         """
+        check_tenant(tenant or "")
         return self._generation(token_ids, max_tokens, salt, temperature, seed, lora, mm,
                                 policy, ignore_eos, stream=True, routed=routed,
-                                worker_id=worker_id)
+                                worker_id=worker_id, tenant=tenant)
 
     def _generation(self, token_ids: Iterable[int], max_tokens: int, salt: str | None,
                     temperature: float, seed: int | None, lora: LoraSpec,
                     mm: Iterable[MmSpec], policy: str | None, ignore_eos: bool, *,
                     stream: bool, routed: RouteResult | None = None,
-                    worker_id: str | None = None,
+                    worker_id: str | None = None, tenant: str | None = None,
                     ) -> Iterator[TokenChunk | GenerateResult]:
         """Route once (unless ``routed`` is given), then drive
         :class:`client.failover.Candidates` over blocking calls: chunks (when ``stream``),
         then the one result."""
         rreq = route_request(token_ids, salt, lora, mm, policy, packed=self.packed_tokens,
-                             worker_id=worker_id)
+                             worker_id=worker_id, tenant=tenant)
         plan = self._plan(routed or self._route(rreq), rreq, max_tokens, temperature, seed,
                           ignore_eos, stream)
         for attempt in plan:

@@ -18,6 +18,7 @@ import numpy as np
 
 from kvmesh.contract import ALGOS, DIGEST_BYTES
 from kvmesh.hashing import lora_key
+from kvmesh.quota import DEFAULT_TENANT, check_tenant
 from kvmesh.v1 import index_pb2 as pb
 from service.config import POLICIES, ServiceConfig
 from service.index.base import (
@@ -239,6 +240,8 @@ class RouteInput:
     max_candidates: int
     dry_run: bool = False  # inspect only: record no provisional entries or routed work
     worker_id: str = ""    # non-empty: the only worker to consider (service.route)
+    # whom the request is for (kvmesh.quota): a label, never part of a hash or index key
+    tenant: str = DEFAULT_TENANT
 
 
 def token_ids(ids: Sequence[int], packed: bytes, cfg: ServiceConfig,
@@ -309,7 +312,18 @@ def route(req: pb.RouteRequest, cfg: ServiceConfig) -> RouteInput:
         raise RequestError(INVALID, f"unknown policy {req.policy[:64]!r}; valid: "
                            f"{', '.join(POLICIES)}")
     return RouteInput(tokens, salt, lora, mm, req.model, policy, req.max_candidates,
-                      req.dry_run, worker_id(req.worker_id) if req.worker_id else "")
+                      req.dry_run, worker_id(req.worker_id) if req.worker_id else "",
+                      tenant(req.tenant))
+
+
+def tenant(value: str) -> str:
+    """The tenant a request names (``""``: :data:`kvmesh.quota.DEFAULT_TENANT`); refused
+    with ``check_tenant``'s own message, so the caller learns which rule the name broke."""
+    try:
+        return check_tenant(value)
+    except ValueError as e:
+        raise RequestError(INVALID, f"{e} (RouteRequest.tenant: 1-64 bytes of printable "
+                           "characters without spaces; empty: the default tenant)") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -153,10 +153,13 @@ class _Gateway:
     def fits(self, ids: list[int], param: str, max_tokens: int) -> list[int]:
         return fitted(ids, param, max_tokens, self.config.max_model_len)
 
-    def job(self, body: OpenAIRequest, ids: list[int], salted: Salting,
-            max_tokens: int) -> Job:
+    def job(self, body: OpenAIRequest, ids: list[int], salted: Salting, max_tokens: int,
+            tenant: str | None) -> Job:
+        """One prompt to generate; ``tenant`` (the API key's, None without tenancy) goes to
+        the service and the worker as the request's tenant (quotas, accounting)."""
         return Job(ids, salted.salt, max_tokens, body.sampling_temperature(), body.seed,
-                   body.stop_strings(), salted.report_cached, self.lora(body.model))
+                   body.stop_strings(), salted.report_cached, self.lora(body.model),
+                   tenant=tenant)
 
     async def routed(self, request: Request, raw: bytes, shape: ResponseShape,
                      jobs: list[Job], body: OpenAIRequest, salted: Salting,
@@ -166,7 +169,8 @@ class _Gateway:
         once the answer is complete."""
         try:
             first = jobs[0]
-            routed = await self.client().route(first.token_ids, first.salt, lora=first.lora)
+            routed = await self.client().route(first.token_ids, first.salt, lora=first.lora,
+                                               tenant=first.tenant)
             candidates = self.gate.listed(routed.candidates)
             engines = [c for c in candidates if is_http(c.address)]
             workers = [c for c in candidates if not is_http(c.address)]
@@ -335,7 +339,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
                               f"got {len(prompts)}", param="prompt", code="batch_too_large")
         many, new = len(prompts) > 1, body.max_new_tokens()
         jobs = [gw.job(body, gw.token_ids(p, f"prompt[{i}]" if many else "prompt", new,
-                                          body.add_special_tokens), salted, new)
+                                          body.add_special_tokens), salted, new, tenant)
                 for i, p in enumerate(prompts)]
         lease = gw.slots.take(_slot_owner(request, tenant), len(jobs))
         return await gw.routed(request, await request.body(),
@@ -350,7 +354,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         ids = chat_ids(config.tokenizer, body)
         new = body.max_new_tokens(config.max_model_len - len(ids))  # vLLM: to the context
         ids = gw.fits(ids, "messages", new)
-        job = gw.job(body, ids, salted, new)
+        job = gw.job(body, ids, salted, new, tenant)
         lease = gw.slots.take(_slot_owner(request, tenant))
         try:
             return await gw.routed(request, raw, ResponseShape(True, config.model_name), [job],

@@ -37,6 +37,7 @@ class Job:
     report_cached: bool = True
     lora: tuple[str, str] | None = None  # (name, path) of the adapter the model names
     routed: RouteResult | None = None    # already routed (these ids, salt and LoRA)
+    tenant: str | None = None            # the API key's tenant (quotas); None: the default
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ async def generate_text(client: AsyncKvmeshClient, tokenizer: Tokenizer, job: Jo
     """Generate ``job`` to the end and detokenize it. Raises ``KvmeshError``."""
     result = await client.generate(job.token_ids, max_tokens=job.max_tokens, salt=job.salt,
                                    temperature=job.temperature, seed=job.seed, lora=job.lora,
-                                   routed=job.routed)
+                                   routed=job.routed, tenant=job.tenant)
     stream = TextStream(tokenizer, job.stop)
     text = stream.push(result.token_ids)
     text += stream.finish()
@@ -102,7 +103,7 @@ async def start_stream(client: AsyncKvmeshClient, tokenizer: Tokenizer, job: Job
     arrived. Raises ``KvmeshError`` when no worker could start the request."""
     chunks = client.generate_stream(job.token_ids, max_tokens=job.max_tokens, salt=job.salt,
                                     temperature=job.temperature, seed=job.seed, lora=job.lora,
-                                    routed=job.routed)
+                                    routed=job.routed, tenant=job.tenant)
     try:
         first = await anext(chunks)
     except BaseException:

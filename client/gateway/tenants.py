@@ -19,6 +19,7 @@ from pathlib import Path
 
 from client.gateway.key_file import key_file_pairs
 from kvmesh.ops.file_perms import warn_if_readable_by_others
+from kvmesh.quota import check_tenant
 
 SALT_CONTEXT = b"kvmesh-tenant\0"
 CACHE_SCOPE_HEADER = "x-kvmesh-cache-scope"
@@ -69,7 +70,9 @@ def _key_digest(api_key: str) -> bytes:
 def parse_tenant_keys(text: str) -> dict[str, str]:
     """The ``api key -> tenant`` mapping of a key file's ``text`` (JSON object or lines).
 
-    Raises ``TenantKeyError`` on malformed input, empty keys or tenants, or a key given twice.
+    Raises ``TenantKeyError`` on malformed input, empty keys or tenants, a key given twice,
+    or a tenant name the wire refuses (``kvmesh.quota.check_tenant``: spaces, control
+    characters, over 64 bytes, ``*``).
     """
     pairs = key_file_pairs(text, "tenant keys", "<api key> <tenant>", second_optional=False,
                            error=TenantKeyError)
@@ -80,6 +83,11 @@ def parse_tenant_keys(text: str) -> dict[str, str]:
                                  "name without NUL characters")
         if key in out:
             raise TenantKeyError(f"tenant keys entry {n}: this key is already listed")
+        try:  # the name travels as RouteRequest.tenant / GenerateRequest.tenant (quotas)
+            check_tenant(tenant)
+        except ValueError as exc:
+            raise TenantKeyError(f"tenant keys entry {n}: {exc}; tenant names are the labels "
+                                 "cache quotas name (kvmesh quota set TENANT)") from None
         out[key] = tenant
     if not out:
         raise TenantKeyError("tenant keys: the file lists no key")
@@ -90,6 +98,13 @@ class Tenancy:
     """Authenticates API keys and derives each tenant's salt (see the module docstring)."""
 
     def __init__(self, keys: Mapping[str, str], secret: bytes | str | None = None) -> None:
+        """Raises ``TenantKeyError`` for a tenant name the wire refuses (see
+        :func:`parse_tenant_keys`)."""
+        for tenant in set(keys.values()):
+            try:
+                check_tenant(tenant)
+            except ValueError as exc:
+                raise TenantKeyError(f"tenant keys: {exc}") from None
         self._tenants = {_key_digest(k): t for k, t in keys.items()}
         if secret is None or secret == b"" or secret == "":
             secret = secrets.token_bytes(32)

@@ -1,7 +1,7 @@
 """The request a kvmesh Ray Serve deployment takes, as routers see it.
 
 Ray Serve hands a request router the call's arguments (``PendingRequest.args``); kvmesh's
-router reads ``token_ids`` and ``salt`` from the first argument that has them, Ray's
+router reads ``token_ids``, ``salt`` and ``tenant`` from the first argument that has them, Ray's
 ``PrefixCacheAffinityRouter`` reads ``prompt`` (text). ``ServeRequest`` carries all of them;
 a plain dict with the same keys works too. Importing this module is cheap (no Ray).
 
@@ -18,13 +18,16 @@ from typing import Any
 
 @dataclass
 class ServeRequest:
-    """One generation request: token ids (+ tenant salt), tokens to generate, and the text."""
+    """One generation request: token ids (+ tenant salt), tokens to generate, and the text.
+    ``tenant``: whom it is for (``kvmesh.quota``; None: the default tenant), a label the
+    router sends with its Route and the replica's worker charges the blocks it caches to."""
 
     token_ids: list[int]
     salt: str | None = None
     max_tokens: int = 1
     prompt: str = ""
     fetch: dict[str, bytes] | None = None  # set by kvmesh's router (see the module docstring)
+    tenant: str | None = None
 
 
 def request_field(request: Any, name: str, default: Any = None) -> Any:

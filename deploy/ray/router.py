@@ -47,14 +47,17 @@ def serve_worker_id(replica_id: ReplicaID) -> str:
     return _BAD.sub("-", raw)[-128:]
 
 
-def request_prompt(pending: PendingRequest | None) -> tuple[list[int], str | None] | None:
-    """``(token_ids, salt)`` of a pending request, or None when it carries no token ids."""
+def request_prompt(pending: PendingRequest | None,
+                   ) -> tuple[list[int], str | None, str | None] | None:
+    """``(token_ids, salt, tenant)`` of a pending request, or None when it carries no token
+    ids (``salt``/``tenant`` None when unset or empty)."""
     if pending is None:
         return None
     for arg in [*(pending.args or ()), *(pending.kwargs or {}).values()]:
         tokens = request_field(arg, "token_ids")
         if tokens:
-            return list(tokens), request_field(arg, "salt") or None
+            return (list(tokens), request_field(arg, "salt") or None,
+                    request_field(arg, "tenant") or None)
     return None
 
 
@@ -122,14 +125,17 @@ class KvmeshRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         if time.monotonic() < self._skip_until:
             return await self._fallback("unreachable", candidate_replicas, pending_request)
         assert pending_request is not None
-        tokens, salt = prompt
+        tokens, salt, tenant = prompt
         try:
             result = await asyncio.wait_for(
-                self._index().route(tokens, salt=salt,
+                self._index().route(tokens, salt=salt, tenant=tenant,
                                     dry_run=not self._first_ask(pending_request)),
                 self._timeout)
         except Exception as e:  # KvmeshError, timeout, transport: Ray's default decides
-            if isinstance(e, KvmeshError) and not retried(Source.SERVICE, e.code):
+            # the request's own fault (a refused tenant name is a ValueError before any
+            # call): this request falls back, the index stays in use for the others
+            if isinstance(e, ValueError) or (isinstance(e, KvmeshError)
+                                             and not retried(Source.SERVICE, e.code)):
                 return await self._fallback("refused", candidate_replicas, pending_request)
             if self.counters["fallback_unreachable"] == 0:
                 log.warning("kvmesh index unreachable (%s); power-of-two choices for %.1fs",

@@ -6,7 +6,8 @@ timing figures. A replica mints its own tokens at start from the secret it is gi
 only those. A request carrying the router's fetch plans (``deploy.ray.request``) has the
 replica's worker pull its own plan's blocks first, through the same receiver as the worker's
 gRPC Generate (``WorkerServicer.follow``); the final dict's ``cached_tokens_by_tier`` then
-counts them as "peer".
+counts them as "peer". A request's ``tenant`` goes to the router's Route and to the
+replica's engine (blocks it caches are charged to it).
 
 See docs/architecture.md#ray-cluster-and-ray-serve.
 """
@@ -22,6 +23,7 @@ from ray.serve.config import RequestRouterConfig
 from deploy.ray.request import ServeRequest, fetch_plan_for, request_field
 from deploy.ray.router import ROUTER_PATH, serve_worker_id
 from deploy.ray.worker_host import WorkerConfig, WorkerHost
+from kvmesh.quota import check_tenant
 
 
 @serve.deployment(max_ongoing_requests=8, health_check_period_s=5)
@@ -56,6 +58,10 @@ class KvmeshReplica:
                                 ignore_eos=True)
         prompt = [int(t) for t in request_field(request, "token_ids")]
         salt = request_field(request, "salt") or None
+        tenant = request_field(request, "tenant") or None
+        # a refused label fails this call, as the gRPC Generate refuses it; none: the
+        # engine's default tenant (the keyword only when set: t27/pool adds it to generate)
+        by_tenant = {"tenant": check_tenant(tenant)} if tenant else {}
         hook = None
         plan = fetch_plan_for(request, self.worker_id)
         if plan:  # the router's plan for THIS worker: the gRPC Generate's receiver path
@@ -65,7 +71,7 @@ class KvmeshReplica:
                                                     prompt, params, salt=salt)
         stream = self._host.runner.generate(
             prompt, params, request_id=f"serve-{uuid.uuid4().hex[:12]}", salt=salt,
-            on_enqueued=hook)
+            on_enqueued=hook, **by_tenant)
         async for out in stream:
             if not out.finished:
                 if out.new_token_ids:

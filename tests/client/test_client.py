@@ -6,7 +6,7 @@ import asyncio
 import grpc
 import pytest
 
-from client import AsyncKvmeshClient, GenerateResult, KvmeshError, RouteResult
+from client import AsyncKvmeshClient, GenerateResult, KvmeshClient, KvmeshError, RouteResult
 from kvmesh.rpc.auth import worker_access_token
 from kvmesh.rpc.channel import parse_addresses
 from kvmesh.rpc.retry import ReplicaRing
@@ -170,6 +170,39 @@ def test_generate_restarts_a_broken_stream_on_the_next_candidate(cluster, make_c
     assert result.worker_id == "w2" and result.token_ids == [100, 101, 102, 103]
     assert len(broken.requests) == 1 and len(good.requests) == 1
     assert broken.requests[0].request_id == good.requests[0].request_id
+
+
+def test_the_tenant_reaches_the_route_and_every_worker_tried(cluster, make_client) -> None:
+    """``tenant`` goes out in the RouteRequest and in the GenerateRequest of each worker the
+    request fails over to; none is the default tenant (empty on the wire)."""
+    broken, good = FakeWorker("w1", mode="abort"), FakeWorker("w2")
+    index = FakeIndex([candidate("w1", cluster.worker(broken)),
+                       candidate("w2", cluster.worker(good))])
+    client = make_client(cluster.index(index))
+    assert client.generate([1, 2], max_tokens=2, tenant="acme").worker_id == "w2"
+    assert index.routes[-1].tenant == "acme"
+    assert [r.tenant for r in broken.requests + good.requests] == ["acme", "acme"]
+    client.route([1, 2], tenant="globex")
+    assert index.routes[-1].tenant == "globex"
+    client.generate([1, 2], max_tokens=2)
+    assert index.routes[-1].tenant == "" and good.requests[-1].tenant == ""
+
+
+@pytest.mark.parametrize("bad", ["two words", "tab\t", "*", "(other)", "x" * 65])
+def test_a_bad_tenant_is_a_value_error_before_any_call(cluster, make_client, bad) -> None:
+    index = FakeIndex([candidate("w1", closed_port_address())])
+    client = make_client(cluster.index(index))
+    for call in (client.route, client.generate):
+        with pytest.raises(ValueError, match="tenant"):
+            call([1, 2], tenant=bad)
+    assert index.routes == []
+
+
+def test_a_bad_tenant_fails_the_stream_call_itself() -> None:
+    """Not at the first ``next``: a stream's caller learns it where it passed the name."""
+    for kind in (KvmeshClient, AsyncKvmeshClient):
+        with pytest.raises(ValueError, match="reserved"):
+            kind(closed_port_address()).generate_stream([1], tenant="*")
 
 
 @pytest.mark.slow

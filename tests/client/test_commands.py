@@ -142,6 +142,23 @@ def test_generate_human_output(service) -> None:
     assert "w1" in result.stdout and "tokens: 100,101,102" in result.stdout
 
 
+def test_tenant_flag_reaches_route_and_worker(service) -> None:
+    for verb in ("route", "generate"):
+        result = runner.invoke(app, [verb, "--service", service.address, "--tokens", "1,2",
+                                     "--tenant", f"acme-{verb}", "--json"])
+        assert result.exit_code == 0, result.output
+        assert service.routes[-1].tenant == f"acme-{verb}"
+    assert service.workers[0].requests[-1].tenant == "acme-generate"
+
+
+def test_a_bad_tenant_flag_exits_2_naming_the_rule(service) -> None:
+    for verb in ("route", "generate"):
+        result = runner.invoke(app, [verb, "--service", service.address, "--tokens", "1",
+                                     "--tenant", "two words"])
+        assert result.exit_code == 2 and "spaces" in result.stderr, result.output
+    assert service.routes == []
+
+
 def test_stats_json_includes_worker_cache(service) -> None:
     result = runner.invoke(app, ["stats", "--service", service.address, "--json"])
     assert result.exit_code == 0, result.output

@@ -277,3 +277,38 @@ def test_a_route_names_at_most_one_well_formed_worker() -> None:
     assert validate.route(pb.RouteRequest(token_ids=[1]), CFG).worker_id == ""
     err = refused(pb.RouteRequest(token_ids=[1], worker_id="bad id!"))
     assert err.code == INVALID and "worker_id" in err.message
+
+
+@pytest.mark.parametrize("name,rule", [("a b", "spaces"), ("x\n", "control"),
+                                       ("t" * 65, "limit is 64"), ("*", "reserved"),
+                                       ("(other)", "reserved")])
+def test_a_bad_tenant_is_refused_with_the_rule_it_broke(name: str, rule: str) -> None:
+    err = refused(pb.RouteRequest(token_ids=[1], tenant=name))
+    assert err.code == INVALID and rule in err.message and "RouteRequest.tenant" in err.message
+
+
+def test_a_route_carries_its_tenant_and_no_tenant_is_the_default() -> None:
+    assert validate.route(pb.RouteRequest(token_ids=[1], tenant="acme"), CFG).tenant == "acme"
+    assert validate.route(pb.RouteRequest(token_ids=[1]), CFG).tenant == "default"
+
+
+def test_through_the_server_a_tenant_changes_no_match_and_a_bad_one_is_refused() -> None:
+    """The tenant is a label: the same prompt matches the same blocks whoever asks; a name
+    check_tenant refuses is INVALID_ARGUMENT with its message, and the index is unchanged."""
+    async def main() -> None:
+        backend = MemoryBackend()
+        async with serve(ServiceConfig(max_prompt_tokens=64), backend) as svc:
+            w = ProtocolWorker(svc.stub, "w1")
+            await w.join()
+            tokens = prompt(3 * BS + 1)
+            await w.store(tokens)
+            for name in ("", "acme", "globex"):
+                res = await svc.stub.Route(route_request(tokens, tenant=name or None))
+                assert res.candidates[0].matched_tokens == 3 * BS
+            before = await backend.workers(with_blocks=True)
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await svc.stub.Route(pb.RouteRequest(token_ids=tokens, tenant="two words"))
+            assert e.value.code() == INVALID and "spaces" in (e.value.details() or "")
+            assert await backend.workers(with_blocks=True) == before
+
+    asyncio.run(main())

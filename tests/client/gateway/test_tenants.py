@@ -74,6 +74,21 @@ def test_tenant_streams_are_salted_too(stack: Stack) -> None:
     assert stack.last_request.salt == expected_salt("globex")
 
 
+def test_the_api_keys_tenant_reaches_the_service_and_the_worker(stack: Stack) -> None:
+    """With tenant keys every request carries its key's tenant (batches, chats and streams,
+    to the index and to the worker); without them, no tenant (the default)."""
+    acme = stack.tenant_gateway.openai("key-acme")
+    acme.completions.create(model="tiny", prompt=["a", "b"], max_tokens=1)
+    assert [r.tenant for r in stack.index.routes] == ["acme", "acme"]
+    assert [r.tenant for r in stack.w1.requests] == ["acme", "acme"]
+    stream = stack.tenant_gateway.openai("key-globex").chat.completions.create(
+        model="tiny", stream=True, max_tokens=2, messages=[{"role": "user", "content": "x"}])
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == "de"
+    assert stack.index.routes[-1].tenant == stack.last_request.tenant == "globex"
+    stack.gateway.openai().completions.create(model="tiny", prompt="x", max_tokens=1)
+    assert stack.index.routes[-1].tenant == stack.last_request.tenant == ""
+
+
 def test_key_file_formats() -> None:
     lines = "# API key  tenant\nkey-1 acme\n\nkey-2   globex  # trailing comment\n"
     assert parse_tenant_keys(lines) == {"key-1": "acme", "key-2": "globex"}
@@ -81,6 +96,13 @@ def test_key_file_formats() -> None:
     for bad in ("key-1\n", "key-1 a b\n", "{not json", '{"k": ""}', "k a\nk b\n", "# none\n"):
         with pytest.raises(TenantKeyError):
             parse_tenant_keys(bad)
+    # tenant names travel as RouteRequest.tenant: the wire's rules hold at start
+    for bad, rule in (('{"k": "Acme Corp"}', "spaces"), ('{"k": "*"}', "reserved"),
+                      ("k " + "t" * 65, "limit is 64")):
+        with pytest.raises(TenantKeyError, match=rule):
+            parse_tenant_keys(bad)
+    with pytest.raises(TenantKeyError, match="reserved"):
+        Tenancy({"k": "(other)"}, "s")
 
 
 def test_tenancy_auth_header_parsing_and_secret() -> None:

@@ -20,6 +20,7 @@ from client.errors import KvmeshError
 from client.results import Candidate, RouteResult
 from deploy.ray.request import ServeRequest
 from deploy.ray.router import KvmeshRequestRouter, request_prompt, serve_worker_id
+from kvmesh.quota import check_tenant
 from kvmesh.rpc.retry import TABLE, Source, retried
 from service.validate import worker_id as check_worker_id
 
@@ -46,9 +47,13 @@ class ScriptedIndex:
     def __init__(self, answer: RouteResult | Exception) -> None:
         self.answer = answer
         self.calls: list[tuple[list[int], str | None, bool]] = []
+        self.tenants: list[str | None] = []
 
-    async def route(self, tokens, salt=None, dry_run=False) -> RouteResult:
+    async def route(self, tokens, salt=None, dry_run=False, tenant=None) -> RouteResult:
         self.calls.append((list(tokens), salt, dry_run))
+        self.tenants.append(tenant)
+        if tenant is not None:
+            check_tenant(tenant)  # as the real client does, before any call
         if isinstance(self.answer, Exception):
             raise self.answer
         return self.answer
@@ -137,9 +142,23 @@ def test_degraded_or_useless_answers_and_token_less_requests_fall_back():
     assert counters["fallback_no_tokens"] == 1 and index.calls == []
 
 
+def test_the_tenant_reaches_the_route_and_a_bad_one_falls_back_alone():
+    """A request's tenant goes with its Route; a name the client refuses is that request's
+    fault: it falls back to power-of-two choices, and the index stays in use."""
+    index = ScriptedIndex(answer(wid("a1")))
+    reqs = [(ServeRequest(token_ids=[1], tenant="acme"), "r1"),
+            (ServeRequest(token_ids=[1], tenant="two words"), "r2"),
+            (ServeRequest(token_ids=[1]), "r3")]
+    _, decisions, counters = run(index, reqs)
+    assert index.tenants == ["acme", "two words", None]
+    assert decisions[0][0] == ["a1"] and decisions[2][0] == ["a1"]
+    assert counters["fallback_refused"] == 1 and counters["index"] == 2
+
+
 @pytest.mark.parametrize("arg,expected", [
-    (ServeRequest(token_ids=[1, 2], salt="s"), ([1, 2], "s")),
-    ({"token_ids": (3,), "salt": ""}, ([3], None)),
+    (ServeRequest(token_ids=[1, 2], salt="s"), ([1, 2], "s", None)),
+    (ServeRequest(token_ids=[1, 2], tenant="acme"), ([1, 2], None, "acme")),
+    ({"token_ids": (3,), "salt": "", "tenant": ""}, ([3], None, None)),
     ({"prompt": "x"}, None),
 ])
 def test_request_prompt(arg, expected):
