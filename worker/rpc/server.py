@@ -27,6 +27,7 @@ from worker.engine.async_engine import AsyncEngine
 from worker.engine.engine import RequestError, StepFailed
 from worker.engine.sequence import SamplingParams, Seq
 from worker.kv_cache import Pinned
+from worker.kv_cache.tenant_rows import tenant_rows
 from worker.kv_cache.tier_precision import TierPrecision
 from worker.kv_cache.tier_stats import engine_tier_figures
 from worker.rpc.fetch_call import PeerSource, Refused
@@ -163,8 +164,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     async def Stats(self, request, context) -> worker_pb2.WorkerStatsResponse:
         stats = await self.runner.call(lambda e: (
             e.kv.stats, e.load(), e.requests_done,
-            engine_tier_figures(e, self.tier_precision), e.kv.num_pinned_blocks))
-        cache, load, done, tiers, pinned = stats
+            engine_tier_figures(e, self.tier_precision), e.kv.num_pinned_blocks,
+            e.kv.tenant_stats()))
+        cache, load, done, tiers, pinned, tenants = stats
         from kvmesh.v1 import index_pb2
 
         return worker_pb2.WorkerStatsResponse(
@@ -179,7 +181,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             tiers=tiers,
             pinned_blocks=pinned,
             mean_matched_tokens=cache.hits / cache.requests if cache.requests else 0.0,
-            peer=self.peer.to_pb())
+            peer=self.peer.to_pb(),
+            tenants=tenant_rows(tenants, [t.tier for t in tiers]))
 
     async def close_peers(self) -> None:
         """Close the data plane and the channels to peers (with the gRPC server)."""

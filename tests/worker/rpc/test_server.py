@@ -131,3 +131,36 @@ def test_prometheus_metrics_follow_the_cache():
     assert samples['kvmesh_worker_requests_finished_total{worker_id="w-m"}'] == 2
     assert samples["kvmesh_worker_time_to_first_token_seconds_count"] == 2
     assert samples['kvmesh_worker_kv_blocks_total{worker_id="w-m"}'] == 64
+
+
+def test_stats_and_metrics_report_the_largest_tenants_and_other():
+    """The manager's per-tenant counts (hand-built here: the pool's own accounting is
+    tested with it) reach Stats and the Prometheus page under the same top-N bound."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kvmesh.quota import OTHER, TOP_TENANTS
+    from worker.kv_cache.tenant_stats import TenantCounts, TenantTier
+    from worker.rpc.metrics import WorkerMetrics
+
+    counts = {f"t{i}": TenantCounts(f"t{i}", requests=1, prompt_tokens=16 * i,
+                                    tiers={"gpu": TenantTier(blocks=i, quota_blocks=8)})
+              for i in range(TOP_TENANTS + 3)}
+    runner = _worker()
+    runner.engine.kv.tenant_stats = lambda: counts
+    page = WorkerMetrics(runner, "w-t").registry
+
+    async def body(stub, ch):
+        return await stub.Stats(worker_pb2.WorkerStatsRequest())
+
+    stats = asyncio.run(with_worker(body, runner))
+    names = [t.tenant for t in stats.tenants]
+    assert names == [f"t{i}" for i in range(TOP_TENANTS + 2, 2, -1)] + [OTHER]
+    top = stats.tenants[0]
+    assert (top.prompt_tokens, [(t.tier, t.blocks, t.quota_blocks) for t in top.tiers]) == (
+        16 * (TOP_TENANTS + 2), [("gpu", TOP_TENANTS + 2, 8)])
+    assert stats.tenants[-1].tiers[0].blocks == 0 + 1 + 2
+    cached = {s.labels["tenant"]: s.value
+              for f in text_string_to_metric_families(generate_latest(page).decode())
+              if f.name == "kvmesh_worker_tenant_cached_blocks" for s in f.samples}
+    assert cached == {**{n: int(n[1:]) for n in names[:-1]}, OTHER: 3}
