@@ -23,6 +23,7 @@ from typing import Any
 
 from bench.tenants.report import FLOODED, NO_FLOOD, QUOTAS, RUNS, Outcome
 from bench.tenants.workload import FLOOD, TenantRequest
+from kvmesh.contract import TIERS
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,28 @@ def run_all(shape: ClusterShape, reqs: Sequence[TenantRequest], flood_quota: flo
 
 
 def set_quota(cluster: Any, tenant: str, fraction: float, timeout_s: float = 30.0) -> None:
-    """Give ``tenant`` ``fraction`` of every tier through the admin RPC, then wait until
-    every worker applies the service's quotas (their version in their stats)."""
-    raise NotImplementedError("the admin RPC lands with t27/admin")
+    """Give ``tenant`` ``fraction`` of every tier through the admin RPC (the cluster has no
+    admin token: the role is open, as on any cluster started without tokens), then wait
+    until every worker enforces it: its stats show ``tenant``'s quota in blocks (the tenant
+    must have cached blocks there already: the ``flood`` run left them)."""
+    from deploy.waiting import wait_until
+
+    with cluster.client() as client:
+        client.set_tenant_quota(tenant, gpu=fraction, cpu=fraction, disk=fraction)
+
+        def enforced() -> bool:
+            return all(quota_blocks(client.worker_stats(a), tenant) > 0
+                       for a in cluster.worker_addresses)
+
+        wait_until(enforced, timeout_s, interval=0.2,
+                   what=f"every worker enforcing {tenant}'s quota")
+
+
+def quota_blocks(worker_stats: dict[str, Any], tenant: str) -> int:
+    """``tenant``'s device-tier quota in blocks in one worker's stats (0: none, or the
+    tenant is not among its rows)."""
+    for row in worker_stats.get("tenants") or ():
+        if row["tenant"] == tenant:
+            return sum(int(t.get("quota_blocks", 0)) for t in row.get("tiers") or ()
+                       if t["tier"] == TIERS[0])
+    return 0
