@@ -35,7 +35,7 @@ def test_quick_json_run_on_a_real_cluster() -> None:
             assert set(row) == ROW
             assert row["errors"] == 0 and row["completed"] == row["requests"]
             assert 0.0 <= row["token_hit_rate"] < 1.0
-            assert 0 < row["mean_ttft_s"] <= row["p90_ttft_s"] * len(sent)
+            assert row["mean_ttft_s"] > 0 and row["p90_ttft_s"] > 0
             assert row["requests_per_s"] > 0 and row["tokens_per_s"] > 0
             if tenant not in (VICTIMS, FLOOD):  # every run sends the same victims' requests
                 assert row["requests"] == sum(r.tenant == tenant for r in sent)
