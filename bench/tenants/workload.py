@@ -27,12 +27,12 @@ class TenantLoad:
     """Sizes in tokens, rates in requests per second (per tenant), times in seconds."""
 
     victims: int = 3
-    system_tokens: int = 512
+    system_tokens: int = 768
     question_tokens: int = 32
-    victim_rate: float = 2.0
-    flood_tokens: int = 1024
-    flood_rate: float = 4.0
-    duration_s: float = 30.0
+    victim_rate: float = 0.5
+    flood_tokens: int = 512
+    flood_rate: float = 3.0
+    duration_s: float = 60.0
     max_tokens: int = 4
     seed: int = 0
 
