@@ -23,10 +23,12 @@ from bench.tenants.drive import ClusterShape
 from bench.tenants.workload import TenantLoad
 
 # Pools of 160 blocks (2,560 tokens) per worker: the victims' three system prompts are 144
-# blocks over the two workers; the flood brings 96 blocks a second, ~96 per worker between
-# two requests of one victim (2 s apart on average): under LRU, more than a pool holds
-# beside the prompts. Its compute stays light (1,536 tokens/s over both workers), so the
-# victims' TTFT under the flood measures their misses more than queueing behind it.
+# blocks over the two workers; the flood brings 96 blocks a second, ~190 per worker between
+# two requests of one victim (4 s apart on average): under LRU, more than a pool holds, so
+# nearly every victim request finds its prompt evicted. The flood's compute stays light
+# (1,536 tokens/s over both workers), so the victims' TTFT under the flood measures their
+# misses more than the flood's load. (At 0.5/s per victim, 2 s apart, LRU kept a third of
+# the victims' prompts: docs/benchmarks.md, the first run.)
 FULL = (ClusterShape(workers=2, gpu_blocks=160), TenantLoad())
 # the end-to-end test's: one worker, a few seconds per run
 QUICK = (ClusterShape(workers=1, gpu_blocks=96),

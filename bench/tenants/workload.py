@@ -29,7 +29,7 @@ class TenantLoad:
     victims: int = 3
     system_tokens: int = 768
     question_tokens: int = 32
-    victim_rate: float = 0.5
+    victim_rate: float = 0.25
     flood_tokens: int = 512
     flood_rate: float = 3.0
     duration_s: float = 60.0
