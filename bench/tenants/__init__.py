@@ -22,14 +22,15 @@ import typer
 from bench.tenants.drive import ClusterShape
 from bench.tenants.workload import TenantLoad
 
-# Pools of 160 blocks (2,560 tokens) per worker: the victims' three system prompts are 144
+# Pools of 192 blocks (3,072 tokens) per worker: the victims' three system prompts are 144
 # blocks over the two workers; the flood brings 96 blocks a second, ~190 per worker between
-# two requests of one victim (4 s apart on average): under LRU, more than a pool holds, so
-# nearly every victim request finds its prompt evicted. The flood's compute stays light
-# (1,536 tokens/s over both workers), so the victims' TTFT under the flood measures their
-# misses more than the flood's load. (At 0.5/s per victim, 2 s apart, LRU kept a third of
-# the victims' prompts: docs/benchmarks.md, the first run.)
-FULL = (ClusterShape(workers=2, gpu_blocks=160), TenantLoad())
+# two requests of one victim (4 s apart on average): under LRU, about a pool, so most victim
+# requests find their prompt evicted; with the flood's quota (48 blocks) and its request in
+# flight, the prompts fit. The flood's compute stays light (1,536 tokens/s over both
+# workers), so the victims' TTFT under the flood measures their misses more than its load.
+# (docs/benchmarks.md#per-tenant-quotas-kvmesh-bench-tenants: how smaller pools and faster
+# victims fared.)
+FULL = (ClusterShape(workers=2, gpu_blocks=192), TenantLoad())
 # the end-to-end test's: one worker, a few seconds per run
 QUICK = (ClusterShape(workers=1, gpu_blocks=96),
          TenantLoad(system_tokens=256, question_tokens=16, victim_rate=2.0, flood_tokens=512,
@@ -68,7 +69,8 @@ def register(group: typer.Typer) -> None:
         flood_rate: float = typer.Option(None, min=0.01,
                                          help=f"flood requests/s (default {load.flood_rate})"),
         seed: int = typer.Option(0),
-        model: str = typer.Option("tiny", help="tiny or a model directory"),
+        model: str = typer.Option("tiny", help="tiny, 8-layer (a seeded random checkpoint, "
+                                  "costlier prefills) or a model directory"),
         quick: bool = typer.Option(False, "--quick", help="a small fast run (one worker, "
                                    "a few seconds per run) for tests"),
         as_json: bool = typer.Option(False, "--json", help="the last line: one JSON object"),
@@ -81,7 +83,9 @@ def register(group: typer.Typer) -> None:
         from bench.tenants import report
 
         s, ld = QUICK if quick else FULL
-        s = replace(s, model=model, workers=workers or s.workers,
+        from bench.e2e import served_model
+
+        s = replace(s, model=served_model(model), workers=workers or s.workers,
                     gpu_blocks=gpu_blocks or s.gpu_blocks)
         ld = replace(ld, seed=seed, victim_rate=victim_rate or ld.victim_rate,
                      flood_rate=flood_rate or ld.flood_rate)

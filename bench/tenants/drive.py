@@ -31,7 +31,7 @@ class ClusterShape:
     """The cluster every run shares."""
 
     workers: int = 2
-    gpu_blocks: int = 160
+    gpu_blocks: int = 192
     model: str = "tiny"
     max_batched_tokens: int = 2048
 
