@@ -200,7 +200,7 @@ class BlockPool(PoolEvents):
             if quota is None:
                 block = blocks[i]
             else:  # one at a time: each eviction changes who is over quota
-                block = quota.pop(tenant, self.num_free_empty_blocks)
+                block = quota.pop(tenant, self.num_free_empty_blocks, i)
                 blocks.append(block)
             if block.block_hash is not None:
                 content, parent_hash = block.content, block.parent_hash

@@ -65,13 +65,14 @@ class TierLedger:
         lim = self.limit(tenant)
         return lim is not None and n > lim
 
-    def at_limit(self, tenant: str) -> bool:
-        """Whether ``tenant`` has a quota here and holds at least that many blocks (the
-        next block it caches would put it over: it evicts its own first)."""
+    def at_limit(self, tenant: str, pending: int = 0) -> bool:
+        """Whether ``tenant`` has a quota here and holds at least that many blocks, counting
+        ``pending`` blocks it is being handed out now (the next block it caches would put it
+        over: it evicts its own first)."""
         if not self.limited:
             return False
         lim = self.limit(tenant)
-        return lim is not None and self.blocks.get(tenant, 0) >= lim
+        return lim is not None and self.blocks.get(tenant, 0) + pending >= lim
 
     def excess(self, tenant: str) -> int:
         """Blocks ``tenant`` holds beyond its quota (for a tenant in :attr:`over`)."""
