@@ -11,8 +11,9 @@ lists in step at each transition (free, touch, refresh, drop of a hash); all O(1
 :meth:`QuotaQueue.pop` decides the next block to hand out:
 
 1. a free block holding no hash (evicts nothing; these form the free queue's head);
-2. when the allocating tenant is at or over its quota: its own least recently used free
-   cached block (its quota steers eviction to itself, it never refuses an allocation);
+2. when the allocating tenant is at or over its quota (counting the blocks this allocation
+   already got: it will cache them): its own least recently used free cached block (its
+   quota steers eviction to itself, it never refuses an allocation);
 3. else the least recently used free cached block of the tenant over quota by the most
    blocks (ties: the smaller name), skipping over-quota tenants with no free block;
 4. else the free queue's head: the ordinary order (LRU, or layered).
@@ -101,11 +102,12 @@ class QuotaQueue:
         lists = self._lists.get(tenant)
         return () if lists is None else (*lists[0], *lists[1])
 
-    def victim(self, tenant: str | None) -> KVCacheBlock | None:
-        """The cached block quotas say to evict next (rules 2 and 3 of the module);
-        ``None``: the ordinary order decides."""
+    def victim(self, tenant: str | None, pending: int = 0) -> KVCacheBlock | None:
+        """The cached block quotas say to evict next for ``tenant``, which already got
+        ``pending`` blocks in this allocation (rules 2 and 3 of the module); ``None``: the
+        ordinary order decides."""
         ledger = self.ledger
-        if tenant is not None and ledger.at_limit(tenant):
+        if tenant is not None and ledger.at_limit(tenant, pending):
             own = self.first(tenant)
             if own is not None:
                 return own
@@ -120,13 +122,14 @@ class QuotaQueue:
                 best, found = key, block
         return found
 
-    def pop(self, tenant: str | None, num_free_empty: int) -> KVCacheBlock:
+    def pop(self, tenant: str | None, num_free_empty: int, pending: int = 0) -> KVCacheBlock:
         """Take the next block to hand out from the free queue (see the module), for an
-        allocation of ``tenant`` (``None``: nobody's own blocks go first) when the pool has
-        ``num_free_empty`` free blocks holding no hash. The caller then evicts its hash,
-        which takes it out of its list. ``ValueError`` when the queue is empty."""
+        allocation of ``tenant`` (``None``: nobody's own blocks go first) that already got
+        ``pending`` blocks, when the pool has ``num_free_empty`` free blocks holding no
+        hash. The caller then evicts its hash, which takes it out of its list.
+        ``ValueError`` when the queue is empty."""
         if not num_free_empty:
-            block = self.victim(tenant)
+            block = self.victim(tenant, pending)
             if block is not None:
                 self.free_queue.remove(block)
                 return block
