@@ -59,6 +59,8 @@ def register(app: typer.Typer) -> None:
                                         "process's own; the service's is off)"),
         min_fetch_blocks: int = typer.Option(None, min=1, help="service: plan a peer fetch "
                                              "only for at least this many blocks (default 4)"),
+        tenant_quota: opt.TenantQuota = None,  # every service replica's, stored at start
+        default_tenant_quota: opt.DefaultTenantQuota = None,
         verbose: bool = typer.Option(False, help="echo every child's output"),
     ) -> None:
         """Start Redis/Valkey, the service and N workers; Ctrl-C or SIGTERM stops them all."""
@@ -66,6 +68,7 @@ def register(app: typer.Typer) -> None:
         import traceback
 
         from kvmesh.ops.redact import redact_url
+        from kvmesh.quota import check_fraction, parse_assignment
         from kvmesh.rpc.tls import tls_files
         from service.worker_tokens import MIN_SECRET_BYTES
 
@@ -74,6 +77,9 @@ def register(app: typer.Typer) -> None:
         try:
             tiers.check()
             tls = tls_files(tls_cert, tls_key, tls_ca, tls_client_auth)
+            quotas = tuple(parse_assignment(q) for q in tenant_quota or ())
+            if default_tenant_quota is not None:
+                check_fraction(default_tenant_quota, "--default-tenant-quota")
         except ValueError as e:
             _refuse(str(e))
         if backend not in ("local", "ray"):
@@ -101,7 +107,8 @@ def register(app: typer.Typer) -> None:
                        service_replicas=service_replicas, block_size=block_size,
                        num_blocks=num_blocks, token=token, worker_secret=worker_secret or None,
                        policy=policy, tiers=tiers, peer_fetch=peer_fetch,
-                       min_fetch_blocks=min_fetch_blocks)
+                       min_fetch_blocks=min_fetch_blocks, tenant_quotas=quotas,
+                       default_tenant_quota=default_tenant_quota)
             except LaunchError as e:
                 _say_error(str(e))
                 _exit_now(1)
@@ -118,7 +125,8 @@ def register(app: typer.Typer) -> None:
             service_replicas=service_replicas, echo=verbose,
             worker_secret=worker_secret or None, tls=tls, redis_shards=redis_shards,
             insecure_cluster_bus=insecure_cluster_bus, tiers=tiers, peer_fetch=peer_fetch,
-            min_fetch_blocks=min_fetch_blocks))
+            min_fetch_blocks=min_fetch_blocks, tenant_quotas=quotas,
+            default_tenant_quota=default_tenant_quota))
         if bus_warning:
             print(f"WARNING: {bus_warning}", flush=True)
         code = 1

@@ -72,6 +72,10 @@ class ClusterSpec:
     # (--peer-fetch / --no-peer-fetch); None: each child's own default (no flag at all).
     peer_fetch: bool | None = None
     min_fetch_blocks: int | None = None  # the services' --min-fetch-blocks; None: theirs
+    # Tenant quotas every replica stores at start (--tenant-quota NAME=FRACTION,
+    # --default-tenant-quota); none: no flag, the stored quotas stay.
+    tenant_quotas: tuple[tuple[str, float], ...] = ()
+    default_tenant_quota: float | None = None
     # Run the service replicas and workers from this source tree (a git revision's, for
     # `kvmesh bench e2e --against`): first on their PYTHONPATH and their working directory.
     # None: this installation's code.
@@ -149,6 +153,10 @@ class LocalCluster:
             args.append(_switch("peer-fetch", s.peer_fetch))
         if s.min_fetch_blocks is not None:
             args += ["--min-fetch-blocks", str(s.min_fetch_blocks)]
+        for name, fraction in s.tenant_quotas:
+            args += ["--tenant-quota", f"{name}={fraction!r}"]
+        if s.default_tenant_quota is not None:
+            args += ["--default-tenant-quota", repr(s.default_tenant_quota)]
         return args + _tls_args(s.tls)
 
     def route_log_path(self, i: int) -> Path:

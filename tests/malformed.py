@@ -203,7 +203,7 @@ def index_requests(lim: Limits) -> dict[str, st.SearchStrategy[bytes]]:
     return {
         "RegisterWorker": _as_bytes(_register()),
         "Heartbeat": _as_bytes(st.builds(pb.HeartbeatRequest, worker_id=worker_ids(),
-                                         load=loads(), last_seq=U64)),
+                                         load=loads(), last_seq=U64, quota_version=U64)),
         "PublishEvents": _as_bytes(events),
         "SyncWorker": _as_bytes(st.builds(pb.SyncWorkerRequest, worker_id=worker_ids(),
                                           seq=U64, blocks=snap_blocks)),
@@ -219,7 +219,18 @@ def index_requests(lim: Limits) -> dict[str, st.SearchStrategy[bytes]]:
             _oversized(lim, lambda t: pb.PinPrefixRequest(prefix=pb.PrefixRef(token_ids=t)))),
         "UnpinPrefix": _as_bytes(st.builds(pb.UnpinPrefixRequest,
                                            prefix=st.one_of(st.none(), _prefix(lim)))),
+        "SetTenantQuota": _as_bytes(st.builds(pb.SetTenantQuotaRequest, quota=st.one_of(
+            st.none(), _tenant_quota()), clear=st.booleans())),
+        "GetTenantQuotas": st.one_of(st.just(b""), RAW),
     }
+
+
+def _tenant_quota() -> st.SearchStrategy[pb.TenantQuota]:
+    """A tenant's quota: a name or '*' or a bad one, each tier unset, a fraction or not."""
+    tier = st.one_of(st.none(), st.floats(0.0, 1.0), st.floats())
+    return st.builds(pb.TenantQuota, tenant=st.one_of(st.sampled_from(["*", "", "a", "(other)"]),
+                                                      st.text(max_size=70)),
+                     gpu=tier, cpu=tier, disk=tier)
 
 
 def worker_requests(lim: Limits, vocab: int = 256) -> dict[str, st.SearchStrategy[bytes]]:

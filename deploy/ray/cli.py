@@ -46,7 +46,9 @@ def run_up(workers: int, port: int, redis_url: str | None, model: str, *,
            token: str | None = None, worker_secret: str | None = None,
            name: str | None = None, tiers: TierConfig = TierConfig(),
            policy: str | None = None, stop: threading.Event | None = None,
-           peer_fetch: bool | None = None, min_fetch_blocks: int | None = None) -> None:
+           peer_fetch: bool | None = None, min_fetch_blocks: int | None = None,
+           tenant_quotas: tuple[tuple[str, float], ...] = (),
+           default_tenant_quota: float | None = None) -> None:
     """Run kvmesh on Ray until a signal (or ``stop``) arrives; always cleans up, within
     ``deploy.stopping``'s deadline of the signal, its own Ray's processes included. A start
     that fails for a reason the user can fix raises ``LaunchError`` (after the clean-up)."""
@@ -58,6 +60,7 @@ def run_up(workers: int, port: int, redis_url: str | None, model: str, *,
                    num_blocks=num_blocks, gpus_per_worker=gpus_per_worker, port=port,
                    token=token, worker_secret=worker_secret, policy=policy,
                    tiers=tiers, peer_fetch=peer_fetch, min_fetch_blocks=min_fetch_blocks,
+                   tenant_quotas=tenant_quotas, default_tenant_quota=default_tenant_quota,
                    **({"name": name} if name else {}))
     cluster = RayCluster(spec)
     deadline.install()

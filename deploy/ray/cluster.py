@@ -124,9 +124,12 @@ class RayCluster:
         # The same for the policy: a replica started by the local backend reads
         # KVMESH_POLICY, an actor sees none of the driver's environment.
         out["policy"] = self.policy
-        for name in ("peer_fetch", "min_fetch_blocks"):  # unset: the replicas' defaults
+        # unset: the replicas' defaults
+        for name in ("peer_fetch", "min_fetch_blocks", "default_tenant_quota"):
             if getattr(s, name) is not None:
                 out[name] = getattr(s, name)
+        if s.tenant_quotas:
+            out["tenant_quotas"] = tuple(s.tenant_quotas)
         return out
 
     @property

@@ -72,6 +72,8 @@ class RaySpec:
     #                                       driver's KVMESH_POLICY, else kvmesh)
     peer_fetch: bool | None = None        # the replicas plan peer KV fetches (None: theirs, off)
     min_fetch_blocks: int | None = None   # the replicas' smallest fetch (None: theirs)
+    tenant_quotas: tuple[tuple[str, float], ...] = ()  # stored by the replicas at start
+    default_tenant_quota: float | None = None
     data_host: str | None = None          # where workers' peer-KV data planes listen (None:
     #                                       each worker's node IP, reachable from the other
     #                                       nodes; "127.0.0.1" only on a one-node Ray)

@@ -67,7 +67,7 @@ Token = Annotated[str | None, typer.Option(
     "its own access token derived from it.")]
 AdminToken = Annotated[str | None, typer.Option(
     "--admin-token", envvar="KVMESH_ADMIN_TOKEN",
-    help="Admin token (the service's --admin-token): PinPrefix/UnpinPrefix need it, the "
+    help="Admin token (the service's --admin-token): pins and tenant quotas need it, the "
     "router token is not enough.")]
 # Tenant quotas at start (kvmesh.quota; `kvmesh quota set` changes them at run time).
 TenantQuota = Annotated[list[str] | None, typer.Option(

@@ -86,3 +86,15 @@ def test_the_ray_replicas_get_the_peer_fetch_settings_only_when_set() -> None:
     assert "peer_fetch" not in RayCluster(RaySpec())._service_settings()
     settings = RayCluster(RaySpec(peer_fetch=True, min_fetch_blocks=3))._service_settings()
     assert (settings["peer_fetch"], settings["min_fetch_blocks"]) == (True, 3)
+
+
+def test_the_ray_replicas_get_the_tenant_quotas_only_when_set() -> None:
+    """Unset: no setting (the stored quotas stay); set: a ServiceConfig takes them as they are."""
+    from service.config import ServiceConfig
+
+    plain = RayCluster(RaySpec())._service_settings()
+    assert "tenant_quotas" not in plain and "default_tenant_quota" not in plain
+    settings = RayCluster(RaySpec(tenant_quotas=(("a", 0.3),),
+                                  default_tenant_quota=0.8))._service_settings()
+    cfg = ServiceConfig(**{k: settings[k] for k in ("tenant_quotas", "default_tenant_quota")})
+    assert (cfg.tenant_quotas, cfg.default_tenant_quota) == ((("a", 0.3),), 0.8)

@@ -83,3 +83,21 @@ def test_worker_flags_are_read_from_the_worker_command() -> None:
 
     flags = worker_flags()
     assert {"--model", "--auto-pin", "--no-auto-pin"} <= flags and "--bogus" not in flags
+
+
+def test_tenant_quotas_reach_every_replica_and_only_when_set() -> None:
+    """Unset: no flag (the stored quotas stay); set: each replica's command line parses back
+    to the same quotas the service stores (``service.cli.config_of``)."""
+    from service.cli import config_of
+
+    plain = LocalCluster(ClusterSpec(redis_url="redis://unused:1"))
+    assert not any("quota" in a for a in plain._service_args(0, 0))
+    spec = ClusterSpec(redis_url="redis://unused:1", service_replicas=2,
+                       tenant_quotas=(("a", 0.3), ("b", 0.05)), default_tenant_quota=0.8)
+    for i in range(2):
+        args = LocalCluster(spec)._service_args(0, i)
+        items = [args[j + 1] for j, a in enumerate(args) if a == "--tenant-quota"]
+        default = float(args[args.index("--default-tenant-quota") + 1])
+        cfg = config_of("memory", None, tenant_quota=items, default_tenant_quota=default)
+        assert cfg.tenant_quotas == (("a", 0.3), ("b", 0.05))
+        assert cfg.default_tenant_quota == 0.8

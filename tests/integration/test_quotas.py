@@ -1,6 +1,6 @@
 """Tenant quotas across processes' parts: two service replicas over one Valkey answer the
-same quotas (and their heartbeat answers converge), and ``kvmesh quota set | show`` drive a
-real service with its admin token."""
+same quotas (and their heartbeat answers converge), ``kvmesh quota set | show`` drive a
+real service with its admin token, and ``kvmesh up``'s quota flags end in ``quota show``."""
 from __future__ import annotations
 
 import asyncio
@@ -14,6 +14,7 @@ from deploy.waiting import eventually
 from kvmesh.quota import Quota, Quotas
 from kvmesh.v1 import index_pb2 as pb
 from service.config import ServiceConfig
+from tests.kvmesh_up import Up
 from tests.service.protocol_worker import ProtocolWorker, serve
 
 pytestmark = pytest.mark.integration
@@ -84,3 +85,20 @@ def test_kvmesh_quota_set_and_show_against_a_real_service() -> None:
             assert Quotas.from_proto(got.quotas) == Quotas(Quota(gpu=0.8))
 
     asyncio.run(main())
+
+
+def test_kvmesh_up_stores_its_quota_flags() -> None:
+    up = Up("--workers", "1", "--port", "0", "--num-blocks", "64", "--tenant-quota", "a=0.3",
+            "--default-tenant-quota", "0.8")
+    try:
+        assert up.wait_ready(120), up.tail()
+        (service,) = up.field("service")
+        res = CliRunner().invoke(app, ["quota", "show", "--json", "--service", service])
+        assert res.exit_code == 0, res.output
+        want = Quotas(Quota.uniform(0.8), {"a": Quota.uniform(0.3)})
+        assert json.loads(res.stdout) == {
+            "version": want.version, "default": {"gpu": 0.8, "cpu": 0.8, "disk": 0.8},
+            "tenants": {"a": {"gpu": 0.3, "cpu": 0.3, "disk": 0.3}}}
+        assert up.stop(30) == 0, up.tail()
+    finally:
+        up.kill()

@@ -7,7 +7,8 @@ from typer.core import TyperOption
 from client.cli import app
 
 COMMANDS = ("up", "service", "worker", "worker-token", "worker-access-token", "gateway",
-            "route", "generate", "stats", "pin", "demo", "bridge vllm")
+            "route", "generate", "stats", "pin", "quota set", "quota show", "demo",
+            "bridge vllm")
 
 
 def test_operations_doc_lists_every_flag():

@@ -20,7 +20,7 @@ def test_services_have_the_contract_methods():
     index = index_pb2.DESCRIPTOR.services_by_name["IndexService"]
     assert {m.name for m in index.methods} == {
         "RegisterWorker", "Heartbeat", "PublishEvents", "SyncWorker", "Route", "Stats",
-        "PinPrefix", "UnpinPrefix"}
+        "PinPrefix", "UnpinPrefix", "SetTenantQuota", "GetTenantQuotas"}
     worker = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"]
     generate = worker.methods_by_name["Generate"]
     assert generate.server_streaming and not generate.client_streaming

@@ -46,6 +46,9 @@ def every_rpc(stub: Any, w: ProtocolWorker) -> dict[str, Callable[[], Awaitable[
         "PublishEvents": lambda: w.publish(pb.KvEvent(seq=w.seq + 1, stored=pb.BlockStored(
             block_hashes=chain, tier=pb.TIER_GPU))),
         "SyncWorker": w.sync,
+        "SetTenantQuota": lambda: stub.SetTenantQuota(pb.SetTenantQuotaRequest(
+            quota=pb.TenantQuota(tenant="a", gpu=0.3))),
+        "GetTenantQuotas": lambda: stub.GetTenantQuotas(pb.GetTenantQuotasRequest()),
     }
 
 
@@ -72,7 +75,8 @@ def test_every_rpc_while_redis_is_down_from_the_start() -> None:
             codes = {name: (await answer(call()))[0] for name, call in calls.items()}
             assert codes == {"RegisterWorker": UNAVAILABLE, "Heartbeat": UNAVAILABLE,
                              "PublishEvents": UNAVAILABLE, "SyncWorker": UNAVAILABLE,
-                             "Route": UNAVAILABLE, "Stats": OK}, codes
+                             "Route": UNAVAILABLE, "Stats": OK, "SetTenantQuota": UNAVAILABLE,
+                             "GetTenantQuotas": UNAVAILABLE}, codes
             st = await r.stub.Stats(pb.StatsRequest())
             assert st.degraded
             async with grpc.aio.insecure_channel(r.address) as ch:
@@ -104,7 +108,8 @@ def test_every_rpc_after_redis_died_under_live_workers(redis_server: RedisServer
                         assert res.degraded, name
                 assert codes == {"RegisterWorker": UNAVAILABLE, "Heartbeat": UNAVAILABLE,
                                  "PublishEvents": UNAVAILABLE, "SyncWorker": UNAVAILABLE,
-                                 "Route": OK, "Stats": OK}, codes
+                                 "Route": OK, "Stats": OK, "SetTenantQuota": UNAVAILABLE,
+                                 "GetTenantQuotas": UNAVAILABLE}, codes
 
     asyncio.run(main())
 
