@@ -23,12 +23,13 @@ from client.convert import (
     pin_result,
     route_request,
     stats_dict,
+    wire_tenant,
     worker_stats_dict,
 )
 from client.errors import BrokenStream, KvmeshError
 from client.failover import Failures
 from client.results import GenerateResult, PinResult, RouteResult, TokenChunk
-from kvmesh.quota import Quotas, check_tenant
+from kvmesh.quota import Quotas
 from kvmesh.rpc.retry import Source
 from kvmesh.v1 import index_pb2, worker_pb2
 
@@ -128,7 +129,7 @@ class AsyncKvmeshClient(BaseClient):
         (``aclose``) cancels the worker's request. ``routed``, ``tenant``: as for
         :meth:`generate` (a bad tenant raises ``ValueError`` here, not at the first ``anext``).
         """
-        check_tenant(tenant or "")
+        wire_tenant(tenant)
         return self._generation(token_ids, max_tokens, salt, temperature, seed, lora, mm,
                                 policy, ignore_eos, stream=True, routed=routed,
                                 worker_id=worker_id, tenant=tenant)

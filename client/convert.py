@@ -104,7 +104,7 @@ def route_request(token_ids: Iterable[int], salt: str | None = None, lora: LoraS
     The prompt goes as ``token_ids_packed`` (:func:`pack_tokens`) when every id fits a
     uint32, else (or with ``packed=False``, for a service older than the field) as the
     repeated ``token_ids``, which the service still reads and checks."""
-    tenant = check_tenant(tenant) if tenant else ""  # "" on the wire: the default tenant
+    tenant = wire_tenant(tenant)
     ids = _token_list(token_ids)
     if not isinstance(ids, Sequence) and not hasattr(ids, "dtype"):
         ids = list(ids)  # an iterator: it is read twice when it cannot be packed
@@ -114,6 +114,13 @@ def route_request(token_ids: Iterable[int], salt: str | None = None, lora: LoraS
         lora=_lora(lora), mm=_mm(mm), model=model or "", policy=policy or "",
         max_candidates=max(0, int(max_candidates)), dry_run=dry_run,
         worker_id=worker_id or "", tenant=tenant)
+
+
+def wire_tenant(tenant: str | None) -> str:
+    """``tenant`` as ``RouteRequest.tenant`` carries it (``""``: the default tenant); raises
+    ``ValueError`` with :func:`kvmesh.quota.check_tenant`'s message for a name the service
+    would refuse, before anything is sent."""
+    return check_tenant(tenant) if tenant else ""
 
 
 def pack_tokens(token_ids: Sequence[int]) -> bytes | None:

@@ -29,14 +29,21 @@ from client.gateway.bodylimit import BodyLimit
 from client.gateway.chat import chat_ids
 from client.gateway.engines import EngineGate, EngineList
 from client.gateway.errors import from_kvmesh, install_handlers
+from client.gateway.fair_slots import FairSlots
 from client.gateway.forward import Forwarder, Relayed, relay
 from client.gateway.generation import Job, Outcome, generate_text, start_stream
 from client.gateway.health import DEFAULT_TTL_S, ClusterHealth, install_health_routes
-from client.gateway.limits import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONCURRENT
+from client.gateway.limits import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONCURRENT,
+    DEFAULT_MAX_TOTAL,
+    DEFAULT_MAX_WAIT_S,
+)
 from client.gateway.metrics import CountRequests, GatewayMetrics, install_metrics_route
 from client.gateway.models import ModelCards, install_model_routes
 from client.gateway.prompts import fitted, pool_refusal, prompt_ids
-from client.gateway.slots import Lease, LeasedStream, TenantSlots, slot_owner
+from client.gateway.slots import Lease, LeasedStream, TenantSlots
 from client.gateway.tenants import Salting, Tenancy, salting
 from client.gateway.tokenizer import TINY_CONTEXT, ByteLevelTokenizer, Tokenizer
 from client.results import Candidate
@@ -80,6 +87,9 @@ class GatewayConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_batch_prompts: int = DEFAULT_MAX_BATCH
     max_concurrent: int = DEFAULT_MAX_CONCURRENT  # prompts generating at once, per tenant
+    max_total: int = DEFAULT_MAX_TOTAL  # prompts admitted at once, all tenants (0: no bound)
+    tenant_weights: dict[str, float] = field(default_factory=dict)  # fair shares (default 1)
+    max_wait_s: float = DEFAULT_MAX_WAIT_S  # longest wait for a slot under max_total
     loras: dict[str, str] = field(default_factory=dict)  # model name -> LoRA adapter path
     engines: EngineList = field(default_factory=EngineList)  # listed HTTP engines -> keys
     metrics_key: str | None = None  # bearer key of GET /metrics on the API port
@@ -91,6 +101,12 @@ class GatewayConfig:
         if not 1 <= self.max_batch_prompts <= self.max_concurrent:
             raise ValueError("--max-batch-prompts must be between 1 and "
                              "--max-concurrent-per-tenant")
+        if self.max_total < 0 or not self.max_wait_s > 0:
+            raise ValueError("--max-concurrent must be 0 (no bound) or more, and "
+                             "--max-queue-wait more than 0 seconds")
+        if self.max_total and self.max_batch_prompts > self.max_total:
+            raise ValueError("--max-batch-prompts must not exceed --max-concurrent (a batch "
+                             "could never be admitted)")
 
 
 class _Gateway:
@@ -101,7 +117,11 @@ class _Gateway:
         self._client: AsyncKvmeshClient | None = None
         self.started = int(time.time())
         self.slots = TenantSlots(config.max_concurrent)
+        self.fair = FairSlots(config.max_total, self.slots, config.tenant_weights,
+                              config.max_wait_s)
         self.metrics = GatewayMetrics()
+        self.metrics.admitted.set_function(lambda: self.fair.admitted)
+        self.metrics.waiting.set_function(self.fair.waiting)
         self._forwarder: Forwarder | None = None
         self.gate = EngineGate(config.engines, self.metrics.forwards.labels("refused"))
         self.health = ClusterHealth(lambda: self.client().stats(), ttl_s=config.health_ttl_s)
@@ -293,10 +313,6 @@ class _Gateway:
                                       **_STREAM_HEADERS})
 
 
-def _slot_owner(request: Request, tenant: str | None) -> str:
-    return slot_owner(tenant, request.client.host if request.client else None)
-
-
 def _tenant(request: Request) -> str | None:
     gateway: _Gateway = request.app.state.gateway
     return gateway.tenant(request)
@@ -341,7 +357,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         jobs = [gw.job(body, gw.token_ids(p, f"prompt[{i}]" if many else "prompt", new,
                                           body.add_special_tokens), salted, new, tenant)
                 for i, p in enumerate(prompts)]
-        lease = gw.slots.take(_slot_owner(request, tenant), len(jobs))
+        lease = await gw.fair.admit(request, tenant, len(jobs))
         return await gw.routed(request, await request.body(),
                                ResponseShape(False, config.model_name), jobs, body, salted,
                                lease)
@@ -355,7 +371,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         new = body.max_new_tokens(config.max_model_len - len(ids))  # vLLM: to the context
         ids = gw.fits(ids, "messages", new)
         job = gw.job(body, ids, salted, new, tenant)
-        lease = gw.slots.take(_slot_owner(request, tenant))
+        lease = await gw.fair.admit(request, tenant)
         try:
             return await gw.routed(request, raw, ResponseShape(True, config.model_name), [job],
                                    body, salted, lease)

@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from client.gateway.limits import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONCURRENT
+from client.gateway.limits import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONCURRENT,
+    DEFAULT_MAX_TOTAL,
+    DEFAULT_MAX_WAIT_S,
+)
 from client.gateway.tokenizer import TINY, TINY_CONTEXT
 from kvmesh.ops.cli_options import DEFAULT_SERVICE, Service, TlsCa, TlsCert, TlsKey, Token
 
@@ -61,11 +67,12 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
                  tenant_keys: Path | None = None, salt_secret: str | None = None,
                  generate_timeout: float = 120.0, tls: TlsFiles | None = None, *,
                  shared_cache: bool = False, max_model_len: int | None = None,
-                 limits: dict[str, int] | None = None, tokenizer_dir: Path | None = None,
+                 limits: dict[str, float] | None = None, tokenizer_dir: Path | None = None,
                  loras: dict[str, str] | None = None,
                  engine_api_key: str | None = None, engine_allow: list[str] | None = None,
                  engine_keys: Path | None = None,
-                 metrics_key: str | None = None) -> GatewayConfig:
+                 metrics_key: str | None = None,
+                 tenant_weights: list[str] | None = None) -> GatewayConfig:
     """The gateway's configuration from its flags.
 
     The model is ``model_dir`` if given, else ``model`` (``tiny`` or a directory); it is
@@ -77,11 +84,13 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
     directory for the name and context when no model is given. ``engine_allow`` (addresses,
     with ``engine_api_key``) and ``engine_keys`` (a file of per-engine keys) list the HTTP
     engines requests may be forwarded to (``client.gateway.engines``); ``metrics_key`` opens
-    ``GET /metrics`` on the API port. Raises ``ValueError`` (or ``OSError``) with a readable
-    message for bad flags.
+    ``GET /metrics`` on the API port; ``tenant_weights`` (``--tenant-weights a=2,b=1``) are
+    the fair shares of ``--max-concurrent`` (``client.gateway.fair_slots``). Raises
+    ``ValueError`` (or ``OSError``) with a readable message for bad flags.
     """
     from client.gateway.app import GatewayConfig
     from client.gateway.engines import EngineList
+    from client.gateway.fair_slots import parse_weights
     from client.gateway.tenants import Tenancy
     from client.gateway.tokenizer import load_tokenizer
     from kvmesh.rpc.channel import parse_addresses
@@ -107,6 +116,12 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
         typer.echo("warning: no --salt-secret (KVMESH_GATEWAY_SECRET): tenant salts are random "
                    "for this process, so they change on restart and differ between gateway "
                    "replicas", err=True)
+    weights = parse_weights(tenant_weights)
+    unknown = sorted(set(weights) - (tenancy.tenants if tenancy is not None else set()))
+    if unknown:
+        typer.echo(f"warning: --tenant-weights names {', '.join(unknown)}, which no API key "
+                   "of --tenant-keys maps to: those weights never apply (without tenant keys "
+                   "every request is the tenant 'default')", err=True)
     engines = EngineList.build(engine_allow or (), engine_api_key, engine_keys)
     if engine_api_key and not engines:
         typer.echo("warning: --engine-api-key but no --engine-allow or --engine-keys: no HTTP "
@@ -119,7 +134,7 @@ def build_config(service: str, model: str = TINY, model_dir: Path | None = None,
     return GatewayConfig(service=addresses, model_name=name, tokenizer=tokenizer, token=token,
                          tenancy=tenancy, generate_timeout=generate_timeout, tls=tls,
                          shared_cache=shared_cache, max_model_len=context,
-                         loras=dict(loras or {}), engines=engines,
+                         loras=dict(loras or {}), engines=engines, tenant_weights=weights,
                          metrics_key=metrics_key or None, **(limits or {}))
 
 
@@ -158,7 +173,19 @@ def gateway_cmd(
         help="Most prompts in one completions request.")] = DEFAULT_MAX_BATCH,
     max_concurrent: Annotated[int, typer.Option(
         "--max-concurrent-per-tenant", help="Prompts one tenant (API key's tenant, else "
-        "client IP) may have generating at once (429 above).")] = DEFAULT_MAX_CONCURRENT,
+        "client IP) may have generating or waiting at once (429 above).")
+    ] = DEFAULT_MAX_CONCURRENT,
+    max_total: Annotated[int, typer.Option(
+        "--max-concurrent", help="Prompts the gateway admits at once, all tenants together "
+        "(0: no bound). Over it, requests wait and the next free slot goes to tenants in "
+        "weighted fair shares (--tenant-weights).")] = DEFAULT_MAX_TOTAL,
+    tenant_weights: Annotated[list[str] | None, typer.Option(
+        "--tenant-weights", help="TENANT=WEIGHT[,...] (repeatable): the tenants' shares of "
+        "--max-concurrent while they wait (default weight 1; a=2,b=1: a gets twice b's "
+        "slots).")] = None,
+    max_wait_s: Annotated[float, typer.Option(
+        "--max-queue-wait", help="Seconds a request may wait for a slot under "
+        "--max-concurrent (then 503 with Retry-After).")] = DEFAULT_MAX_WAIT_S,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "info",
     tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None,
     tokenizer: Annotated[Path | None, typer.Option(
@@ -202,10 +229,12 @@ def gateway_cmd(
                               shared_cache=insecure_shared_cache, max_model_len=max_model_len,
                               limits={"max_body_bytes": max_body_bytes,
                                       "max_batch_prompts": max_batch_prompts,
-                                      "max_concurrent": max_concurrent},
+                                      "max_concurrent": max_concurrent,
+                                      "max_total": max_total, "max_wait_s": max_wait_s},
                               tokenizer_dir=tokenizer, loras=parse_loras(lora),
                               engine_api_key=engine_api_key, engine_allow=engine_allow,
-                              engine_keys=engine_keys, metrics_key=metrics_key)
+                              engine_keys=engine_keys, metrics_key=metrics_key,
+                              tenant_weights=tenant_weights)
     except (OSError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

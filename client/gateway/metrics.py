@@ -15,6 +15,7 @@ from fastapi.responses import Response
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     start_http_server,
@@ -51,6 +52,11 @@ class GatewayMetrics:
             "worker's prefix cache to requests in the shared cache of --insecure-shared-cache "
             "(hidden from those callers; not in kvmesh_gateway_cached_tokens_total)",
             registry=self.registry)
+        self.admitted = Gauge("kvmesh_gateway_admitted_prompts", "Prompts holding one of "
+                              "the gateway's --max-concurrent slots", registry=self.registry)
+        self.waiting = Gauge("kvmesh_gateway_waiting_requests", "Requests waiting for a slot "
+                             "(weighted fair admission under --max-concurrent)",
+                             registry=self.registry)
         self.forwards = Counter("kvmesh_gateway_engine_forwards_total", "Requests forwarded "
                                 "to HTTP engines, by outcome: relayed (an engine answered), "
                                 "exhausted (every engine failed), failover (one engine "

@@ -6,7 +6,7 @@ prefixes without ``cache_salt`` measures 0% reuse and no one tells it why. So th
 says at start, in a few lines, which cache requests share, what to change to share more or
 less (tenant keys, ``cache_salt``, ``--insecure-shared-cache``), and who "the tenant" of the
 concurrency cap is (without tenant keys: the client's IP address, so a whole benchmark host
-is one tenant).
+is one tenant), and, under ``--max-concurrent``, how waiting requests share the slots.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def startup_notice(config: GatewayConfig) -> str:
                 f"{len(config.tenancy.tenants)} tenant(s)): each API key's tenant shares its "
                 "own prefix cache and sees its own cached-token counts; a request's cache_salt "
                 "narrows it further, never into another tenant's.\n"
-                f"kvmesh gateway: {cap}, per API key's tenant.")
+                f"kvmesh gateway: {cap}, per API key's tenant.{_admission(config)}")
     if config.shared_cache:
         isolation = ("kvmesh gateway: --insecure-shared-cache: requests without cache_salt "
                      "share one cache, and each caller's latency shows what others asked (a "
@@ -40,4 +40,19 @@ def startup_notice(config: GatewayConfig) -> str:
                      "own cache), or the same unguessable cache_salt in the request body, or, "
                      "only where every caller trusts every other, --insecure-shared-cache.")
     return (f"{isolation}\nkvmesh gateway: {cap}; without --tenant-keys the tenant is the "
-            "client's IP address, so every caller on one host (a benchmark) is one tenant.")
+            "client's IP address, so every caller on one host (a benchmark) is one tenant."
+            f"{_admission(config)}")
+
+
+def _admission(config: GatewayConfig) -> str:
+    """The line on fair admission under ``--max-concurrent`` (none when unbounded)."""
+    if not config.max_total:
+        return ""
+    weights = ", ".join(f"{t}={w:g}" for t, w in sorted(config.tenant_weights.items()))
+    shares = (f"weighted fair shares ({weights}; any other tenant 1)" if weights
+              else "equal fair shares (--tenant-weights to change them)")
+    who = ("per API key's tenant" if config.tenancy is not None else
+           "without --tenant-keys all requests are one tenant, so they go in arrival order")
+    return (f"\nkvmesh gateway: --max-concurrent {config.max_total}: above it requests wait "
+            f"(at most {config.max_wait_s:g} s, then 503) and free slots go out in {shares}, "
+            f"{who}.")

@@ -6,11 +6,13 @@ refused at once with 429 and ``Retry-After``, before anything is routed, so one 
 cannot occupy every worker while others wait. The tenant is the API key's tenant, or, without
 tenant keys, the caller's IP address (``slot_owner``): a benchmark host is then one tenant,
 so the 429's message names the flag that raises the cap. Slots live in this process: N
-gateway replicas allow N times the cap.
+gateway replicas allow N times the cap. Under a gateway-wide bound (``--max-concurrent``)
+``client.gateway.fair_slots`` queues requests fairly; a waiting prompt holds its cap slot.
 """
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -30,17 +32,16 @@ def slot_owner(tenant: str | None, client_host: str | None) -> str:
 
 
 class Lease:
-    """Slots held by one request; ``release`` gives them back (idempotent)."""
+    """Slots held by one request; ``release`` gives them back (``give_back`` runs once,
+    however many times it is called)."""
 
-    def __init__(self, slots: TenantSlots, tenant: str, count: int) -> None:
-        self._slots = slots
-        self._tenant = tenant
-        self._count = count
+    def __init__(self, give_back: Callable[[], None]) -> None:
+        self._give_back: Callable[[], None] | None = give_back
 
     def release(self) -> None:
-        if self._count:
-            self._slots._give_back(self._tenant, self._count)
-            self._count = 0
+        give_back, self._give_back = self._give_back, None
+        if give_back is not None:
+            give_back()
 
 
 class TenantSlots:
@@ -63,7 +64,7 @@ class TenantSlots:
                               type_="rate_limit_error",
                               headers={"retry-after": str(RETRY_AFTER_S)})
         self._used[tenant] += count
-        return Lease(self, tenant, count)
+        return Lease(lambda: self._give_back(tenant, count))
 
     def _refusal(self, tenant: str) -> str:
         cap = (f"at most {self.limit} prompts generating at once per tenant: the gateway's "

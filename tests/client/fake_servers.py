@@ -5,6 +5,7 @@ fixed route, stream a fixed generation, fail in a chosen way, and record what th
 """
 from __future__ import annotations
 
+import threading
 import time
 from concurrent import futures
 
@@ -102,6 +103,8 @@ class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
         self.token = token
         self.failure: tuple[grpc.StatusCode, str] = (grpc.StatusCode.INTERNAL, "scripted")
         self.fail_after = 0
+        # set: each Generate waits for a permit before answering (a test paces the worker)
+        self.permits: threading.Semaphore | None = None
         self.requests: list[worker_pb2.GenerateRequest] = []
         self.metadata: list[dict[str, str]] = []
         self.peer: worker_pb2.PeerStats | None = None  # Stats' peer counters (None: unset)
@@ -115,6 +118,8 @@ class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
         self.metadata.append(dict(context.invocation_metadata()))
         _check_token(context, self.token)
         self.requests.append(request)
+        if self.permits is not None:
+            self.permits.acquire(timeout=10)
         if self.mode == "invalid":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt longer than the model")
         if self.mode == "hang":

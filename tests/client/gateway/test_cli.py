@@ -41,3 +41,31 @@ def test_tiny_context_matches_the_workers_model() -> None:
     from worker.model.loader import TINY_CONFIG
 
     assert model_context("tiny") == TINY_CONFIG["max_position_embeddings"]
+
+
+def test_fair_admission_flags_reach_the_config_and_bad_ones_exit_2(tmp_path: Path,
+                                                                   capsys) -> None:
+    import typer
+
+    from client.gateway import register
+    from client.gateway.cli import build_config
+
+    keys = tmp_path / "keys.txt"
+    keys.write_text("k1 acme\nk2 globex\n")
+    keys.chmod(0o600)
+    config = build_config("127.0.0.1:1", tenant_keys=keys, salt_secret="s",
+                          limits={"max_total": 16, "max_wait_s": 2.5},
+                          tenant_weights=["acme=2", "globex=1,nobody=3"])
+    assert (config.max_total, config.max_wait_s) == (16, 2.5)
+    assert config.tenant_weights == {"acme": 2.0, "globex": 1.0, "nobody": 3.0}
+    assert "nobody, which no API key" in capsys.readouterr().err
+    app = typer.Typer()
+    register(app)
+    app.command("other")(lambda: None)
+    runner = CliRunner()
+    for flags, words in ((["--tenant-weights", "a=0"], "weight > 0"),
+                         (["--max-concurrent", "4", "--max-batch-prompts", "8"],
+                          "must not exceed --max-concurrent"),
+                         (["--max-concurrent", "-1"], "--max-concurrent must be")):
+        result = runner.invoke(app, ["gateway", *flags])
+        assert result.exit_code == 2 and words in result.output, result.output

@@ -56,3 +56,17 @@ def test_the_shared_cache_warns_once_and_names_the_operators_metric(
     assert out.count("--insecure-shared-cache: requests without cache_salt share one") == 1
     assert "timing oracle" in out
     assert "kvmesh_gateway_shared_cache_cached_tokens_total" in out
+
+
+def test_fair_admission_is_announced_only_when_bounded(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    assert "--max-concurrent " not in start(monkeypatch)
+    out = start(monkeypatch, "--max-concurrent", "16", "--max-queue-wait", "5")
+    assert "--max-concurrent 16: above it requests wait (at most 5 s" in out
+    assert "all requests are one tenant" in out
+    keys = tmp_path / "keys.txt"
+    keys.write_text("k1 acme\nk2 globex\n")
+    keys.chmod(0o600)
+    out = start(monkeypatch, "--tenant-keys", str(keys), "--salt-secret", "s",
+                "--max-concurrent", "16", "--tenant-weights", "acme=2")
+    assert "weighted fair shares (acme=2; any other tenant 1), per API key's tenant" in out
