@@ -29,6 +29,7 @@ from .pins import Pinned, PinTable
 from .request import KVRequest
 from .stats import Admissions, CacheStats, TierCounters
 from .tenant_stats import TenantCounts
+from .tenants import TenantLedger
 from .tiered import TIER_NAMES, Tiers
 from .transfers import Lost, Transfer
 
@@ -74,15 +75,19 @@ class KVCacheManager:
         self._onboards = self._tiers.onboards
         self.peer = PeerImports(self)  # blocks pulled from other workers
         self.quotas = Quotas()  # none: every tier evicts exactly as vLLM's pool does
+        lower = () if self.offloader is None else self.offloader.tiers
+        self.tenants = TenantLedger([self.pool.ledger, *(t.ledger for t in lower)])
 
     def set_quotas(self, quotas: Quotas) -> None:
         """Apply per-tenant quotas (engine thread; :mod:`kvmesh.quota`). Takes effect at the
-        next eviction; nothing is evicted by the call itself."""
+        next eviction; nothing is evicted by the call itself (see quota_queue.py)."""
         self.quotas = quotas
+        self.tenants.set_quotas(quotas)
+        self.pool.set_quotas(quotas)
 
     def tenant_stats(self) -> dict[str, TenantCounts]:
-        """Per-tenant counters, every tenant seen (see :mod:`.tenant_stats`)."""
-        return {}
+        """Per-tenant counters, every tenant seen (see :mod:`.tenant_stats`, tenants.py)."""
+        return self.tenants.stats()
 
     # --- sizing -----------------------------------------------------------------------
 
@@ -245,7 +250,8 @@ class KVCacheManager:
             self.pool.touch(hits)
             table.extend(hits)
             self._note_hits(req, hits)
-        new_blocks = self.pool.get_new_blocks(num_new_blocks) if num_new_blocks else []
+        new_blocks = (self.pool.get_new_blocks(num_new_blocks, req.tenant) if num_new_blocks
+                      else [])
         table.extend(new_blocks)
         if admission:
             self._tiers.admit(req, hits, num_new_computed_tokens,
@@ -279,7 +285,7 @@ class KVCacheManager:
         extras = ([self._extra(req, i) for i in range(num_cached, num_full)]
                   if req.has_extra_keys else None)
         self.pool.cache_full_blocks(table, req.block_hashes, req.token_ids, num_cached,
-                                    num_full, self.block_size, extras)
+                                    num_full, self.block_size, extras, req.tenant)
         self._num_cached[req.request_id] = num_full
         if self._layered:
             prompt = req.num_prompt_tokens
@@ -312,6 +318,9 @@ class KVCacheManager:
     def _record(self, req: KVRequest, num_hits: int) -> None:
         counts = self._preempted if req.num_preemptions else self._first
         counts.add(req.num_tokens, num_hits)
+        if not req.num_preemptions:
+            self.tenants.admitted(req.tenant, req.num_tokens,
+                                  self._tiers.cached_tokens(req.request_id), self.block_size)
 
     def free(self, req: KVRequest) -> None:
         """Release the request's blocks, last block first, so the tail of its chain is

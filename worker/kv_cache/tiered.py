@@ -75,7 +75,7 @@ class Tiers:
         extras = ([self._extra(req, i) for i in range(len(hits), len(hits) + len(reads))]
                   if req.has_extra_keys else None)
         return onboards.start(req.request_id, hits, reads, req.block_hashes, req.token_ids,
-                              extras)
+                              extras, req.tenant)
 
     def onboarding(self, request_id: str) -> bool:
         """Whether ``request_id``'s copy is in flight."""

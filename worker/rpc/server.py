@@ -19,6 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvmesh.hashing import Lora, MMItem
+from kvmesh.quota import check_tenant
 from kvmesh.rpc.auth import BearerAuth, shared_token
 from kvmesh.rpc.channel import Dialer
 from kvmesh.rpc.limits import RequestLimits, server_options
@@ -95,6 +96,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                                 ignore_eos=sp.ignore_eos)
         try:
             lora, mm = prompt_keys(request, self.max_mm_items)
+            tenant = check_tenant(request.tenant)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         # Unique per attempt: a client retrying with the same id must not collide with a
@@ -109,7 +111,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                                          salt=request.salt or None, lora=lora, mm=mm)
             stream = self.runner.generate(prompt, params, request_id=rid,
                                           salt=request.salt or None, lora=lora, mm=mm,
-                                          on_enqueued=hook)
+                                          tenant=tenant, on_enqueued=hook)
             async for out in stream:
                 if not out.finished:
                     yield worker_pb2.GenerateResponse(token_ids=out.new_token_ids)
