@@ -56,8 +56,8 @@ def _blocks(row: Mapping[str, Any], tier: str) -> str:
 
 
 def tenant_cells(row: Mapping[str, Any]) -> list[str]:
-    """One table row: tenant, requests, prompt tokens, hit rate, each tier's blocks (and
-    quota), evictions (blocks dropped from any tier)."""
+    """One table row: tenant, requests, prompt tokens, hit rate, each tier's cached blocks
+    (and quota, both summed over the workers), evictions (blocks dropped from any tier)."""
     prompt = row["prompt_tokens"]
     hit = f"{row['cached_tokens'] / prompt:.1%}" if prompt else "-"
     evicted = sum(t["evicted_blocks"] for t in row["tiers"].values())
@@ -69,9 +69,10 @@ def tenant_table(rows: Sequence[Mapping[str, Any]]) -> Table:
     """:func:`tenant_totals` as a table (an empty one says so in its caption)."""
     from rich.table import Table
 
-    table = Table("tenant", "requests", "prompt tokens", "hit rate",
-                  *(f"{t} blocks / quota" for t in TIERS), "evictions",
-                  title="Tenants (summed over workers)")
+    table = Table("tenant", title="Tenants (summed over workers)")
+    for head in ("requests", "prompt tokens", "hit rate", *(f"{t} / quota" for t in TIERS),
+                 "evictions"):
+        table.add_column(head, justify="right")
     for row in rows:
         table.add_row(*tenant_cells(row))
     table.caption = ("no worker reported tenants" if not rows else

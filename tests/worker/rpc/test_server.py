@@ -179,3 +179,44 @@ def test_stats_and_metrics_report_the_largest_tenants_and_other():
               for f in text_string_to_metric_families(generate_latest(page).decode())
               if f.name == "kvmesh_worker_tenant_cached_blocks" for s in f.samples}
     assert cached == {**{n: int(n[1:]) for n in names[:-1]}, OTHER: 3}
+
+
+def test_two_tenants_are_counted_apart_in_stats_and_on_the_metrics_page():
+    """acme caches PROMPT and hits it; beta (same salt: the same trust group) hits acme's
+    blocks without being charged for them, then caches a prompt of its own."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from worker.rpc.metrics import WorkerMetrics
+
+    other = list(range(200, 240))  # 40 tokens: 2 full blocks
+    runner = _worker()
+    metrics = WorkerMetrics(runner, "w-t")
+    mport = metrics.serve(0)
+
+    async def body(stub, ch):
+        for tokens, tenant in ((PROMPT, "acme"), (PROMPT, "acme"), (PROMPT, "beta"),
+                               (other, "beta")):
+            await _collect(stub, _req(tokens, tenant=tenant))
+        return await stub.Stats(worker_pb2.WorkerStatsRequest())
+
+    stats = asyncio.run(with_worker(body, runner))
+    rows = {t.tenant: t for t in stats.tenants}
+    assert set(rows) == {"acme", "beta"}
+    acme, beta = rows["acme"], rows["beta"]
+    assert (acme.requests, acme.prompt_tokens, acme.cached_tokens) == (2, 100, 48)
+    assert (beta.requests, beta.prompt_tokens, beta.cached_tokens) == (2, 90, 48)
+    (acme_gpu,), (beta_gpu,) = acme.tiers, beta.tiers
+    assert (acme_gpu.tier, acme_gpu.blocks, acme_gpu.hit_blocks) == ("gpu", 3, 3)
+    assert (beta_gpu.blocks, beta_gpu.hit_blocks) == (2, 3)  # acme's 3 blocks: not beta's
+    page = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics").read().decode()
+    got = {(s.name, s.labels["tenant"], s.labels.get("tier", "")): s.value
+           for f in text_string_to_metric_families(page) for s in f.samples
+           if s.name.startswith("kvmesh_worker_tenant_") and not s.name.endswith("_created")}
+    assert got["kvmesh_worker_tenant_prompt_tokens_total", "acme", ""] == 100
+    assert got["kvmesh_worker_tenant_prompt_tokens_total", "beta", ""] == 90
+    assert got["kvmesh_worker_tenant_cached_tokens_total", "acme", ""] == 48
+    assert got["kvmesh_worker_tenant_cached_tokens_total", "beta", ""] == 48
+    assert got["kvmesh_worker_tenant_cached_blocks", "acme", "gpu"] == 3
+    assert got["kvmesh_worker_tenant_cached_blocks", "beta", "gpu"] == 2
