@@ -98,7 +98,7 @@ def register(group: typer.Typer) -> None:
 
             res = bench(s, ld, flood_quota, progress)
         if as_json:
-            print(json.dumps(res))
+            print(json.dumps(report.finite(res), allow_nan=False))
             return
         title = (f"{s.workers} workers x {s.gpu_blocks} blocks; {ld.victims} tenants x "
                  f"{ld.system_tokens}+{ld.question_tokens} tokens at {ld.victim_rate:g}/s, "

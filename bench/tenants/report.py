@@ -99,6 +99,18 @@ def goals(runs: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, Any]
     return out
 
 
+def finite(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float made ``None`` (strict JSON: a tenant with
+    nothing completed has no TTFT; a ratio over zero has no value)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    return obj
+
+
 def goal_lines(g: Mapping[str, Any]) -> list[tuple[str, bool, str]]:
     """(goal, met, figures) for the table's footer."""
     return [

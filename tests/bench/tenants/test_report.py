@@ -79,3 +79,8 @@ def test_table_names_every_run_and_the_verdicts() -> None:
     assert all(name in text for name in report.RUNS) and "victims" in text
     # identical runs: every ratio 1.0, so the hit and throughput goals hold, the TTFT one not
     assert text.count(" met ") == 2 and text.count("MISSED") == 1
+
+
+def test_finite_makes_strict_json() -> None:
+    got = report.finite({"a": math.nan, "b": [1.0, math.inf], "c": {"d": 2, "e": "x"}})
+    assert got == {"a": None, "b": [1.0, None], "c": {"d": 2, "e": "x"}}
