@@ -38,6 +38,7 @@ BENCH_VERBS = {
     "serve": "bench.ray_serve",  # Ray Serve routers side by side
     "trace": "bench.traces",  # synthetic Mooncake-format traces for replay
     "transfer": "bench.transfer",  # the peer-KV data plane's transports, fetch vs recompute
+    "tenants": "bench.tenants",  # a flooding tenant without and with quotas
 }
 
 

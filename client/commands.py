@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from client.peer_stats import in_out, plan_cell
+from client.tenant_stats import tenant_table, tenant_totals
 from kvmesh.contract import TIERS
 from kvmesh.openai import vocab
 from kvmesh.ops.cli_options import (
@@ -276,16 +277,22 @@ def stats_cmd(service: Service = DEFAULT_SERVICE, token: Token = None,
               rates: Annotated[float, typer.Option(
                   "--rates", min=0.0, help="Sample the workers twice this many seconds apart "
                   "and show evictions and offloads per second per tier (0: totals).")] = 0.0,
+              tenants: Annotated[bool, typer.Option(
+                  "--tenants", help="Also sum each tenant's requests, hit rate, blocks per "
+                  "tier against its quota and evictions over the workers.")] = False,
               timeout: Timeout = 5.0, json_out: JsonOut = False,
               tls_ca: TlsCa = None, tls_cert: TlsCert = None, tls_key: TlsKey = None) -> None:
     """Show the cluster: every worker's liveness, load, blocks and index entries, and each
     worker's KV tiers (load factor, hit rate, evictions, offloads, onboards, pins, and the
-    index's precision per tier) and peer KV transfers (fetches made and served)."""
+    index's precision per tier), peer KV transfers (fetches made and served) and, with
+    --tenants, each tenant's figures summed over the workers."""
     with _client(service, token, timeout, (tls_ca, tls_cert, tls_key)) as client:
         data = client.stats()
-        if workers:
+        if workers or tenants:
             client.timeout = min(timeout, 2.0)
             _worker_details(client, data["workers"], rates)
+    if tenants:
+        data["tenants"] = tenant_totals(data["workers"])
     if json_out:
         _print_json(data)
         return
@@ -318,7 +325,8 @@ def print_stats(data: dict[str, Any], console: Console | None = None,
 
     One row per worker when the table fits ``console``'s width; otherwise (80 columns, a
     pipe) one two-column block per worker, so no cell is ever cut to "…". Then the KV tiers
-    (``client.tier_stats``), the same way, when the workers report them.
+    (``client.tier_stats``), the same way, when the workers report them; then the
+    ``tenants`` of ``--tenants`` (``client.tenant_stats``).
     """
     from rich.console import Console
     from rich.table import Table
@@ -351,6 +359,8 @@ def print_stats(data: dict[str, Any], console: Console | None = None,
     peers = peer_table(data["workers"])
     if peers is not None:
         _print_fitting(peers, console, keys=1)
+    if data.get("tenants") is not None:  # `--tenants`: client.tenant_stats
+        _print_fitting(tenant_table(data["tenants"]), console, keys=1)
     if data.get("degraded"):
         console.print("[bold red]degraded: the service cannot reach its index (Redis)[/]")
     counters = data.get("counters") or {}

@@ -108,6 +108,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
         self.requests: list[worker_pb2.GenerateRequest] = []
         self.metadata: list[dict[str, str]] = []
         self.peer: worker_pb2.PeerStats | None = None  # Stats' peer counters (None: unset)
+        self.tenants: list[worker_pb2.TenantStats] = []  # Stats' tenant rows (none: old)
 
     def _fail_at(self, context: grpc.ServicerContext, point: int) -> None:
         if self.mode == "fail" and self.fail_after == point:
@@ -149,7 +150,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
             cache=worker_pb2.CacheStats(queries=100, hits=75, hit_rate=0.75, cached_blocks=30,
                                         used_blocks=8, free_blocks=90, total_blocks=128),
             requests_done=7, index_promised_tokens=64, index_served_tokens=48,
-            peer=self.peer)
+            peer=self.peer, tenants=self.tenants)
 
 
 def candidate(worker_id: str, address: str, matched: int = 0, cost: float = 1.0,

@@ -295,3 +295,26 @@ def test_stats_shows_peer_fetches_per_worker_zeros_when_unreported(service) -> N
     narrow = runner.invoke(app, ["stats", "--service", service.address],
                            env={"COLUMNS": "80"})
     assert "…" not in narrow.stdout and "refused" in narrow.stdout
+
+
+def test_stats_tenants_sums_the_workers_rows(service) -> None:
+    from kvmesh.v1 import worker_pb2
+
+    w1, w2 = service.workers
+    w1.tenants = [worker_pb2.TenantStats(
+        tenant="acme", requests=4, prompt_tokens=640, cached_tokens=480,
+        tiers=[worker_pb2.TenantTier(tier="gpu", blocks=12, quota_blocks=40,
+                                     evicted_blocks=3)])]
+    result = runner.invoke(app, ["stats", "--service", service.address, "--tenants",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    (acme,) = json.loads(result.stdout)["tenants"]  # w2 is down: only w1's rows
+    assert (acme["tenant"], acme["requests"], acme["cached_tokens"]) == ("acme", 4, 480)
+    assert acme["tiers"]["gpu"]["quota_blocks"] == 40
+    table = runner.invoke(app, ["stats", "--service", service.address, "--tenants"],
+                          env=WIDE)
+    row = next(line for line in table.stdout.splitlines() if "acme" in line)
+    assert [c.strip() for c in row.split("│")[1:-1]] == [
+        "acme", "4", "640", "75.0%", "12 / 40", "-", "-", "3"]
+    plain = runner.invoke(app, ["stats", "--service", service.address], env=WIDE)
+    assert "acme" not in plain.stdout  # the tenants table only with --tenants

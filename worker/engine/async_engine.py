@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kvmesh.quota import DEFAULT_TENANT
 from worker.engine.engine import Engine, RequestError, StepFailed, StepOutput
 from worker.engine.sequence import SamplingParams, Seq
 
@@ -73,7 +74,7 @@ class AsyncEngine:
         return fut
 
     async def generate(self, prompt: list[int], params: SamplingParams, *, request_id: str,
-                       salt: str | None = None, lora=None, mm=(),
+                       salt: str | None = None, lora=None, mm=(), tenant: str = DEFAULT_TENANT,
                        on_enqueued: Callable[[Engine, Seq], None] | None = None,
                        ) -> AsyncIterator[StepOutput]:
         """Yield this request's step outputs until it finishes. Raises ``RequestError``
@@ -92,7 +93,7 @@ class AsyncEngine:
 
         def add(engine: Engine) -> None:
             stream.seq = engine.enqueue(prompt, params, request_id=request_id, salt=salt,
-                                        lora=lora, mm=mm)
+                                        lora=lora, mm=mm, tenant=tenant)
             if on_enqueued is not None:
                 try:
                     on_enqueued(engine, stream.seq)

@@ -21,6 +21,7 @@ import torch
 
 from kvmesh.contract import DEFAULT_ALGO
 from kvmesh.hashing import Lora, MMItem, block_hashes, lora_key, none_hash
+from kvmesh.quota import DEFAULT_TENANT
 from worker.engine.costs import CostMeter, calibrate
 from worker.engine.sampler import sample
 from worker.engine.scheduler import Scheduled, Scheduler, SchedulerConfig
@@ -191,21 +192,26 @@ class Engine:
 
     def add_request(self, prompt: list[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, salt: str | None = None,
-                    lora: Lora | None = None, mm: tuple[MMItem, ...] = ()) -> Seq:
+                    lora: Lora | None = None, mm: tuple[MMItem, ...] = (),
+                    tenant: str = DEFAULT_TENANT) -> Seq:
+        """Queue one request (``tenant``: charged for the blocks it caches). ``RequestError``."""
         params = params or SamplingParams()
         prompt = [int(t) for t in prompt]
         self.validate(prompt, params)
-        return self.enqueue(prompt, params, request_id=request_id, salt=salt, lora=lora, mm=mm)
+        return self.enqueue(prompt, params, request_id=request_id, salt=salt, lora=lora, mm=mm,
+                            tenant=tenant)
 
     def enqueue(self, prompt: list[int], params: SamplingParams, *,
                 request_id: str | None = None, salt: str | None = None,
-                lora: Lora | None = None, mm: tuple[MMItem, ...] = ()) -> Seq:
+                lora: Lora | None = None, mm: tuple[MMItem, ...] = (),
+                tenant: str = DEFAULT_TENANT) -> Seq:
         """``add_request`` for a prompt already converted to ints and validated (the batch
         call and the asyncio driver validate first, so a bad request never gets queued)."""
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         lora = lora_key(*lora) if lora is not None else None  # ("", "") is no LoRA, as on the wire
         seq = Seq(KVRequest(rid, prompt, salt=salt or None, lora=lora, mm=tuple(mm),
-                            num_prompt_tokens=len(prompt)), params, num_prompt_tokens=len(prompt))
+                            num_prompt_tokens=len(prompt), tenant=tenant or DEFAULT_TENANT),
+                  params, num_prompt_tokens=len(prompt))
         if params.temperature > 0:
             seq.generator = torch.Generator().manual_seed(
                 params.seed if params.seed is not None else torch.seed())
@@ -334,14 +340,15 @@ class Engine:
 
     def generate(self, prompts: list[list[int]], max_tokens: int = 16,
                  salt: str | None = None, temperature: float = 0.0, seed: int | None = None,
-                 lora: Lora | None = None, ignore_eos: bool = False) -> list[Completion]:
+                 lora: Lora | None = None, ignore_eos: bool = False,
+                 tenant: str = DEFAULT_TENANT) -> list[Completion]:
         """Run ``prompts`` to completion as one continuously batched workload. Raises
         ``StepFailed`` if a step fails; the whole batch is then aborted."""
         params = SamplingParams(max_tokens, temperature, seed, ignore_eos)
         prompts = [[int(t) for t in p] for p in prompts]
         for p in prompts:  # validate all first so a bad prompt leaves nothing queued
             self.validate(p, params)
-        seqs = [self.enqueue(p, params, salt=salt, lora=lora) for p in prompts]
+        seqs = [self.enqueue(p, params, salt=salt, lora=lora, tenant=tenant) for p in prompts]
         try:
             while any(s.status is not SeqStatus.FINISHED for s in seqs):
                 self.step()

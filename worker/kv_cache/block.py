@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from kvmesh.quota import DEFAULT_TENANT
+
 Extra = tuple[tuple[Any, ...], ...] | None
 
 
@@ -71,7 +73,7 @@ class KVCacheBlock:
     """
 
     __slots__ = ("block_id", "block_hash", "ref_cnt", "prev_free", "next_free", "content",
-                 "parent_hash", "decoded", "layer")
+                 "parent_hash", "decoded", "layer", "owner", "prev_owned", "next_owned")
 
     def __init__(self, block_id: int, block_hash: bytes | None = None, ref_cnt: int = 0,
                  prev_free: KVCacheBlock | None = None, next_free: KVCacheBlock | None = None,
@@ -87,6 +89,11 @@ class KVCacheBlock:
         # when the block is cached or hit, read only while the block is cached.
         self.decoded = False
         self.layer = 0  # which queue of a LayeredFreeQueue the block is linked into
+        # The tenant charged for the block while it is cached (set with its hash; see
+        # tenants.py), and its links in that tenant's free list (quota_queue.py, quotas on).
+        self.owner = DEFAULT_TENANT
+        self.prev_owned: KVCacheBlock | None = None
+        self.next_owned: KVCacheBlock | None = None
 
     @property
     def token_ids(self) -> tuple[int, ...] | None:

@@ -5,7 +5,9 @@ vLLM v1's automatic prefix caching: all blocks exist from start-up; a block is r
 blocks holding it (duplicates allowed) and is dropped lazily, on eviction or reset. Freed
 blocks go to the tail (a request's in reverse), unhashed ones to the head. A hit is returned
 only when its tokens match the caller's (a collision is a miss), and a failed step's blocks
-are uncached so an unwritten block is never a hit.
+are uncached so an unwritten block is never a hit. Each cached block is charged to a tenant
+(``ledger``, tenants.py); with quotas in force the choice of the blocks to evict goes through
+a :class:`~.quota_queue.QuotaQueue`, without them the pool is exactly vLLM's.
 
 See docs/architecture.md#worker-kv-cache.
 """
@@ -16,18 +18,17 @@ from typing import NamedTuple
 
 from kvmesh.contract import EVICTIONS
 from kvmesh.contract import TIERS as ALL_TIERS
-from kvmesh.events.pool import CacheSnapshot, PoolCleared, PoolEvent, PoolRemoved, PoolStored
+from kvmesh.events.pool import CacheSnapshot, PoolCleared, PoolRemoved, PoolStored
+from kvmesh.quota import DEFAULT_TENANT, Quotas
 
 from .block import BlockContent, Extra, FreeBlockQueue, KVCacheBlock, LayeredFreeQueue
+from .pool_events import PoolEvents
+from .quota_queue import QuotaQueue
+from .tenants import TierLedger
 
 TIERS = ALL_TIERS[:2]  # the tiers a pool can be (memory); disk blocks are files, not a pool
 # Free-queue orders (EVICTIONS): "lru" is vLLM's; "layered" hands out decode-generated blocks
 # before prefill-computed ones (see LayeredFreeQueue).
-# Bound of the unread event backlog, in blocks (an event weighs 1 + its block hashes, and its
-# tokens are proportional to those): with nobody reading events (no service link, or an
-# ``Engine`` used directly) they would otherwise grow with traffic forever. A reader taking
-# events every step stays far below it (a step touches at most a few thousand blocks).
-MAX_PENDING_BLOCKS = 32_768
 
 
 class Evicted(NamedTuple):
@@ -39,10 +40,12 @@ class Evicted(NamedTuple):
     parent_hash: bytes | None
     content: BlockContent
     decoded: bool = False
+    owner: str = DEFAULT_TENANT  # the tenant charged for it: a lower tier keeps it
 
 
-class BlockPool:
-    """All KV blocks of one tier and the map of which prefixes they hold."""
+class BlockPool(PoolEvents):
+    """All KV blocks of one tier and the map of which prefixes they hold (and the stream of
+    their events: :class:`PoolEvents`)."""
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, tier: str = "gpu",
                  eviction: str = "lru") -> None:
@@ -52,6 +55,7 @@ class BlockPool:
             raise ValueError(f"unknown tier {tier!r}; valid: {', '.join(TIERS)}")
         if eviction not in EVICTIONS:
             raise ValueError(f"unknown eviction {eviction!r}; valid: {', '.join(EVICTIONS)}")
+        super().__init__()
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.tier = tier
@@ -65,14 +69,24 @@ class BlockPool:
         # (touch, free, pop, drop) so a heartbeat never walks the queue.
         self.num_free_cached = 0
         self.evictions = 0
-        self._events: list[PoolEvent] = []
-        self._seq = 0
-        self.max_pending_blocks = MAX_PENDING_BLOCKS
-        self._pending_blocks = 0
-        self.events_dropped = 0  # events discarded unread because the backlog overflowed
         # Called by get_new_blocks with the hashes no block holds any more, before their
         # PoolRemoved (the lower tiers offload them; events it emits come first).
         self.on_evict: Callable[[list[Evicted]], None] | None = None
+        self.ledger = TierLedger(tier, num_blocks)  # who each cached block is charged to
+        self.quota: QuotaQueue | None = None  # per-tenant free lists while quotas are set
+
+    def set_quotas(self, quotas: Quotas) -> None:
+        """Apply ``quotas`` (:mod:`kvmesh.quota`) from the next eviction on. Setting the
+        first quota walks the free queue once to build the per-tenant lists; clearing the
+        last drops them (the pool is vLLM's again)."""
+        self.ledger.set_quotas(quotas)
+        if quotas.empty:
+            if self.quota is not None:
+                for block in self.free_queue:
+                    block.prev_owned = block.next_owned = None
+            self.quota = None
+        elif self.quota is None:
+            self.quota = QuotaQueue(self.free_queue, self.ledger)
 
     # --- lookup -----------------------------------------------------------------------
 
@@ -104,13 +118,15 @@ class BlockPool:
     def cache_full_blocks(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[bytes],
                           token_ids: Sequence[int], num_cached_blocks: int,
                           num_full_blocks: int, block_size: int,
-                          extra_keys: Sequence[Extra] | None = None) -> None:
+                          extra_keys: Sequence[Extra] | None = None,
+                          owner: str | Sequence[str] = DEFAULT_TENANT) -> None:
         """Cache ``blocks[num_cached_blocks:num_full_blocks]`` of one request.
 
         ``blocks`` is the request's block table, ``block_hashes`` / ``token_ids`` its chain
         and tokens (covering at least ``num_full_blocks`` blocks), ``extra_keys`` the extra
-        keys of the newly cached blocks (``None``: none). Blocks before ``num_cached_blocks``
-        must already be cached. Emits one ``PoolStored`` for the new blocks.
+        keys of the newly cached blocks (``None``: none), ``owner`` the tenant charged for
+        them (or one per new block). Blocks before ``num_cached_blocks`` must already be
+        cached. Emits one ``PoolStored`` for the new blocks.
         """
         if not self.enable_caching or num_full_blocks <= num_cached_blocks:
             return
@@ -123,6 +139,7 @@ class BlockPool:
             if block.block_hash is not None:
                 raise ValueError(f"block {block.block_id} is already cached")
         new_hashes: list[bytes] = []
+        one_owner = isinstance(owner, str)
         for n, i in enumerate(range(num_cached_blocks, num_full_blocks)):
             block = blocks[i]
             block_hash = block_hashes[i]
@@ -136,10 +153,17 @@ class BlockPool:
             block.block_hash = block_hash
             block.parent_hash = block_hashes[i - 1] if i else None
             block.content = content
+            if one_owner:
+                block.owner = owner
+            else:
+                block.owner = owner[n]
+                self.ledger.charge(block.owner)
             holders[block.block_id] = block
             self.num_cached_blocks += 1
             new_hashes.append(block_hash)
             parent = content
+        if one_owner:
+            self.ledger.charge(owner, len(new_hashes))  # type: ignore[arg-type]
         first = num_cached_blocks
         self._emit(PoolStored(
             self._seq + 1, new_hashes, block_hashes[first - 1] if first else None,
@@ -161,16 +185,29 @@ class BlockPool:
         """Fraction of blocks referenced by running requests (0.0 to 1.0)."""
         return 1.0 - self.num_free_blocks / self.num_blocks
 
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+    def get_new_blocks(self, num_blocks: int, tenant: str | None = None) -> list[KVCacheBlock]:
         """Hand out ``num_blocks`` blocks from the head of the free queue, each with
-        ``ref_cnt == 1``. A popped block that still holds a hash is evicted (its hash is
-        dropped; ``PoolRemoved`` is emitted once no block holds that hash any more).
-        Raises ``ValueError`` (changing nothing) when fewer blocks are free.
+        ``ref_cnt == 1``, for an allocation of ``tenant`` (with quotas: see
+        :meth:`QuotaQueue.pop` for which block goes first). A popped block that still holds
+        a hash is evicted (its hash is dropped; ``PoolRemoved`` is emitted once no block
+        holds that hash any more). Raises ``ValueError`` (changing nothing) when fewer
+        blocks are free.
         """
-        blocks = self.free_queue.popleft_n(num_blocks)
+        quota = self.quota
+        if quota is None:
+            blocks = self.free_queue.popleft_n(num_blocks)
+        elif num_blocks > self.num_free_blocks:
+            raise ValueError(f"asked for {num_blocks} blocks, {self.num_free_blocks} free")
+        else:
+            blocks = []
         removed: list[bytes] = []
         evicted: list[Evicted] = []
-        for block in blocks:
+        for i in range(num_blocks):
+            if quota is None:
+                block = blocks[i]
+            else:  # one at a time: each eviction changes who is over quota
+                block = quota.pop(tenant, self.num_free_empty_blocks, i)
+                blocks.append(block)
             if block.block_hash is not None:
                 content, parent_hash = block.content, block.parent_hash
                 gone = self._evict(block)
@@ -178,7 +215,7 @@ class BlockPool:
                     removed.append(gone)
                     assert content is not None
                     evicted.append(Evicted(block.block_id, gone, parent_hash, content,
-                                           block.decoded))
+                                           block.decoded, block.owner))
             block.ref_cnt = 1
         if removed:
             if self.on_evict is not None:  # before PoolRemoved: never held nowhere
@@ -189,6 +226,7 @@ class BlockPool:
     def _evict(self, block: KVCacheBlock) -> bytes | None:
         """Drop ``block``'s hash as an eviction; return the hash if no other block holds it."""
         self.evictions += 1
+        self.ledger.evicted(block.owner)
         return self._drop_hash(block)
 
     def _drop_hash(self, block: KVCacheBlock) -> bytes | None:
@@ -200,8 +238,11 @@ class BlockPool:
         block.block_hash = None
         block.content = None
         self.num_cached_blocks -= 1
+        self.ledger.uncharge(block.owner)
         if block.ref_cnt == 0:
             self.num_free_cached -= 1
+            if self.quota is not None:
+                self.quota.remove(block)
         if holders:
             return None
         del self.cached[block_hash]
@@ -238,6 +279,8 @@ class BlockPool:
                 self.free_queue.remove(block)
                 if block.block_hash is not None:
                     self.num_free_cached -= 1
+                    if self.quota is not None:
+                        self.quota.remove(block)
             block.ref_cnt += 1
 
     def refresh(self, chain: Sequence[KVCacheBlock]) -> None:
@@ -250,6 +293,9 @@ class BlockPool:
             if block.ref_cnt == 0 and block.block_hash is not None:
                 self.free_queue.remove(block)
                 self.free_queue.append(block)
+                if self.quota is not None:
+                    self.quota.remove(block)
+                    self.quota.append(block)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference on each block. Blocks reaching zero become free: hashed ones
@@ -271,6 +317,8 @@ class BlockPool:
                 else:
                     self.free_queue.append(block)
                     self.num_free_cached += 1
+                    if self.quota is not None:
+                        self.quota.append(block)
         for block in reversed(unhashed):
             self.free_queue.appendleft(block)
 
@@ -284,45 +332,17 @@ class BlockPool:
             for block in holders.values():
                 block.block_hash = None
                 block.content = None
+                block.prev_owned = block.next_owned = None
         self.cached.clear()
+        self.ledger.clear()
+        if self.quota is not None:
+            self.quota = QuotaQueue(self.free_queue, self.ledger)
         self.num_cached_blocks = 0
         self.num_free_cached = 0
         self._emit(PoolCleared(self._seq + 1))
         return True
 
-    # --- events -----------------------------------------------------------------------
-
-    @property
-    def last_seq(self) -> int:
-        """Sequence number of the last event emitted (0 before the first)."""
-        return self._seq
-
-    def _emit(self, event: PoolEvent) -> None:
-        """Queue ``event``. Past ``max_pending_blocks`` the whole unread backlog is dropped
-        (counted in :attr:`events_dropped`); seqs still advance, so a reader sees the loss
-        as a gap and resyncs from :meth:`snapshot`, which covers every seq up to its own."""
-        assert event.seq == self._seq + 1
-        self._seq = event.seq
-        self._events.append(event)
-        self._pending_blocks += 1 + len(getattr(event, "block_hashes", ()))
-        if self._pending_blocks > self.max_pending_blocks:
-            self.events_dropped += len(self._events)
-            self._events, self._pending_blocks = [], 0
-
-    def emit_stored(self, block_hashes: list[bytes], parent_hash: bytes | None,
-                    token_ids: list[int], tier: str) -> None:
-        """Emit a ``PoolStored`` of another tier in this pool's one seq stream."""
-        self._emit(PoolStored(self._seq + 1, block_hashes, parent_hash, token_ids, tier))
-
-    def emit_removed(self, block_hashes: list[bytes], tier: str) -> None:
-        """Emit a ``PoolRemoved`` of another tier in this pool's one seq stream."""
-        self._emit(PoolRemoved(self._seq + 1, block_hashes, tier))
-
-    def take_events(self) -> list[PoolEvent]:
-        """Events emitted since the last call, oldest first. If :attr:`events_dropped`
-        grew since the reader last looked, events before these were lost."""
-        events, self._events, self._pending_blocks = self._events, [], 0
-        return events
+    # --- events (PoolEvents: the stream) --------------------------------------------
 
     def snapshot(self) -> CacheSnapshot:
         """Every hash held now with its chain parent, valid as of :attr:`last_seq`."""

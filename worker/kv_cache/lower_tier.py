@@ -3,7 +3,9 @@
 A hash lives in at most one entry and an entry in one slot; the victim is the least recently
 used entry nobody reads. An entry an in-flight copy reads is never evicted, and one that must
 leave anyway keeps its slot until its last reader is done. Each entry keeps its block's
-content (hits are verified token by token) and eviction class. Pure bookkeeping.
+content (hits are verified token by token), eviction class and owner (the tenant charged for
+it, ``ledger``); with quotas in force the victim is chosen by the pool's rules
+(quota_queue.py) over a per-tenant LRU kept beside the tier's. Pure bookkeeping.
 
 See docs/architecture.md#worker-kv-cache.
 """
@@ -13,7 +15,10 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from kvmesh.quota import DEFAULT_TENANT
+
 from .block import BlockContent, Extra
+from .tenants import TierLedger
 
 
 @dataclass(eq=False, slots=True)
@@ -27,6 +32,7 @@ class TierEntry:
     readers: int = 0        # in-flight copies reading the slot
     dropped: bool = False   # left the tier while read: the slot frees at the last reader
     decoded: bool = False   # the device block's ``decoded`` (layered eviction class)
+    owner: str = DEFAULT_TENANT  # the tenant charged for it
 
 
 class LowerTier:
@@ -43,6 +49,9 @@ class LowerTier:
         self.name = name
         self.num_slots = num_slots
         self._entries: OrderedDict[bytes, TierEntry] = OrderedDict()  # LRU first
+        # The same entries per owner, each in the tier's order (quota-first victims).
+        self._owned: dict[str, OrderedDict[bytes, TierEntry]] = {}
+        self.ledger = TierLedger(name, num_slots)
         self._free_slots = list(range(num_slots - 1, -1, -1))  # a stack: slot 0 first
         self._num_dropped_read = 0  # entries dropped while read: their slots are still busy
         self.stored = 0
@@ -79,22 +88,56 @@ class LowerTier:
     def touch(self, entry: TierEntry) -> None:
         """Make ``entry`` the most recently used."""
         self._entries.move_to_end(entry.block_hash)
+        self._owned[entry.owner].move_to_end(entry.block_hash)
 
-    def victim(self) -> TierEntry | None:
-        """The least recently used entry nobody reads; ``None`` if every entry is read."""
-        return next((e for e in self._entries.values() if e.readers == 0), None)
+    def victim(self, tenant: str | None = None) -> TierEntry | None:
+        """The entry to evict to store one of ``tenant``'s (``None``: anybody's): among the
+        entries nobody reads, with quotas in force ``tenant``'s own least recently used if
+        it is at its quota, else the least recently used of the tenant most over its quota
+        (ties: the smaller name); otherwise, or when none of those is free to go, the least
+        recently used. ``None`` if every entry is read."""
+        ledger = self.ledger
+        if ledger.limited:
+            if tenant is not None and ledger.at_limit(tenant):
+                own = self._unread(self._owned.get(tenant))
+                if own is not None:
+                    return own
+            best: tuple[int, str] | None = None
+            found: TierEntry | None = None
+            for name in ledger.over:
+                entry = self._unread(self._owned.get(name))
+                key = (-ledger.excess(name), name)
+                if entry is not None and (best is None or key < best):
+                    best, found = key, entry
+            if found is not None:
+                return found
+        return self._unread(self._entries)
+
+    @staticmethod
+    def _unread(entries: OrderedDict[bytes, TierEntry] | None) -> TierEntry | None:
+        if not entries:
+            return None
+        return next((e for e in entries.values() if e.readers == 0), None)
+
+    def evicted(self, entry: TierEntry) -> None:
+        """Count ``entry`` as evicted (dropped, not moved down): for the tier and its owner."""
+        self.evictions += 1
+        self.ledger.evicted(entry.owner)
 
     def add(self, block_hash: bytes, parent_hash: bytes | None, content: BlockContent,
-            decoded: bool = False) -> TierEntry:
-        """Store a hash not held yet, as the most recently used, in a free slot. Raises
-        ``ValueError`` when the hash is held or no slot is free (make room first)."""
+            decoded: bool = False, owner: str = DEFAULT_TENANT) -> TierEntry:
+        """Store a hash not held yet, as the most recently used, in a free slot, charged to
+        ``owner``. Raises ``ValueError`` when the hash is held or no slot is free (make
+        room first)."""
         if block_hash in self._entries:
             raise ValueError(f"{self.name} tier already holds {block_hash.hex()[:8]}")
         if not self._free_slots:
             raise ValueError(f"{self.name} tier is full")
         entry = TierEntry(block_hash, parent_hash, content, self._free_slots.pop(),
-                          decoded=decoded)
+                          decoded=decoded, owner=owner)
         self._entries[block_hash] = entry
+        self._owned.setdefault(owner, OrderedDict())[block_hash] = entry
+        self.ledger.charge(owner)
         self.stored += 1
         return entry
 
@@ -104,6 +147,8 @@ class LowerTier:
         if self._entries.get(entry.block_hash) is not entry:
             raise ValueError(f"{self.name} tier does not hold this entry")
         del self._entries[entry.block_hash]
+        del self._owned[entry.owner][entry.block_hash]
+        self.ledger.uncharge(entry.owner)
         if entry.readers:
             entry.dropped = True
             self._num_dropped_read += 1
@@ -132,6 +177,8 @@ class LowerTier:
             raise ValueError(f"{self.name} tier has entries being read")
         entries = list(self._entries.values())
         self._entries.clear()
+        self._owned.clear()
+        self.ledger.clear()
         self._free_slots = list(range(self.num_slots - 1, -1, -1))
         return entries
 

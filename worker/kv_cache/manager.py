@@ -74,15 +74,18 @@ class KVCacheManager:
         self._onboards = self._tiers.onboards
         self.peer = PeerImports(self)  # blocks pulled from other workers
         self.quotas = Quotas()  # none: every tier evicts exactly as vLLM's pool does
+        self.tenants = self._tiers.tenants  # every tier's owners and the admissions per tenant
 
     def set_quotas(self, quotas: Quotas) -> None:
         """Apply per-tenant quotas (engine thread; :mod:`kvmesh.quota`). Takes effect at the
-        next eviction; nothing is evicted by the call itself."""
+        next eviction; nothing is evicted by the call itself (see quota_queue.py)."""
         self.quotas = quotas
+        self.tenants.set_quotas(quotas)
+        self.pool.set_quotas(quotas)
 
     def tenant_stats(self) -> dict[str, TenantCounts]:
-        """Per-tenant counters, every tenant seen (see :mod:`.tenant_stats`)."""
-        return {}
+        """Per-tenant counters, every tenant seen (see :mod:`.tenant_stats`, tenants.py)."""
+        return self.tenants.stats()
 
     # --- sizing -----------------------------------------------------------------------
 
@@ -245,7 +248,8 @@ class KVCacheManager:
             self.pool.touch(hits)
             table.extend(hits)
             self._note_hits(req, hits)
-        new_blocks = self.pool.get_new_blocks(num_new_blocks) if num_new_blocks else []
+        new_blocks = (self.pool.get_new_blocks(num_new_blocks, req.tenant) if num_new_blocks
+                      else [])
         table.extend(new_blocks)
         if admission:
             self._tiers.admit(req, hits, num_new_computed_tokens,
@@ -279,7 +283,7 @@ class KVCacheManager:
         extras = ([self._extra(req, i) for i in range(num_cached, num_full)]
                   if req.has_extra_keys else None)
         self.pool.cache_full_blocks(table, req.block_hashes, req.token_ids, num_cached,
-                                    num_full, self.block_size, extras)
+                                    num_full, self.block_size, extras, req.tenant)
         self._num_cached[req.request_id] = num_full
         if self._layered:
             prompt = req.num_prompt_tokens

@@ -4,7 +4,9 @@
 evictions and records the copy orders the data plane executes. A hash moves down when its
 LAST device block goes; orphans are never offloaded; events go through the pool's one seq
 stream, arrival below before departure above; a copy reported lost takes its entry out at
-once, so a block whose bytes were never written is never announced or onboarded.
+once, so a block whose bytes were never written is never announced or onboarded. A block
+keeps its owner (the tenant charged for it) all the way down; a tier making room for one
+tenant's block picks its victim by the quota rules (``LowerTier.victim``).
 
 See docs/architecture.md#worker-kv-cache.
 """
@@ -63,15 +65,20 @@ class Offloader:
             if held is not None:  # inclusive tiers: it came back from here, or a collision
                 if held.content.same_as(e.content):
                     self.cpu.touch(held)
-                    self.device_offloads += 1
+                    self._moved(e)
                 continue
-            if not self._make_room(self.cpu):
+            if not self._make_room(self.cpu, e.owner):
                 continue  # every CPU entry is being read: the block is dropped
-            entry = self.cpu.add(e.block_hash, e.parent_hash, e.content, e.decoded)
+            entry = self.cpu.add(e.block_hash, e.parent_hash, e.content, e.decoded, e.owner)
             self.order(Offload(e.block_id, entry.slot, e.block_hash))
             self.pool.emit_stored([e.block_hash], e.parent_hash, list(e.content.token_ids),
                                   "cpu")
-            self.device_offloads += 1
+            self._moved(e)
+
+    def _moved(self, e: Evicted) -> None:
+        """The device eviction ``e`` is held below: a move down, not a drop."""
+        self.device_offloads += 1
+        self.pool.ledger.moved_down(e.owner)
 
     def _carry_class(self, e: Evicted) -> None:
         """The device's latest eviction class (``decoded``: a hit inside a prompt may have
@@ -104,18 +111,18 @@ class Offloader:
             memo[p] = result
         return memo[block_hash]
 
-    def _make_room(self, tier: LowerTier) -> bool:
-        """Free a slot of ``tier`` if it is full, moving its LRU victim down or dropping it.
-        ``False`` when every entry is being read."""
+    def _make_room(self, tier: LowerTier, owner: str) -> bool:
+        """Free a slot of ``tier`` if it is full, for a block of ``owner``: move its victim
+        (``LowerTier.victim``) down or drop it. ``False`` when every entry is being read."""
         if tier.num_free_slots:
             return True
-        victim = tier.victim()
+        victim = tier.victim(owner)
         if victim is None:
             return False
         if tier is self.cpu and self._spill(victim):
             tier.offloads += 1
         else:
-            tier.evictions += 1
+            tier.evicted(victim)
         self._remove(tier, victim)
         return True
 
@@ -131,9 +138,9 @@ class Offloader:
             disk.touch(held)
             held.decoded = entry.decoded
             return True
-        if not self._make_room(disk):
+        if not self._make_room(disk, entry.owner):
             return False
-        disk.add(entry.block_hash, entry.parent_hash, entry.content, entry.decoded)
+        disk.add(entry.block_hash, entry.parent_hash, entry.content, entry.decoded, entry.owner)
         content = entry.content
         self.order(Spill(entry.slot, entry.block_hash, entry.parent_hash, content.token_ids,
                          content.extra_keys))
@@ -168,7 +175,7 @@ class Offloader:
         """Drop ``entry`` from ``tier`` (a failed copy read it): ``PoolRemoved(<tier>)``.
         A no-op if the entry already left the tier."""
         if tier.get(entry.block_hash) is entry:
-            tier.evictions += 1
+            tier.evicted(entry)
             self._remove(tier, entry)
 
     def forget_lost(self, lost: Iterable[Lost]) -> int:

@@ -4,7 +4,9 @@ One onboard per admission at most: ``start`` holds the device hits and fresh (un
 device blocks for the request and marks the lower entries read; ``finish`` caches the fresh
 blocks on success or frees them uncached and drops the failed entries (the request then
 recomputes); ``admit`` releases the hold. Blocks a copy writes are never handed out, nor
-hit, before the copy ends, even if the request was aborted meanwhile.
+hit, before the copy ends, even if the request was aborted meanwhile. An onboarded block is
+charged to the owner of the entry it was copied from (it keeps its owner), not to the
+request that brought it back.
 
 See docs/architecture.md#worker-kv-cache.
 """
@@ -80,9 +82,10 @@ class Onboarder:
 
     def start(self, request_id: str, hits: Sequence[KVCacheBlock], reads: list[Read],
               block_hashes: Sequence[bytes], token_ids: Sequence[int],
-              extra_keys: list[Extra] | None) -> bool:
+              extra_keys: list[Extra] | None, tenant: str | None = None) -> bool:
         """Hold ``hits`` and fresh blocks for as many of ``reads`` as the free blocks allow
-        (in chain order) and order their copy. ``False``, changing nothing, if none fit."""
+        (in chain order) and order their copy; the fresh blocks are an allocation of
+        ``tenant`` (the request's). ``False``, changing nothing, if none fit."""
         taken = sum(1 for b in hits if b.ref_cnt == 0)
         n = min(len(reads), self.pool.num_free_blocks - taken)
         if n <= 0:
@@ -93,7 +96,7 @@ class Onboarder:
             tier.read(entry)  # first: the evictions below must not pick these
         for tier, entry in reversed(reads):
             tier.touch(entry)  # the chain's head ends most recently used, as on the device
-        new = self.pool.get_new_blocks(n)
+        new = self.pool.get_new_blocks(n, tenant)
         end = len(hits) + n
         self.holds[request_id] = Hold(
             request_id, [*hits, *new], len(hits), reads, list(block_hashes[:end]),
@@ -122,7 +125,7 @@ class Onboarder:
         if ok:
             self.pool.cache_full_blocks(hold.blocks, hold.block_hashes, hold.token_ids,
                                         hold.num_hits, len(hold.blocks), self.block_size,
-                                        hold.extra_keys)
+                                        hold.extra_keys, [e.owner for _, e in hold.reads])
             for (tier, entry), block in zip(hold.reads, hold.blocks[hold.num_hits:],
                                             strict=True):
                 block.decoded = entry.decoded  # the pool caches without a class: carry it

@@ -4,10 +4,11 @@ The engine thread, between steps, calls :meth:`PeerImports.reserve` (fresh devic
 for the fetched blocks this pool does not hold yet), writes their KV into them, then
 :meth:`PeerImports.commit` (cached under this worker's own chain hashes, tokens, parent and
 extra keys: the pool's ordinary ``PoolStored`` announces them; then released to the free
-queue's tail as cached) or :meth:`PeerImports.abort` (freed uncached). Invariants: a block
-is never a hit before its KV is written (it is cached only at ``commit``); an import only
-continues a chain this pool holds (on the device or a lower tier) up to the fetched range,
-else imported blocks could never be hit. The request is enqueued in the same engine-thread
+queue's tail as cached, charged to the importing request's tenant) or
+:meth:`PeerImports.abort` (freed uncached). Invariants: a block is never a hit before its
+KV is written (it is cached only at ``commit``); an import only continues a chain this pool
+holds (on the device or a lower tier) up to the fetched range, else imported blocks could
+never be hit. The request is enqueued in the same engine-thread
 call, so its admission finds them; :meth:`admit` counts the hits on blocks imported for it
 (its ``"peer"`` tokens). Not thread-safe: engine thread only.
 
@@ -74,7 +75,7 @@ class PeerImports:
             tier.read(entry)
         try:
             n = min(stop - first, kv.pool.num_free_blocks)
-            blocks = kv.pool.get_new_blocks(n) if n > 0 else []
+            blocks = kv.pool.get_new_blocks(n, req.tenant) if n > 0 else []
         finally:
             kv.pool.free_blocks(reversed(hits))  # back as cached, most recently used
             for tier, entry in reads:
@@ -91,7 +92,7 @@ class PeerImports:
         stub = KVCacheBlock(-1, content=res.parent)  # only its content is read: the parent
         table = [stub] * res.first + res.blocks
         kv.pool.cache_full_blocks(table, req.block_hashes, req.token_ids, res.first, end,
-                                  kv.block_size, extras)
+                                  kv.block_size, extras, req.tenant)
         for block in res.blocks:
             block.decoded = False  # prompt blocks: the layered order keeps them longest
         kv.pool.free_blocks(reversed(res.blocks))

@@ -16,6 +16,10 @@ prefix per admitted request and, with a disk tier, the block files it deleted as
 Peer KV transfer (``worker.rpc.peer_stats``), labelled ``role`` ("receiver", "source"):
 fetches, blocks and bytes; fallbacks to recompute and refusals, labelled ``reason``; the
 prompt tokens served from a peer's blocks; the fetch latency histogram.
+
+Per tenant (``worker.rpc.tenant_metrics``), labelled ``tenant`` (at most ``TOP_TENANTS`` of
+them plus ``(other)``) and ``tier``: cached and quota blocks, hit and evicted blocks,
+requests, prompt and cached tokens.
 """
 from __future__ import annotations
 
@@ -25,9 +29,11 @@ from prometheus_client.registry import Collector
 
 from kvmesh.tier_figures import hit_rate, load_factor
 from worker.engine.async_engine import AsyncEngine
+from worker.kv_cache.tenant_rows import enabled
 from worker.kv_cache.tier_precision import TierPrecision
 from worker.kv_cache.tier_stats import engine_tier_figures
 from worker.rpc.peer_stats import PeerCounters
+from worker.rpc.tenant_metrics import TenantSeries, read_racing, tenant_families
 
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0)
@@ -40,6 +46,7 @@ class _EngineCollector:
         self.worker_id = worker_id
         self.precision = precision
         self.peer = peer
+        self.tenants = TenantSeries()
 
     def collect(self):
         engine = self.runner.engine
@@ -84,6 +91,9 @@ class _EngineCollector:
                           "(damaged, forged, or not written by this worker).", store.rejected)
         yield from self._tiers(engine, stats.queries)
         yield from self._peer()
+        kv = engine.kv  # read from this thread while the engine steps: see read_racing
+        yield from tenant_families(self.tenants, read_racing(kv.tenant_stats),
+                                   enabled(read_racing(kv.tier_stats)), self.worker_id)
 
     def _peer(self):
         """Peer KV transfer, both sides (``role``: "receiver" fetches, "source" serves)."""

@@ -19,6 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvmesh.hashing import Lora, MMItem
+from kvmesh.quota import check_tenant
 from kvmesh.rpc.auth import BearerAuth, shared_token
 from kvmesh.rpc.channel import Dialer
 from kvmesh.rpc.limits import RequestLimits, server_options
@@ -27,6 +28,7 @@ from worker.engine.async_engine import AsyncEngine
 from worker.engine.engine import RequestError, StepFailed
 from worker.engine.sequence import SamplingParams, Seq
 from worker.kv_cache import Pinned
+from worker.kv_cache.tenant_rows import tenant_rows
 from worker.kv_cache.tier_precision import TierPrecision
 from worker.kv_cache.tier_stats import engine_tier_figures
 from worker.rpc.fetch_call import PeerSource, Refused
@@ -94,6 +96,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                                 ignore_eos=sp.ignore_eos)
         try:
             lora, mm = prompt_keys(request, self.max_mm_items)
+            tenant = check_tenant(request.tenant)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         # Unique per attempt: a client retrying with the same id must not collide with a
@@ -108,7 +111,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                                          salt=request.salt or None, lora=lora, mm=mm)
             stream = self.runner.generate(prompt, params, request_id=rid,
                                           salt=request.salt or None, lora=lora, mm=mm,
-                                          on_enqueued=hook)
+                                          tenant=tenant, on_enqueued=hook)
             async for out in stream:
                 if not out.finished:
                     yield worker_pb2.GenerateResponse(token_ids=out.new_token_ids)
@@ -163,8 +166,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     async def Stats(self, request, context) -> worker_pb2.WorkerStatsResponse:
         stats = await self.runner.call(lambda e: (
             e.kv.stats, e.load(), e.requests_done,
-            engine_tier_figures(e, self.tier_precision), e.kv.num_pinned_blocks))
-        cache, load, done, tiers, pinned = stats
+            engine_tier_figures(e, self.tier_precision), e.kv.num_pinned_blocks,
+            e.kv.tenant_stats()))
+        cache, load, done, tiers, pinned, tenants = stats
         from kvmesh.v1 import index_pb2
 
         return worker_pb2.WorkerStatsResponse(
@@ -179,7 +183,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             tiers=tiers,
             pinned_blocks=pinned,
             mean_matched_tokens=cache.hits / cache.requests if cache.requests else 0.0,
-            peer=self.peer.to_pb())
+            peer=self.peer.to_pb(),
+            tenants=tenant_rows(tenants, [t.tier for t in tiers]))
 
     async def close_peers(self) -> None:
         """Close the data plane and the channels to peers (with the gRPC server)."""

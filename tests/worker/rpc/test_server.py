@@ -69,6 +69,8 @@ def test_generate_streams_tokens_and_final_facts():
     (_req([1, 2], salt="s" * 5000), grpc.StatusCode.INVALID_ARGUMENT, "salt"),
     (_req([1, 2], mm=[index_pb2.MultimodalItem(identifier="i", offset=0, length=0)]),
      grpc.StatusCode.INVALID_ARGUMENT, "length"),
+    (_req([1, 2], tenant="a b"), grpc.StatusCode.INVALID_ARGUMENT, "spaces"),
+    (_req([1, 2], tenant="*"), grpc.StatusCode.INVALID_ARGUMENT, "reserved"),
 ])
 def test_bad_requests_get_clear_codes_and_worker_keeps_serving(req, code, words):
     async def body(stub, ch):
@@ -82,6 +84,19 @@ def test_bad_requests_get_clear_codes_and_worker_keeps_serving(req, code, words)
     assert err.code() == code and words in err.details()
     assert ok[-1].finished and len([t for m in ok for t in m.token_ids]) == 2
     assert stats.cache.free_blocks == 8  # nothing leaked by the refused call
+
+
+def test_generate_charges_what_it_caches_to_the_requests_tenant():
+    runner = _worker()
+
+    async def body(stub, ch):
+        await _collect(stub, _req(PROMPT, tenant="acme"))
+        await _collect(stub, _req(PROMPT))  # no tenant: the default one, hitting acme's
+        return await runner.call(lambda e: e.kv.tenant_stats())
+
+    stats = asyncio.run(with_worker(body, runner))
+    assert stats["acme"].tiers["gpu"].blocks == 3 and stats["acme"].requests == 1
+    assert stats["default"].tiers["gpu"].blocks == 0 and stats["default"].cached_tokens == 48
 
 
 def test_fetch_blocks_naming_no_blocks_is_invalid():
@@ -131,3 +146,77 @@ def test_prometheus_metrics_follow_the_cache():
     assert samples['kvmesh_worker_requests_finished_total{worker_id="w-m"}'] == 2
     assert samples["kvmesh_worker_time_to_first_token_seconds_count"] == 2
     assert samples['kvmesh_worker_kv_blocks_total{worker_id="w-m"}'] == 64
+
+
+def test_stats_and_metrics_report_the_largest_tenants_and_other():
+    """The manager's per-tenant counts (hand-built here: the pool's own accounting is
+    tested with it) reach Stats and the Prometheus page under the same top-N bound."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kvmesh.quota import OTHER, TOP_TENANTS
+    from worker.kv_cache.tenant_stats import TenantCounts, TenantTier
+    from worker.rpc.metrics import WorkerMetrics
+
+    counts = {f"t{i}": TenantCounts(f"t{i}", requests=1, prompt_tokens=16 * i,
+                                    tiers={"gpu": TenantTier(blocks=i, quota_blocks=8)})
+              for i in range(TOP_TENANTS + 3)}
+    runner = _worker()
+    runner.engine.kv.tenant_stats = lambda: counts
+    page = WorkerMetrics(runner, "w-t").registry
+
+    async def body(stub, ch):
+        return await stub.Stats(worker_pb2.WorkerStatsRequest())
+
+    stats = asyncio.run(with_worker(body, runner))
+    names = [t.tenant for t in stats.tenants]
+    assert names == [f"t{i}" for i in range(TOP_TENANTS + 2, 2, -1)] + [OTHER]
+    top = stats.tenants[0]
+    assert (top.prompt_tokens, [(t.tier, t.blocks, t.quota_blocks) for t in top.tiers]) == (
+        16 * (TOP_TENANTS + 2), [("gpu", TOP_TENANTS + 2, 8)])
+    assert stats.tenants[-1].tiers[0].blocks == 0 + 1 + 2
+    cached = {s.labels["tenant"]: s.value
+              for f in text_string_to_metric_families(generate_latest(page).decode())
+              if f.name == "kvmesh_worker_tenant_cached_blocks" for s in f.samples}
+    assert cached == {**{n: int(n[1:]) for n in names[:-1]}, OTHER: 3}
+
+
+def test_two_tenants_are_counted_apart_in_stats_and_on_the_metrics_page():
+    """acme caches PROMPT and hits it; beta (same salt: the same trust group) hits acme's
+    blocks without being charged for them, then caches a prompt of its own."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from worker.rpc.metrics import WorkerMetrics
+
+    other = list(range(200, 240))  # 40 tokens: 2 full blocks
+    runner = _worker()
+    metrics = WorkerMetrics(runner, "w-t")
+    mport = metrics.serve(0)
+
+    async def body(stub, ch):
+        for tokens, tenant in ((PROMPT, "acme"), (PROMPT, "acme"), (PROMPT, "beta"),
+                               (other, "beta")):
+            await _collect(stub, _req(tokens, tenant=tenant))
+        return await stub.Stats(worker_pb2.WorkerStatsRequest())
+
+    stats = asyncio.run(with_worker(body, runner))
+    rows = {t.tenant: t for t in stats.tenants}
+    assert set(rows) == {"acme", "beta"}
+    acme, beta = rows["acme"], rows["beta"]
+    assert (acme.requests, acme.prompt_tokens, acme.cached_tokens) == (2, 100, 48)
+    assert (beta.requests, beta.prompt_tokens, beta.cached_tokens) == (2, 90, 48)
+    (acme_gpu,), (beta_gpu,) = acme.tiers, beta.tiers
+    assert (acme_gpu.tier, acme_gpu.blocks, acme_gpu.hit_blocks) == ("gpu", 3, 3)
+    assert (beta_gpu.blocks, beta_gpu.hit_blocks) == (2, 3)  # acme's 3 blocks: not beta's
+    page = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics").read().decode()
+    got = {(s.name, s.labels["tenant"], s.labels.get("tier", "")): s.value
+           for f in text_string_to_metric_families(page) for s in f.samples
+           if s.name.startswith("kvmesh_worker_tenant_") and not s.name.endswith("_created")}
+    assert got["kvmesh_worker_tenant_prompt_tokens_total", "acme", ""] == 100
+    assert got["kvmesh_worker_tenant_prompt_tokens_total", "beta", ""] == 90
+    assert got["kvmesh_worker_tenant_cached_tokens_total", "acme", ""] == 48
+    assert got["kvmesh_worker_tenant_cached_tokens_total", "beta", ""] == 48
+    assert got["kvmesh_worker_tenant_cached_blocks", "acme", "gpu"] == 3
+    assert got["kvmesh_worker_tenant_cached_blocks", "beta", "gpu"] == 2
