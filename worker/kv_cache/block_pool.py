@@ -139,6 +139,7 @@ class BlockPool(PoolEvents):
             if block.block_hash is not None:
                 raise ValueError(f"block {block.block_id} is already cached")
         new_hashes: list[bytes] = []
+        one_owner = isinstance(owner, str)
         for n, i in enumerate(range(num_cached_blocks, num_full_blocks)):
             block = blocks[i]
             block_hash = block_hashes[i]
@@ -152,12 +153,17 @@ class BlockPool(PoolEvents):
             block.block_hash = block_hash
             block.parent_hash = block_hashes[i - 1] if i else None
             block.content = content
-            block.owner = owner if isinstance(owner, str) else owner[n]
-            self.ledger.charge(block.owner)
+            if one_owner:
+                block.owner = owner
+            else:
+                block.owner = owner[n]
+                self.ledger.charge(block.owner)
             holders[block.block_id] = block
             self.num_cached_blocks += 1
             new_hashes.append(block_hash)
             parent = content
+        if one_owner:
+            self.ledger.charge(owner, len(new_hashes))  # type: ignore[arg-type]
         first = num_cached_blocks
         self._emit(PoolStored(
             self._seq + 1, new_hashes, block_hashes[first - 1] if first else None,

@@ -29,7 +29,6 @@ from .pins import Pinned, PinTable
 from .request import KVRequest
 from .stats import Admissions, CacheStats, TierCounters
 from .tenant_stats import TenantCounts
-from .tenants import TenantLedger
 from .tiered import TIER_NAMES, Tiers
 from .transfers import Lost, Transfer
 
@@ -75,8 +74,7 @@ class KVCacheManager:
         self._onboards = self._tiers.onboards
         self.peer = PeerImports(self)  # blocks pulled from other workers
         self.quotas = Quotas()  # none: every tier evicts exactly as vLLM's pool does
-        lower = () if self.offloader is None else self.offloader.tiers
-        self.tenants = TenantLedger([self.pool.ledger, *(t.ledger for t in lower)])
+        self.tenants = self._tiers.tenants  # every tier's owners and the admissions per tenant
 
     def set_quotas(self, quotas: Quotas) -> None:
         """Apply per-tenant quotas (engine thread; :mod:`kvmesh.quota`). Takes effect at the
@@ -318,9 +316,6 @@ class KVCacheManager:
     def _record(self, req: KVRequest, num_hits: int) -> None:
         counts = self._preempted if req.num_preemptions else self._first
         counts.add(req.num_tokens, num_hits)
-        if not req.num_preemptions:
-            self.tenants.admitted(req.tenant, req.num_tokens,
-                                  self._tiers.cached_tokens(req.request_id), self.block_size)
 
     def free(self, req: KVRequest) -> None:
         """Release the request's blocks, last block first, so the tail of its chain is

@@ -79,22 +79,23 @@ class TierLedger:
         lim = self.limit(tenant)
         return self.blocks.get(tenant, 0) - (0 if lim is None else lim)
 
-    def charge(self, tenant: str) -> None:
-        """A block of this tier is cached and charged to ``tenant``."""
-        n = self.blocks[tenant] = self.blocks.get(tenant, 0) + 1
-        if self.limited and tenant not in self.over and self._above(tenant, n):
+    def charge(self, tenant: str, n: int = 1) -> None:
+        """``n`` blocks of this tier are cached and charged to ``tenant``."""
+        held = self.blocks[tenant] = self.blocks.get(tenant, 0) + n
+        if self.limited and tenant not in self.over and self._above(tenant, held):
             self.over[tenant] = None
 
     def uncharge(self, tenant: str) -> None:
         """A block charged to ``tenant`` left this tier (or its hash was dropped)."""
-        n = self.blocks[tenant] = self.blocks[tenant] - 1
-        assert n >= 0, f"{self.tier}: {tenant!r} uncharged more often than charged"
-        if tenant in self.over and not self._above(tenant, n):
+        blocks = self.blocks
+        blocks[tenant] -= 1
+        if self.over and tenant in self.over and not self._above(tenant, blocks[tenant]):
             del self.over[tenant]
 
     def evicted(self, tenant: str) -> None:
         """A block of ``tenant`` left the tier to free room (dropped or moved down)."""
-        self.evictions[tenant] = self.evictions.get(tenant, 0) + 1
+        evictions = self.evictions
+        evictions[tenant] = evictions.get(tenant, 0) + 1
 
     def moved_down(self, tenant: str) -> None:
         """An eviction :meth:`evicted` counted was a move to the next tier, not a drop."""

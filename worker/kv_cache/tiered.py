@@ -21,6 +21,7 @@ from .offload import DiskEntry, Offloader
 from .onboard import Onboarder, Read
 from .request import KVRequest
 from .stats import TierCounters
+from .tenants import TenantLedger
 from .transfers import Lost, Transfer
 
 TIER_NAMES = TIERS
@@ -57,6 +58,8 @@ class Tiers:
                          else Onboarder(pool, self.offloader, block_size))
         self._by_tier: dict[str, dict[str, int]] = {}  # request id -> fixed at 1st admission
         self._hit_tokens = dict.fromkeys((*TIER_NAMES, "peer"), 0)  # first admissions
+        lower = () if self.offloader is None else self.offloader.tiers
+        self.tenants = TenantLedger([pool.ledger, *(t.ledger for t in lower)])
 
     # --- onboards -----------------------------------------------------------------------
 
@@ -126,7 +129,8 @@ class Tiers:
               peer: int = 0) -> None:
         """``req`` was admitted with ``hits`` (``num_hits`` tokens, already referenced;
         ``peer`` of them on blocks imported for it from another worker): release its hold
-        and, at a first admission, fix its tokens per tier (``"peer"`` only when > 0)."""
+        and, at a first admission, fix its tokens per tier (``"peer"`` only when > 0) and
+        count them for its tenant."""
         lower = {} if self.onboards is None else self.onboards.admit(req.request_id, hits)
         if not req.num_preemptions:
             by_tier = dict.fromkeys(TIER_NAMES, 0)
@@ -137,6 +141,7 @@ class Tiers:
             self._by_tier[req.request_id] = by_tier
             for name, n in by_tier.items():
                 self._hit_tokens[name] += n
+            self.tenants.admitted(req.tenant, req.num_tokens, by_tier, self.block_size)
 
     def free(self, request_id: str) -> None:
         """The request is gone: forget its split, release its hold (``Onboarder.free``)."""

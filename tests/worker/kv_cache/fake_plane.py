@@ -190,11 +190,12 @@ class Run:
             self.names[h] = f"{name}{i}"
         return hashes
 
-    def run(self, tokens, name=None, free=True):
-        """Admit a request for ``tokens``, compute it all (the forward), free it."""
+    def run(self, tokens, name=None, free=True, tenant="default"):
+        """Admit a request of ``tenant`` for ``tokens``, compute it all (the forward), free
+        it."""
         if name is not None:
             self.chain(name, tokens)
-        req = KVRequest(f"r{self.n}", list(tokens))
+        req = KVRequest(f"r{self.n}", list(tokens), tenant=tenant)
         self.n += 1
         hits, n = self.m.get_computed_blocks(req)
         assert self.m.allocate_slots(req, req.num_tokens - n, hits, n) is not None

@@ -104,3 +104,39 @@ def test_clear_refuses_while_read_and_resets_slots():
 def test_bad_size():
     with pytest.raises(ValueError):
         LowerTier("cpu", 0)
+
+
+def test_entries_are_charged_to_their_owner_and_counted_when_evicted():
+    tier = LowerTier("cpu", 4)
+    a = tier.add(b"a", None, content(1, 2), owner="t")
+    tier.add(b"b", None, content(3, 4), owner="u")
+    assert tier.ledger.blocks == {"t": 1, "u": 1}
+    tier.evicted(a)
+    tier.remove(a)
+    assert tier.ledger.blocks == {"t": 0, "u": 1} and tier.ledger.evictions == {"t": 1}
+    assert tier.evictions == 1
+    tier.clear()
+    assert tier.ledger.blocks == {"t": 0, "u": 0}
+
+
+def test_with_quotas_the_victim_is_the_over_quota_owners_lru_unread_entry():
+    from kvmesh.quota import Quota, Quotas
+
+    tier = LowerTier("cpu", 10)
+    t = [tier.add(f"t{i}".encode(), None, content(i, i), owner="t") for i in range(3)]
+    u = [tier.add(f"u{i}".encode(), None, content(9, i), owner="u") for i in range(4)]
+    assert tier.victim() is t[0]  # no quotas: the LRU
+    tier.ledger.set_quotas(Quotas(tenants={"u": Quota(cpu=0.2), "t": Quota(cpu=0.3)}))
+    assert list(tier.ledger.over) == ["u"]
+    assert tier.victim() is u[0] and tier.victim("x") is u[0]
+    tier.touch(u[0])
+    tier.read(u[1])  # being read: never the victim
+    assert tier.victim() is u[2]
+    assert tier.victim("t") is t[0]  # t is at its quota (3 of 3): its own go first
+    tier.read(t[0])
+    assert tier.victim("t") is t[1]
+    tier.ledger.set_quotas(Quotas(tenants={"u": Quota(cpu=0.2), "t": Quota(cpu=0.1)}))
+    assert tier.victim() is t[1]  # t and u both over by 2: the smaller name...
+    tier.evicted(t[1])
+    tier.remove(t[1])
+    assert tier.victim() is u[2]  # ...then u is the most over

@@ -226,3 +226,33 @@ def test_a_lost_copy_of_an_entry_that_moved_on_changes_nothing():
     assert r.events() == [] and r.lower("cpu") == ["a0"]
     assert r.m.copies_lost([Lost("cpu", a0, 0)]) == 1 and r.lower("cpu") == []
     assert KVCacheManager(4, BS).copies_lost([Lost("cpu", a0, 0)]) == 0  # no tiers
+
+
+def test_an_offloaded_block_keeps_its_owner_and_a_move_down_is_not_a_drop():
+    r = Run(gpu=4, cpu=4)
+    r.run([1, 2, 3, 4, 5], "a", tenant="t")
+    r.run([9] * 7, "b", tenant="u", free=False)  # a1 then a0 move to the CPU
+    assert [(r.names[e.block_hash], e.owner) for e in r.m.offloader.cpu] == [("a1", "t"),
+                                                                            ("a0", "t")]
+    t = r.m.tenant_stats()["t"].tiers
+    assert (t["gpu"].blocks, t["gpu"].evicted_blocks, t["cpu"].blocks) == (0, 0, 2)
+
+
+def test_with_quotas_a_full_cpu_tier_makes_room_from_the_over_quota_owner():
+    from kvmesh.quota import Quota, Quotas
+
+    r = Run(gpu=4, cpu=3, disk=1)
+    ev = [Evicted(i, bytes([i]) * 8, None, BlockContent(None, (i, i), None), owner=o)
+          for i, o in enumerate("uttv")]
+    r.m.pool.on_evict(ev[:3])  # CPU: u's, t's, t's; u's is the least recently used
+    r.m.set_quotas(Quotas(tenants={"t": Quota(cpu=0.34)}))  # 1 CPU slot; t holds 2
+    r.m.pool.on_evict(ev[3:])  # v's block needs a slot: t's oldest moves down, not u's
+    assert [e.owner for e in r.m.offloader.cpu] == ["u", "t", "v"]
+    assert [e.owner for e in r.m.offloader.disk] == ["t"]  # spilled: it keeps its owner
+    r.m.pool.on_evict([Evicted(4, b"w" * 8, None, BlockContent(None, (8, 8), None),
+                               owner="t")])
+    # t at its CPU quota evicts its own; on disk (one file) t's is the only victim: dropped
+    assert [e.owner for e in r.m.offloader.cpu] == ["u", "v", "t"]
+    s = r.m.tenant_stats()
+    assert s["t"].tiers["cpu"].evicted_blocks == 0 and s["t"].tiers["disk"].evicted_blocks == 1
+    assert s["u"].tiers["cpu"].blocks == 1 and s["t"].tiers["disk"].blocks == 1

@@ -203,3 +203,18 @@ def test_release_holds_frees_finished_holds_but_the_kept_one():
     assert r.m.release_holds() == 1 and refs(r, dest) == [0, 0]
     # The blocks stay cached: the request now hits them on the device.
     assert r.m.get_computed_blocks(c)[1] == 4
+
+
+def test_an_onboarded_block_keeps_its_owner_and_the_hit_is_the_requesters():
+    r = Run(gpu=4, cpu=4)
+    r.run([1, 2, 3, 4, 5], "a", tenant="t")
+    r.run([9] * 7, "b", tenant="u")  # a0 a1 on the CPU now, owned by t
+    c = KVRequest("c", [1, 2, 3, 4, 6], tenant="w")
+    assert r.m.start_onboard(c, [])
+    r.plane.run()
+    r.plane.finish("c")
+    new, hits, n = admit(r, c)
+    assert n == 4 and [b.owner for b in hits] == ["t", "t"]
+    s = r.m.tenant_stats()
+    assert s["t"].tiers["gpu"].blocks == 2 and s["w"].tiers["gpu"].blocks == 0
+    assert s["w"].tiers["cpu"].hit_blocks == 2 and s["w"].cached_tokens == 4

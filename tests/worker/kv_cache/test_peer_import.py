@@ -82,3 +82,13 @@ def test_taking_fresh_blocks_never_evicts_the_held_chain_it_continues():
     assert res.first == 2 and len(res.blocks) == 4
     kv.peer.commit(res)
     assert admit(kv, r) == {"gpu": 2 * BS, "cpu": 0, "disk": 0, "peer": 4 * BS}
+
+
+def test_imported_blocks_are_charged_to_the_importing_requests_tenant():
+    kv = KVCacheManager(16, BS)
+    r = KVRequest("a", list(range(10, 10 + 3 * BS + 1)), tenant="t")
+    kv.peer.commit(kv.peer.reserve(r, 0, 3))
+    assert admit(kv, r)["peer"] == 3 * BS
+    s = kv.tenant_stats()["t"]
+    assert s.tiers["gpu"].blocks == 3 and s.cached_tokens == 3 * BS
+    assert s.tiers["gpu"].hit_blocks == 0  # peer tokens are cached, not a tier's hits

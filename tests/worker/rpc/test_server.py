@@ -69,6 +69,8 @@ def test_generate_streams_tokens_and_final_facts():
     (_req([1, 2], salt="s" * 5000), grpc.StatusCode.INVALID_ARGUMENT, "salt"),
     (_req([1, 2], mm=[index_pb2.MultimodalItem(identifier="i", offset=0, length=0)]),
      grpc.StatusCode.INVALID_ARGUMENT, "length"),
+    (_req([1, 2], tenant="a b"), grpc.StatusCode.INVALID_ARGUMENT, "spaces"),
+    (_req([1, 2], tenant="*"), grpc.StatusCode.INVALID_ARGUMENT, "reserved"),
 ])
 def test_bad_requests_get_clear_codes_and_worker_keeps_serving(req, code, words):
     async def body(stub, ch):
@@ -82,6 +84,19 @@ def test_bad_requests_get_clear_codes_and_worker_keeps_serving(req, code, words)
     assert err.code() == code and words in err.details()
     assert ok[-1].finished and len([t for m in ok for t in m.token_ids]) == 2
     assert stats.cache.free_blocks == 8  # nothing leaked by the refused call
+
+
+def test_generate_charges_what_it_caches_to_the_requests_tenant():
+    runner = _worker()
+
+    async def body(stub, ch):
+        await _collect(stub, _req(PROMPT, tenant="acme"))
+        await _collect(stub, _req(PROMPT))  # no tenant: the default one, hitting acme's
+        return await runner.call(lambda e: e.kv.tenant_stats())
+
+    stats = asyncio.run(with_worker(body, runner))
+    assert stats["acme"].tiers["gpu"].blocks == 3 and stats["acme"].requests == 1
+    assert stats["default"].tiers["gpu"].blocks == 0 and stats["default"].cached_tokens == 48
 
 
 def test_fetch_blocks_naming_no_blocks_is_invalid():
