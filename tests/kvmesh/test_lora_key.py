@@ -42,7 +42,7 @@ class _Runner:
     engine = SimpleNamespace()  # the servicer sets its peer switch there
 
     async def generate(self, prompt, params, *, request_id, salt=None, lora=None, mm=(),
-                       on_enqueued=None):
+                       tenant=None, on_enqueued=None):
         self.lora = lora
         return
         yield  # an (empty) async generator, like AsyncEngine.generate
