@@ -44,6 +44,7 @@ def register(app: typer.Typer) -> None:
                                               "fractions allowed (default: 1 if the "
                                               "cluster has GPUs, else 0)"),
         worker_secret: opt.WorkerSecret = None,  # default: a random one
+        admin_token: opt.AdminToken = None,  # local backend: every replica's admin calls
         tls_cert: opt.TlsCert = None,  # local backend: every server serves it and presents it
         tls_key: opt.TlsKey = None,
         tls_ca: opt.TlsCa = None,      # every process verifies its peers with it
@@ -86,6 +87,9 @@ def register(app: typer.Typer) -> None:
             _refuse(f"--backend {backend}: choose local or ray")
         if backend == "ray" and tls is not None:
             _refuse("TLS needs --backend local")
+        if backend == "ray" and admin_token:
+            _refuse("--admin-token needs --backend local (on Ray, set quotas with "
+                    "--tenant-quota / --default-tenant-quota)")
         if redis_shards < 1:
             _refuse("--redis-shards must be at least 1")
         if redis_shards > 1 and (redis_url or backend == "ray"):
@@ -123,7 +127,8 @@ def register(app: typer.Typer) -> None:
             workers=workers, port=port, redis_url=redis_url, model=model,
             block_size=block_size, num_blocks=num_blocks, token=token, policy=policy,
             service_replicas=service_replicas, echo=verbose,
-            worker_secret=worker_secret or None, tls=tls, redis_shards=redis_shards,
+            worker_secret=worker_secret or None, admin_token=admin_token or None, tls=tls,
+            redis_shards=redis_shards,
             insecure_cluster_bus=insecure_cluster_bus, tiers=tiers, peer_fetch=peer_fetch,
             min_fetch_blocks=min_fetch_blocks, tenant_quotas=quotas,
             default_tenant_quota=default_tenant_quota))

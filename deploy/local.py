@@ -54,6 +54,7 @@ class ClusterSpec:
     worker_token: str | None = None   # shared token of the worker calls (unbound)
     worker_secret: str | None = None  # per-worker tokens bound to their ids (minted here;
     #                                   None and no worker_token: a random one)
+    admin_token: str | None = None    # the services' admin calls (pins, tenant quotas)
     tls: TlsFiles | None = None       # every server serves it, every client dials with it
     hash_seed: str | None = None
     heartbeat_s: float = 1.0
@@ -180,6 +181,7 @@ class LocalCluster:
         return {"KVMESH_REDIS_URL": self.redis_url or "", "KVMESH_TOKEN": s.token or "",
                 "KVMESH_WORKER_TOKEN": s.worker_token or "",
                 "KVMESH_WORKER_SECRET": s.worker_secret or "",
+                "KVMESH_ADMIN_TOKEN": s.admin_token or "",
                 "KVMESH_WORKER_ACCESS_TOKEN": ""}
 
     def start_service(self, i: int, port: int | None = None) -> ServerProcess:
@@ -223,7 +225,8 @@ class LocalCluster:
         env = {"KVMESH_WORKER_TOKEN": self.service_token(worker_id),
                "KVMESH_WORKER_ACCESS_TOKEN": (worker_access_token(s.token, worker_id)
                                               if s.token else ""),
-               "KVMESH_TOKEN": "", "KVMESH_WORKER_SECRET": "", "KVMESH_REDIS_URL": ""}
+               "KVMESH_TOKEN": "", "KVMESH_WORKER_SECRET": "", "KVMESH_REDIS_URL": "",
+               "KVMESH_ADMIN_TOKEN": ""}
         proc = self._child(worker_id, "worker", args, env)
         self.workers.append(proc)
         if start:

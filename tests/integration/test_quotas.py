@@ -88,12 +88,16 @@ def test_kvmesh_quota_set_and_show_against_a_real_service() -> None:
 
 
 def test_kvmesh_up_stores_its_quota_flags() -> None:
+    """... and its --admin-token guards them: without it `quota show` is refused."""
     up = Up("--workers", "1", "--port", "0", "--num-blocks", "64", "--tenant-quota", "a=0.3",
-            "--default-tenant-quota", "0.8")
+            "--default-tenant-quota", "0.8", "--admin-token", "adm-tok-up")
     try:
         assert up.wait_ready(120), up.tail()
         (service,) = up.field("service")
-        res = CliRunner().invoke(app, ["quota", "show", "--json", "--service", service])
+        refused = CliRunner().invoke(app, ["quota", "show", "--service", service])
+        assert refused.exit_code != 0, refused.output
+        res = CliRunner().invoke(app, ["quota", "show", "--json", "--service", service,
+                                       "--admin-token", "adm-tok-up"])
         assert res.exit_code == 0, res.output
         want = Quotas(Quota.uniform(0.8), {"a": Quota.uniform(0.3)})
         assert json.loads(res.stdout) == {
