@@ -226,11 +226,11 @@ class BlockPool(PoolEvents):
     def _evict(self, block: KVCacheBlock) -> bytes | None:
         """Drop ``block``'s hash as an eviction; return the hash if no other block holds it."""
         self.evictions += 1
-        self.ledger.evicted(block.owner)
-        return self._drop_hash(block)
+        return self._drop_hash(block, evicted=True)
 
-    def _drop_hash(self, block: KVCacheBlock) -> bytes | None:
-        """Drop ``block``'s hash; return the hash if no other block holds it."""
+    def _drop_hash(self, block: KVCacheBlock, evicted: bool = False) -> bytes | None:
+        """Drop ``block``'s hash (to free room if ``evicted``: counted for its owner);
+        return the hash if no other block holds it."""
         block_hash = block.block_hash
         assert block_hash is not None
         holders = self.cached[block_hash]
@@ -238,7 +238,7 @@ class BlockPool(PoolEvents):
         block.block_hash = None
         block.content = None
         self.num_cached_blocks -= 1
-        self.ledger.uncharge(block.owner)
+        self.ledger.uncharge(block.owner, evicted)
         if block.ref_cnt == 0:
             self.num_free_cached -= 1
             if self.quota is not None:

@@ -85,10 +85,14 @@ class TierLedger:
         if self.limited and tenant not in self.over and self._above(tenant, held):
             self.over[tenant] = None
 
-    def uncharge(self, tenant: str) -> None:
-        """A block charged to ``tenant`` left this tier (or its hash was dropped)."""
+    def uncharge(self, tenant: str, evicted: bool = False) -> None:
+        """A block charged to ``tenant`` left this tier (or its hash was dropped); to free
+        room if ``evicted`` (see :meth:`evicted`). One call: the pool's hot path."""
         blocks = self.blocks
         blocks[tenant] -= 1
+        if evicted:
+            evictions = self.evictions
+            evictions[tenant] = evictions.get(tenant, 0) + 1
         if self.over and tenant in self.over and not self._above(tenant, blocks[tenant]):
             del self.over[tenant]
 

@@ -6,6 +6,8 @@
    the over-quota set is exactly the tenants over their quota, each tenant's free list is
    its free cached blocks in queue order, no referenced or pinned block was handed out, and
    the events replay to the cached set.
+   ``TieredQuotaMachine`` adds CPU and disk tiers (quotas on them too): every lower-tier
+   victim is the slow rule's, every tier's ledger a recount.
 2. ``EmptyQuotaMachine``: the vLLM-model machine of test_eviction_machine (layered + pins)
    with random tenants and empty quotas set at random: still vLLM's, block for block and
    event for event.
@@ -213,6 +215,8 @@ class QuotaMachine(RuleBasedStateMachine):
     @invariant()
     def events_replay_to_the_cached_set(self):
         for event in self.m.take_events():
+            if isinstance(event, PoolStored | PoolRemoved) and event.tier != "gpu":
+                continue  # the lower tiers' (TieredQuotaMachine): the device set is checked
             if isinstance(event, PoolStored):
                 self.held.update(event.block_hashes)
             elif isinstance(event, PoolRemoved):
@@ -226,6 +230,85 @@ class QuotaMachine(RuleBasedStateMachine):
 
 class LayeredQuotaMachine(QuotaMachine):
     LAYERED = True
+
+
+def expected_victim(tier, quotas: Quotas, tenant: str | None):
+    """``LowerTier.victim`` the slow way: over the tier's LRU order with recounted owners."""
+    unread = [e for e in tier if e.readers == 0]
+    if not unread:
+        return None
+    if quotas.empty:
+        return unread[0]
+    count: dict[str, int] = {}
+    for e in tier:
+        count[e.owner] = count.get(e.owner, 0) + 1
+
+    def lim(t):
+        f = quotas.fraction(t, tier.name)
+        return None if f is None else math.floor(f * tier.num_slots + 1e-9)
+
+    own = [e for e in unread if e.owner == tenant]
+    if tenant is not None and lim(tenant) is not None and count.get(tenant, 0) >= lim(tenant) \
+            and own:
+        return own[0]
+    over = sorted((-(n - lim(t)), t) for t, n in count.items()
+                  if lim(t) is not None and n > lim(t) and any(e.owner == t for e in unread))
+    return next(e for e in unread if e.owner == over[0][1]) if over else unread[0]
+
+
+class TieredQuotaMachine(QuotaMachine):
+    """CPU and disk tiers below the pool, with quotas on them too: evictions offload, and
+    every lower-tier victim is the slow rule's; each tier's ledger equals a recount."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.m = KVCacheManager(NUM_BLOCKS, BS, hash_algo=ALGO, cpu_blocks=4, disk_blocks=3,
+                                pin_cap=3, clock=lambda: 0.0)
+        pool = self.m.pool
+        real = pool.get_new_blocks
+
+        def checked(num_blocks, tenant=None):
+            want = expected_hand_out(pool, self.quotas, tenant, num_blocks)
+            got = real(num_blocks, tenant)
+            assert [b.block_id for b in got] == want
+            return got
+
+        pool.get_new_blocks = checked
+        for tier in self.m.offloader.tiers:
+            self._check_victims(tier)
+
+    def _check_victims(self, tier):
+        real = tier.victim
+
+        def checked(tenant=None):
+            want = expected_victim(tier, self.quotas, tenant)
+            got = real(tenant)
+            assert got is want
+            return got
+
+        tier.victim = checked
+
+    @rule(quotas=st.builds(
+        lambda gpu, cpu, disk, own: Quotas(Quota(gpu, cpu, disk), own),
+        st.sampled_from([None, 0.1, 0.3]), st.sampled_from([None, 0.0, 0.25, 0.5]),
+        st.sampled_from([None, 0.0, 0.34]),
+        st.dictionaries(st.sampled_from(TENANTS),
+                        st.builds(Quota, cpu=st.sampled_from([None, 0.0, 0.5, 1.0]),
+                                  disk=st.sampled_from([None, 0.0, 1.0])), max_size=2)))
+    def set_tier_quotas(self, quotas):
+        self.quotas = quotas
+        self.m.set_quotas(quotas)
+
+    @invariant()
+    def lower_ledgers_equal_a_recount(self):
+        for tier in self.m.offloader.tiers:
+            count: dict[str, int] = {}
+            for e in tier:
+                count[e.owner] = count.get(e.owner, 0) + 1
+            assert {t: n for t, n in tier.ledger.blocks.items() if n} == count
+            stats = self.m.tenant_stats()
+            assert {t: s.tiers[tier.name].blocks for t, s in stats.items()
+                    if s.tiers[tier.name].blocks} == count
 
 
 class EmptyQuotaMachine(EvictionMachine):
@@ -257,4 +340,6 @@ EmptyQuotaMachine.TestCase.settings = settings(max_examples=40, stateful_step_co
                                                deadline=None)
 TestQuotaMachine = QuotaMachine.TestCase
 TestLayeredQuotaMachine = LayeredQuotaMachine.TestCase
+TieredQuotaMachine.TestCase.settings = SETTINGS
+TestTieredQuotaMachine = TieredQuotaMachine.TestCase
 TestEmptyQuotasAreVllm = EmptyQuotaMachine.TestCase
