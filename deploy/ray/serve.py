@@ -58,10 +58,8 @@ class KvmeshReplica:
                                 ignore_eos=True)
         prompt = [int(t) for t in request_field(request, "token_ids")]
         salt = request_field(request, "salt") or None
-        tenant = request_field(request, "tenant") or None
-        # a refused label fails this call, as the gRPC Generate refuses it; none: the
-        # engine's default tenant (the keyword only when set: t27/pool adds it to generate)
-        by_tenant = {"tenant": check_tenant(tenant)} if tenant else {}
+        # a refused label fails this call, as the gRPC Generate refuses it; none: default
+        tenant = check_tenant(request_field(request, "tenant") or "")
         hook = None
         plan = fetch_plan_for(request, self.worker_id)
         if plan:  # the router's plan for THIS worker: the gRPC Generate's receiver path
@@ -71,7 +69,7 @@ class KvmeshReplica:
                                                     prompt, params, salt=salt)
         stream = self._host.runner.generate(
             prompt, params, request_id=f"serve-{uuid.uuid4().hex[:12]}", salt=salt,
-            on_enqueued=hook, **by_tenant)
+            on_enqueued=hook, tenant=tenant)
         async for out in stream:
             if not out.finished:
                 if out.new_token_ids:
