@@ -11,10 +11,18 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 
 import click
 import typer
+from typer import rich_utils
 from typer.core import TyperGroup
+
+# Help read by a program (a pipe, a script, a docs test) has no terminal to fit: rich would
+# lay it out in 80 columns and cut long option names (`--default-tenant…`), so what a
+# script greps for would be missing. Without a terminal (and no TERMINAL_WIDTH), give it room.
+if rich_utils.MAX_WIDTH is None and not sys.stdout.isatty():
+    rich_utils.MAX_WIDTH = 120
 
 # verb -> the module whose register(group) adds it. A module that is not there (a partial
 # install) is not listed; one that fails to import is an error, not hidden.
