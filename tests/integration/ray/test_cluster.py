@@ -109,8 +109,10 @@ def test_worker_calls_need_a_minted_token_and_redis_its_password(cluster):
     assert cluster.spec.worker_secret and len(cluster.spec.worker_secret) >= 32
     with grpc.insecure_channel(cluster.service_addresses[0]) as ch:
         with pytest.raises(grpc.RpcError) as err:
+            # wait_for_ready: the replica the test before restarted may still be coming up
+            # (a reset connection is UNAVAILABLE, not the answer this test is about)
             index_pb2_grpc.IndexServiceStub(ch).RegisterWorker(index_pb2.RegisterWorkerRequest(
-                worker_id="impostor", address="127.0.0.1:1"), timeout=10)
+                worker_id="impostor", address="127.0.0.1:1"), timeout=30, wait_for_ready=True)
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     args = redis.connection.parse_url(cluster.redis_url)
     assert args["password"]
