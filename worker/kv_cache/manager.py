@@ -73,13 +73,16 @@ class KVCacheManager:
         self.offloader = self._tiers.offloader  # None without lower tiers
         self._onboards = self._tiers.onboards
         self.peer = PeerImports(self)  # blocks pulled from other workers
-        self.quotas = Quotas()  # none: every tier evicts exactly as vLLM's pool does
         self.tenants = self._tiers.tenants  # every tier's owners and the admissions per tenant
+
+    @property
+    def quotas(self) -> Quotas:
+        """The quotas in force; ``Quotas()`` (the start): every tier evicts as vLLM's does."""
+        return self.pool.ledger.quotas
 
     def set_quotas(self, quotas: Quotas) -> None:
         """Apply per-tenant quotas (engine thread; :mod:`kvmesh.quota`). Takes effect at the
         next eviction; nothing is evicted by the call itself (see quota_queue.py)."""
-        self.quotas = quotas
         self.tenants.set_quotas(quotas)
         self.pool.set_quotas(quotas)
 

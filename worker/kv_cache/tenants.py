@@ -42,6 +42,11 @@ class TierLedger:
         self._quotas = Quotas()
         self._limits: dict[str, int | None] = {}  # tenant -> quota blocks (memo)
 
+    @property
+    def quotas(self) -> Quotas:
+        """The quotas in force (``Quotas()``: none)."""
+        return self._quotas
+
     def set_quotas(self, quotas: Quotas) -> None:
         """Apply ``quotas`` (rebuilds the over-quota set: O(#tenants))."""
         self._quotas = quotas
