@@ -17,7 +17,11 @@ full run as often as its test asks.
 """
 from __future__ import annotations
 
+import asyncio
+import gc
 import os
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,6 +49,61 @@ settings.register_profile("fast", max_examples=8, stateful_step_count=15)
 # they start must not inherit a seed from the shell that runs pytest.
 for _var in ("PYTHONHASHSEED", "KVMESH_HASH_SEED"):
     os.environ.pop(_var, None)
+
+
+@pytest.fixture(autouse=True)
+def _no_grpc_aio_left_between_tests() -> Iterator[None]:
+    """Free what a test's ``asyncio.run`` left of gRPC's aio state before the next test.
+
+    grpc.aio shares one poller thread among every event loop of a process, for as long as
+    any aio channel, server or call is alive. A call caught in a reference cycle (an error's
+    traceback, a done callback) outlives its loop until the cyclic collector happens to run;
+    until then every later test's loop shares a poller bound to dead loops, and the old
+    server is finalized at a random point, possibly inside another test's loop. CI saw both
+    as a service stop that never returned and as a segfault. A process in production has
+    one loop for its life; tests have one per test, so they collect here, between tests,
+    while no loop runs. (The product's own per-call cycle is gone: ``kvmesh.rpc.guarded``.)
+    """
+    yield
+    if any(t.name.endswith("(_poll_wrapper)") for t in threading.enumerate()):
+        gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _report_hung_tasks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Shortly before pytest-timeout fails a test, print the stack of every pending asyncio
+    task: its own report shows threads only, so a hung ``asyncio.run`` shows nothing but the
+    event loop waiting in ``select``."""
+    mark = request.node.get_closest_marker("timeout")
+    limit = float(mark.args[0] if mark and mark.args else request.config.getini("timeout") or 0)
+    if limit <= 20:
+        yield
+        return
+    timer = threading.Timer(limit - 15, _print_pending_tasks, args=(request.node.nodeid,))
+    timer.daemon = True
+    timer.start()
+    yield
+    timer.cancel()
+
+
+def _print_pending_tasks(nodeid: str) -> None:
+    tasks = [o for o in gc.get_objects() if isinstance(o, asyncio.Task) and not o.done()]
+    print(f"\n+++ {nodeid}: {len(tasks)} pending asyncio task(s), 15 s before the timeout",
+          file=sys.stderr, flush=True)
+    for task in tasks:  # the whole await chain (a task's own stack stops at its coroutine)
+        print(f"{task!r} awaits:", file=sys.stderr)
+        link = task.get_coro()
+        while link is not None:
+            frame = getattr(link, "cr_frame", None) or getattr(link, "ag_frame", None)
+            if frame is not None:
+                code = frame.f_code
+                print(f"  {code.co_filename}:{frame.f_lineno} in {code.co_name}",
+                      file=sys.stderr)
+            nxt = getattr(link, "cr_await", None) or getattr(link, "ag_await", None)
+            if nxt is not None and frame is not None and not hasattr(nxt, "cr_frame"):
+                # an async generator's athrow/asend hides its generator: contextlib's is .gen
+                nxt = getattr(frame.f_locals.get("self"), "gen", None) or nxt
+            link = nxt if nxt is not link else None
 
 
 def pytest_configure(config: pytest.Config) -> None:

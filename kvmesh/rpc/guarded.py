@@ -6,7 +6,14 @@ which either aborts the call (``context.abort``: the handler never runs) or retu
 request to hand on (possibly a different object, e.g. the parsed message of raw bytes). Only
 unary-request handlers are wrapped (request-streaming ones are returned unchanged); the
 response side may stream. With ``raw=True`` the wrapped handler receives the request's bytes
-undecoded, and ``admit`` must return the decoded request.
+undecoded, and ``admit`` must return the decoded request. ``leave(context)``, if given, runs
+once when an admitted call ends (returned, raised, aborted or cancelled), never for a call
+``admit`` refused.
+
+Why not ``context.add_done_callback``: grpc.aio keeps the callback in the call's state, which
+the callback's context points back to; that cycle holds the call, and through it the
+server, until the cyclic garbage collector runs, so a stopped server keeps gRPC's aio poller
+thread alive and is finalized later at a random point, in any thread.
 """
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ from typing import Any
 import grpc
 
 Admit = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+Leave = Callable[[grpc.aio.ServicerContext], None]
 
 
 async def stream_items(result: Any) -> AsyncIterator[Any]:
@@ -29,8 +37,8 @@ async def stream_items(result: Any) -> AsyncIterator[Any]:
         await result
 
 
-def guarded(handler: grpc.RpcMethodHandler, admit: Admit, *,
-            raw: bool = False) -> grpc.RpcMethodHandler:
+def guarded(handler: grpc.RpcMethodHandler, admit: Admit, *, raw: bool = False,
+            leave: Leave | None = None) -> grpc.RpcMethodHandler:
     """``handler`` with ``admit`` in front of it (see the module docstring)."""
     if handler.request_streaming:
         return handler
@@ -41,13 +49,22 @@ def guarded(handler: grpc.RpcMethodHandler, admit: Admit, *,
 
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
             request = await admit(request, context)
-            async for item in stream_items(inner_stream(request, context)):
-                yield item
+            try:
+                async for item in stream_items(inner_stream(request, context)):
+                    yield item
+            finally:
+                if leave is not None:
+                    leave(context)
 
         return grpc.unary_stream_rpc_method_handler(stream, **kw)
     inner = handler.unary_unary
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await inner(await admit(request, context), context)
+        request = await admit(request, context)
+        try:
+            return await inner(request, context)
+        finally:
+            if leave is not None:
+                leave(context)
 
     return grpc.unary_unary_rpc_method_handler(unary, **kw)

@@ -55,6 +55,8 @@ class RequestLimits(grpc.aio.ServerInterceptor):
             self.inflight.pop(peer, None)
 
     async def _enter(self, context: grpc.aio.ServicerContext) -> None:
+        """Count the call in (or abort it); the handler's end counts it out
+        (``guarded``'s ``leave``: a done callback would keep the server alive, see there)."""
         if not self.max_inflight:
             return
         peer = context.peer()
@@ -65,25 +67,32 @@ class RequestLimits(grpc.aio.ServerInterceptor):
                 f"{self.max_inflight} per connection (raise it with {self.inflight_flag}, "
                 "or spread calls over more channels)"))
         self.inflight[peer] = n + 1
-        context.add_done_callback(lambda _ctx: self._leave(peer))
 
     def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         decode = handler.request_deserializer
 
         async def admit(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
             await self._enter(context)
-            if len(raw) > self.max_message_bytes:
-                await context.abort(_TOO_MUCH, (
-                    f"{method}: the request is {len(raw)} bytes; the limit is "
-                    f"{self.max_message_bytes} (raise it with {self.bytes_flag})"))
             try:
-                return decode(raw)
-            except Exception as e:  # DecodeError, invalid UTF-8, recursion limit ...
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, (
-                    f"{method}: the request is not a valid {_message_name(decode)} "
-                    f"({type(e).__name__})"))
+                if len(raw) > self.max_message_bytes:
+                    await context.abort(_TOO_MUCH, (
+                        f"{method}: the request is {len(raw)} bytes; the limit is "
+                        f"{self.max_message_bytes} (raise it with {self.bytes_flag})"))
+                try:
+                    return decode(raw)
+                except Exception as e:  # DecodeError, invalid UTF-8, recursion limit ...
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, (
+                        f"{method}: the request is not a valid {_message_name(decode)} "
+                        f"({type(e).__name__})"))
+            except BaseException:  # refused after counting in: the handler never runs
+                self._leave_call(context)
+                raise
 
-        return guarded(handler, admit, raw=True)
+        return guarded(handler, admit, raw=True, leave=self._leave_call)
+
+    def _leave_call(self, context: grpc.aio.ServicerContext) -> None:
+        if self.max_inflight:
+            self._leave(context.peer())
 
     async def intercept_service(self, continuation: Any,
                                 handler_call_details: grpc.HandlerCallDetails) -> Any:
