@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -177,8 +178,8 @@ class Engine:
             raise RequestError(f"token id {bad} is outside the vocabulary [0, {vocab})")
         if params.max_tokens < 1:
             raise RequestError(f"max_tokens must be >= 1, got {params.max_tokens}")
-        if not params.temperature >= 0:  # NaN too: it would silently mean greedy
-            raise RequestError(f"temperature must be >= 0, got {params.temperature}")
+        if not 0 <= params.temperature < math.inf:  # NaN would silently mean greedy
+            raise RequestError(f"temperature must be finite and >= 0, got {params.temperature}")
         total = len(prompt) + params.max_tokens
         ctx = self.config.max_position_embeddings
         if total > ctx:
@@ -212,7 +213,7 @@ class Engine:
         seq = Seq(KVRequest(rid, prompt, salt=salt or None, lora=lora, mm=tuple(mm),
                             num_prompt_tokens=len(prompt), tenant=tenant or DEFAULT_TENANT),
                   params, num_prompt_tokens=len(prompt))
-        if params.temperature > 0:
+        if params.sampled:
             seq.generator = torch.Generator().manual_seed(
                 params.seed if params.seed is not None else torch.seed())
         self.scheduler.add(seq)

@@ -15,8 +15,7 @@ def sample(logits: torch.Tensor, seqs: list[Seq]) -> list[int]:
     """
     out = logits.argmax(dim=-1).tolist()
     for row, seq in enumerate(seqs):
-        t = seq.params.temperature
-        if t > 0:
-            probs = torch.softmax(logits[row].float() / t, dim=-1)
+        if seq.params.sampled:
+            probs = torch.softmax(logits[row].float() / seq.params.temperature, dim=-1)
             out[row] = int(torch.multinomial(probs.cpu(), 1, generator=seq.generator).item())
     return out

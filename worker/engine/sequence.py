@@ -16,14 +16,24 @@ class SeqStatus(enum.Enum):
     FINISHED = "finished"
 
 
+SAMPLING_EPS = 1e-5  # a temperature below this is greedy (as in vLLM): dividing the logits
+# by a denormal one overflows them to inf, and the softmax of those is NaN
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """``temperature == 0`` is greedy (deterministic); ``seed`` makes sampling reproducible."""
+    """``temperature < SAMPLING_EPS`` (0 included) is greedy (deterministic); ``seed`` makes
+    sampling reproducible."""
 
     max_tokens: int = 16
     temperature: float = 0.0
     seed: int | None = None
     ignore_eos: bool = False
+
+    @property
+    def sampled(self) -> bool:
+        """Whether the next token is drawn (else: the argmax)."""
+        return self.temperature >= SAMPLING_EPS
 
 
 @dataclass(eq=False)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 
 import pytest
@@ -108,6 +109,23 @@ def test_seeded_sampling_is_reproducible():
     a = engine.generate(p, max_tokens=8, temperature=1.0, seed=7, ignore_eos=True)[0]
     b = engine.generate(p, max_tokens=8, temperature=1.0, seed=7, ignore_eos=True)[0]
     assert a.token_ids == b.token_ids
+
+
+def test_a_denormal_temperature_is_greedy_and_harms_no_batch_mate():
+    """A crafted temperature of 1e-39 once overflowed the logits to inf (softmax: NaN) and
+    failed the whole step, batch-mates included. Below ``SAMPLING_EPS`` it is greedy now;
+    inf and NaN are refused up front."""
+    engine = Engine.from_pretrained("tiny", block_size=BS, num_blocks=64)
+    p = [[10, 20, 30, 40, 50], [7, 8, 9]]
+    want = engine.generate(p, max_tokens=6, ignore_eos=True)
+    got = [engine.add_request(q, SamplingParams(6, temperature=t, ignore_eos=True))
+           for q, t in zip(p, (1e-39, 0.0), strict=True)]
+    while engine.has_work():
+        engine.step()
+    assert [s.output_ids for s in got] == [o.token_ids for o in want]
+    for bad in (math.inf, math.nan, -1.0):
+        with pytest.raises(RequestError, match="temperature"):
+            engine.add_request([1, 2], SamplingParams(2, temperature=bad))
 
 
 def test_async_engine_serves_concurrent_requests():
