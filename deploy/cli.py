@@ -60,6 +60,9 @@ def register(app: typer.Typer) -> None:
                                         "process's own; the service's is off)"),
         min_fetch_blocks: int = typer.Option(None, min=1, help="service: plan a peer fetch "
                                              "only for at least this many blocks (default 4)"),
+        data_host: str = typer.Option(None, help="ray backend: where every worker's peer-KV "
+                                      "data plane listens and what its endpoints name "
+                                      "(default: each worker's node IP)"),
         tenant_quota: opt.TenantQuota = None,  # every service replica's, stored at start
         default_tenant_quota: opt.DefaultTenantQuota = None,
         verbose: bool = typer.Option(False, help="echo every child's output"),
@@ -87,6 +90,9 @@ def register(app: typer.Typer) -> None:
             _refuse(f"--backend {backend}: choose local or ray")
         if backend == "ray" and tls is not None:
             _refuse("TLS needs --backend local")
+        if backend == "local" and data_host:
+            _refuse("--data-host needs --backend ray (local workers serve their data planes "
+                    "on loopback)")
         if backend == "ray" and admin_token:
             _refuse("--admin-token needs --backend local (on Ray, set quotas with "
                     "--tenant-quota / --default-tenant-quota)")
@@ -112,7 +118,7 @@ def register(app: typer.Typer) -> None:
                        num_blocks=num_blocks, token=token, worker_secret=worker_secret or None,
                        policy=policy, tiers=tiers, peer_fetch=peer_fetch,
                        min_fetch_blocks=min_fetch_blocks, tenant_quotas=quotas,
-                       default_tenant_quota=default_tenant_quota)
+                       default_tenant_quota=default_tenant_quota, data_host=data_host)
             except LaunchError as e:
                 _say_error(str(e))
                 _exit_now(1)

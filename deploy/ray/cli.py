@@ -48,7 +48,7 @@ def run_up(workers: int, port: int, redis_url: str | None, model: str, *,
            policy: str | None = None, stop: threading.Event | None = None,
            peer_fetch: bool | None = None, min_fetch_blocks: int | None = None,
            tenant_quotas: tuple[tuple[str, float], ...] = (),
-           default_tenant_quota: float | None = None) -> None:
+           default_tenant_quota: float | None = None, data_host: str | None = None) -> None:
     """Run kvmesh on Ray until a signal (or ``stop``) arrives; always cleans up, within
     ``deploy.stopping``'s deadline of the signal, its own Ray's processes included. A start
     that fails for a reason the user can fix raises ``LaunchError`` (after the clean-up)."""
@@ -61,7 +61,7 @@ def run_up(workers: int, port: int, redis_url: str | None, model: str, *,
                    token=token, worker_secret=worker_secret, policy=policy,
                    tiers=tiers, peer_fetch=peer_fetch, min_fetch_blocks=min_fetch_blocks,
                    tenant_quotas=tenant_quotas, default_tenant_quota=default_tenant_quota,
-                   **({"name": name} if name else {}))
+                   data_host=data_host, **({"name": name} if name else {}))
     cluster = RayCluster(spec)
     deadline.install()
     try:
