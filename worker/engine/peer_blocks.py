@@ -1,5 +1,6 @@
 """The engine's side of a peer fetch: the source's read of the blocks it serves and the
-receiver's write of the blocks it pulled. Both run on the engine thread between steps.
+receiver's write of the blocks it pulled. Both run on the engine thread between steps (a
+run held on the device alone is read beside the step instead: ``worker.engine.peer_read``).
 
 Source (:func:`snapshot`): the longest run of the asked hashes, from the first, that this
 worker holds in chain order on any tier (device pool, host slots, disk files), copied into

@@ -73,7 +73,8 @@ class KVCacheBlock:
     """
 
     __slots__ = ("block_id", "block_hash", "ref_cnt", "prev_free", "next_free", "content",
-                 "parent_hash", "decoded", "layer", "owner", "prev_owned", "next_owned")
+                 "parent_hash", "decoded", "layer", "owner", "prev_owned", "next_owned",
+                 "uncached", "cached_step")
 
     def __init__(self, block_id: int, block_hash: bytes | None = None, ref_cnt: int = 0,
                  prev_free: KVCacheBlock | None = None, next_free: KVCacheBlock | None = None,
@@ -94,6 +95,12 @@ class KVCacheBlock:
         self.owner = DEFAULT_TENANT
         self.prev_owned: KVCacheBlock | None = None
         self.next_owned: KVCacheBlock | None = None
+        # How many times the block's hash was dropped: bumped before the block can be
+        # allocated (and written) again, so a reader off the engine thread that sees the same
+        # count before and after copying the block copied cached KV (worker.engine.peer_read).
+        self.uncached = 0
+        self.cached_step = 0  # the pool's step_no when it was cached (written once that
+        #                       step is: BlockPool.written_through)
 
     @property
     def token_ids(self) -> tuple[int, ...] | None:

@@ -69,6 +69,11 @@ class BlockPool(PoolEvents):
         # (touch, free, pop, drop) so a heartbeat never walks the queue.
         self.num_free_cached = 0
         self.evictions = 0
+        # Steps opened, and the last one whose KV is all written (KVCacheManager.step): a
+        # block is cached when scheduled, before the step's forward writes it, so a reader
+        # off the engine thread takes only blocks with cached_step <= written_through.
+        self.step_no = 0
+        self.written_through = 0
         # Called by get_new_blocks with the hashes no block holds any more, before their
         # PoolRemoved (the lower tiers offload them; events it emits come first).
         self.on_evict: Callable[[list[Evicted]], None] | None = None
@@ -150,6 +155,7 @@ class BlockPool(PoolEvents):
                             and b.content.extends(parent, tokens, extra)), None)
             if content is None:  # not a duplicate: a new node of the content trie
                 content = BlockContent(parent, tokens, extra)
+            block.cached_step = self.step_no  # before the hash: see written_through
             block.block_hash = block_hash
             block.parent_hash = block_hashes[i - 1] if i else None
             block.content = content
@@ -235,6 +241,7 @@ class BlockPool(PoolEvents):
         assert block_hash is not None
         holders = self.cached[block_hash]
         del holders[block.block_id]
+        block.uncached += 1  # first: an off-thread reader must never miss a drop
         block.block_hash = None
         block.content = None
         self.num_cached_blocks -= 1
@@ -330,6 +337,7 @@ class BlockPool(PoolEvents):
             return False
         for holders in self.cached.values():
             for block in holders.values():
+                block.uncached += 1
                 block.block_hash = None
                 block.content = None
                 block.prev_owned = block.next_owned = None

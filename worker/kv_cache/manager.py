@@ -308,11 +308,14 @@ class KVCacheManager:
             raise RuntimeError("a step is already open")
         self.pins.tick(self.pins.clock())
         self._unwritten = []
+        self.pool.step_no += 1
         try:
             yield
         except BaseException:
             self.pool.uncache_blocks(self._unwritten)
             raise
+        else:
+            self.pool.written_through = self.pool.step_no
         finally:
             self._unwritten = None
 

@@ -7,10 +7,12 @@ ticket's reason: "no_ticket", "malformed", "forged", "not_for_me", "hashes", "ex
 ticket is the credential: the auth interceptor lets every caller reach this handler, and a
 router or client token without the requester's proof is refused here (``forged``).
 
-Then, on the engine thread (between steps: the read lease), the longest run of the asked
-hashes this worker holds is copied to host memory (``worker.engine.peer_blocks.snapshot``),
-the header answers (fingerprint, layout, blocks, token ids) and the bytes are offered, once,
-on the worker's data plane (``kvmesh.transfer.transports.DataServer``, over the transport
+Then the longest run of the asked hashes this worker holds is copied to host memory,
+beside the engine's step in progress when the run is on the device
+(``worker.engine.peer_read``), else on the engine thread between steps
+(``worker.engine.peer_blocks.snapshot``: host and disk tiers); the header answers
+(fingerprint, layout, blocks, token ids) and the bytes are offered, once, on the worker's
+data plane (``kvmesh.transfer.transports.DataServer``, over the transport
 asked for) at the endpoint the header names. The data plane starts with the first fetch
 served and closes with the gRPC server (:meth:`PeerSource.close`).
 
@@ -28,6 +30,7 @@ from kvmesh.transfer.transports import DEFAULT_TRANSPORT, TRANSPORTS, DataServer
 from kvmesh.v1 import worker_pb2
 from worker.engine.async_engine import AsyncEngine
 from worker.engine.peer_blocks import layout, snapshot
+from worker.engine.peer_read import read_beside
 from worker.rpc.peer_stats import PeerCounters
 
 MAX_BLOCKS = 8192        # blocks one fetch may ask for
@@ -108,15 +111,17 @@ class PeerSource:
         except Refused as e:
             self.counters.refuse(e.reason)
             raise
-        hashes = list(request.block_hashes)
-
-        def read(e):  # at most MAX_FETCH_BYTES of host copies per fetch: a prefix of it
-            lay = layout(e)
-            return snapshot(e, hashes[:max(1, MAX_FETCH_BYTES // lay.block_bytes)]), \
-                e.fingerprint, lay
-
-        snap, fingerprint, lay = await self.runner.call(read)
+        engine = self.runner.engine
+        lay, fingerprint = layout(engine), engine.fingerprint  # fixed for the engine's life
+        # at most MAX_FETCH_BYTES of host copies per fetch: a prefix of it
+        hashes = list(request.block_hashes)[:max(1, MAX_FETCH_BYTES // lay.block_bytes)]
         c = self.counters
+        # beside the step in progress (the holder is busy when a fetch is planned); on the
+        # engine thread, between steps, only when the run goes on in a lower tier
+        snap = await asyncio.to_thread(read_beside, engine, hashes)
+        if snap is None:
+            c.engine_reads += 1
+            snap = await self.runner.call(lambda e: snapshot(e, hashes))
         endpoint = ""
         if snap.count:
             def done(outcome: str) -> None:  # blocks and bytes count once they all left

@@ -24,6 +24,8 @@ class PeerCounters:
     served: int = 0           # fetches answered with a header
     served_blocks: int = 0    # blocks of offers fully sent
     served_bytes: int = 0
+    engine_reads: int = 0     # served reads that waited for the engine thread (the run
+    #                           went on in a host or disk tier: worker.engine.peer_read)
     refusals: Counter[str] = field(default_factory=Counter)   # reason -> refused calls
     peer_hit_tokens: int = 0  # prompt tokens admitted on imported blocks
     latency: OnboardLog = field(default_factory=OnboardLog)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 
 import grpc
@@ -78,6 +79,33 @@ def test_the_granted_requester_gets_its_blocks_without_any_bearer_token(tiny):
     assert head.fingerprint == src.fingerprint and head.dtype == "float32"
     block0 = next(iter(src.kv.pool.cached[chain(PROMPT, src)[0]].values())).block_id
     assert got[0] == src.kv_cache[:, :, block0].contiguous().numpy().tobytes()
+
+
+def test_the_header_comes_while_the_holders_engine_thread_is_busy(tiny):
+    """The source reads beside the engine's step: with its engine thread held by a job (as
+    by a long step) the header still comes, with every block, read off that thread."""
+    async def body():
+        async with peers(("src", "cred-src", engine(tiny)),
+                         ("dst", "cred-dst", engine(tiny)), access_token=ACCESS) as (src, dst):
+            await generate(src, generate_request(PROMPT),
+                           metadata=[("authorization", f"Bearer {ACCESS}")])
+            hashes = chain(PROMPT, src.engine)
+            gate = threading.Event()
+            held = src.servicer.runner.call(lambda e: gate.wait(60))
+            try:
+                head = None
+                async for msg in src.stub.FetchBlocks(fetch_request(
+                        "dst", "cred-dst", hashes, mint(src, dst, hashes)), timeout=30):
+                    head = msg
+                busy = not gate.is_set()
+            finally:
+                gate.set()
+            await held
+            return head, busy, src.servicer.peer_source.counters.engine_reads
+
+    head, busy, engine_reads = asyncio.run(body())
+    assert busy and head.blocks == 4 and list(head.token_ids) == PROMPT[:4 * BS]
+    assert engine_reads == 0
 
 
 @pytest.mark.parametrize("token", ["router-tok", ACCESS])
