@@ -179,7 +179,7 @@ class _Gateway:
         the service and the worker as the request's tenant (quotas, accounting)."""
         return Job(ids, salted.salt, max_tokens, body.sampling_temperature(), body.seed,
                    body.stop_strings(), salted.report_cached, self.lora(body.model),
-                   tenant=tenant)
+                   tenant=tenant, ignore_eos=body.ignore_eos)
 
     async def routed(self, request: Request, raw: bytes, shape: ResponseShape,
                      jobs: list[Job], body: OpenAIRequest, salted: Salting,

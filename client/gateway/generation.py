@@ -38,6 +38,7 @@ class Job:
     lora: tuple[str, str] | None = None  # (name, path) of the adapter the model names
     routed: RouteResult | None = None    # already routed (these ids, salt and LoRA)
     tenant: str | None = None            # the API key's tenant (quotas); None: the default
+    ignore_eos: bool = False             # vLLM's extra field: generate max_tokens whatever
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,8 @@ async def generate_text(client: AsyncKvmeshClient, tokenizer: Tokenizer, job: Jo
     """Generate ``job`` to the end and detokenize it. Raises ``KvmeshError``."""
     result = await client.generate(job.token_ids, max_tokens=job.max_tokens, salt=job.salt,
                                    temperature=job.temperature, seed=job.seed, lora=job.lora,
-                                   routed=job.routed, tenant=job.tenant)
+                                   routed=job.routed, tenant=job.tenant,
+                                   ignore_eos=job.ignore_eos)
     stream = TextStream(tokenizer, job.stop)
     text = stream.push(result.token_ids)
     text += stream.finish()
@@ -103,7 +105,8 @@ async def start_stream(client: AsyncKvmeshClient, tokenizer: Tokenizer, job: Job
     arrived. Raises ``KvmeshError`` when no worker could start the request."""
     chunks = client.generate_stream(job.token_ids, max_tokens=job.max_tokens, salt=job.salt,
                                     temperature=job.temperature, seed=job.seed, lora=job.lora,
-                                    routed=job.routed, tenant=job.tenant)
+                                    routed=job.routed, tenant=job.tenant,
+                                    ignore_eos=job.ignore_eos)
     try:
         first = await anext(chunks)
     except BaseException:

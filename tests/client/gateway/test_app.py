@@ -14,6 +14,18 @@ from tests.client.fake_servers import candidate, closed_port_address
 from tests.client.gateway.conftest import W1_CACHED, LiveGateway, Stack
 
 
+def test_ignore_eos_reaches_the_worker_whole_and_streamed(stack: Stack) -> None:
+    """vLLM's ``ignore_eos`` (benchmark tools send it to get exactly max_tokens tokens)."""
+    client = stack.gateway.openai()
+    client.completions.create(model="tiny", prompt="hi", max_tokens=3,
+                              extra_body={"ignore_eos": True})
+    assert stack.last_request.sampling.ignore_eos
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+        stream=True, extra_body={"ignore_eos": True}))
+    assert chunks and stack.last_request.sampling.ignore_eos
+
+
 def test_completion_text_usage_and_headers(stack: Stack) -> None:
     client = stack.gateway.openai()
     raw = client.completions.with_raw_response.create(model="tiny", prompt="hello",
@@ -37,6 +49,7 @@ def test_completion_text_usage_and_headers(stack: Stack) -> None:
     assert req.sampling.max_tokens == 4
     assert req.sampling.seed == 7
     assert req.sampling.temperature == 1.0  # OpenAI's default
+    assert not req.sampling.ignore_eos
     assert len(req.salt) == 32  # no tenant keys, no cache_salt: a random salt of its own
     assert stack.index.routes[-1].salt == req.salt
     assert list(stack.index.routes[-1].token_ids) == list(b"hello")
