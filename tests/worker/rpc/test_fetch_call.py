@@ -4,6 +4,7 @@ tokens (the router's, the worker's own access token) are worth nothing to it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
 import time
@@ -58,17 +59,30 @@ def attack(tiny, make_request, metadata=None, *, source_on: bool = True):
     return asyncio.run(body())
 
 
+@contextlib.asynccontextmanager
+async def holding_prompt(tiny):
+    """``src`` holding PROMPT's blocks (generated there once) beside ``dst``, and the
+    prompt's chain hashes."""
+    async with peers(("src", "cred-src", engine(tiny)),
+                     ("dst", "cred-dst", engine(tiny)), access_token=ACCESS) as (src, dst):
+        await generate(src, generate_request(PROMPT),
+                       metadata=[("authorization", f"Bearer {ACCESS}")])
+        yield src, dst, chain(PROMPT, src.engine)
+
+
+async def granted_header(src, dst, hashes) -> worker_pb2.FetchBlocksResponse:
+    """``dst``'s FetchBlocks on ``src`` with the service's ticket: the header."""
+    head = None
+    async for msg in src.stub.FetchBlocks(fetch_request(
+            "dst", "cred-dst", hashes, mint(src, dst, hashes)), timeout=30):
+        head = msg
+    return head
+
+
 def test_the_granted_requester_gets_its_blocks_without_any_bearer_token(tiny):
     async def body():
-        async with peers(("src", "cred-src", engine(tiny)),
-                         ("dst", "cred-dst", engine(tiny)), access_token=ACCESS) as (src, dst):
-            await generate(src, generate_request(PROMPT),
-                           metadata=[("authorization", f"Bearer {ACCESS}")])
-            hashes = chain(PROMPT, src.engine)
-            head = None
-            async for msg in src.stub.FetchBlocks(fetch_request(
-                    "dst", "cred-dst", hashes, mint(src, dst, hashes))):
-                head = msg
+        async with holding_prompt(tiny) as (src, dst, hashes):
+            head = await granted_header(src, dst, hashes)
             got: dict[int, bytes] = {}
             n = await pull(head.endpoint, head.block_bytes, head.blocks,
                            lambda i, b: got.__setitem__(i, bytes(b)), 5.0)
@@ -85,18 +99,11 @@ def test_the_header_comes_while_the_holders_engine_thread_is_busy(tiny):
     """The source reads beside the engine's step: with its engine thread held by a job (as
     by a long step) the header still comes, with every block, read off that thread."""
     async def body():
-        async with peers(("src", "cred-src", engine(tiny)),
-                         ("dst", "cred-dst", engine(tiny)), access_token=ACCESS) as (src, dst):
-            await generate(src, generate_request(PROMPT),
-                           metadata=[("authorization", f"Bearer {ACCESS}")])
-            hashes = chain(PROMPT, src.engine)
+        async with holding_prompt(tiny) as (src, dst, hashes):
             gate = threading.Event()
             held = src.servicer.runner.call(lambda e: gate.wait(60))
             try:
-                head = None
-                async for msg in src.stub.FetchBlocks(fetch_request(
-                        "dst", "cred-dst", hashes, mint(src, dst, hashes)), timeout=30):
-                    head = msg
+                head = await granted_header(src, dst, hashes)
                 busy = not gate.is_set()
             finally:
                 gate.set()
