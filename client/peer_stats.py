@@ -23,11 +23,15 @@ FIELDS = ("fetches", "fetched_blocks", "fetched_bytes", "fallbacks", "peer_hit_t
 
 
 def peer_counts(stats: Mapping[str, Any] | None) -> dict[str, int] | None:
-    """A worker's peer counters (zeros for those it does not report); None without stats."""
+    """A worker's peer counters (zeros for those it does not report), its fallbacks by
+    reason as ``fallback:<reason>``; None without stats."""
     if stats is None:
         return None
     peer = stats.get("peer") or {}
-    return {f: int(peer.get(f, 0)) for f in FIELDS}
+    counts = {f: int(peer.get(f, 0)) for f in FIELDS}
+    for reason, n in sorted((peer.get("fallbacks_by_reason") or {}).items()):
+        counts[f"fallback:{reason}"] = int(n)
+    return counts
 
 
 def in_out(stats: Mapping[str, Any] | None) -> str:

@@ -137,10 +137,12 @@ def show(res: dict[str, Any]) -> None:
     for r in res["rows"]:
         if r.get("peer_hit_rate") or r.get("peer", {}).get("fetches"):
             p = r.get("peer", {})
+            why = ", ".join(f"{k.removeprefix('fallback:')} {n}" for k, n in sorted(p.items())
+                            if k.startswith("fallback:"))
             console.print(f"{r['policy']}: {r['peer_hit_rate']:.1%} of prompt tokens came "
                           f"from a peer; fetches {p.get('fetches', 0)}, fallbacks "
-                          f"{p.get('fallbacks', 0)}, served {p.get('served', 0)}, refused "
-                          f"{p.get('refused', 0)}", markup=False)
+                          f"{p.get('fallbacks', 0)}{f' ({why})' if why else ''}, served "
+                          f"{p.get('served', 0)}, refused {p.get('refused', 0)}", markup=False)
     for goal, met in fetch_goals(res.get("fetch_ratios", {})):
         console.print(f"goal: {goal}: {'met' if met else 'MISSED'}", markup=False)
     for label, o in res.get("outputs", {}).items():

@@ -188,7 +188,14 @@ class TenantTier(_message.Message):
     def __init__(self, tier: _Optional[str] = ..., blocks: _Optional[int] = ..., quota_blocks: _Optional[int] = ..., hit_blocks: _Optional[int] = ..., evicted_blocks: _Optional[int] = ...) -> None: ...
 
 class PeerStats(_message.Message):
-    __slots__ = ("fetches", "fetched_blocks", "fetched_bytes", "fallbacks", "served", "served_blocks", "served_bytes", "refused", "peer_hit_tokens")
+    __slots__ = ("fetches", "fetched_blocks", "fetched_bytes", "fallbacks", "served", "served_blocks", "served_bytes", "refused", "peer_hit_tokens", "fallbacks_by_reason")
+    class FallbacksByReasonEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     FETCHES_FIELD_NUMBER: _ClassVar[int]
     FETCHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     FETCHED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -198,6 +205,7 @@ class PeerStats(_message.Message):
     SERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     PEER_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FALLBACKS_BY_REASON_FIELD_NUMBER: _ClassVar[int]
     fetches: int
     fetched_blocks: int
     fetched_bytes: int
@@ -207,7 +215,8 @@ class PeerStats(_message.Message):
     served_bytes: int
     refused: int
     peer_hit_tokens: int
-    def __init__(self, fetches: _Optional[int] = ..., fetched_blocks: _Optional[int] = ..., fetched_bytes: _Optional[int] = ..., fallbacks: _Optional[int] = ..., served: _Optional[int] = ..., served_blocks: _Optional[int] = ..., served_bytes: _Optional[int] = ..., refused: _Optional[int] = ..., peer_hit_tokens: _Optional[int] = ...) -> None: ...
+    fallbacks_by_reason: _containers.ScalarMap[str, int]
+    def __init__(self, fetches: _Optional[int] = ..., fetched_blocks: _Optional[int] = ..., fetched_bytes: _Optional[int] = ..., fallbacks: _Optional[int] = ..., served: _Optional[int] = ..., served_blocks: _Optional[int] = ..., served_bytes: _Optional[int] = ..., refused: _Optional[int] = ..., peer_hit_tokens: _Optional[int] = ..., fallbacks_by_reason: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class PinRequest(_message.Message):
     __slots__ = ("token_ids", "salt", "lora", "mm", "block_hashes", "ttl_s", "warm", "unpin")

@@ -11,6 +11,13 @@ def test_counts_default_to_zero_and_unread_stats_to_none() -> None:
     assert in_out({"peer": {"fetches": 1200, "served": 7}}) == "1,200/7"
 
 
+def test_fallbacks_come_with_their_reasons() -> None:
+    counts = peer_counts({"peer": {"fallbacks": "3",
+                                   "fallbacks_by_reason": {"timeout": "1", "evicted": "2"}}})
+    assert counts["fallbacks"] == 3
+    assert (counts["fallback:evicted"], counts["fallback:timeout"]) == (2, 1)
+
+
 def test_the_table_lists_only_workers_with_stats() -> None:
     workers = [{"worker_id": "a", "worker_stats": {"peer": {"served_bytes": 3 << 20,
                                                             "refused": 2}}},

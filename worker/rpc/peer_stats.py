@@ -42,4 +42,4 @@ class PeerCounters:
             fetched_bytes=self.fetched_bytes, fallbacks=sum(self.fallbacks.values()),
             served=self.served, served_blocks=self.served_blocks,
             served_bytes=self.served_bytes, refused=sum(self.refusals.values()),
-            peer_hit_tokens=self.peer_hit_tokens)
+            peer_hit_tokens=self.peer_hit_tokens, fallbacks_by_reason=dict(self.fallbacks))

@@ -96,6 +96,8 @@ def _fallback(tiny, want, *, mutate=None, receiver=None, source_on=True, kill=Fa
                 await src.servicer.peer_source.close()
                 p.source_address = "127.0.0.1:1"  # nobody listens there
             got = await generate(dst, generate_request(PROMPT, fetch=p))
+            stats = await dst.stub.Stats(worker_pb2.WorkerStatsRequest())
+            assert dict(stats.peer.fallbacks_by_reason) == dst.servicer.peer.fallbacks
             return got, dict(dst.servicer.peer.fallbacks)
 
     got, reasons = run(body())
