@@ -10,9 +10,8 @@ moved or whose hash changed. A block is cached when its step schedules it, befor
 step's forward writes it (as in vLLM), so a block cached by the step in progress is not
 taken (``BlockPool.written_through``); after that, a block is not written while it stays
 cached, so a block whose count did not move was copied whole and unchanged: never a torn,
-half-written or overwritten block. A
-block evicted meanwhile shortens the run (the receiver recomputes the rest), as the lease of
-the engine-thread read would have kept it.
+half-written or overwritten block. A block evicted meanwhile shortens the run (the receiver
+recomputes the rest), where the engine-thread read would have served it.
 
 Device blocks only: when the run goes on in a host or disk tier, it returns ``None`` and the
 caller reads on the engine thread (:func:`worker.engine.peer_blocks.snapshot`). The pool's
@@ -21,7 +20,7 @@ is synchronous, so it has ended before the counts are checked (untested here: no
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -31,6 +30,7 @@ from worker.engine.peer_blocks import Snapshot, layout
 if TYPE_CHECKING:
     from worker.engine.engine import Engine
     from worker.kv_cache.block import KVCacheBlock
+    from worker.kv_cache.block_pool import BlockPool
 
 
 def read_beside(engine: Engine, hashes: Sequence[bytes]) -> Snapshot | None:
@@ -42,7 +42,7 @@ def read_beside(engine: Engine, hashes: Sequence[bytes]) -> Snapshot | None:
     found: list[tuple[KVCacheBlock, int, tuple[int, ...]]] = []
     prev: bytes | None = None
     for i, h in enumerate(hashes):
-        hit = _device_block(kv.pool.cached, h, prev, i == 0, lambda: kv.pool.written_through)
+        hit = _device_block(kv.pool, h, prev, i == 0)
         if hit is None:
             if any(tier.get(h) is not None for tier in lower):
                 return None
@@ -63,14 +63,13 @@ def copy_block(row: torch.Tensor, cache: torch.Tensor, block_id: int) -> None:
     row.copy_(cache[:, :, block_id])
 
 
-def _device_block(cached: dict, h: bytes, prev: bytes | None, first: bool,
-                  written_through: Callable[[], int],
+def _device_block(pool: BlockPool, h: bytes, prev: bytes | None, first: bool,
                   ) -> tuple[KVCacheBlock, int, tuple[int, ...]] | None:
     """A device block holding ``h`` as ``prev``'s child whose KV is written (not one the
     step in progress cached when it scheduled it), with its ``uncached`` count as read
     before its hash, and its token ids."""
     try:
-        holders = list(cached.get(h, {}).values())
+        holders = list(pool.cached.get(h, {}).values())
     except RuntimeError:  # the engine thread changed the dict mid-read: not held, for now
         return None
     for block in holders:
@@ -78,6 +77,6 @@ def _device_block(cached: dict, h: bytes, prev: bytes | None, first: bool,
         content = block.content
         if (content is not None and block.block_hash == h
                 and (first or block.parent_hash == prev)
-                and block.cached_step <= written_through()):
+                and block.cached_step <= pool.written_through):
             return block, seen, content.token_ids
     return None
