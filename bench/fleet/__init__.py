@@ -28,7 +28,8 @@ def print_report(res: dict[str, Any]) -> None:
     """The run as plain tables (what ``--json`` prints as one object)."""
     c = res["config"]
     print(f"fleet: {c['workers']} workers x {c['tokens_per_s']:,.0f} prefill tokens/s, "
-          f"routes {c['routes_per_s']:g}/s, {c['shards']} Redis shard(s), "
+          f"routes {c['routes_per_s']:g}/s of <= {c['route_tokens']:,} tokens, "
+          f"{c['shards']} Redis shard(s), "
           f"{c['service_replicas']} service replica(s); phases of {c['phase_s']:g} s; "
           f"trace {c['trace'] or 'synthetic (one shared first chunk)'}")
     print(f"{'phase':<8}{'entries':>9}{'entries/s':>11}{'lag p50':>9}{'p99':>9}{'max ms':>9}"
@@ -62,11 +63,14 @@ def register(bench: typer.Typer) -> None:
     @bench.command("fleet")
     def fleet(
         workers: int = typer.Option(8, min=1, help="simulated workers"),
-        shards: int = typer.Option(1, min=1, help="Redis shards (1: one server; more: an "
-                                   "embedded Valkey cluster of that many primaries)"),
+        shards: str = typer.Option("1", help="Redis shards (1: one server; more: an "
+                                   "embedded Valkey cluster of that many primaries); a list "
+                                   "(1,3) runs each and compares them"),
         tokens_per_s: float = typer.Option(20_000, min=1, help="prefilled tokens per worker "
                                            "per second (an 8B model on one H100: ~20K)"),
         routes_per_s: float = typer.Option(50, min=0.1, help="routes per second (open loop)"),
+        route_tokens: int = typer.Option(8192, min=16, help="a routed prompt's tokens at "
+                                         "most (its first ones)"),
         phase_s: float = typer.Option(3.0, min=0.5, help="seconds per phase"),
         warmup_s: float = typer.Option(2.0, min=0, help="publishing before the phases"),
         num_blocks: int = typer.Option(2048, min=64, help="KV blocks per worker"),
@@ -80,19 +84,37 @@ def register(bench: typer.Typer) -> None:
     ) -> None:
         """Simulated workers publish real KV events while routes arrive: event lag, route
         p50/p99, Redis time per entry and per route, per shard."""
+        from bench.fleet.compare import compare, print_comparison
         from bench.fleet.run import FleetConfig, run
         from deploy.redis_cluster import InsecureClusterBus
 
-        cfg = FleetConfig(workers=workers, shards=shards, tokens_per_s=tokens_per_s,
-                          routes_per_s=routes_per_s, phase_s=phase_s, warmup_s=warmup_s,
-                          num_blocks=num_blocks, service_replicas=service_replicas,
-                          trace=trace, limit=limit, insecure_cluster_bus=insecure_cluster_bus)
         try:
-            res = run(cfg)
-        except (RuntimeError, InsecureClusterBus) as e:
-            typer.echo(f"fleet: {e}", err=True)
-            raise typer.Exit(1) from e
+            counts = [int(x) for x in shards.split(",")]
+        except ValueError:
+            counts = []
+        if not counts or min(counts) < 1:
+            raise typer.BadParameter(f"{shards!r}: shard counts >= 1, comma separated",
+                                     param_hint="--shards")
+        results = []
+        for n in counts:
+            cfg = FleetConfig(workers=workers, shards=n, tokens_per_s=tokens_per_s,
+                              routes_per_s=routes_per_s, route_tokens=route_tokens,
+                              phase_s=phase_s, warmup_s=warmup_s, num_blocks=num_blocks,
+                              service_replicas=service_replicas, trace=trace, limit=limit,
+                              insecure_cluster_bus=insecure_cluster_bus)
+            try:
+                results.append(run(cfg))
+            except (RuntimeError, InsecureClusterBus) as e:
+                typer.echo(f"fleet: {e}", err=True)
+                raise typer.Exit(1) from e
+            if not as_json:
+                print_report(results[-1])
+        if len(results) == 1:
+            if as_json:
+                print(json.dumps(results[0], default=str))
+            return
+        cmp = compare(results)
         if as_json:
-            print(json.dumps(res, default=str))
+            print(json.dumps(cmp, default=str))
         else:
-            print_report(res)
+            print_comparison(cmp)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.fleet.shards import Sample, sample
+from bench.fleet.shards import Sample, control_shard, sample
 from bench.fleet.sim import FleetWorker
 from bench.replay.trace import CHUNK_TOKENS, TokenSynth, TraceRequest, load_trace
 from deploy.local import ClusterSpec, LocalCluster
@@ -36,6 +36,7 @@ class FleetConfig:
     service_replicas: int = 1
     tokens_per_s: float = 20_000.0  # prefilled tokens per worker per second (one GPU, 8B)
     routes_per_s: float = 50.0
+    route_tokens: int = 8192        # a routed prompt's tokens at most (its first ones)
     phase_s: float = 3.0
     warmup_s: float = 2.0
     num_blocks: int = 2048          # per worker (32K tokens at 16 per block: small, so the
@@ -77,8 +78,9 @@ def _pct(xs: list[float], q: float) -> float:
 class Router:
     """Routes at ``rate`` per second (open loop: arrivals do not wait for answers)."""
 
-    def __init__(self, client: Any, fleet: list[FleetWorker], rate: float, seed: int) -> None:
-        self.client, self.fleet, self.rate = client, fleet, rate
+    def __init__(self, client: Any, fleet: list[FleetWorker], rate: float, seed: int,
+                 max_tokens: int) -> None:
+        self.client, self.fleet, self.rate, self.max_tokens = client, fleet, rate, max_tokens
         self.rng = random.Random(seed)
         self.latencies: list[float] = []
         self.tokens = 0  # prompt tokens routed
@@ -107,7 +109,8 @@ class Router:
             k += 1
             w = self.rng.choice(self.fleet)
             if w.prompts:
-                task = asyncio.create_task(self._one(self.rng.choice(w.prompts)))
+                prompt = self.rng.choice(w.prompts)[:self.max_tokens]
+                task = asyncio.create_task(self._one(prompt))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
         if tasks:
@@ -137,11 +140,12 @@ async def _phase(name: str, cfg: FleetConfig, fleet: list[FleetWorker], urls: li
                  client: Any, producing: asyncio.Event, services: list[int]) -> dict[str, Any]:
     """Run one phase (see the module docstring); its measurements."""
     applied = sum(w.applied for w in fleet)
+    published = sum(w.link.counters["publishes"] for w in fleet)
     lag_from = [len(w.lags) for w in fleet]
     t0, before, cpu0 = time.monotonic(), sample(urls), _cpu_s(services)
     if name in ("events", "mixed"):
         producing.set()
-    router = Router(client, fleet, cfg.routes_per_s, cfg.seed) \
+    router = Router(client, fleet, cfg.routes_per_s, cfg.seed, cfg.route_tokens) \
         if name in ("routes", "mixed") else None
     if router is not None:
         await router.run(t0 + cfg.phase_s)
@@ -153,9 +157,10 @@ async def _phase(name: str, cfg: FleetConfig, fleet: list[FleetWorker], urls: li
     spent = [a - b for a, b in zip(sample(urls), before, strict=True)]
     service_cpu = _cpu_s(services) - cpu0
     lag = [x for w, n0 in zip(fleet, lag_from, strict=True) for x in w.lags[n0:]]
+    batches = sum(w.link.counters["publishes"] for w in fleet) - published
     out: dict[str, Any] = {
         "phase": name, "wall_s": wall, "shards": spent, "service_cpu_s": service_cpu,
-        "entries": sum(w.applied for w in fleet) - applied,
+        "entries": sum(w.applied for w in fleet) - applied, "batches": batches,
         "event_lag_p50_ms": _pct(lag, 50), "event_lag_p99_ms": _pct(lag, 99),
         "event_lag_max_ms": max(lag, default=float("nan")) * 1e3}
     if router is not None:
@@ -250,7 +255,7 @@ async def _fleet(cfg: FleetConfig, cluster: LocalCluster, urls: list[str],
             "service_usec_per_entry": _service_per_op(ev, idle, ev["entries"]),
             "service_usec_per_route": _service_per_op(ro, idle, ro.get("routes", 0)),
             "entries_per_s": ev["entries"] / ev["wall_s"],
-            "keys": [s.keys for s in sample(urls)],
+            "keys": [s.keys for s in sample(urls)], "control_shard": control_shard(urls),
             "hit_rate": hits / max(hits + prefilled, 1),
             "resyncs": sum(w.link.counters["resyncs"] for w in fleet),
             "overflows": sum(w.link.counters["overflows"] for w in fleet)}

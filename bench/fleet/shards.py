@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import redis
 
-__all__ = ["Sample", "sample"]
+__all__ = ["Sample", "control_shard", "sample"]
 
 
 @dataclass(frozen=True)
@@ -40,3 +40,17 @@ def sample(urls: list[str]) -> list[Sample]:
                               float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
                               int(c.dbsize())))
     return out
+
+
+def control_shard(urls: list[str]) -> int:
+    """The index of the node holding the index's control slot ``{ctl}`` (0 on one server)."""
+    from service.index.redis.keys import REGISTRY
+
+    for i, url in enumerate(urls):
+        with redis.Redis.from_url(url, socket_timeout=5) as c:
+            try:
+                if c.exists(REGISTRY):
+                    return i
+            except redis.ResponseError:  # MOVED: another node serves the slot
+                continue
+    return 0

@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Collection, Sequence
-from itertools import chain
-from operator import itemgetter
 from typing import Any
 
-import numpy as np
 import redis.exceptions as rexc
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from service.index import cluster_upkeep, nodes
+from service.index import cluster_upkeep, node_waves, nodes
 from service.index.base import (
     ApplyResult,
     ApplyStatus,
@@ -49,16 +46,18 @@ __all__ = ["CTL_SLOT", "SLOT_OF_BYTE", "TAG_SLOTS", "ClusterBackend"]
 
 CTL_SLOT = key_slot(keys.REGISTRY.encode())
 TAG_SLOTS = [key_slot(bytes([t])) for t in keys.TAGS]  # by tag index
-SLOT_OF_BYTE = {t: key_slot(bytes([t])) for t in keys.TAGS}  # by the tag byte of a key
-# The scripts called by SHA inside hand-packed batches (``nodes.py``): the per-tag steps, and
-# the control slot's begin and end steps of a batch or snapshot (sent beside the batch's
-# reads, and without redis-py's cluster command path, which cost more than the step
-# itself). A node that answers ``NOSCRIPT`` gets every one of them loaded and the calls
-# sent again (:meth:`ClusterBackend.wave`).
+SLOT_OF_BYTE = node_waves.SLOT_OF_BYTE
+# The scripts called by SHA inside hand-packed batches (``nodes.py``): the per-node and
+# per-tag steps (``node_waves.py``), and the control slot's begin and end steps of a batch
+# or snapshot (sent beside the batch's reads, and without redis-py's cluster command path,
+# which cost more than the step itself). A node that answers ``NOSCRIPT`` gets every one of
+# them loaded and the calls sent again (:meth:`ClusterBackend.wave_replies`).
 RAW_SCRIPTS = tuple(lua.raw(f"cluster_{n}") for n in (
-    "tag_write", "tag_clean", "prov_keys", "apply_begin", "apply_end", "sync_begin", "sync_end",
-    "tag_fence", "tag_identity"))
-TAG_WRITE, _, PROV_KEYS, APPLY_BEGIN, APPLY_END, SYNC_BEGIN, SYNC_END, _, _ = RAW_SCRIPTS
+    "node_write", "tag_clean", "prov_keys", "apply_begin",
+    "apply_end", "sync_begin", "sync_end", "tag_fence", "tag_identity"))
+NODE_WRITE = TAG_WRITE = node_waves.NODE_WRITE
+APPLY_BEGIN, APPLY_END, SYNC_BEGIN, SYNC_END = (lua.raw(f"cluster_{n}") for n in (
+    "apply_begin", "apply_end", "sync_begin", "sync_end"))
 
 
 def _b(x: Any) -> bytes:
@@ -79,28 +78,6 @@ def _check(replies: list[Any]) -> list[Any]:
         if isinstance(r, Exception):
             raise r
     return replies
-
-
-def _by_tag(hashes: Sequence[bytes]) -> tuple[list[int], np.ndarray, list[Sequence[bytes]]]:
-    """The tags of ``hashes`` (ascending), the positions of the hashes grouped by tag (in
-    chain order within a tag), and each tag's hashes. Vectorised: a Python loop over an
-    8K-token prompt's 512 blocks would cost more than the round trip."""
-    width = len(hashes[0])
-    first = np.frombuffer(b"".join(hashes), np.uint8)[::width] % keys.N_TAGS
-    order = np.argsort(first, kind="stable")
-    ranked = first[order]
-    starts = np.flatnonzero(np.diff(ranked)) + 1
-    groups = np.split(order, starts)
-    subs = [(hashes[int(g[0])],) if len(g) == 1 else itemgetter(*g.tolist())(hashes)
-            for g in groups]
-    return ranked[np.r_[0, starts]].tolist(), order, subs
-
-
-def _scatter(order: np.ndarray, replies: Sequence[list[bytes | None]]) -> list[bytes | None]:
-    """The per-tag ``MGET`` replies back in chain order (``order`` from ``_by_tag``)."""
-    out = np.empty(len(order), dtype=object)
-    out[order] = list(chain.from_iterable(replies))
-    return out.tolist()
 
 
 class ClusterBackend(RedisBackend):
@@ -124,10 +101,11 @@ class ClusterBackend(RedisBackend):
             for r in RAW_SCRIPTS:
                 await self.client.script_load(r.script)
 
-    async def wave(self, batch: list[tuple[int, bytes]], retry: bool = False) -> list[Any]:
-        """Replies of ``batch`` (``(slot, command)``, in parallel over the shards), a raw
-        script missing on a node loaded there and its calls sent again (they did not run);
-        an error reply raises."""
+    async def wave_replies(self, batch: list[tuple[int, bytes]],
+                           retry: bool = False) -> list[Any]:
+        """Replies of ``batch`` (``(slot, command)``, in parallel over the shards), error
+        replies in place; a raw script missing on a node loaded there and its calls sent
+        again (they did not run)."""
         if not batch:
             return []
         res = await nodes.on_slots(self.client, batch, retry)
@@ -139,7 +117,11 @@ class ClusterBackend(RedisBackend):
             again = await nodes.on_slots(self.client, [batch[i] for i in missing], retry)
             for i, r in zip(missing, again, strict=True):
                 res[i] = r
-        return _check(res)
+        return res
+
+    async def wave(self, batch: list[tuple[int, bytes]], retry: bool = False) -> list[Any]:
+        """:meth:`wave_replies`, an error reply raised."""
+        return _check(await self.wave_replies(batch, retry))
 
     async def ctl(self, script: RawScript, key: str, args: Sequence[Any],
                   reads: Sequence[bytes] = ()) -> tuple[Any, dict[bytes, bytes | None]]:
@@ -215,15 +197,14 @@ class ClusterBackend(RedisBackend):
         last, ticket = int(begin[1]), _b(begin[2])
         hs = [int(h) for h in begin[3:]]
         hbs = [keys.handle_bytes(h) for h in hs]
-        per_tag, applied = self._plan_writes(plan, last, hbs, pvals)
+        parts, applied = self._plan_writes(plan, last, hbs, pvals)
         head = [_b(width), b"".join(hbs), _b(len(hs)), ticket]
         busy = [f"{h}:{token}" for h in hs]
         async with self._guard():
-            res = await self.wave([(SLOT_OF_BYTE[t], TAG_WRITE.call(a[3][:width], head + a))
-                                   for t, a in per_tag.items()])
+            d = await node_waves.write(self, head, parts, width)
             end, _ = await self.ctl(APPLY_END, rk, [
-                ns, worker_id, token, str(incarnation), events[-1].seq,
-                sum(int(r) for r in res), cap.per_pool, cap.floor, *busy])
+                ns, worker_id, token, str(incarnation), events[-1].seq, d, cap.per_pool,
+                cap.floor, *busy])
         if int(end[0]) == 1:
             return ApplyResult(ApplyStatus.OK, applied, int(end[2]))
         return self._answer(worker_id, incarnation, int(end[0]), end)
@@ -242,13 +223,14 @@ class ClusterBackend(RedisBackend):
     @staticmethod
     def _plan_writes(plan: list[tuple[int, bytes, int, bytes | None, list[bytes]]], last: int,
                      hbs: list[bytes], pvals: dict[bytes, bytes | None],
-                     ) -> tuple[dict[int, list[bytes]], int]:
-        """Each tag's part of the fresh events (``TAG_WRITE``'s ARGV[5..]), orphans left
-        out, and how many events are fresh. The orphan check follows APPLY: a stored event
-        whose parent this worker's current handle does not hold at that point of the batch
-        is skipped; the parents' bits are tracked from the values read before the batch."""
+                     ) -> tuple[list[node_waves.Part], int]:
+        """The fresh events as ``NODE_WRITE`` parts (kind, handle index, tier bits, keys),
+        orphans left out, and how many events are fresh. The orphan check follows APPLY:
+        a stored event whose parent this worker's current handle does not hold at that
+        point of the batch is skipped; the parents' bits are tracked from the values read
+        before the batch."""
         tracked = {pk: _bits(v, hbs[0]) for pk, v in pvals.items()}
-        per_tag: dict[int, list[bytes]] = {}
+        parts: list[node_waves.Part] = []
         seg, applied = 1, 0
         for seq, kind, bits, pk, ks in plan:
             if seq <= last:
@@ -268,13 +250,9 @@ class ClusterBackend(RedisBackend):
                 for k in ks:
                     if k in tracked:
                         tracked[k] &= ~bits
-            by: dict[int, list[bytes]] = {}
-            for k in ks:
-                by.setdefault(k[1], []).append(k)
-            head = (kind, _b(seg), _b(bits))
-            for t, tks in by.items():
-                per_tag.setdefault(t, []).extend((*head, b"".join(tks)))
-        return per_tag, applied
+            if ks:
+                parts.append((kind, _b(seg), _b(bits), ks))
+        return parts, applied
 
     async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[IndexStored],
                           incarnation: int = 0, cap: BlockCap = BlockCap()) -> int | None:
@@ -299,18 +277,14 @@ class ClusterBackend(RedisBackend):
         if n <= -3:
             raise OverCap(worker_id, -3 - n)
         h, gen, ticket = int(begin[1]), begin[2], _b(begin[3])
-        by: dict[tuple[int, int], list[bytes]] = {}
+        by: dict[int, list[bytes]] = {}
         for hsh, (_, mask) in resolved.items():
-            k = block_key(hsh)
-            by.setdefault((k[1], mask), []).append(k)
-        per_tag: dict[int, list[bytes]] = {}
-        for (t, mask), ks in by.items():
-            per_tag.setdefault(t, []).extend((b"S", b"1", _b(mask), b"".join(ks)))
+            by.setdefault(mask, []).append(block_key(hsh))
+        parts = [(b"S", b"1", _b(mask), ks) for mask, ks in by.items()]
         width = len(block_key(next(iter(resolved)))) if resolved else 35
         head = [_b(width), keys.handle_bytes(h), b"1", ticket]
         async with self._guard():
-            await self.wave([(SLOT_OF_BYTE[t], TAG_WRITE.call(a[3][:width], head + a))
-                             for t, a in per_tag.items()])
+            await node_waves.write(self, head, parts, width)
             end, _ = await self.ctl(SYNC_END, rk, [token, str(incarnation), count, gen,
                                                    f"{h}:{token}"])
             n = int(end)
@@ -338,22 +312,16 @@ class ClusterBackend(RedisBackend):
         if not hashes:
             return {}
         lk, marker = live_key(ns).encode(), prov_marker(ns).encode()
-        tags, order, subs = _by_tag(hashes)
-        reads = [(TAG_SLOTS[t], resp.mget(sub)) for t, sub in zip(tags, subs, strict=True)]
-        preads: list[tuple[int, bytes]] = []
         cached = self._live.get(ns)
         with_prov = self._prov_seen.get(ns, False)
         for attempt in range(3):
             full = cached is None or attempt > 0
-            batch = [(CTL_SLOT, resp.command(b"HGETALL", lk) if full
-                      else resp.command(b"HGET", lk, b"v")),
-                     (CTL_SLOT, resp.command(b"EXISTS", marker)), *reads]
-            if with_prov:
-                preads = preads or [(TAG_SLOTS[t], resp.mget(sub, b"p", ns.encode()))
-                                    for t, sub in zip(tags, subs, strict=True)]
-                batch += preads
+            head = [(CTL_SLOT, resp.command(b"HGETALL", lk) if full
+                     else resp.command(b"HGET", lk, b"v")),
+                    (CTL_SLOT, resp.command(b"EXISTS", marker))]
             async with self._guard():
-                res = await self.wave(batch, retry=True)
+                res, values, pvalues = await node_waves.read(self, head, hashes,
+                                                             ns if with_prov else "")
             stale = not full and res[0] != cached[0]  # type: ignore[index]
             if full:
                 cached = self._live[ns] = keys.live_map(res[0])
@@ -361,9 +329,8 @@ class ClusterBackend(RedisBackend):
                 break
             with_prov = with_prov or bool(res[1])
         self._prov_seen[ns] = bool(res[1])
-        n = len(tags)
-        values = _scatter(order, res[2:2 + n])
-        pvalues = _scatter(order, res[2 + n:]) if res[1] and with_prov else None
+        if not res[1]:
+            pvalues = None
         assert cached is not None
         return walk(values, pvalues, cached[1], now_ms, workers)
 
@@ -371,15 +338,10 @@ class ClusterBackend(RedisBackend):
                               start: int, now_ms: int, ttl_ms: int) -> None:
         if start >= len(hashes):
             return
-        by: dict[int, list[bytes]] = {}
-        for h in hashes[start:]:
-            pk = keys.prov_key(ns, h)
-            by.setdefault(pk[2], []).append(pk)
-        pw = len(next(iter(by.values()))[0])
-        head = [worker_id.encode(), _b(now_ms + ttl_ms), _b(now_ms), _b(ttl_ms), _b(pw)]
-        batch = [(SLOT_OF_BYTE[t], PROV_KEYS.call(pks[0], [*head, b"".join(pks)]))
-                 for t, pks in by.items()]
-        batch.append((CTL_SLOT, resp.command(b"SET", prov_marker(ns).encode(), b"1", b"PX",
-                                             _b(ttl_ms))))
+        pks = [keys.prov_key(ns, h) for h in hashes[start:]]
+        head = [worker_id.encode(), _b(now_ms + ttl_ms), _b(now_ms), _b(ttl_ms),
+                _b(len(pks[0]))]
+        marker = (CTL_SLOT, resp.command(b"SET", prov_marker(ns).encode(), b"1", b"PX",
+                                         _b(ttl_ms)))
         async with self._guard():
-            await self.wave(batch)
+            await node_waves.provisional(self, pks, head, [marker])

@@ -1,7 +1,9 @@
 """Hand-packed commands sent straight to the primaries of a Redis Cluster, one write per
 node, every node in parallel: the cluster backend's one round trip.
 
-Replies come back in the order given (an error reply as its ``ResponseError``); ``MOVED``
+Replies come back in the order given (an error reply as its ``ResponseError``; with hiredis
+they are parsed straight from its reader's buffer, a few microseconds less per reply than
+redis-py's reply path, which a lookup pays once per tag); ``MOVED``
 refreshes the slot map and resends once. Reads may retry a failed node once; writes never
 (a script whose reply was lost would run twice). A connection that failed midway is closed,
 never pooled with unread replies.
@@ -15,6 +17,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import hiredis
 import redis.exceptions as rexc
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import Connection
@@ -30,35 +33,57 @@ async def primary(client: RedisCluster, slot: int) -> ClusterNode:
     return client.nodes_manager.get_node_from_slot(slot)
 
 
-async def _exchange(conn: Connection, cmds: list[bytes]) -> list[Any]:
-    await conn.send_packed_command(cmds, check_health=False)
+async def _read(conn: Connection, n: int) -> list[Any]:
+    """The ``n`` replies of what was sent on ``conn``, under one deadline: redis-py's own
+    per-reply timeout costs more than reading a reply (a lookup reads one per tag)."""
+    parser = conn._parser
+    reader = getattr(parser, "_reader", None)
+    fast = isinstance(reader, hiredis.Reader) and hasattr(parser, "read_from_socket")
+    # the reader's "not enough data" marker: nothing is fed to it before the replies
+    more = reader.gets(False) if fast else None
     out: list[Any] = []
-    # one deadline for all the replies: redis-py's own per-reply timeout costs more than
-    # reading a reply (a lookup reads one reply per tag of the prompt)
-    async with asyncio.timeout(conn.socket_timeout):
-        for _ in cmds:
-            try:
-                out.append(await conn.read_response(disable_decoding=True, timeout=math.inf))
-            except rexc.ResponseError as e:
-                out.append(e)
+    try:
+        async with asyncio.timeout(conn.socket_timeout):
+            if fast:  # hiredis parses every reply in the buffer; read the socket when dry
+                while len(out) < n:
+                    r = reader.gets(False)
+                    if r is more:
+                        await parser.read_from_socket()
+                    elif isinstance(r, (rexc.ConnectionError, rexc.InvalidResponse)):
+                        raise r
+                    else:
+                        out.append(r)  # an error reply is its exception (parse_error)
+                return out
+            for _ in range(n):
+                try:
+                    out.append(await conn.read_response(disable_decoding=True,
+                                                        timeout=math.inf))
+                except rexc.ResponseError as e:
+                    out.append(e)
+    except TimeoutError:  # asyncio's: the deadline above
+        raise rexc.TimeoutError(f"Timeout reading from {conn.host}:{conn.port}") from None
     return out
+
+
+async def _drop(node: ClusterNode, conn: Connection, e: BaseException) -> None:
+    """A connection that failed midway: closed, never pooled with unread replies; on a
+    network error the node's idle connections too (the node may have restarted)."""
+    await conn.disconnect()
+    node.release(conn)
+    if isinstance(e, _NET):
+        drop = getattr(node, "disconnect_free_connections", None)  # redis-py >= 6
+        if drop is not None:
+            await drop()
 
 
 async def _node(node: ClusterNode, cmds: list[bytes], retry: bool) -> list[Any]:
     for attempt in (0, 1):
         conn = node.acquire_connection()
         try:
-            try:
-                out = await _exchange(conn, cmds)
-            except TimeoutError:  # asyncio's: the deadline above
-                raise rexc.TimeoutError(f"Timeout reading from {node.name}") from None
+            await conn.send_packed_command(cmds, check_health=False)
+            out = await _read(conn, len(cmds))
         except BaseException as e:
-            await conn.disconnect()
-            node.release(conn)
-            if isinstance(e, _NET):  # the node may have restarted: its idle connections too
-                drop = getattr(node, "disconnect_free_connections", None)  # redis-py >= 6
-                if drop is not None:
-                    await drop()
+            await _drop(node, conn, e)
             if attempt or not retry or not isinstance(e, _NET):
                 raise
             continue

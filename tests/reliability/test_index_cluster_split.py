@@ -68,18 +68,18 @@ def test_a_wave_cut_midway_is_answered_by_a_resync(redis_cluster: RedisClusterSe
         await b.register(rec("w"))
         res = await b.apply_events("w", [IndexEvent(1, IndexStored(tuple(chain[:4])))])
         assert res.applied == 1
-        real = ClusterBackend.wave
+        real = ClusterBackend.wave_replies
 
         async def cut(self, batch, retry=False):  # the block writes: half land, then a fault
-            if batch and cluster_mod.TAG_WRITE.sha in batch[0][1]:
+            if batch and cluster_mod.NODE_WRITE.sha in batch[0][1]:
                 await real(self, batch[:len(batch) // 2], retry)
                 raise rexc.ConnectionError("a shard went away")
             return await real(self, batch, retry)
 
-        monkeypatch.setattr(ClusterBackend, "wave", cut)
+        monkeypatch.setattr(ClusterBackend, "wave_replies", cut)
         with pytest.raises(IndexUnavailable):
             await b.apply_events("w", [IndexEvent(2, IndexStored(tuple(chain[4:]), chain[3]))])
-        monkeypatch.setattr(ClusterBackend, "wave", real)
+        monkeypatch.setattr(ClusterBackend, "wave_replies", real)
         got = (await b.lookup(NS, chain, T0))["w"].blocks
         assert 4 <= got < len(chain)  # a chain cut short, never more than was held
         # the retried batch, and any later one, asks for a snapshot

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
+import numpy as np
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
@@ -55,6 +56,43 @@ def mget(hashes: Sequence[bytes], head: bytes = b"", tail: bytes = b"") -> bytes
             out += (leads[h[0]], h)
     out.append(b"\r\n")
     return b"".join(out)
+
+
+_PREFIXES = np.frombuffer(b"".join(TAG_PREFIXES[3 * (b % N_TAGS):3 * (b % N_TAGS) + 3]
+                                    for b in range(256)), np.uint8).reshape(256, 3)
+
+
+def _elements(raw: np.ndarray, head: bytes, tail: bytes) -> np.ndarray:
+    """Per row of ``raw`` (hashes, one per row): the RESP bulk string of the key ``head +
+    {tag} + hash + tail``, as a row of bytes."""
+    n, w = raw.shape
+    lead = b"$%d\r\n" % (len(head) + 3 + w + len(tail)) + head
+    el = np.empty((n, len(lead) + 3 + w + len(tail) + 2), np.uint8)
+    el[:, :len(lead)] = np.frombuffer(lead, np.uint8)
+    el[:, len(lead):len(lead) + 3] = _PREFIXES[raw[:, 0]]
+    el[:, len(lead) + 3:len(lead) + 3 + w] = raw
+    if tail:
+        el[:, len(lead) + 3 + w:-2] = np.frombuffer(tail, np.uint8)
+    el[:, -2:] = (13, 10)
+    return el
+
+
+def mget_runs(raw: np.ndarray, bounds: Sequence[int], tail: bytes | None = None) -> list[bytes]:
+    """One ``MGET`` per run ``raw[bounds[i]:bounds[i + 1]]`` (hashes as rows, runs of one
+    tag each) of the runs' block keys and, with ``tail``, then of their provisional keys
+    ``b"p" + block_key(h) + tail``: a cluster lookup reads both with one command per tag
+    (they share its slot). Built for all runs at once: a loop per hash cost more than
+    the round trip."""
+    el = _elements(raw, b"", b"").tobytes()
+    pel = _elements(raw, b"p", tail).tobytes() if tail is not None else b""
+    ew = len(el) // len(raw)
+    pw = len(pel) // len(raw)
+    per = 2 if tail is not None else 1
+    out = []
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        out.append(b"*%d\r\n$4\r\nMGET\r\n" % (per * (b - a) + 1) + el[a * ew:b * ew]
+                   + pel[a * pw:b * pw])
+    return out
 
 
 async def transact(client: aioredis.Redis, commands: Sequence[bytes]) -> list[Any]:

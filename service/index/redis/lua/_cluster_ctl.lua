@@ -1,9 +1,10 @@
--- Fragment: the control slot's helpers on a Redis Cluster (_prelude, _ticket, GEN, BUSY,
+-- Fragment: the control slot's helpers on a Redis Cluster (_base, _handles, _ticket, GEN, BUSY,
 -- now_ms, cap_of); every begin/end step starts with it.
 -- KEYS, ARGV: none of its own (those of the script that includes it).
 -- PEND_STALE: a heartbeat asks for a snapshot when pend is older than this (ms).
 
---@include prelude
+--@include base
+--@include handles
 
 local GEN, BUSY, PEND_STALE = CTL .. 'gen', CTL .. 'busy', ${PEND_STALE_MS}
 

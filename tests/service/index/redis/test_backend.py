@@ -8,6 +8,7 @@ import asyncio
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 import redis.asyncio
 from redis.asyncio.connection import Connection
@@ -112,6 +113,22 @@ def test_hand_packed_commands_are_what_redis_py_sends() -> None:
     assert resp.command(b"HGET", b"k", b"v") == b"".join(conn.pack_command("HGET", "k", "v"))
     assert keys.block_keys(hs) == b"".join(map(keys.block_key, hs))
     assert keys.prov_keys(NS, hs) == b"".join(keys.prov_key(NS, h) for h in hs)
+
+
+@pytest.mark.parametrize("width", [32, 16])
+def test_a_cluster_lookups_mgets_are_what_redis_py_sends(width: int) -> None:
+    """``resp.mget_runs`` (all of a lookup's per-tag reads built at once): each run's
+    block keys, then, with a namespace, their provisional keys, byte for byte."""
+    conn = redis.asyncio.Redis().connection_pool.make_connection()
+    hs = [h[:width] for h in H(*range(300))]
+    raw = np.frombuffer(b"".join(hs), np.uint8).reshape(-1, width)
+    bounds = [0, 1, 40, 41, 299, 300]
+    runs = [hs[a:z] for a, z in zip(bounds, bounds[1:])]
+    assert resp.mget_runs(raw, bounds) == [
+        b"".join(conn.pack_command("MGET", *map(keys.block_key, r))) for r in runs]
+    assert resp.mget_runs(raw, bounds, NS.encode()) == [
+        b"".join(conn.pack_command("MGET", *map(keys.block_key, r),
+                                   *(keys.prov_key(NS, h) for h in r))) for r in runs]
 
 
 def test_the_documented_layout(redis_url: str) -> None:
