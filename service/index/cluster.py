@@ -1,11 +1,12 @@
-"""The redis backend on a multi-shard Redis Cluster: every script touches one slot, and
-what touches many is split per slot (``RedisBackend.from_url`` picks this class for a
+"""The redis backend on a multi-shard Redis Cluster: every command touches one slot, and
+what touches many is split per node (``RedisBackend.from_url`` picks this class for a
 ``redis+cluster://`` URL).
 
 Same keys and answers as the single-server and memory backends. A lookup is one parallel
-round trip; a batch or snapshot three (begin on the control slot, a wave of per-tag writes,
-end). A lookup racing a batch can only see a match cut short, never a block the worker did
-not hold. A step that fails midway leaves ``pend`` set, so the worker resyncs.
+round trip; a batch or snapshot three (begin on the control slot, a wave of per-node
+writes, end: ``node_waves.py``). A lookup racing a batch can only see a match cut short,
+never a block the worker did not hold. A step that fails midway leaves ``pend`` set, so
+the worker resyncs.
 
 See docs/architecture.md#redis-cluster-details.
 """
@@ -81,7 +82,7 @@ def _check(replies: list[Any]) -> list[Any]:
 
 
 class ClusterBackend(RedisBackend):
-    """``RedisBackend`` with every operation single-slot (see the module contract)."""
+    """``RedisBackend`` with every command single-slot (see the module contract)."""
 
     def __init__(self, client: RedisCluster) -> None:
         super().__init__(client)  # type: ignore[arg-type]

@@ -5,6 +5,7 @@ hang) when the server is down."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import Any
 
@@ -123,7 +124,7 @@ def test_a_cluster_lookups_mgets_are_what_redis_py_sends(width: int) -> None:
     hs = [h[:width] for h in H(*range(300))]
     raw = np.frombuffer(b"".join(hs), np.uint8).reshape(-1, width)
     bounds = [0, 1, 40, 41, 299, 300]
-    runs = [hs[a:z] for a, z in zip(bounds, bounds[1:])]
+    runs = [hs[a:z] for a, z in itertools.pairwise(bounds)]
     assert resp.mget_runs(raw, bounds) == [
         b"".join(conn.pack_command("MGET", *map(keys.block_key, r))) for r in runs]
     assert resp.mget_runs(raw, bounds, NS.encode()) == [
