@@ -56,7 +56,7 @@ SLOT_OF_BYTE = node_waves.SLOT_OF_BYTE
 RAW_SCRIPTS = tuple(lua.raw(f"cluster_{n}") for n in (
     "node_write", "tag_clean", "prov_keys", "apply_begin",
     "apply_end", "sync_begin", "sync_end", "tag_fence", "tag_identity"))
-NODE_WRITE = TAG_WRITE = node_waves.NODE_WRITE
+NODE_WRITE = TAG_WRITE = node_waves.NODE_WRITE  # one tag's write: a node's, of one tag
 APPLY_BEGIN, APPLY_END, SYNC_BEGIN, SYNC_END = (lua.raw(f"cluster_{n}") for n in (
     "apply_begin", "apply_end", "sync_begin", "sync_end"))
 

@@ -32,17 +32,12 @@ from service.index.redis import keys, lua, resp
 if TYPE_CHECKING:
     from service.index.cluster import ClusterBackend
 
-__all__ = ["NODE_WRITE", "Part", "SLOT_OF_BYTE", "TAG_WRITE", "by_node",
+__all__ = ["NODE_WRITE", "Part", "SLOT_OF_BYTE", "by_node",
            "provisional", "read", "write"]
 
 NODE_WRITE, PROV_KEYS = lua.raw("cluster_node_write"), lua.raw("cluster_prov_keys")
-TAG_WRITE = NODE_WRITE  # one tag's part is a node's part that holds one tag
 Part = tuple[bytes, bytes, bytes, list[bytes]]  # an event: kind, handle index, bits, keys
 SLOT_OF_BYTE = {t: key_slot(bytes([t])) for t in keys.TAGS}  # by the tag byte of a key
-
-
-def _b(x: Any) -> bytes:
-    return x if isinstance(x, bytes) else str(x).encode()
 
 
 async def by_node(b: ClusterBackend, tags: Sequence[int]) -> list[list[int]]:
@@ -57,7 +52,7 @@ async def by_node(b: ClusterBackend, tags: Sequence[int]) -> list[list[int]]:
 
 def _failed(r: Any) -> bool:
     """A node call that failed without a change (see the module contract); anything but
-    a missing script (``ClusterBackend.wave`` loads those) or an answer."""
+    a missing script (``ClusterBackend.wave_replies`` loads those) or an answer."""
     return isinstance(r, rexc.ResponseError) and not isinstance(r, rexc.NoScriptError)
 
 

@@ -51,7 +51,7 @@ TAG_PREFIXES = b"".join(b"{" + bytes([t]) + b"}" for t in TAGS)
 
 
 # "{t}" by first byte of the hash
-_BY_BYTE = tuple(TAG_PREFIXES[3 * (b % N_TAGS):3 * (b % N_TAGS) + 3] for b in range(256))
+PREFIX_BY_BYTE = tuple(TAG_PREFIXES[3 * (b % N_TAGS):3 * (b % N_TAGS) + 3] for b in range(256))
 
 
 def tag(h: bytes) -> int:
@@ -60,14 +60,14 @@ def tag(h: bytes) -> int:
 
 
 def block_key(h: bytes) -> bytes:
-    return _BY_BYTE[h[0]] + h
+    return PREFIX_BY_BYTE[h[0]] + h
 
 
 def block_keys(hashes: Sequence[bytes]) -> bytes:
     """The block keys of ``hashes``, concatenated (what the scripts take)."""
     out: list[bytes] = []
     for h in hashes:
-        out += (_BY_BYTE[h[0]], h)
+        out += (PREFIX_BY_BYTE[h[0]], h)
     return b"".join(out)
 
 
@@ -80,7 +80,7 @@ def prov_keys(ns: str, hashes: Sequence[bytes]) -> bytes:
     tail = ns.encode()
     out: list[bytes] = []
     for h in hashes:
-        out += (b"p", _BY_BYTE[h[0]], h, tail)
+        out += (b"p", PREFIX_BY_BYTE[h[0]], h, tail)
     return b"".join(out)
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
-from service.index.redis.keys import N_TAGS, TAG_PREFIXES
+from service.index.redis.keys import PREFIX_BY_BYTE
 
 _MULTI = b"*1\r\n$5\r\nMULTI\r\n"
 _EXEC = b"*1\r\n$4\r\nEXEC\r\n"
@@ -40,8 +40,7 @@ def command(*args: bytes) -> bytes:
 def _leads(size: int, head: bytes) -> tuple[bytes, ...]:
     """Per first byte of a hash: what precedes the hash in its MGET element (the end of
     the previous element, the bulk length, ``head`` and the key's tag)."""
-    return tuple(b"\r\n$%d\r\n" % size + head + TAG_PREFIXES[3 * (b % N_TAGS):3 * (b % N_TAGS) + 3]
-                 for b in range(256))
+    return tuple(b"\r\n$%d\r\n" % size + head + p for p in PREFIX_BY_BYTE)
 
 
 def mget(hashes: Sequence[bytes], head: bytes = b"", tail: bytes = b"") -> bytes:
@@ -58,8 +57,7 @@ def mget(hashes: Sequence[bytes], head: bytes = b"", tail: bytes = b"") -> bytes
     return b"".join(out)
 
 
-_PREFIXES = np.frombuffer(b"".join(TAG_PREFIXES[3 * (b % N_TAGS):3 * (b % N_TAGS) + 3]
-                                    for b in range(256)), np.uint8).reshape(256, 3)
+_PREFIXES = np.frombuffer(b"".join(PREFIX_BY_BYTE), np.uint8).reshape(256, 3)
 
 
 def _elements(raw: np.ndarray, head: bytes, tail: bytes) -> np.ndarray:

@@ -3,6 +3,8 @@
 does not serve changes nothing and is sent again per tag, counted once."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import redis.exceptions as rexc
 
@@ -107,5 +109,36 @@ def test_a_write_call_that_meets_a_foreign_key_changes_nothing(
         (ok,) = await b.wave([(SLOT_OF_BYTE[ks[0][1]],
                                node_waves.NODE_WRITE.call(ks[0], head + args[:4]))])
         assert ok == len(ks) and None not in [await b.client.get(k) for k in ks]
+
+    run(redis_cluster_url, body)
+
+
+def test_workers_racing_on_shared_blocks_each_keep_their_entries(
+        redis_cluster_url: str) -> None:
+    """Eight workers store one shared chain (a system prompt) and evict and store private
+    tails, all batches at once: every node call merges into values other calls change at
+    the same time, and each worker ends holding exactly what its events say."""
+    shared = H(*range(64))
+
+    async def body(b: ClusterBackend) -> None:
+        names = [f"w{i}" for i in range(8)]
+        for n in names:
+            await b.register(rec(n))
+
+        async def one(i: int, n: str) -> None:
+            tail = H(*range(1000 * (i + 1), 1000 * (i + 1) + 16))
+            res = await b.apply_events(n, [
+                IndexEvent(1, IndexStored(tuple(shared))),
+                IndexEvent(2, IndexStored(tuple(tail), shared[-1])),
+                IndexEvent(3, IndexRemoved(tuple(tail[8:])))])
+            assert res.applied == 3
+
+        await asyncio.gather(*(one(i, n) for i, n in enumerate(names)))
+        assert await b.lookup(NS, shared, T0) == {n: BlockMatch(64, 64) for n in names}
+        for i, n in enumerate(names):
+            tail = H(*range(1000 * (i + 1), 1000 * (i + 1) + 16))
+            got = await b.lookup(NS, shared + tail, T0, [n])
+            assert got == {n: BlockMatch(72, 72)}, (n, got)
+        assert sorted(w.indexed_blocks for w in await b.workers(with_blocks=True)) == [72] * 8
 
     run(redis_cluster_url, body)
