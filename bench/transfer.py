@@ -3,7 +3,8 @@ fetched block costs against recomputing it.
 
 Three measurements, in one run, the source in its own process (``bench.transfer_source``):
 
-- throughput of each transport at each frame size (blocks of the 8-layer model), rounds
+- throughput of each transport at each frame size (blocks of the 8-layer model), plus
+  ``zmq+curve`` (the default encrypted, as it is on an address other hosts reach), rounds
   alternating so every transport sees the same machine load; wall GB/s (medians), and the
   CPU-bound rate ``bytes / max(source CPU, receiver CPU)`` (what each side's own core would
   give: on a shared machine the wall rate mostly measures the neighbours);
@@ -30,6 +31,13 @@ import typer
 FRAMES = (256 << 10, 1 << 20, 4 << 20)
 FETCH_COUNTS = (1, 4, 16, 64)
 GOAL_GBPS, GOAL_VS_GRPC, GOAL_FETCH_RATIO = 1.0, 4.0, 0.1
+SEALED = "zmq+curve"  # the zmq plane encrypted (CURVE): what peers on a network use
+
+
+def _rows() -> tuple[str, ...]:
+    from kvmesh.transfer.transports import TRANSPORTS
+
+    return (*TRANSPORTS, SEALED)
 
 
 def _fit(points: dict[int, float]) -> tuple[float, float]:
@@ -70,34 +78,33 @@ class _Receiver:
 
 async def _throughput(rx: _Receiver, frames: tuple[int, ...], bb: int, mib: int,
                       rounds: int) -> tuple[dict, dict]:
-    from kvmesh.transfer.transports import TRANSPORTS
-
+    rows = _rows()
     count = max(1, (mib << 20) // bb)
     walls: dict[tuple[str, int], list[float]] = {}
     cpus: dict[tuple[str, int], list[float]] = {}
     for _ in range(rounds):
         for f in frames:
-            for t in TRANSPORTS:
+            for t in rows:
                 wall, src, own = await rx.pull(t, f, count, bb)
                 walls.setdefault((t, f), []).append(count * bb / wall / 1e9)
                 cpus.setdefault((t, f), []).append(count * bb / max(src, own, 1e-9) / 1e9)
-    wall_gbps = {t: {str(f): statistics.median(walls[t, f]) for f in frames} for t in TRANSPORTS}
-    cpu_gbps = {t: {str(f): statistics.median(cpus[t, f]) for f in frames} for t in TRANSPORTS}
+    wall_gbps = {t: {str(f): statistics.median(walls[t, f]) for f in frames} for t in rows}
+    cpu_gbps = {t: {str(f): statistics.median(cpus[t, f]) for f in frames} for t in rows}
     return wall_gbps, cpu_gbps
 
 
 async def _fetch_costs(rx: _Receiver, bb: int, repeats: int) -> dict[str, dict[str, float]]:
     from kvmesh.transfer.frames import DEFAULT_FRAME_BYTES
-    from kvmesh.transfer.transports import TRANSPORTS
 
+    rows = _rows()
     times: dict[tuple[str, int], list[float]] = {}
     for _ in range(repeats):
         for n in FETCH_COUNTS:
-            for t in TRANSPORTS:
+            for t in rows:
                 wall, _, _ = await rx.pull(t, DEFAULT_FRAME_BYTES, n, bb)
                 times.setdefault((t, n), []).append(wall)
     out = {}
-    for t in TRANSPORTS:
+    for t in rows:
         # the fastest of the repeats, as for the recompute side: on a shared host a median
         # carries the neighbours' bursts, which can even tilt the fit's slope negative
         call, block = _fit({n: min(times[t, n]) for n in FETCH_COUNTS})
@@ -133,12 +140,19 @@ def run(mib: int = 64, rounds: int = 5, repeats: int = 5, prompt_tokens: int = 5
                                      for f in wall["grpc"]},
         "default_vs_grpc_cpu_bound_by_frame": {f: cpu[DEFAULT_TRANSPORT][f] / cpu["grpc"][f]
                                                for f in cpu["grpc"]},
+        # what encryption costs the default: its rate encrypted over plain (1.0: free)
+        "curve_vs_plain_by_frame": {f: wall[SEALED][f] / wall[DEFAULT_TRANSPORT][f]
+                                    for f in wall[SEALED]},
+        "curve_vs_plain_cpu_bound_by_frame": {f: cpu[SEALED][f] / cpu[DEFAULT_TRANSPORT][f]
+                                              for f in cpu[SEALED]},
         "models": {}, "fetch_over_recompute": {}, "crossover_tokens": {},
         "prefill_threads": threads, "prompt_tokens": prompt_tokens,
     }
     key = str(DEFAULT_FRAME_BYTES) if str(DEFAULT_FRAME_BYTES) in wall["grpc"] else str(frames[0])
     out["default_vs_grpc"] = out["default_vs_grpc_by_frame"][key]
     out["default_vs_grpc_cpu_bound"] = out["default_vs_grpc_cpu_bound_by_frame"][key]
+    out["curve_vs_plain"] = out["curve_vs_plain_by_frame"][key]
+    out["curve_vs_plain_cpu_bound"] = out["curve_vs_plain_cpu_bound_by_frame"][key]
     for m in models:
         per_token = prefill_us_per_token(MODELS[m], prompt_tokens, block_size, threads=threads)
         recompute = per_token * block_size
@@ -149,6 +163,8 @@ def run(mib: int = 64, rounds: int = 5, repeats: int = 5, prompt_tokens: int = 5
                             "block_bytes": sizes[m], "prefill_us_per_token": per_token,
                             "recompute_us_per_block": recompute, "fetch": fetch[m]}
         out["fetch_over_recompute"][m] = mine["us_per_block"] / recompute
+        out.setdefault("curve_fetch_over_recompute", {})[m] = (
+            fetch[m][SEALED]["us_per_block"] / recompute)
         out["crossover_tokens"][m] = (None if math.isinf(blocks)
                                       else math.ceil(blocks) * block_size)
     ref = "8-layer" if "8-layer" in models else models[-1]
@@ -183,9 +199,11 @@ def _print(res: dict[str, Any]) -> None:
     console.print(f"default / grpc at {res['default_frame_bytes'] >> 10} KiB frames: "
                   f"{res['default_vs_grpc']:.2f}x wall, {res['default_vs_grpc_cpu_bound']:.2f}x "
                   "CPU-bound")
+    console.print(f"{SEALED} / default (the cost of encryption): {res['curve_vs_plain']:.2f}x "
+                  f"wall, {res['curve_vs_plain_cpu_bound']:.2f}x CPU-bound")
     costs = Table(title="fetch vs recompute, per block (µs)")
     for col in ("model", "block", "recompute", "fetch (default)", "per call", "fetch/recompute",
-                "crossover"):
+                "crossover", f"fetch ({SEALED})"):
         costs.add_column(col, justify="right")
     for m, r in res["models"].items():
         f = r["fetch"][res["default_transport"]]
@@ -193,7 +211,8 @@ def _print(res: dict[str, Any]) -> None:
         costs.add_row(m, f"{r['block_bytes'] >> 10} KiB", f"{r['recompute_us_per_block']:.0f}",
                       f"{f['us_per_block']:.1f}", f"{f['us_per_call']:.0f}",
                       f"{res['fetch_over_recompute'][m]:.4f}",
-                      "never" if cross is None else f"{cross} tokens")
+                      "never" if cross is None else f"{cross} tokens",
+                      f"{r['fetch'][SEALED]['us_per_block']:.1f}")
     console.print(costs)
     console.print("goals: " + ", ".join(f"{k} {'met' if v else 'NOT met'}"
                                         for k, v in res["goals"].items()))

@@ -5,7 +5,8 @@ a peer sees: two interpreters, two event loops, the bytes crossing the loopback 
 /dev/shm). Protocol, one JSON line each way: the bench writes
 ``[transport, frame_bytes, count, block_bytes]``; the source answers with an endpoint for an
 offer of ``count`` blocks (views of one buffer, reused) on its DataServer for that frame
-size; ``"cpu"`` gets its CPU seconds so far. End of input stops it.
+size (``zmq+curve``: zmq on a second DataServer that encrypts, as one on a routable address
+does); ``"cpu"`` gets its CPU seconds so far. End of input stops it.
 
 See docs/benchmarks.md#peer-kv-transfer-kvmesh-bench-transfer.
 """
@@ -24,7 +25,8 @@ async def _serve(frame_sizes: list[int], max_bytes: int) -> None:
     from kvmesh.transfer.transports import DataServer
 
     servers = {f: DataServer(frame_bytes=f) for f in frame_sizes}
-    for s in servers.values():
+    sealed = {f: DataServer(frame_bytes=f, encrypt=True) for f in frame_sizes}
+    for s in (*servers.values(), *sealed.values()):
         await s.start()
     data = memoryview(bytearray(b"\xa5" * max_bytes))  # written once: its pages are real
     loop = asyncio.get_running_loop()
@@ -45,7 +47,10 @@ async def _serve(frame_sizes: list[int], max_bytes: int) -> None:
         transport, frame_bytes, count, bb = req
         span = max_bytes - bb + 1
         blocks = [data[(i * bb) % span:][:bb] for i in range(count)]
-        ep = servers[frame_bytes].offer(transport, blocks)
+        if transport == "zmq+curve":
+            ep = sealed[frame_bytes].offer("zmq", blocks)
+        else:
+            ep = servers[frame_bytes].offer(transport, blocks)
         sys.stdout.write(json.dumps(ep) + "\n")
         sys.stdout.flush()
 
@@ -56,7 +61,7 @@ async def _serve(frame_sizes: list[int], max_bytes: int) -> None:
         await done
     finally:
         loop.remove_reader(stdin.fileno())
-        for s in servers.values():
+        for s in (*servers.values(), *sealed.values()):
             await s.close()
 
 

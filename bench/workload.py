@@ -131,7 +131,10 @@ def chats(spec: WorkloadSpec) -> list[Request]:
     prompt, the k earlier questions each followed by its answer (``answer_tokens`` of
     seeded tokens: the stream never depends on what a run generated, so every row sends
     the same prompts), then the new question. Turns go out round by round (every chat's
-    turn 0, then every chat's turn 1, ...), at Poisson arrivals of ``rate_per_s``: each
+    turn 0, then every chat's turn 1, ...), the chats in a new seeded order each round (in
+    one fixed order, request i of a round would be chat i again, and round robin over W
+    workers dividing the chat count would keep every chat on one worker by coincidence),
+    at Poisson arrivals of ``rate_per_s``: each
     chat grows turn after turn, and every chat of a tenant shares its system prompt, so a
     router that keeps each tenant on the worker holding its prompt makes that worker busy
     while others idle (fewer tenants than workers: some workers hold nothing).
@@ -145,7 +148,7 @@ def chats(spec: WorkloadSpec) -> list[Request]:
     limit = min(spec.requests, total) if spec.requests > 0 else total
     out, clock = [], 0.0
     for k in range(spec.turns_per_chat):
-        for t, turns in convos:
+        for t, turns in rng.sample(convos, len(convos)):
             if len(out) == limit:
                 return out
             history = [tok for q, a in turns[:k] for tok in q + a]

@@ -2,7 +2,10 @@
 in one process), exported over HTTP with ``--metrics-port`` and summarized in Stats."""
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 
 _LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 
@@ -36,6 +39,11 @@ class ServiceMetrics:
         self.degraded = Counter("kvmesh_degraded_answers", "Route/Stats answered without "
                                 "the index", registry=r)
 
+    def count_merges(self, writes: Any) -> None:
+        """Export ``writes.merged`` (a cluster backend's ``GroupCommit``: batches that went
+        in a wave of several) as ``kvmesh_index_merged_batches_total``, read at scrape."""
+        self.registry.register(_Merged(writes))
+
     def summary(self) -> dict[str, float]:
         """Totals by metric family (labels summed), for StatsResponse.counters."""
         out: dict[str, float] = {}
@@ -46,3 +54,15 @@ class ServiceMetrics:
                 key = s.name.removeprefix("kvmesh_")
                 out[key] = out.get(key, 0.0) + float(s.value)
         return out
+
+
+class _Merged:
+    """Collector of a ``GroupCommit``'s merged batches (a counter it keeps itself)."""
+
+    def __init__(self, writes: Any) -> None:
+        self.writes = writes
+
+    def collect(self) -> Any:
+        yield CounterMetricFamily("kvmesh_index_merged_batches", "Event batches written in "
+                                  "a wave with other workers' (cluster backend: group "
+                                  "commit)", value=self.writes.merged)

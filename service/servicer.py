@@ -94,6 +94,8 @@ class IndexServicer(pb_grpc.IndexServiceServicer):
         self.backend = backend
         self.table = WorkerTable(int(config.liveness_timeout_s * 1000))
         self.metrics = ServiceMetrics()
+        if hasattr(backend, "writes"):  # the cluster backend merges batches' writes
+            self.metrics.count_merges(backend.writes)
         policies = make_policies(config.weights, config.fetch_costs)
         rng = random.Random()
         self.router = Router(config, backend, self.table, self.metrics, policies, rng, clock)

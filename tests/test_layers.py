@@ -110,7 +110,7 @@ KVMESH_PARTS = {
     "openai": {"contract", "ops"},
     "events": {"contract", "hashing", "ops", "v1", "_chain"},
     "link": {"contract", "hashing", "ops", "rpc", "events", "v1"},
-    "transfer": set(),
+    "transfer": {"ops"},
     "quota": {"contract", "v1"},
 }
 

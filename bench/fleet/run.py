@@ -231,6 +231,11 @@ async def _fleet(cfg: FleetConfig, cluster: LocalCluster, urls: list[str],
         pids = [s.pid for s in cluster.services if s.pid is not None]
         phases = {name: await _phase(name, cfg, fleet, urls, client, producing, pids)
                   for name in PHASES}
+        merged = 0  # batches written in a wave with others (cluster: group commit), all run
+        for address in cluster.service_addresses:
+            async with AsyncKvmeshClient([address]) as one:
+                merged += int((await one.stats())["counters"].get(
+                    "index_merged_batches_total", 0))
     finally:
         stop.set()
         producing.set()  # wakes the drivers so they see ``stop``
@@ -257,6 +262,8 @@ async def _fleet(cfg: FleetConfig, cluster: LocalCluster, urls: list[str],
             "entries_per_s": ev["entries"] / ev["wall_s"],
             "keys": [s.keys for s in sample(urls)], "control_shard": control_shard(urls),
             "hit_rate": hits / max(hits + prefilled, 1),
+            "merged_batches": merged,
+            "batches": sum(w.link.counters["publishes"] for w in fleet),
             "resyncs": sum(w.link.counters["resyncs"] for w in fleet),
             "overflows": sum(w.link.counters["overflows"] for w in fleet)}
 

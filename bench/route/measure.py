@@ -36,12 +36,32 @@ def _latencies(clients: dict[str, Any], prompts: dict[int, list[int]], routes: i
                     t0 = time.perf_counter()
                     res = client.route(toks, dry_run=dry_run)
                     out[name][n].append(time.perf_counter() - t0)
-                # the best match, not the chosen worker's: live routes add estimated load to
-                # the full holder, so a dry run may rightly rank a partial holder first
-                best = max(c.matched_tokens for c in res.candidates)
-                if dry_run and best != (n - 1) // BLOCK_SIZE * BLOCK_SIZE:
-                    raise AssertionError(f"{n}-token route matched {best}")
+                if dry_run and (miss := _short_of_chain(res, n, name)):
+                    raise AssertionError(miss)
     return out
+
+
+def _short_of_chain(res: Any, n: int, name: str) -> str:
+    """Why a route of the ``n``-token prompt did not find its whole chain ("" if it did).
+    The best match, not the chosen worker's: live routes add estimated load to the full
+    holder, so a dry run may rightly rank a partial holder first."""
+    got = {c.worker_id: c.matched_tokens for c in res.candidates}
+    want = (n - 1) // BLOCK_SIZE * BLOCK_SIZE
+    best = max(got.values(), default=0)
+    return "" if best == want else (f"{n}-token route of client {name!r} matched {best} of "
+                                    f"{want} (candidates {got})")
+
+
+def _indexed(clients: dict[str, Any], prompts: dict[int, list[int]], deadline: float) -> None:
+    """Wait until every client's dry route of every prompt finds its whole chain: the bench
+    measures routes over an index that holds the prompts, in every replica. Raises (naming
+    the client and every candidate's match) if one does not by ``deadline``."""
+    for name, client in clients.items():
+        for n, toks in prompts.items():
+            while miss := _short_of_chain(client.route(toks, dry_run=True), n, name):
+                if time.monotonic() > deadline:
+                    raise AssertionError(miss)
+                time.sleep(0.1)
 
 
 def cpu_seconds(pid: int | None) -> float:
@@ -175,6 +195,7 @@ def run(workers: int = 8, routes: int = 400, rounds: int = 4, threads: int = 4,
                 if time.monotonic() > deadline:
                     raise RuntimeError("protocol workers did not become live")
                 time.sleep(0.1)
+        _indexed(clients, prompts, deadline=time.monotonic() + 10)
         _latencies(clients, prompts, 10 * len(sizes), 1, dry_run=True)  # warm up
         dry: dict[str, dict[int, list[float]]] = {v: {n: [] for n in sizes} for v in variants}
         handler: dict[str, dict[int, float]] = {v: {} for v in variants}

@@ -1,14 +1,13 @@
 """ZMQ CURVE for kvmesh's event sockets: who may bind plain, and the keys of those who may not.
 
 The events carry token ids and salts and ZMQ has no credential, so an endpoint only this
-host can reach (``is_local``) may be plain; any other needs CURVE, with only the listed client
-keys let in. Secret keys come from files, never a command line.
+host can reach (``kvmesh.ops.loopback.is_local``) may be plain; any other needs CURVE, with
+only the listed client keys let in. Secret keys come from files, never a command line.
 
 See docs/architecture.md#event-forms-and-wire-formats.
 """
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,32 +20,6 @@ from kvmesh.ops.file_perms import warn_if_readable_by_others
 
 ZAP_DOMAIN = b"kvmesh"
 Z85_KEY_LEN = 40  # a 32-byte CURVE key in Z85
-
-
-def is_local(endpoint: str) -> bool:
-    """Whether only this host can reach ``endpoint``: ``ipc://``/``inproc://``, or tcp bound
-    to a loopback address (``127.0.0.0/8``, ``::1``, ``localhost``). ``tcp://*``, the
-    unspecified addresses, interface names and every other address are not local. Anything
-    that is not one of those forms is not local either (the caller refuses rather than
-    guesses)."""
-    scheme, sep, rest = endpoint.partition("://")
-    if not sep:
-        return False
-    if scheme in ("ipc", "inproc"):
-        return True
-    if scheme != "tcp":
-        return False  # pgm/epgm/udp/ws...: multicast or other transports, never "local"
-    host = rest.rpartition(":")[0]
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if ";" in host:  # tcp://source;dest: the bound part is what follows
-        host = host.rpartition(";")[2]
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # "*", an interface name, a host name
 
 
 def _load_key_file(path: str | Path, what: str, secret: bool) -> tuple[bytes, bytes | None]:

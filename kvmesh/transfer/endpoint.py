@@ -1,8 +1,11 @@
 """Endpoint strings: where a receiver pulls one offer from, and the one-time key it presents.
 
-Form: ``<transport>://<host>:<port>/<key as 32 hex digits>``. The key is 16 random bytes
-drawn per offer; whoever holds the endpoint may pull the offer once, so the endpoint is a
-secret handed only to the requester (inside the fetch reply, after its ticket verified).
+Form: ``<transport>://<host>:<port>/<key as 32 hex digits>[?curve=<64 hex digits>]``. The key
+is 16 random bytes drawn per offer; whoever holds the endpoint may pull the offer once, so the
+endpoint is a secret handed only to the requester (inside the fetch reply, after its ticket
+verified). ``curve`` is the source's CURVE public key when its zmq socket encrypts (a data
+plane on an address other hosts reach): the receiver learns it from that authenticated reply,
+so a man in the middle can neither read the bytes nor pose as the source.
 
 See docs/architecture.md#peer-kv-transfer-the-data-plane.
 """
@@ -12,6 +15,8 @@ from dataclasses import dataclass
 
 from kvmesh.transfer.frames import KEY_BYTES, TransferError
 
+CURVE_KEY_BYTES = 32
+
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
@@ -19,10 +24,12 @@ class Endpoint:
     host: str
     port: int
     key: bytes
+    server_key: bytes = b""  # the source's CURVE public key (32 bytes), or none: plaintext
 
     def __str__(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.transport}://{host}:{self.port}/{self.key.hex()}"
+        curve = f"?curve={self.server_key.hex()}" if self.server_key else ""
+        return f"{self.transport}://{host}:{self.port}/{self.key.hex()}{curve}"
 
     @property
     def address(self) -> str:
@@ -34,12 +41,18 @@ def parse(text: str) -> Endpoint:
     """The endpoint ``text`` names; TransferError("malformed") for anything else."""
     try:
         transport, rest = text.split("://", 1)
+        rest, sep, query = rest.partition("?")
         hostport, key_hex = rest.rsplit("/", 1)
         host, port = hostport.rsplit(":", 1)
         key = bytes.fromhex(key_hex)
-        if len(key) != KEY_BYTES or not transport or not host:
+        if sep and not query.startswith("curve="):
             raise ValueError(text)
-        return Endpoint(transport, host.strip("[]"), int(port), key)
+        server_key = bytes.fromhex(query.removeprefix("curve=")) if sep else b""
+        if (len(key) != KEY_BYTES or not transport or not host
+                or (sep and len(server_key) != CURVE_KEY_BYTES)):
+            raise ValueError(text)
+        return Endpoint(transport, host.strip("[]"), int(port), key, server_key)
     except ValueError:
         raise TransferError("malformed", 0, f"not a data-plane endpoint: {text!r} (expected "
-                            "transport://host:port/<32 hex digits>)") from None
+                            "transport://host:port/<32 hex digits>[?curve=<64 hex digits>])"
+                            ) from None

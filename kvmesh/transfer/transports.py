@@ -11,6 +11,10 @@ listening on every transport) and :func:`pull`. Transports:
 - ``shm``: same host only; frames written into an owner-only /dev/shm segment, the control
   messages over the zmq socket (:mod:`kvmesh.transfer.shm_segment`).
 
+On an address other hosts reach, the zmq socket (so the zmq and shm planes) is CURVE-encrypted
+and the grpc plane, plaintext, is not served (:attr:`DataServer.transports`): the bytes are
+prompts' KV. On loopback all three are plain (only this host can read them).
+
 An RDMA backend (NIXL/UCX) would be one more name here behind the same offer/pull pair.
 
 See docs/architecture.md#peer-kv-transfer-the-data-plane.
@@ -22,6 +26,7 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
+from kvmesh.ops.loopback import is_local
 from kvmesh.transfer import grpc_plane, zmq_pull
 from kvmesh.transfer.endpoint import Endpoint, parse
 from kvmesh.transfer.frames import DEFAULT_FRAME_BYTES, MAX_BLOCK_BYTES, TransferError
@@ -39,15 +44,21 @@ class DataServer:
     """One per source process; listens on every transport it serves, on ``host`` (the
     address it binds and advertises in its endpoints: give the one peers reach it at).
     ``frame_bytes``: the size frames are cut to (whole blocks, at least one per frame);
-    ``idle_s``: a zmq/shm receiver that sends no credit for that long is dropped."""
+    ``idle_s``: a zmq/shm receiver that sends no credit for that long is dropped.
+    ``encrypt``: CURVE on the zmq socket; by default exactly when ``host`` is not loopback
+    (the rule of the event sockets, :func:`kvmesh.ops.loopback.is_local`)."""
 
     def __init__(self, host: str = "127.0.0.1", *, frame_bytes: int = DEFAULT_FRAME_BYTES,
-                 idle_s: float = 30.0) -> None:
+                 idle_s: float = 30.0, encrypt: bool | None = None) -> None:
         if frame_bytes < 1:
             raise ValueError(f"frame_bytes must be >= 1, got {frame_bytes}")
         self.host = host
+        self.encrypt = not is_local(f"tcp://{Endpoint('', host, 0, b'').address}") \
+            if encrypt is None else encrypt
+        # the grpc plane has no encryption of its own here: never served where it would leak
+        self.transports = ("zmq", "shm") if self.encrypt else TRANSPORTS
         self.book = OfferBook()
-        self._zmq = ZmqServe(self.book, host, frame_bytes, idle_s)
+        self._zmq = ZmqServe(self.book, host, frame_bytes, idle_s, self.encrypt)
         self._frame_bytes = frame_bytes
         self._grpc: grpc.aio.Server | None = None
         self._grpc_port = 0
@@ -55,12 +66,13 @@ class DataServer:
 
     async def start(self) -> None:
         await self._zmq.start()
-        server = grpc.aio.server(options=grpc_plane.OPTIONS)
-        server.add_generic_rpc_handlers((grpc_plane.handler(self.book, self._frame_bytes),))
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        self._grpc_port = server.add_insecure_port(f"{host}:0")
-        await server.start()
-        self._grpc = server
+        if "grpc" in self.transports:
+            server = grpc.aio.server(options=grpc_plane.OPTIONS)
+            server.add_generic_rpc_handlers((grpc_plane.handler(self.book, self._frame_bytes),))
+            host = f"[{self.host}]" if ":" in self.host else self.host
+            self._grpc_port = server.add_insecure_port(f"{host}:0")
+            await server.start()
+            self._grpc = server
         self._sweeper = asyncio.create_task(self._sweep())
 
     async def _sweep(self) -> None:
@@ -92,14 +104,18 @@ class DataServer:
         release the blocks' read lease there."""
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {transport!r}; one of {TRANSPORTS}")
-        if self._grpc is None:
+        if transport not in self.transports:
+            raise ValueError(f"{transport} is plaintext and this data plane is on {self.host}, "
+                             f"which other hosts reach: use one of {self.transports} (encrypted)")
+        if self._sweeper is None:
             raise RuntimeError("DataServer.offer before start()")
         if blocks and memoryview(blocks[0]).nbytes > MAX_BLOCK_BYTES:
             raise ValueError(f"blocks of {memoryview(blocks[0]).nbytes} bytes exceed "
                              f"{MAX_BLOCK_BYTES}")
         offer = self.book.add(transport, blocks, ttl_s, on_done)
-        port = self._grpc_port if transport == "grpc" else self._zmq.port
-        return str(Endpoint(transport, self.host, port, offer.key))
+        if transport == "grpc":
+            return str(Endpoint(transport, self.host, self._grpc_port, offer.key))
+        return str(Endpoint(transport, self.host, self._zmq.port, offer.key, self._zmq.public_key))
 
 
 async def pull(endpoint: str, block_bytes: int, count: int,

@@ -12,39 +12,65 @@ that had already arrived (``GRACE_S``); a source not listening at all fails them
 "unreachable" at once (the caller falls back to recompute without waiting out its deadline).
 Either way the link is dropped and the next pull connects afresh.
 
+A source whose endpoint names a CURVE key gets a CURVE link (this process's own key pair, drawn
+once, and the source's public key from the endpoint): a handshake that fails (someone else
+answering at that address, a source that does not encrypt) fails the pulls with "refused" at
+once. Links are per (address, key): a restarted source with a new key gets a new one.
+
 See docs/architecture.md#peer-kv-transfer-the-data-plane.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import weakref
 
 import zmq
 import zmq.asyncio
+from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
 from kvmesh.transfer.frames import HEAD, KEY_BYTES, MAGIC, TransferError
 
 IDLE_S = 30.0
 GRACE_S = 0.02
-_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+           | _HANDSHAKE_FAILED)
 _KEY_AT = 3  # the head is magic (2 bytes), kind (1), key (16), ...
 
 _links: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Link]] = (
     weakref.WeakKeyDictionary())
 
 
-class Link:
-    """One connection to the source at ``address`` (``host:port``)."""
+def _name(address: str, server_key: bytes) -> str:
+    """A link's key among its loop's links: a source restarted with a new key is new."""
+    return f"{address}/{server_key.hex()}"
 
-    def __init__(self, address: str) -> None:
+
+@functools.cache
+def _client_keys() -> tuple[bytes, bytes]:
+    """This process's CURVE key pair as a receiver (public, secret; Z85)."""
+    return zmq.curve_keypair()
+
+
+class Link:
+    """One connection to the source at ``address`` (``host:port``); CURVE when
+    ``server_key`` (the source's public key, 32 bytes) is given."""
+
+    def __init__(self, address: str, server_key: bytes = b"") -> None:
         self.address = address
+        self.name = _name(address, server_key)
         self.queues: dict[bytes, asyncio.Queue] = {}
         self.failed: str | None = None
         self._sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
         self._sock.linger = 1000  # credits and cancels still leave when the link closes
         self._sock.rcvhwm = self._sock.sndhwm = 0  # the source's credit window bounds both
+        if server_key:
+            self._sock.curve_serverkey = z85.encode(server_key)
+            self._sock.curve_publickey, self._sock.curve_secretkey = _client_keys()
         self._mon = self._sock.get_monitor_socket(_EVENTS)
         self._sock.connect(f"tcp://{address}")
         self._idle: asyncio.TimerHandle | None = None
@@ -91,6 +117,9 @@ class Link:
                 elif kind == zmq.EVENT_CONNECT_RETRIED and not connected:
                     self._fail("unreachable")
                     return
+                elif kind & _HANDSHAKE_FAILED:
+                    self._fail("refused")  # not the source the endpoint names
+                    return
                 elif kind == zmq.EVENT_DISCONNECTED:
                     while True:  # what arrived before the connection ended still lands
                         got, _ = await asyncio.wait((recv,), timeout=GRACE_S)
@@ -125,8 +154,8 @@ class Link:
             return
         self.failed = reason
         links = _links.get(asyncio.get_running_loop(), {})
-        if links.get(self.address) is self:
-            del links[self.address]
+        if links.get(self.name) is self:
+            del links[self.name]
         for q in self.queues.values():
             q.put_nowait(reason)
         if self._idle is not None:
@@ -135,12 +164,14 @@ class Link:
             self._task.cancel()
 
 
-def link(address: str) -> Link:
-    """The live link to ``address`` on this event loop, connecting one if there is none."""
+def link(address: str, server_key: bytes = b"") -> Link:
+    """The live link to ``address`` (CURVE to ``server_key`` if given) on this event loop,
+    connecting one if there is none."""
     links = _links.setdefault(asyncio.get_running_loop(), {})
-    found = links.get(address)
+    name = _name(address, server_key)
+    found = links.get(name)
     if found is None or found.failed is not None:
-        found = links[address] = Link(address)
+        found = links[name] = Link(address, server_key)
     return found
 
 

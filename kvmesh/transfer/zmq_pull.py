@@ -94,7 +94,7 @@ class _Receiver:
 async def pull(ep: Endpoint, block_bytes: int, count: int, sink: Sink, timeout_s: float) -> int:
     """Pull over zmq or shm; the contract is :func:`kvmesh.transfer.transports.pull`'s."""
     rx = _Receiver(ep, block_bytes, count, sink)
-    conn = zmq_link.link(ep.address)
+    conn = zmq_link.link(ep.address, ep.server_key)
     inbox = conn.open(ep.key)
     try:
         async with asyncio.timeout(timeout_s):

@@ -12,6 +12,11 @@ Protocol (every message starts with a :mod:`~kvmesh.transfer.frames` head):
   frame written into it (its offset in ``extra``: the segment is a ring of ``window`` frames,
   so a long pull touches no more memory than its window).
 
+With ``curve`` the socket is a CURVE server under a key pair drawn at start (its public key
+goes into every endpoint, :mod:`~kvmesh.transfer.endpoint`): every byte on the wire is
+encrypted and authenticated. No ZAP handler: any receiver may complete the handshake, since
+what it may read is decided by the offer key it presents, not by who it is.
+
 The source never has more than ``window`` frames in flight to one receiver (credit-based
 flow control: the ROUTER has no high-water mark to drop at, and memory stays bounded). A
 receiver silent for ``idle_s`` is dropped. Closing the server closes the TCP connections, which
@@ -28,6 +33,7 @@ import os
 
 import zmq
 import zmq.asyncio
+from zmq.utils import z85
 
 from kvmesh.transfer import shm_segment
 from kvmesh.transfer.frames import (
@@ -55,9 +61,12 @@ JOIN_BELOW = 64 * 1024  # blocks smaller than this travel joined: a part costs m
 class ZmqServe:
     """Serves the offers of ``book`` whose transport is "zmq" or "shm"."""
 
-    def __init__(self, book: OfferBook, host: str, frame_bytes: int, idle_s: float) -> None:
+    def __init__(self, book: OfferBook, host: str, frame_bytes: int, idle_s: float,
+                 curve: bool = False) -> None:
         self.book, self.host, self.frame_bytes, self.idle_s = book, host, frame_bytes, idle_s
+        self.curve = curve
         self.port = 0
+        self.public_key = b""  # with curve: the socket's CURVE public key, 32 bytes
         self._sock: zmq.asyncio.Socket | None = None
         self._loop_task: asyncio.Task | None = None
         # (receiver's connection, offer key) -> the task serving that pull, its credits
@@ -68,6 +77,11 @@ class ZmqServe:
         sock.linger = 0
         sock.sndhwm = 0  # bounded by the credit window instead; a ROUTER at its HWM drops
         sock.rcvhwm = 0
+        if self.curve:
+            public, secret = zmq.curve_keypair()
+            sock.curve_server = True
+            sock.curve_secretkey = secret
+            self.public_key = z85.decode(public)
         host = f"[{self.host}]" if ":" in self.host else self.host
         if ":" in self.host:
             sock.ipv6 = True

@@ -3,10 +3,11 @@ what touches many is split per node (``RedisBackend.from_url`` picks this class 
 ``redis+cluster://`` URL).
 
 Same keys and answers as the single-server and memory backends. A lookup is one parallel
-round trip; a batch or snapshot three (begin on the control slot, a wave of per-node
-writes, end: ``node_waves.py``). A lookup racing a batch can only see a match cut short,
-never a block the worker did not hold. A step that fails midway leaves ``pend`` set, so
-the worker resyncs.
+round trip; a batch three (begin on the worker's lane, a wave of per-node writes, end on
+the lane: ``lanes.py``, ``node_waves.py``), so no slot sees every batch; a snapshot adds
+a handle's draw on the control slot. A lookup racing a batch can only see a match cut
+short, never a block the worker did not hold. A step that fails midway leaves ``pend``
+set, so the worker resyncs.
 
 See docs/architecture.md#redis-cluster-details.
 """
@@ -20,26 +21,29 @@ import redis.exceptions as rexc
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from service.index import cluster_upkeep, node_waves, nodes
+from service.index import cluster_upkeep, lanes, node_waves, nodes
 from service.index.base import (
     ApplyResult,
     ApplyStatus,
     BlockCap,
     BlockMatch,
+    HeartbeatResult,
     IndexCleared,
     IndexEvent,
-    IndexRemoved,
     IndexStored,
     IndexUnavailable,
     OverCap,
     StaleIncarnation,
     WorkerIdInUse,
+    WorkerLoad,
     WorkerRecord,
     resolve_snapshot,
     tier_bit,
 )
+from service.index.group_commit import GroupCommit
 from service.index.redis import RedisBackend, keys, lua, resp
-from service.index.redis.keys import block_key, live_key, prov_marker, worker_key
+from service.index.redis.backend import _load_args
+from service.index.redis.keys import block_key, live_key, prov_marker
 from service.index.redis.lua import RawScript
 from service.index.redis.walk import walk
 
@@ -49,29 +53,15 @@ CTL_SLOT = key_slot(keys.REGISTRY.encode())
 TAG_SLOTS = [key_slot(bytes([t])) for t in keys.TAGS]  # by tag index
 SLOT_OF_BYTE = node_waves.SLOT_OF_BYTE
 # The scripts called by SHA inside hand-packed batches (``nodes.py``): the per-node and
-# per-tag steps (``node_waves.py``), and the control slot's begin and end steps of a batch
-# or snapshot (sent beside the batch's reads, and without redis-py's cluster command path,
-# which cost more than the step itself). A node that answers ``NOSCRIPT`` gets every one of
-# them loaded and the calls sent again (:meth:`ClusterBackend.wave_replies`).
+# per-tag steps (``node_waves.py``), the lane's steps and the control slot's handle draw
+# and heartbeat (``lanes.py``; sent without redis-py's cluster command path, which cost
+# more than the step itself). A node that answers ``NOSCRIPT`` gets every one of them
+# loaded and the calls sent again (:meth:`ClusterBackend.wave_replies`).
 RAW_SCRIPTS = tuple(lua.raw(f"cluster_{n}") for n in (
-    "node_write", "tag_clean", "prov_keys", "apply_begin",
-    "apply_end", "sync_begin", "sync_end", "tag_fence", "tag_identity"))
+    "node_write", "tag_clean", "prov_keys", "apply_begin", "apply_end", "sync_end",
+    "lane_reset", "lane_beat", "handle", "heartbeat", "tag_fence", "tag_identity"))
 NODE_WRITE = TAG_WRITE = node_waves.NODE_WRITE  # one tag's write: a node's, of one tag
-APPLY_BEGIN, APPLY_END, SYNC_BEGIN, SYNC_END = (lua.raw(f"cluster_{n}") for n in (
-    "apply_begin", "apply_end", "sync_begin", "sync_end"))
-
-
-def _b(x: Any) -> bytes:
-    return x if isinstance(x, bytes) else str(x).encode()
-
-
-def _bits(value: bytes | None, hb: bytes) -> int:
-    """The tier bits of handle ``hb``'s entry in a block value (0: none)."""
-    if value:
-        for i in range(0, len(value), keys.ENTRY_BYTES):
-            if value[i:i + 3] == hb:
-                return value[i + 3]
-    return 0
+APPLY_BEGIN, APPLY_END = lanes.APPLY_BEGIN, lanes.APPLY_END
 
 
 def _check(replies: list[Any]) -> list[Any]:
@@ -88,11 +78,14 @@ class ClusterBackend(RedisBackend):
         super().__init__(client)  # type: ignore[arg-type]
         script = client.register_script
         self._register = script(lua.text("cluster_register"))
-        self._heartbeat = script(lua.text("cluster_heartbeat"))
         self._lost = script(lua.text("cluster_lost"))
         self._sweep_begin = script(lua.text("cluster_sweep_begin"))
         self._sweep_step = script(lua.text("cluster_sweep_step"))
         self.upkeep = cluster_upkeep.Upkeep(self)
+        self.gen: bytes | None = None  # the shards' generation as last read (lanes.py)
+        # batches' node writes, merged when two waves are in flight already
+        self.writes: GroupCommit[tuple[int, node_waves.Batch], int] = GroupCommit(
+            lambda batches: node_waves.write_all(self, batches))
 
     async def load_scripts(self) -> None:
         await super().load_scripts()
@@ -124,90 +117,159 @@ class ClusterBackend(RedisBackend):
         """:meth:`wave_replies`, an error reply raised."""
         return _check(await self.wave_replies(batch, retry))
 
-    async def ctl(self, script: RawScript, key: str, args: Sequence[Any],
-                  reads: Sequence[bytes] = ()) -> tuple[Any, dict[bytes, bytes | None]]:
-        """``script``'s reply on the control slot (KEYS = [key]) and, in the same parallel
-        round trip, key -> value of the block keys ``reads`` (one MGET per tag)."""
+    async def step(self, script: RawScript, slot: int, key: bytes, args: Sequence[Any],
+                   reads: Sequence[bytes] = ()) -> tuple[Any, dict[bytes, bytes | None]]:
+        """``script``'s reply on ``slot`` (KEYS = [key]) and, in the same parallel round
+        trip, key -> value of the block keys ``reads`` (one MGET per tag)."""
         by: dict[int, list[bytes]] = {}
         for k in reads:
             by.setdefault(k[1], []).append(k)
         res = await self.wave(
-            [(CTL_SLOT, script.call(key.encode(), [_b(a) for a in args]))]
+            [(slot, script.call(key, [resp.arg(a) for a in args]))]
             + [(SLOT_OF_BYTE[t], resp.command(b"MGET", *ks)) for t, ks in by.items()])
         return res[0], {k: v for ks, vals in zip(by.values(), res[1:], strict=True)
                         for k, v in zip(ks, vals, strict=True)}
 
-    # --- registration and heartbeats: control slot only -------------------------------
+    # --- registration and heartbeats ------------------------------------------------------
 
     async def register(self, record: WorkerRecord, live_after_ms: int | None = None) -> bool:
-        had = await self._register_call(record, live_after_ms)
-        if had == -2:  # the control slot has no generation: recover, then register
+        res = await self._register_call(record, live_after_ms)
+        if res == -2:  # the control slot has no generation: recover, then register
             async with self._guard():
                 await self.upkeep.recover()
-            had = await self._register_call(record, live_after_ms)
-            if had == -2:
+            res = await self._register_call(record, live_after_ms)
+            if res == -2:
                 raise IndexUnavailable("the index is being recovered (control slot lost)")
-        if had == -1:
+        if res == -1:
             raise WorkerIdInUse(record.worker_id)
+        had, h, ticket, gen = res
         self._ns_of[record.worker_id] = record.ns
-        return bool(had)
+        self.gen = resp.arg(gen)
+        d = lanes.Draw(1, int(h), resp.arg(ticket), self.gen,
+                       resp.arg(record.load.total_blocks), resp.arg(record.load.tier_blocks))
+        async with self._guard():
+            await lanes.reset(self, record.ns, record.worker_id, record.incarnation, d, 0,
+                              gen=d.gen)
+        return bool(int(had))
+
+    async def heartbeat(self, worker_id: str, load: WorkerLoad, reported_seq: int,
+                        now_ms: int, incarnation: int = 0) -> HeartbeatResult:
+        args = [now_ms, reported_seq, str(incarnation), *_load_args(load)]
+        for fresh in (False, True):
+            ns = await self._ns(worker_id, fresh)
+            if ns is None:
+                return HeartbeatResult(known=False)
+            async with self._guard():
+                status, seq, prev = await lanes.beat(self, ns, worker_id, args,
+                                                     load.total_blocks, load.tier_blocks)
+            if status:
+                break
+        if status == -1:
+            raise StaleIncarnation(worker_id, incarnation)
+        if not status:
+            return HeartbeatResult(known=False)
+        return HeartbeatResult(True, seq, prev)
+
+    async def purge_worker(self, worker_id: str, heartbeat_before_ms: int | None = None) -> bool:
+        ns = await self._ns(worker_id, fresh=True)
+        done = await super().purge_worker(worker_id, heartbeat_before_ms)
+        if done and ns is not None:
+            async with self._guard():
+                await self.client.delete(keys.lane_key(ns, worker_id))
+        return done
 
     # --- events ---------------------------------------------------------------------------
 
     async def apply_events(self, worker_id: str, events: Sequence[IndexEvent],
                            incarnation: int = 0, cap: BlockCap = BlockCap()) -> ApplyResult:
+        """The batch cut at each AllBlocksCleared event (which draws a fresh handle), each
+        run applied by its lane's steps (see ``lanes.py``); answered as one batch."""
         if not events:
             return await super().apply_events(worker_id, events, incarnation, cap)
-        # per event: seq, kind, tier bits, parent key (None: a chain start), block keys
-        plan: list[tuple[int, bytes, int, bytes | None, list[bytes]]] = []
-        net, cleared, parents, width = 0, [], set(), len(block_key(bytes(32)))
+        applied, last, run = 0, 0, []
+        for ev in [*events, None]:
+            if ev is not None and not isinstance(ev.op, IndexCleared):
+                run.append(ev)
+                continue
+            for part in ([run] if run else []) + ([[ev]] if ev is not None else []):
+                res = await self._apply_run(worker_id, part, incarnation, cap)
+                if res.status not in (ApplyStatus.OK, ApplyStatus.DUPLICATE):
+                    return res
+                applied, last = applied + res.applied, res.last_seq
+            run = []
+        return ApplyResult(ApplyStatus.OK if applied else ApplyStatus.DUPLICATE, applied, last)
+
+    async def _apply_run(self, worker_id: str, events: Sequence[IndexEvent], incarnation: int,
+                         cap: BlockCap) -> ApplyResult:
+        """One run of a batch: events without AllBlocksCleared, or one such event alone."""
+        plan: node_waves.Plan = []  # per event: seq, kind, tier bits, parent key, block keys
+        net, parents, width = 0, set(), len(block_key(bytes(32)))
         for ev in events:
             op = ev.op
+            if isinstance(op, IndexCleared):
+                plan.append((ev.seq, b"C", 0, None, []))
+                continue
+            ks = [block_key(h) for h in op.hashes]
             if isinstance(op, IndexStored):
-                ks = [block_key(h) for h in op.hashes]
                 pk = block_key(op.parent) if op.parent else None
                 if pk is not None:
                     parents.add(pk)
                 plan.append((ev.seq, b"S", tier_bit(op.tier), pk, ks))
                 net += len(ks)
-            elif isinstance(op, IndexRemoved):
-                ks = [block_key(h) for h in op.hashes]
+            else:
                 plan.append((ev.seq, b"R", tier_bit(op.tier), None, ks))
                 net -= len(ks)
-            elif isinstance(op, IndexCleared):
-                plan.append((ev.seq, b"C", 0, None, []))
-                cleared.append(str(ev.seq))
-                continue
             if ks:
                 width = len(ks[0])
-        token = secrets.token_hex(8)
-        plist = list(parents)
-        for fresh in (False, True):
-            ns = await self._ns(worker_id, fresh)
+        token, plist = secrets.token_hex(8), list(parents)
+        begin: Any = None
+        for attempt in range(2):  # again once: the registry or the generation read anew
+            ns = await self._ns(worker_id, attempt > 0)
             if ns is None:
                 return ApplyResult(ApplyStatus.UNKNOWN_WORKER, 0, 0)
-            rk = worker_key(ns, worker_id)
-            args = [ns, worker_id, events[0].seq, events[-1].seq, str(incarnation),
-                    cap.per_pool, cap.floor, net, token, " ".join(cleared)]
+            if self.gen is None:
+                await lanes.read_gen(self)
+            slot, lk = lanes.lane(ns, worker_id)
+            args = [events[0].seq, events[-1].seq, str(incarnation), cap.per_pool, cap.floor,
+                    net, token, self.gen]
             async with self._guard():
-                begin, pvals = await self.ctl(APPLY_BEGIN, rk, args, plist)
-            if int(begin[0]) != -2:
+                begin, pvals = await self.step(APPLY_BEGIN, slot, lk, args, plist)
+            status = int(begin[0])
+            if status == -5 and attempt == 0 and self.gen != await lanes.read_gen(self):
+                continue  # the service's generation was old: read again, begin again
+            if status != -2 or attempt > 0:
                 break
-        if int(begin[0]) != 1:
-            return self._answer(worker_id, incarnation, int(begin[0]), begin)
-        last, ticket = int(begin[1]), _b(begin[2])
-        hs = [int(h) for h in begin[3:]]
-        hbs = [keys.handle_bytes(h) for h in hs]
-        parts, applied = self._plan_writes(plan, last, hbs, pvals)
-        head = [_b(width), b"".join(hbs), _b(len(hs)), ticket]
-        busy = [f"{h}:{token}" for h in hs]
+        if status == -2:  # no lane, yet registered: the lane's shard was lost, resync
+            return ApplyResult(ApplyStatus.GAP, 0, 0)
+        if status != 1:
+            return self._answer(worker_id, incarnation, -1 if status == -5 else status, begin)
+        last, ticket, h = int(begin[1]), resp.arg(begin[2]), int(begin[3])
+        if plan[0][1] == b"C":  # a fresh handle for an AllBlocksCleared, seq its own
+            async with self._guard():
+                d = await lanes.draw(self, ns, worker_id, incarnation, cap)
+                if d.status == 1:
+                    await lanes.reset(self, ns, worker_id, incarnation, d, plan[0][0], gen=d.gen)
+            if d.status == -2:
+                raise StaleIncarnation(worker_id, incarnation)
+            if d.status != 1:
+                return ApplyResult(ApplyStatus.UNKNOWN_WORKER, 0, 0)
+            return ApplyResult(ApplyStatus.OK, 1, plan[0][0])
+        hb = keys.handle_bytes(h)
+        parts, applied = node_waves.plan(plan, last, hb, pvals)
         async with self._guard():
-            d = await node_waves.write(self, head, parts, width)
-            end, _ = await self.ctl(APPLY_END, rk, [
-                ns, worker_id, token, str(incarnation), events[-1].seq, d, cap.per_pool,
-                cap.floor, *busy])
+            d = await self.writes.submit((width, (hb, ticket, parts)))
+            end, _ = await self.step(APPLY_END, slot, lk, [
+                token, str(incarnation), events[-1].seq, d, cap.per_pool, cap.floor])
         if int(end[0]) == 1:
             return ApplyResult(ApplyStatus.OK, applied, int(end[2]))
+        if int(end[0]) == -2:  # the lane was lost with its shard midway: resync
+            return ApplyResult(ApplyStatus.GAP, 0, 0)
+        if int(end[0]) == -4:  # the backstop: a fresh handle drops every entry of this one
+            async with self._guard():
+                fresh = await lanes.draw(self, ns, worker_id, incarnation, BlockCap())
+                if fresh.status == 1:
+                    await lanes.reset(self, ns, worker_id, incarnation, fresh, 0,
+                                      gen=fresh.gen)
         return self._answer(worker_id, incarnation, int(end[0]), end)
 
     @staticmethod
@@ -221,73 +283,38 @@ class ClusterBackend(RedisBackend):
             status, ApplyStatus.UNKNOWN_WORKER)
         return ApplyResult(kind, 0, int(res[2]))
 
-    @staticmethod
-    def _plan_writes(plan: list[tuple[int, bytes, int, bytes | None, list[bytes]]], last: int,
-                     hbs: list[bytes], pvals: dict[bytes, bytes | None],
-                     ) -> tuple[list[node_waves.Part], int]:
-        """The fresh events as ``NODE_WRITE`` parts (kind, handle index, tier bits, keys),
-        orphans left out, and how many events are fresh. The orphan check follows APPLY:
-        a stored event whose parent this worker's current handle does not hold at that
-        point of the batch is skipped; the parents' bits are tracked from the values read
-        before the batch."""
-        tracked = {pk: _bits(v, hbs[0]) for pk, v in pvals.items()}
-        parts: list[node_waves.Part] = []
-        seg, applied = 1, 0
-        for seq, kind, bits, pk, ks in plan:
-            if seq <= last:
-                continue
-            applied += 1
-            if kind == b"C":
-                seg += 1
-                tracked = dict.fromkeys(tracked, 0)
-                continue
-            if kind == b"S":
-                if pk is not None and not tracked[pk]:
-                    continue
-                for k in ks:
-                    if k in tracked:
-                        tracked[k] |= bits
-            else:
-                for k in ks:
-                    if k in tracked:
-                        tracked[k] &= ~bits
-            if ks:
-                parts.append((kind, _b(seg), _b(bits), ks))
-        return parts, applied
-
     async def sync_worker(self, worker_id: str, seq: int, blocks: Sequence[IndexStored],
                           incarnation: int = 0, cap: BlockCap = BlockCap()) -> int | None:
+        """A fresh handle drawn (control slot), the lane reset to it with pend set, the
+        blocks written, the lane's end step (``lanes.py``)."""
         resolved = resolve_snapshot(blocks)
         count, token = len(resolved), secrets.token_hex(8)
         for fresh in (False, True):
             ns = await self._ns(worker_id, fresh)
             if ns is None:
                 return None
-            rk = worker_key(ns, worker_id)
             async with self._guard():
-                begin, _ = await self.ctl(SYNC_BEGIN, rk, [
-                    ns, worker_id, str(incarnation), cap.per_pool, cap.floor, count, token,
-                    seq])
-            if int(begin[0]) != -1:
+                d = await lanes.draw(self, ns, worker_id, incarnation, cap, count)
+            if d.status != -1:
                 break
-        n = int(begin[0])
-        if n == -1:
+        if d.status == -1:
             return None
-        if n == -2:
+        if d.status == -2:
             raise StaleIncarnation(worker_id, incarnation)
-        if n <= -3:
-            raise OverCap(worker_id, -3 - n)
-        h, gen, ticket = int(begin[1]), begin[2], _b(begin[3])
+        if d.status <= -3:
+            raise OverCap(worker_id, -3 - d.status)
         by: dict[int, list[bytes]] = {}
         for hsh, (_, mask) in resolved.items():
             by.setdefault(mask, []).append(block_key(hsh))
-        parts = [(b"S", b"1", _b(mask), ks) for mask, ks in by.items()]
+        parts = [(b"S", resp.arg(mask), ks) for mask, ks in by.items()]
         width = len(block_key(next(iter(resolved)))) if resolved else 35
-        head = [_b(width), keys.handle_bytes(h), b"1", ticket]
+        slot, lk = lanes.lane(ns, worker_id)
         async with self._guard():
-            await node_waves.write(self, head, parts, width)
-            end, _ = await self.ctl(SYNC_END, rk, [token, str(incarnation), count, gen,
-                                                   f"{h}:{token}"])
+            if not await lanes.reset(self, ns, worker_id, incarnation, d, seq, pend=token):
+                raise IndexUnavailable(f"the snapshot of {worker_id!r} was superseded by another")
+            await node_waves.write(self, width, [(keys.handle_bytes(d.handle), d.ticket, parts)])
+            end, _ = await self.step(lanes.SYNC_END, slot, lk,
+                                     [token, str(incarnation), count, d.gen])
             n = int(end)
         if n == -1:
             return None
@@ -339,10 +366,30 @@ class ClusterBackend(RedisBackend):
                               start: int, now_ms: int, ttl_ms: int) -> None:
         if start >= len(hashes):
             return
-        pks = [keys.prov_key(ns, h) for h in hashes[start:]]
-        head = [worker_id.encode(), _b(now_ms + ttl_ms), _b(now_ms), _b(ttl_ms),
-                _b(len(pks[0]))]
+        head = [worker_id.encode(), resp.arg(now_ms + ttl_ms), resp.arg(now_ms), resp.arg(ttl_ms)]
         marker = (CTL_SLOT, resp.command(b"SET", prov_marker(ns).encode(), b"1", b"PX",
-                                         _b(ttl_ms)))
+                                         resp.arg(ttl_ms)))
         async with self._guard():
-            await node_waves.provisional(self, pks, head, [marker])
+            await node_waves.provisional(self, ns, hashes[start:], head, [marker])
+
+    # --- reads of records: the lane's seq and entries ---------------------------------
+
+    async def workers(self, with_blocks: bool = False) -> list[WorkerRecord]:
+        out = await super().workers(with_blocks)
+        await self._with_lanes(out, with_blocks)
+        return out
+
+    async def get_worker(self, worker_id: str) -> WorkerRecord | None:
+        rec = await super().get_worker(worker_id)
+        if rec is not None:
+            await self._with_lanes([rec], False)
+        return rec
+
+    async def _with_lanes(self, recs: list[WorkerRecord], with_blocks: bool) -> None:
+        """Each record's last seq (and entries) from its lane (0 without one)."""
+        async with self._guard():
+            got = await lanes.seqs(self, [(r.worker_id, r.ns) for r in recs])
+        for r, lane in zip(recs, got, strict=True):
+            r.last_seq, n = lane or (0, 0)
+            if with_blocks:
+                r.indexed_blocks = n

@@ -35,8 +35,6 @@ SENTINELS = shard_identity.SENTINELS
 _NODES = resp.command(b"CLUSTER", b"NODES")
 
 
-def _b(x: object) -> bytes:
-    return x if isinstance(x, bytes) else str(x).encode()
 SCAN_COUNT = 1000
 _KEY_LENGTHS = (19, 35)  # '{T}' + a 16- or 32-byte hash
 TAG_FENCE, TAG_CLEAN = lua.raw("cluster_tag_fence"), lua.raw("cluster_tag_clean")
@@ -81,7 +79,7 @@ class Upkeep:
         from service.index.cluster import TAG_SLOTS
 
         start = await self.b.client.eval(lua.text("cluster_ticket_start"), 1, TICKET)
-        await self.b.wave([(TAG_SLOTS[i], TAG_FENCE.call(fence_key(i), [b"*", _b(start)]))
+        await self.b.wave([(TAG_SLOTS[i], TAG_FENCE.call(fence_key(i), [b"*", resp.arg(start)]))
                            for i in range(keys.N_TAGS)])
 
     async def _delete_all(self, pattern: bytes) -> int:

@@ -1,5 +1,6 @@
 """Hand-packed commands sent straight to the primaries of a Redis Cluster, one write per
-node, every node in parallel: the cluster backend's one round trip.
+node, every node in parallel (all written, then each read in turn): the cluster backend's
+one round trip.
 
 Replies come back in the order given (an error reply as its ``ResponseError``; with hiredis
 they are parsed straight from its reader's buffer, a few microseconds less per reply than
@@ -76,37 +77,89 @@ async def _drop(node: ClusterNode, conn: Connection, e: BaseException) -> None:
             await drop()
 
 
-async def _node(node: ClusterNode, cmds: list[bytes], retry: bool) -> list[Any]:
-    for attempt in (0, 1):
-        conn = node.acquire_connection()
-        try:
+async def _send(node: ClusterNode, cmds: list[bytes]) -> Connection:
+    """A connection of ``node`` with ``cmds`` written to it (dropped on failure). Written
+    straight to the stream, under one deadline: redis-py's ``send_packed_command`` runs
+    each write in a task of its own (``asyncio.wait_for``), which cost more than the write
+    and, on Python 3.11, can swallow a cancellation."""
+    conn = node.acquire_connection()
+    try:
+        writer = getattr(conn, "_writer", None)
+        if writer is None or not conn.is_connected:
             await conn.send_packed_command(cmds, check_health=False)
-            out = await _read(conn, len(cmds))
-        except BaseException as e:
-            await _drop(node, conn, e)
-            if attempt or not retry or not isinstance(e, _NET):
-                raise
-            continue
-        node.release(conn)
-        return out
-    raise AssertionError("unreachable")
+            return conn
+        writer.writelines(cmds)
+        try:
+            async with asyncio.timeout(conn.socket_timeout):
+                await writer.drain()  # returns at once unless the buffer is full
+        except TimeoutError:  # asyncio's: the deadline above
+            raise rexc.TimeoutError(f"Timeout writing to {conn.host}:{conn.port}") from None
+        except OSError as e:
+            raise rexc.ConnectionError(f"Error writing to {conn.host}:{conn.port}: {e}") from e
+    except BaseException as e:
+        await _drop(node, conn, e)
+        raise
+    return conn
+
+
+async def _recv(node: ClusterNode, conn: Connection, n: int) -> list[Any]:
+    """The ``n`` replies on ``conn``, then the connection back to ``node``'s pool."""
+    try:
+        out = await _read(conn, n)
+    except BaseException as e:
+        await _drop(node, conn, e)
+        raise
+    node.release(conn)
+    return out
+
+
+async def _node(node: ClusterNode, cmds: list[bytes]) -> list[Any]:
+    return await _recv(node, await _send(node, cmds), len(cmds))
 
 
 async def on_nodes(batch: Sequence[tuple[ClusterNode, bytes]], retry: bool = False) -> list[Any]:
-    """Raw replies of ``batch`` (see the module contract), one write per node."""
+    """Raw replies of ``batch`` (see the module contract), one write per node: every node's
+    commands are written first, then each node's replies read in turn (no task per node:
+    they cost more than the reads; the nodes still work in parallel, and each read has its
+    own deadline). A node that failed with a network error is sent its commands once more
+    with ``retry``."""
     per: dict[ClusterNode, list[int]] = {}
     for i, (node, _) in enumerate(batch):
         per.setdefault(node, []).append(i)
     nodes = list(per)
-    done = await asyncio.gather(
-        *(_node(n, [batch[i][1] for i in per[n]], retry) for n in nodes),
-        return_exceptions=True)
+    cmds = [[batch[i][1] for i in per[n]] for n in nodes]
+    conns: list[Connection | BaseException] = []
     out: list[Any] = [None] * len(batch)
-    for n, res in zip(nodes, done, strict=True):
-        if isinstance(res, BaseException):
-            raise res
-        for i, r in zip(per[n], res, strict=True):
-            out[i] = r
+    failed: BaseException | None = None
+    try:
+        for n, c in zip(nodes, cmds, strict=True):
+            try:
+                conns.append(await _send(n, c))
+            except Exception as e:  # the others are still read (never pooled unread)
+                conns.append(e)
+        for k, (n, c) in enumerate(zip(nodes, cmds, strict=True)):
+            conn, conns[k] = conns[k], rexc.ConnectionError("read")
+            try:
+                if isinstance(conn, BaseException):
+                    raise conn
+                res = await _recv(n, conn, len(c))
+            except Exception as e:
+                if not retry or not isinstance(e, _NET):
+                    failed = failed or e
+                    continue
+                try:
+                    res = await _node(n, c)
+                except Exception as e2:
+                    failed = failed or e2
+                    continue
+            for i, r in zip(per[n], res, strict=True):
+                out[i] = r
+    finally:  # cancelled midway: the connections not read yet are closed, not pooled
+        for n, conn in zip(nodes, conns, strict=False):  # short if cancelled while sending
+            if not isinstance(conn, BaseException):
+                await _drop(n, conn, asyncio.CancelledError())
+    if failed is not None:
+        raise failed
     return out
 
 

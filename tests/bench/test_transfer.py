@@ -21,7 +21,7 @@ def test_bench_transfer_json_reports_every_figure_consistently(monkeypatch) -> N
     assert res.exit_code == 0, res.output
     out = json.loads(res.output.strip().splitlines()[-1])
 
-    assert set(out["gbps"]) == {"zmq", "grpc", "shm"}
+    assert set(out["gbps"]) == {"zmq", "grpc", "shm", "zmq+curve"}
     for table in (out["gbps"], out["cpu_bound_gbps"]):
         for row in table.values():
             assert set(row) == {str(64 << 10), str(1 << 20)}
@@ -44,6 +44,11 @@ def test_bench_transfer_json_reports_every_figure_consistently(monkeypatch) -> N
             assert cross == math.ceil(max(0.0, fetch["us_per_call"]) / saving) * 16
         else:
             assert cross is None
+    assert out["curve_vs_plain"] == pytest.approx(
+        out["gbps"]["zmq+curve"][str(1 << 20)] / out["gbps"][d][str(1 << 20)])
+    assert out["curve_vs_plain_cpu_bound"] == pytest.approx(
+        out["cpu_bound_gbps"]["zmq+curve"][str(1 << 20)] / out["cpu_bound_gbps"][d][str(1 << 20)])
+    assert set(out["curve_fetch_over_recompute"]) == {"tiny", "8-layer"}
     assert out["us_per_block"] == out["models"]["8-layer"]["fetch"][d]["us_per_block"]
     assert out["us_per_call"] == out["models"]["8-layer"]["fetch"][d]["us_per_call"]
     assert out["default_vs_grpc_cpu_bound"] == pytest.approx(

@@ -67,18 +67,35 @@ def test_chats_grow_turn_after_turn_on_their_tenants_system_prompt() -> None:
     assert [r.arrival_s for r in reqs] == sorted(r.arrival_s for r in reqs)
     assert reqs[0].arrival_s == 0.0 and all(r.max_tokens == 2 for r in reqs)
     per_round = 2 * 3  # every chat's turn k, then every chat's turn k + 1
-    for k in range(4):
-        for r in reqs[k * per_round:(k + 1) * per_round]:
-            assert len(r.tokens) == 48 + k * (8 + 6) + 8
-    for c in range(per_round):
-        turns = reqs[c::per_round]
-        assert len({r.salt for r in turns}) == 1
-        for before, after in zip(turns, turns[1:], strict=False):
-            # the next turn is this one's prompt, its answer, then a new question
-            assert after.tokens[:len(before.tokens)] == before.tokens
+    rounds = [reqs[k * per_round:(k + 1) * per_round] for k in range(4)]
+    for k, batch in enumerate(rounds):
+        assert all(len(r.tokens) == 48 + k * (8 + 6) + 8 for r in batch)
+    for before, after in zip(rounds, rounds[1:], strict=False):
+        # each turn is exactly one turn of the round before (its chat's) extended: that
+        # turn's prompt, its answer, then a new question
+        for r in after:
+            (prev,) = [b for b in before if r.tokens[:len(b.tokens)] == b.tokens]
+            assert prev.salt == r.salt
     systems = {(r.salt, tuple(r.tokens[:48])) for r in reqs}
     assert len(systems) == 2 and {s for s, _ in systems} == {"tenant-0", "tenant-1"}
     assert len({tuple(r.tokens) for r in reqs}) == len(reqs)  # no two prompts alike
+
+
+def test_round_robin_does_not_keep_chats_on_one_worker_by_coincidence() -> None:
+    """Each round sends the chats in a new order: with 12 chats and 2 or 3 workers (which
+    divide 12), request i % W of every round is not chat i's worker again."""
+    spec = replace(CHATS, tenants=1, chats_per_tenant=12, turns_per_chat=6)
+    reqs = chats(spec)
+    chat_of: dict[tuple[int, ...], int] = {}  # a turn's prompt -> its chat
+    for i, r in enumerate(reqs[:12]):
+        chat_of[tuple(r.tokens)] = i
+    for workers in (2, 3):
+        seen: dict[int, set[int]] = {}
+        for i, r in enumerate(reqs):
+            chat = next(c for p, c in chat_of.items() if tuple(r.tokens[:len(p)]) == p)
+            seen.setdefault(chat, set()).add(i % workers)
+        sticky = sum(len(w) == 1 for w in seen.values())
+        assert sticky <= 2, (workers, sticky)  # lockstep order: all 12 chats sticky
 
 
 def test_chats_stop_at_the_requests_asked_for() -> None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from concurrent import futures
+from contextlib import contextmanager
 
 import grpc
 
@@ -25,6 +27,33 @@ def start_server(servicer: object, add) -> tuple[grpc.Server, str]:
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     return server, f"127.0.0.1:{port}"
+
+
+@contextmanager
+def heartbeating(stub: index_pb2_grpc.IndexServiceStub, worker_id: str, incarnation: int,
+                 metadata: tuple[tuple[str, str], ...], total_blocks: int = 64) -> Iterator[None]:
+    """Heartbeats for a fake registered at a real service, every 0.3 s until exit.
+
+    A fake that only registers leaves routing after the liveness timeout (3 s by default);
+    on a loaded host that can pass before the test routes to it (CI saw it once)."""
+    stop = threading.Event()
+    load = index_pb2.WorkerLoad(free_blocks=total_blocks, total_blocks=total_blocks)
+
+    def beat() -> None:
+        while True:
+            stub.Heartbeat(index_pb2.HeartbeatRequest(
+                worker_id=worker_id, incarnation=incarnation, load=load),
+                metadata=metadata, timeout=5)
+            if stop.wait(0.3):
+                return
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
 
 
 def _check_token(context: grpc.ServicerContext, token: str | None) -> None:

@@ -74,6 +74,11 @@ def test_two_service_replicas_agree(sharded: LocalCluster, client) -> None:
     replicas_agree(client, sharded.service_addresses)
 
 
+@pytest.mark.cluster_layout
+def test_a_cluster_service_counts_merged_batches(client) -> None:
+    assert client.stats()["counters"]["index_merged_batches_total"] >= 0
+
+
 def _keys(url: str) -> int:
     with redis.Redis.from_url(url, socket_timeout=2) as c:
         return int(c.dbsize())

@@ -1,5 +1,5 @@
 """The two races of the cluster sweep on a real 3-primary Redis Cluster, played step by
-step: a batch's wave stalled past the busy mark lands after its handle was swept and drawn
+step: a batch's wave stalled past a sweep lands after its handle was swept and drawn
 again (``handle_fence.py``), and a slot migrates between two sweep steps
 (``sweep_layout.py``)."""
 from __future__ import annotations
@@ -8,6 +8,7 @@ import redis
 
 from deploy.redis_cluster import RedisClusterServer
 from service.index import cluster as cluster_mod
+from service.index import lanes
 from service.index.base import BlockMatch, IndexEvent, IndexStored
 from service.index.cluster import TAG_SLOTS, ClusterBackend
 from service.index.redis import keys
@@ -19,11 +20,11 @@ def _late_wave(b: ClusterBackend, chain: list[bytes], ticket: int, h: int):
     """The wave of a batch begun with ``ticket`` holding ``chain`` for handle ``h``."""
     hb, t = keys.handle_bytes(h), str(ticket).encode()
     return b.wave([(TAG_SLOTS[keys.tag(x)], cluster_mod.TAG_WRITE.call(
-        keys.block_key(x), [b"35", hb, b"1", t, b"S", b"1", b"1", keys.block_key(x)]))
+        keys.block_key(x), [b"35", hb, t, b"S", b"1", b"1", keys.block_key(x)]))
         for x in chain])
 
 
-def test_a_wave_stalled_past_the_busy_mark_never_lands_on_a_reassigned_handle(
+def test_a_wave_stalled_past_a_sweep_never_lands_on_a_reassigned_handle(
         redis_cluster_url: str) -> None:
     chain = H(7, 1, 2, 3, 4, 5)
     other = H(8, 1, 2)
@@ -32,26 +33,24 @@ def test_a_wave_stalled_past_the_busy_mark_never_lands_on_a_reassigned_handle(
         c = b.client
         await b.register(rec("w"))
         await b.apply_events("w", [IndexEvent(1, IndexStored(tuple(chain[:2])))])
-        rk = keys.worker_key(NS, "w")
-        # a batch begins (its handle busy) and its replica stalls ...
-        begin, _ = await b.ctl(cluster_mod.APPLY_BEGIN, rk, [NS, "w", 2, 2, "0", 0, 0, 4, "tok",
-                                                           ""])
+        slot, lk = lanes.lane(NS, "w")
+        # a batch begins on the worker's lane and its replica stalls ...
+        begin, _ = await b.step(cluster_mod.APPLY_BEGIN, slot, lk,
+                                [2, 2, "0", 0, 0, 4, "tok", b.gen])
         assert int(begin[0]) == 1, begin
         ticket, h = int(begin[2]), int(begin[3])
         await b.register(rec("w"))  # ... its handle is retired ...
-        # ... and more than redis.lua.BUSY_MS pass: its busy mark is that old
-        await c.zadd(keys.CTL + "busy", {f"{h}:tok": 0})
-        assert await b.sweep() == 2  # swept and freed
+        assert await b.sweep() == 2  # ... swept (nothing waits for the stalled batch), freed
         assert str(h) in await c.smembers(keys.FREE)
         await b.register(rec("v"))  # the free handle goes to another worker
         assert (await b.get_worker("v")) is not None
         assert int(await c.hget(keys.worker_key(NS, "v"), "h")) == h
         await b.apply_events("v", [IndexEvent(1, IndexStored(tuple(other)))])
         # the stalled replica wakes: its wave writes handle h, now v's
-        assert await _late_wave(b, chain, ticket, h) == [0] * len(chain)
+        assert await _late_wave(b, chain, ticket, h) == [[0]] * len(chain)
         assert await b.lookup(NS, chain, T0) == {}  # refused: v is claimed nothing
         assert await b.lookup(NS, other, T0) == {"v": BlockMatch(3, 3)}
-        # v's own batches, begun after the sweep, write the same handle as ever
+        # v's own batches write the same handle with v's ticket, drawn after the sweep
         await b.apply_events("v", [IndexEvent(2, IndexStored(tuple(chain)))])
         assert await b.lookup(NS, chain, T0) == {"v": BlockMatch(6, 6)}
 

@@ -12,6 +12,7 @@ import redis.exceptions as rexc
 
 from deploy.redis_cluster import RedisClusterServer
 from service.index import cluster as cluster_mod
+from service.index import lanes
 from service.index.base import (
     ApplyStatus,
     BlockMatch,
@@ -150,47 +151,45 @@ def test_a_lost_control_shard_never_lends_old_entries_to_new_handles(
         for i in others:  # the old entries are deleted, not only unreachable
             with redis.Redis.from_url(redis_cluster.node_urls[i]) as c:
                 assert not [k for k in c.scan_iter(match=keys.BLOCK_KEYS_MATCH)
-                            if len(k) > 4]
+                            if len(k) > 7]  # not a sentinel or fence
         await b.apply_events("w1", [IndexEvent(1, IndexStored(tuple(a)))])
         assert await b.lookup(NS, a, T0) == {"w1": BlockMatch(6, 6)}
 
     run(redis_cluster_url, body)
 
 
-def test_the_sweep_waits_for_a_batch_still_writing_a_retired_handle(
+def test_a_batch_still_writing_a_retired_handle_leaves_nothing_after_the_sweep(
         redis_cluster_url: str) -> None:
+    """Its writes that land before the sweep are dropped by it; its end step is refused."""
     chain = H(7, 1, 2, 3, 4, 5, 6, 7)
 
     async def body(b: ClusterBackend) -> None:
         c = b.client
         await b.register(rec("w"))
         await b.apply_events("w", [IndexEvent(1, IndexStored(tuple(chain[:2])))])
-        w = await b.get_worker("w")
-        assert w is not None
-        rk = keys.worker_key(NS, "w")
-        # a batch begins (its handle busy) and stalls before its writes ...
-        begin, _ = await b.ctl(cluster_mod.APPLY_BEGIN, rk, [NS, "w", 2, 2, "0", 0, 0, 6, "tok",
-                                                           ""])
+        slot, lk = lanes.lane(NS, "w")
+        # a batch begins on the lane and stalls before its writes ...
+        begin, _ = await b.step(cluster_mod.APPLY_BEGIN, slot, lk,
+                                [2, 2, "0", 0, 0, 6, "tok", b.gen])
         assert int(begin[0]) == 1
-        ticket, h = begin[2], int(begin[3])
+        ticket, h = int(begin[2]), int(begin[3])
         await b.register(rec("w"))  # ... its handle is retired meanwhile ...
-        assert await b.sweep() == 0  # busy: no cycle takes it, its entries stay
         assert str(h) in await c.smembers(keys.DEAD)
         hb = keys.handle_bytes(h)
         await b.wave([(TAG_SLOTS[keys.tag(x)], cluster_mod.TAG_WRITE.call(
-            keys.block_key(x), [b"35", hb, b"1", str(ticket).encode(), b"S", b"1", b"1",
+            keys.block_key(x), [b"35", hb, str(ticket).encode(), b"S", b"1", b"1",
                                 keys.block_key(x)]))
             for x in chain[2:]])
-        # ... its writes land late, then it ends: only now may the handle be freed
-        end, _ = await b.ctl(cluster_mod.APPLY_END, rk, [NS, "w", "tok", "0", 2, 6, 0, 0,
-                                                         f"{h}:tok"])
-        assert int(end[0]) == -1  # superseded: the record is a new registration's
+        # ... its writes land late, then it ends: refused, the lane is a new registration's
+        end, _ = await b.step(cluster_mod.APPLY_END, slot, lk, ["tok", "0", 2, 6, 0, 0])
+        assert int(end[0]) == -1
         assert await b.sweep() == 8
         assert str(h) in await c.smembers(keys.FREE)
         assert await b.lookup(NS, chain, T0) == {}
         for url in (await _node_urls(b)):
             with redis.Redis.from_url(url) as r:
-                assert not [k for k in r.scan_iter(match=keys.BLOCK_KEYS_MATCH) if len(k) > 4]
+                assert not [k for k in r.scan_iter(match=keys.BLOCK_KEYS_MATCH)
+                            if len(k) > 7]  # not a sentinel or fence
 
     run(redis_cluster_url, body)
 
@@ -202,14 +201,15 @@ async def _node_urls(b: ClusterBackend) -> list[str]:
 
 def test_the_cluster_keyspace(redis_cluster: RedisClusterServer,
                               redis_cluster_url: str) -> None:
-    """keys.py's keys, plus the generation, the ticket counter and one sentinel and one
-    fence per tag: nothing else, and
-    nothing of a batch's bookkeeping (pend, busy marks) left once it is done."""
+    """keys.py's keys, plus the generation, the ticket counter, per tag one sentinel, the
+    fence floor and one fence per swept handle: nothing else, and nothing of a batch's bookkeeping
+    (pend) left on the worker's lane once it is done."""
     chain = _spread_chain(redis_cluster)
 
     async def body(b: ClusterBackend) -> None:
         await b.register(rec("a"))
         await b.apply_events("a", [IndexEvent(1, IndexStored(tuple(chain)))])
+        retired = keys.handle_bytes(int(await b.client.hget(keys.lane_key(NS, "a"), "h")))
         await b.sync_worker("a", 1, [IndexStored(tuple(chain[:3]))])
         await b.add_provisional(NS, chain + [H(99)[0]], "a", len(chain), T0, 2000)
         await b.sweep()  # the retired handle's entries go
@@ -220,11 +220,14 @@ def test_the_cluster_keyspace(redis_cluster: RedisClusterServer,
         control = {k.encode() for k in (keys.REGISTRY, keys.HANDLES, keys.FREE,
                                         keys.live_key(NS), keys.prov_marker(NS),
                                         keys.worker_key(NS, "a"), keys.CTL + "gen",
-                                        keys.CTL + "ticket")}
-        sentinels = {b"{" + bytes([t]) + b"}" + c for t in keys.TAGS for c in (b"!", b"#")}
+                                        keys.CTL + "ticket", keys.lane_key(NS, "a"))}
+        # per tag its sentinel, the fence floor (the first registration recovered the empty
+        # index) and the fence of the handle the snapshot retired
+        sentinels = {b"{" + bytes([t]) + b"}" + c for t in keys.TAGS
+                     for c in (b"!", b"#*", b"#" + retired)}
         blocks = {keys.block_key(h) for h in chain[:3]}
         assert got == blocks | {keys.prov_key(NS, H(99)[0])} | control | sentinels
-        rec_a = await b.client.hgetall(keys.worker_key(NS, "a"))
-        assert "pend" not in rec_a and rec_a["n"] == "3" and rec_a["seq"] == "1"
+        lane_a = await b.client.hgetall(keys.lane_key(NS, "a"))
+        assert "pend" not in lane_a and lane_a["n"] == "3" and lane_a["seq"] == "1"
 
     run(redis_cluster_url, body)

@@ -29,7 +29,7 @@ from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc as pb_grpc
 from kvmesh.v1 import worker_pb2_grpc
 from service.index.redis import REGISTRY, worker_key
-from tests.client.fake_servers import FakeWorker, start_server
+from tests.client.fake_servers import FakeWorker, heartbeating, start_server
 
 pytestmark = pytest.mark.integration  # real service, worker and Valkey processes
 
@@ -168,13 +168,16 @@ def test_a_fake_worker_never_receives_the_router_token(cluster: LocalCluster) ->
             stub = pb_grpc.IndexServiceStub(ch)
             stub.RegisterWorker(register("fake", fake_address, 99, free_blocks=64,
                                          total_blocks=64), metadata=bearer(SHARED))
-            stub.PublishEvents(pb.PublishEventsRequest(worker_id="fake", incarnation=99, events=[
-                pb.KvEvent(seq=1, stored=pb.BlockStored(block_hashes=block_hashes(tokens, BS),
-                                                        tier=pb.TIER_GPU))]),
-                metadata=bearer(SHARED))
-            res = client.generate(tokens, max_tokens=2)
-            client.worker_stats(fake_address)  # its id looked up at the service
-        assert res.worker_id == "fake" and len(fake.metadata) == 2
+            # heartbeats from its registration on: CI once routed to worker-0, the fake dead
+            with heartbeating(stub, "fake", 99, bearer(SHARED)):
+                stored = pb.KvEvent(seq=1, stored=pb.BlockStored(
+                    block_hashes=block_hashes(tokens, BS), tier=pb.TIER_GPU))
+                stub.PublishEvents(pb.PublishEventsRequest(
+                    worker_id="fake", incarnation=99, events=[stored]), metadata=bearer(SHARED))
+                res = client.generate(tokens, max_tokens=2)
+                client.worker_stats(fake_address)  # its id looked up at the service
+                alive = {w["worker_id"]: w["alive"] for w in client.stats()["workers"]}
+        assert res.worker_id == "fake" and len(fake.metadata) == 2, alive
         for md in fake.metadata:
             assert all(ROUTER not in str(v) for v in md.values()), md
         from kvmesh.rpc.auth import worker_access_token

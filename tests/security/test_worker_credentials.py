@@ -35,7 +35,7 @@ from kvmesh.rpc.auth import worker_access_token
 from kvmesh.v1 import index_pb2 as pb
 from kvmesh.v1 import index_pb2_grpc, worker_pb2, worker_pb2_grpc
 from service.worker_tokens import mint
-from tests.client.fake_servers import FakeWorker, start_server
+from tests.client.fake_servers import FakeWorker, heartbeating, start_server
 
 pytestmark = pytest.mark.integration  # real worker, service and Valkey processes
 
@@ -132,12 +132,13 @@ def test_a_hostile_worker_cannot_replay_what_it_was_routed(cluster: LocalCluster
                 incarnation=99, load=pb.WorkerLoad(free_blocks=64, total_blocks=64)),
                 metadata=md, timeout=10)
             # it claims the tenant's prompt, so the index routes that prompt to it
-            stub.PublishEvents(pb.PublishEventsRequest(worker_id="gpu-9", incarnation=99, events=[
-                pb.KvEvent(seq=1, stored=pb.BlockStored(
-                    block_hashes=block_hashes(prompt, BS, salt=salt), tier=pb.TIER_GPU))]),
-                metadata=md, timeout=10)
-            with cluster.client() as client:
-                res = client.generate(prompt, max_tokens=1, salt=salt)
+            with heartbeating(stub, "gpu-9", 99, md):
+                stored = pb.KvEvent(seq=1, stored=pb.BlockStored(
+                    block_hashes=block_hashes(prompt, BS, salt=salt), tier=pb.TIER_GPU))
+                stub.PublishEvents(pb.PublishEventsRequest(
+                    worker_id="gpu-9", incarnation=99, events=[stored]), metadata=md, timeout=10)
+                with cluster.client() as client:
+                    res = client.generate(prompt, max_tokens=1, salt=salt)
         assert res.worker_id == "gpu-9" and rogue.requests
         captured = rogue.metadata[-1]["authorization"]
         assert captured == f"Bearer {worker_access_token(ROUTER, 'gpu-9')}"

@@ -1,6 +1,8 @@
 """``WorkerService.FetchBlocks``, the source side: serve a peer the blocks the service granted.
 
 Refusals, each counted by reason: the peer switch off (FAILED_PRECONDITION, "off"); a
+plaintext transport (grpc) asked of a data plane on an address other hosts reach
+(FAILED_PRECONDITION, "plaintext": there only the CURVE-encrypted zmq socket serves); a
 malformed request (INVALID_ARGUMENT, "malformed": no requester, no or odd hashes, too many,
 an unknown transport); a ticket that does not grant this fetch (PERMISSION_DENIED, the
 ticket's reason: "no_ticket", "malformed", "forged", "not_for_me", "hashes", "expired"). The
@@ -21,6 +23,7 @@ See docs/architecture.md#peer-kv-transfer-the-worker-side.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import grpc
@@ -32,6 +35,8 @@ from worker.engine.async_engine import AsyncEngine
 from worker.engine.peer_blocks import layout, snapshot
 from worker.engine.peer_read import read_beside
 from worker.rpc.peer_stats import PeerCounters
+
+log = logging.getLogger(__name__)
 
 MAX_BLOCKS = 8192        # blocks one fetch may ask for
 MAX_HASH_BYTES = 64
@@ -108,6 +113,12 @@ class PeerSource:
                               f"worker {worker_id} does not serve peer fetches "
                               "(--no-peer-fetch)")
             transport = check(request, self.key, worker_id, int(time.time() * 1000))
+            data = await self.data_server()
+            if transport not in data.transports:
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, "plaintext",
+                              f"worker {worker_id} serves KV on {self.host}, which other "
+                              f"hosts reach, only encrypted: ask for one of "
+                              f"{', '.join(data.transports)}, not {transport}")
         except Refused as e:
             self.counters.refuse(e.reason)
             raise
@@ -129,7 +140,6 @@ class PeerSource:
                     c.served_blocks += snap.count
                     c.served_bytes += snap.count * lay.block_bytes
 
-            data = await self.data_server()
             endpoint = data.offer(transport, snap.blocks(), OFFER_TTL_S, on_done=done)
         c.served += 1
         c.latency.observe("source", max(snap.count, 1), time.perf_counter() - t0)
@@ -145,4 +155,8 @@ class PeerSource:
                 data = DataServer(self.host)
                 await data.start()
                 self._data = data
+                # operators must see whether prompts' KV crosses their network in the clear
+                log.info("peer KV data plane on %s: %s (transports %s)", self.host,
+                         "CURVE-encrypted" if data.encrypt else "plaintext, loopback only",
+                         ", ".join(data.transports))
         return self._data

@@ -21,7 +21,8 @@ import zmq.asyncio
 
 from kvmesh.events import vllm as ve
 from kvmesh.events.pool import PoolEvent
-from kvmesh.events.zmq_curve import CurveServer, is_local
+from kvmesh.events.zmq_curve import CurveServer
+from kvmesh.ops.loopback import is_local
 from worker.engine.engine import Engine
 from worker.vllm.event_map import VllmEventMap
 from worker.vllm.replay_budget import ReplayBudget, caller_of

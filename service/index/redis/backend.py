@@ -194,14 +194,14 @@ class RedisBackend(IndexBackend):
     # --- writes -------------------------------------------------------------------------
 
     async def register(self, record: WorkerRecord, live_after_ms: int | None = None) -> bool:
-        had = await self._register_call(record, live_after_ms)
+        had = int(await self._register_call(record, live_after_ms))
         if had == -1:
             raise WorkerIdInUse(record.worker_id)
         self._ns_of[record.worker_id] = record.ns
         return bool(had)
 
-    async def _register_call(self, record: WorkerRecord, live_after_ms: int | None) -> int:
-        """The registration script's answer (REGISTER's contract)."""
+    async def _register_call(self, record: WorkerRecord, live_after_ms: int | None) -> Any:
+        """The registration script's answer (REGISTER's contract; the cluster's: a list)."""
         wk = worker_key(record.ns, record.worker_id)
         fields: list[Any] = ["address", record.address, "model", record.model,
                              "bs", record.block_size, "algo", record.algo, "seq", 0, "rseq", 0,
@@ -211,8 +211,8 @@ class RedisBackend(IndexBackend):
         guard = [("" if live_after_ms is None else live_after_ms), record.address,
                  record.credential]
         async with self._guard():
-            return int(await self._register([REGISTRY, wk],
-                                            [record.worker_id, record.ns, *guard, *fields]))
+            return await self._register([REGISTRY, wk],
+                                        [record.worker_id, record.ns, *guard, *fields])
 
     async def heartbeat(self, worker_id: str, load: WorkerLoad, reported_seq: int,
                         now_ms: int, incarnation: int = 0) -> HeartbeatResult:

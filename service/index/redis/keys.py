@@ -88,6 +88,12 @@ def worker_key(ns: str, worker_id: str) -> str:
     return f"{CTL}w:{ns}|{worker_id}"
 
 
+def lane_key(ns: str, worker_id: str) -> str:
+    """A worker's event lane on a Redis Cluster (its seq, handle and ticket; no ``{ctl}``
+    tag, so lanes spread over the shards: ``service/index/lanes.py``)."""
+    return f"kvm:lane:{ns}|{worker_id}"
+
+
 def live_key(ns: str) -> str:
     return f"{CTL}live:{ns}"
 

@@ -16,14 +16,13 @@ from pathlib import Path
 
 from service.index.redis import keys, resp
 
-__all__ = ["BUSY_MS", "CONSTANTS", "LUA_DIR", "PEND_STALE_MS", "RawScript", "header", "names",
+__all__ = ["CONSTANTS", "LUA_DIR", "PEND_STALE_MS", "RawScript", "header", "names",
            "raw", "text"]
 
 LUA_DIR = Path(__file__).with_name("lua")
-BUSY_MS = 60_000        # a busy mark older than this is of a writer that died midway
 PEND_STALE_MS = 10_000  # a heartbeat asks for a snapshot when pend is older than this
 CONSTANTS = {"CTL": keys.CTL, "ENTRY_BYTES": str(keys.ENTRY_BYTES),
-             "MAX_HANDLE": str(keys.MAX_HANDLE), "BUSY_MS": str(BUSY_MS),
+             "MAX_HANDLE": str(keys.MAX_HANDLE),
              "PEND_STALE_MS": str(PEND_STALE_MS)}
 _INCLUDE = re.compile(r"^--@include (\w+)\n", re.MULTILINE)
 _CONSTANT = re.compile(r"\$\{(\w*)\}")

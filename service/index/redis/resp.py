@@ -28,6 +28,11 @@ _MULTI = b"*1\r\n$5\r\nMULTI\r\n"
 _EXEC = b"*1\r\n$4\r\nEXEC\r\n"
 
 
+def arg(x: Any) -> bytes:
+    """A command argument as RESP sends it: bytes as they are, anything else its ``str``."""
+    return x if isinstance(x, bytes) else str(x).encode()
+
+
 def command(*args: bytes) -> bytes:
     """One command as a RESP array of bulk strings."""
     out = [b"*%d\r\n" % len(args)]
@@ -60,37 +65,47 @@ def mget(hashes: Sequence[bytes], head: bytes = b"", tail: bytes = b"") -> bytes
 _PREFIXES = np.frombuffer(b"".join(PREFIX_BY_BYTE), np.uint8).reshape(256, 3)
 
 
-def _elements(raw: np.ndarray, head: bytes, tail: bytes) -> np.ndarray:
-    """Per row of ``raw`` (hashes, one per row): the RESP bulk string of the key ``head +
-    {tag} + hash + tail``, as a row of bytes."""
-    n, w = raw.shape
-    lead = b"$%d\r\n" % (len(head) + 3 + w + len(tail)) + head
-    el = np.empty((n, len(lead) + 3 + w + len(tail) + 2), np.uint8)
-    el[:, :len(lead)] = np.frombuffer(lead, np.uint8)
-    el[:, len(lead):len(lead) + 3] = _PREFIXES[raw[:, 0]]
-    el[:, len(lead) + 3:len(lead) + 3 + w] = raw
-    if tail:
-        el[:, len(lead) + 3 + w:-2] = np.frombuffer(tail, np.uint8)
-    el[:, -2:] = (13, 10)
-    return el
+def _fill(out: np.ndarray, at: int, raw: np.ndarray, prefixes: np.ndarray, head: bytes,
+          tail: bytes) -> int:
+    """Write each row's key ``head + {tag} + hash + tail`` into ``out`` from column ``at``;
+    the column after it."""
+    w = raw.shape[1]
+    out[:, at:at + len(head)] = np.frombuffer(head, np.uint8)
+    at += len(head)
+    out[:, at:at + 3] = prefixes
+    out[:, at + 3:at + 3 + w] = raw
+    out[:, at + 3 + w:at + 3 + w + len(tail)] = np.frombuffer(tail, np.uint8)
+    return at + 3 + w + len(tail)
+
+
+def key_rows(raw: np.ndarray, head: bytes, tail: bytes) -> np.ndarray:
+    """Per row of ``raw`` (hashes, one per row): the key ``head + {tag} + hash + tail``
+    (``keys.block_key``, ``keys.prov_key``), as a row of bytes."""
+    out = np.empty((len(raw), len(head) + 3 + raw.shape[1] + len(tail)), np.uint8)
+    _fill(out, 0, raw, _PREFIXES[raw[:, 0]], head, tail)
+    return out
 
 
 def mget_runs(raw: np.ndarray, bounds: Sequence[int], tail: bytes | None = None) -> list[bytes]:
     """One ``MGET`` per run ``raw[bounds[i]:bounds[i + 1]]`` (hashes as rows, runs of one
-    tag each) of the runs' block keys and, with ``tail``, then of their provisional keys
-    ``b"p" + block_key(h) + tail``: a cluster lookup reads both with one command per tag
-    (they share its slot). Built for all runs at once: a loop per hash cost more than
-    the round trip."""
-    el = _elements(raw, b"", b"").tobytes()
-    pel = _elements(raw, b"p", tail).tobytes() if tail is not None else b""
-    ew = len(el) // len(raw)
-    pw = len(pel) // len(raw)
-    per = 2 if tail is not None else 1
-    out = []
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-        out.append(b"*%d\r\n$4\r\nMGET\r\n" % (per * (b - a) + 1) + el[a * ew:b * ew]
-                   + pel[a * pw:b * pw])
-    return out
+    tag each) of the runs' block keys and, with ``tail``, each followed by its provisional
+    key ``b"p" + block_key(h) + tail``: a cluster lookup reads both with one command per
+    tag (they share its slot; the reply alternates). Built for all runs at once, one row
+    of bytes per hash: a loop per hash cost more than the round trip."""
+    w = raw.shape[1]
+    kinds = [(b"", b"")] + ([(b"p", tail)] if tail is not None else [])
+    leads = [b"$%d\r\n" % (len(h) + 3 + w + len(t)) for h, t in kinds]
+    width = sum(len(lead) + len(h) + 3 + w + len(t) + 2 for lead, (h, t) in zip(
+        leads, kinds, strict=True))
+    rows = np.empty((len(raw), width), np.uint8)
+    prefixes, at = _PREFIXES[raw[:, 0]], 0
+    for lead, (h, t) in zip(leads, kinds, strict=True):
+        at = _fill(rows, at, raw, prefixes, lead + h, t)
+        rows[:, at:at + 2] = (13, 10)
+        at += 2
+    flat, per = rows.tobytes(), len(kinds)
+    return [b"*%d\r\n$4\r\nMGET\r\n" % (per * (z - a) + 1) + flat[a * width:z * width]
+            for a, z in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 async def transact(client: aioredis.Redis, commands: Sequence[bytes]) -> list[Any]:

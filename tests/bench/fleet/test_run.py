@@ -66,6 +66,10 @@ def _check(res: dict, shards: int) -> dict:
     assert all(x > 0 and math.isfinite(x) for x in res["usec_per_entry"])
     assert sum(res["usec_per_route"]) > 0 and sum(res["keys"]) > 0
     assert res["overflows"] == 0
+    # batches merged into other workers' waves: a cluster's group commit, never one server's
+    assert 0 <= res["merged_batches"] <= res["batches"] and res["batches"] > 0
+    if shards == 1:
+        assert res["merged_batches"] == 0
     return phases
 
 

@@ -3,7 +3,9 @@
 Each worker actor's data plane listens on its node's IP (what other nodes reach; here the
 head node's), its peer key is that of the token it presents to the service (minted from the
 cluster's worker secret), and a request pinned to the worker without the prefix pulls it
-from its holder with the route's ticket: "peer" tokens, the holder's output.
+from its holder with the route's ticket: "peer" tokens, the holder's output. Where the node IP
+is not loopback (as on the hosts this ran on), those data planes are CURVE-encrypted: this is
+then also the encrypted plane between real processes.
 """
 from __future__ import annotations
 

@@ -81,15 +81,18 @@ async def generate(peer: Peer, request: worker_pb2.GenerateRequest,
 
 @contextlib.asynccontextmanager
 async def peers(*specs: tuple[str, str, Engine], peer_fetch: Sequence[bool] = (),
-                access_token: str | None = None) -> AsyncIterator[list[Peer]]:
-    """Serve ``(worker_id, credential, engine)`` each; stopped (data planes too) after."""
+                access_token: str | None = None,
+                data_host: str | None = None) -> AsyncIterator[list[Peer]]:
+    """Serve ``(worker_id, credential, engine)`` each; stopped (data planes too) after.
+    ``data_host``: where their data planes listen (default loopback, plaintext)."""
     started: list[tuple[grpc.aio.Server, grpc.aio.Channel, Peer]] = []
     try:
         for i, (wid, cred, engine) in enumerate(specs):
             on = peer_fetch[i] if i < len(peer_fetch) else True
             server, port, servicer = await create_server(
                 "127.0.0.1:0", AsyncEngine(engine).start(), worker_id=wid, model_name="tiny",
-                credential=cred, peer_fetch=on, access_token=access_token)
+                credential=cred, peer_fetch=on, access_token=access_token,
+                data_host=data_host)
             await server.start()
             address = f"127.0.0.1:{port}"
             channel = grpc.aio.insecure_channel(address)

@@ -81,6 +81,33 @@ def test_fetched_prefix_counts_as_peer_and_the_output_is_identical(tiny, want, t
         "kvmesh_worker_peer_fetch_latency_seconds_count", recv) == 1
 
 
+def test_a_data_plane_other_hosts_reach_is_encrypted_and_refuses_plaintext(tiny, want, caplog):
+    """Sources listening on 0.0.0.0: the zmq fetch goes through CURVE with the same output;
+    a receiver asking for the plaintext grpc plane is refused there and recomputes."""
+    caplog.set_level("INFO", logger="worker.rpc.fetch_call")
+
+    async def body():
+        async with peers(("src", "cred-src", engine(tiny)), ("dst", "cred-dst", engine(tiny)),
+                         ("dst2", "cred-dst2", engine(tiny)),
+                         data_host="0.0.0.0") as (src, dst, dst2):
+            await generate(src, generate_request(PROMPT))
+            sealed = await generate(dst, generate_request(PROMPT, fetch=plan(src, dst, PROMPT,
+                                                                             0, 6)))
+            dst2.servicer.peer_fetcher.transport = "grpc"
+            refused = await generate(dst2, generate_request(PROMPT, fetch=plan(
+                src, dst2, PROMPT, 0, 6)))
+            data = await src.servicer.peer_source.data_server()
+            return (sealed, refused, data.encrypt, dict(src.servicer.peer.refusals),
+                    dict(dst2.servicer.peer.fallbacks))
+
+    sealed, refused, encrypted, refusals, fallbacks = run(body())
+    assert encrypted and list(sealed.token_ids) == want == list(refused.token_ids)
+    assert "peer KV data plane on 0.0.0.0: CURVE-encrypted (transports zmq, shm)" in caplog.text
+    assert sealed.cached_tokens_by_tier["peer"] == 6 * BS
+    assert refused.cached_tokens_by_tier["peer"] == 0 and refusals == {"plaintext": 1}
+    assert sum(fallbacks.values()) == 1, fallbacks
+
+
 def _fallback(tiny, want, *, mutate=None, receiver=None, source_on=True, kill=False):
     """Generate on dst with a plan for PROMPT from src, spoiled by ``mutate(plan)``: the
     response and dst's fallback counts by reason."""

@@ -2,7 +2,8 @@
 -- KEYS[1] = registry, KEYS[2] = the new record (as register.lua)
 -- ARGV: as register.lua
 -- Returns -2 (nothing changed) while the control slot has no generation (lost: the service
--- recovers first), else as register.lua; the record gets 'g', the current generation.
+-- recovers first), -1 as register.lua, else {had, handle, its ticket, generation}: the
+-- service then resets the worker's lane with them (cluster_lane_reset, seq 0).
 
 --@include cluster_ctl
 
@@ -10,5 +11,4 @@ local gen = redis.call('GET', GEN)
 if not gen then return -2 end
 --@include register_steps
 
-redis.call('HSET', KEYS[2], 'g', gen)
-return had
+return {had, h, ticket(), gen}

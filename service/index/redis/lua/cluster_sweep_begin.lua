@@ -4,25 +4,19 @@
 -- space separated), per node its SCAN cursor or 'done' and 'L' .. node (the node's layout
 -- when its scan started: sweep_layout.py), 'c' (set when every node was done))
 -- ARGV = the names of the cluster's primaries
--- Starts a cycle when none runs and some retired handle is not busy (those move from the
--- dead set to the cycle set; busy ones wait for a later cycle); restarts every cursor when
--- the primaries changed. Returns {} when idle, else {id, {field, value, ...}, handles}.
+-- Starts a cycle when none runs and some handle is retired (the dead set moves to the cycle
+-- set; a batch still writing one is refused by the fences: handle_fence.py); restarts
+-- every cursor when the primaries changed.
+-- Returns {} when idle, else {id, {field, value, ...}, handles}.
 
 --@include cluster_ctl
 
 local S, DEAD, CYCLE = KEYS[1], CTL .. 'dead', CTL .. 'cycle'
 local id = redis.call('HGET', S, 'id')
 if not id then
-  if redis.call('SCARD', DEAD) == 0 then return {} end
-  redis.call('ZREMRANGEBYSCORE', BUSY, '-inf', now_ms() - ${BUSY_MS})
-  local busy = {}
-  for _, m in ipairs(redis.call('ZRANGE', BUSY, 0, -1)) do
-    busy[string.match(m, '^(%d+):')] = true
-  end
-  for _, h in ipairs(redis.call('SMEMBERS', DEAD)) do
-    if not busy[h] then redis.call('SMOVE', DEAD, CYCLE, h) end
-  end
-  if redis.call('SCARD', CYCLE) == 0 then return {} end
+  if redis.call('SCARD', DEAD) == 0 and redis.call('SCARD', CYCLE) == 0 then return {} end
+  redis.call('SUNIONSTORE', CYCLE, CYCLE, DEAD)
+  redis.call('DEL', DEAD)
   local t = redis.call('TIME')
   id = t[1] .. '.' .. t[2]
   redis.call('HSET', S, 'id', id, 'tc', redis.call('GET', TICKET) or '0', 'nodes', '')
