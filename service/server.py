@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 from typing import Any
 
@@ -29,6 +30,7 @@ from service.index import IndexBackend, IndexUnavailable, open_backend
 from service.servicer import IndexServicer
 
 log = logging.getLogger("kvmesh.service")
+STOP_TASKS_S = 5.0  # how long stop() waits for its cancelled background loops
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["IndexService"].full_name
 
 
@@ -77,9 +79,15 @@ class IndexServer:
         """Stop serving (waiting up to ``grace`` s for calls in flight) and release all."""
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._tasks:
+            # Bounded: a loop step stuck in a call that ignores cancellation must not keep
+            # the server from stopping (once, under load, a cancelled loop never came back).
+            _, stuck = await asyncio.wait(self._tasks, timeout=STOP_TASKS_S)
+            for task in stuck:
+                out = io.StringIO()
+                task.print_stack(file=out)
+                log.warning("background loop still running %.0f s after its cancel; stopping "
+                            "without it:\n%s", STOP_TASKS_S, out.getvalue())
         self._tasks = []
         with contextlib.suppress(Exception):
             await self.health.enter_graceful_shutdown()

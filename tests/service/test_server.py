@@ -251,3 +251,40 @@ def test_lora_and_multimodal_requests_hash_like_the_worker(redis_url: str) -> No
             assert plain.candidates[0].matched_tokens == 4
 
     asyncio.run(main())
+
+
+def test_stop_does_not_wait_for_ever_on_a_loop_that_ignores_its_cancel(monkeypatch, caplog
+                                                                      ) -> None:
+    """A background step stuck in a call that swallows cancellation (a hang seen once under
+    load) must not keep ``stop()`` from releasing the port: it waits ``STOP_TASKS_S``, says
+    where the loop is, and stops without it."""
+    import service.server as server_mod
+    from service.server import create_server
+
+    monkeypatch.setattr(server_mod, "STOP_TASKS_S", 0.5)
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass  # what a badly behaved library call does
+
+    async def main() -> None:
+        server, _ = await create_server("127.0.0.1:0", ServiceConfig())
+        await server.start()
+        stuck = asyncio.create_task(stubborn())
+        server._tasks.append(stuck)
+        await asyncio.sleep(0)
+        t0 = asyncio.get_running_loop().time()
+        await asyncio.wait_for(server.stop(None), 10)
+        took = asyncio.get_running_loop().time() - t0
+        assert 0.4 < took < 5, took
+        assert not stuck.done()
+        assert "still running" in caplog.text and "stubborn" in caplog.text
+        release.set()
+        stuck.cancel()
+        await stuck
+
+    asyncio.run(main())
