@@ -103,6 +103,14 @@ class Link(Beats, Generic[E]):
         self.quota_version = 0  # tenant quotas the feed applies (kvmesh.link.beats)
         self._warned: set[str] = set()
 
+    @property
+    def settled(self) -> bool:
+        """Nothing owed to the index: no events queued, no resync wanted, no Publish or Sync
+        in flight. A call's effects (``counters``, ``last_seq``) are taken in the step that
+        ends it, so once settled they count every call the index has answered; before, a
+        reader of the index can see a call's writes that the link has not counted yet."""
+        return not self.backlog and not self.need_sync and self._inflight == 0
+
     # --- the events side (its loop) -------------------------------------------------------
 
     def queue(self, events: list[E]) -> None:

@@ -71,7 +71,8 @@ def test_a_worker_refuses_a_disk_dir_others_control(tmp_path, case):
         os.chown(d, OTHER_UID, OTHER_UID)
     try:
         out = subprocess.run([sys.executable, "-m", "worker", *WORKER, "--disk-dir", str(d)],
-                             capture_output=True, text=True, timeout=90)
+                             capture_output=True, text=True, timeout=90,
+                             env={**os.environ, "COLUMNS": "400"})  # rich wraps at the width
     except subprocess.TimeoutExpired:  # it started and served: the attacker's directory
         pytest.fail("the worker started on a disk directory others control")
     assert out.returncode == 2, out.stdout + out.stderr

@@ -120,8 +120,7 @@ def test_an_index_that_lost_everything_is_restored(service: str,
                 return link.counters["resyncs"]
             # A sync is counted when its reply is back in this loop, which may be after a
             # route already sees what it wrote: read the count only once nothing is owed.
-            syncs = await r.until(resyncs, lambda n: n >= 1 and not link.need_sync
-                                  and link._inflight == 0)
+            syncs = await r.until(resyncs, lambda n: n >= 1 and link.settled)
             with redis.Redis.from_url(redis_server.url) as client:
                 client.flushall()
             # the service notices (the worker is unknown, or behind), the link re-registers

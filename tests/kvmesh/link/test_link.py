@@ -45,11 +45,12 @@ async def until(ok: Callable[[], bool], state: Callable[[], object] = lambda: No
 
 
 async def exact(index: FakeIndex, link: Link, within: float = 15.0) -> None:
-    """Wait until the index holds what the side holds, nothing left to send."""
+    """Wait until the index holds what the side holds and the link owes it nothing (so
+    its counters count every call the index answered)."""
     deadline = time.monotonic() + within
     while True:
         seq, blocks = await truth(link)
-        if index.last_seq == seq and index.view == blocks and not link.backlog:
+        if index.last_seq == seq and index.view == blocks and link.settled:
             return
         assert time.monotonic() < deadline, (index.last_seq, seq, len(index.view), len(blocks))
         await asyncio.sleep(0.01)
