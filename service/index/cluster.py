@@ -27,7 +27,6 @@ from service.index.base import (
     ApplyStatus,
     BlockCap,
     BlockMatch,
-    HeartbeatResult,
     IndexCleared,
     IndexEvent,
     IndexStored,
@@ -42,7 +41,6 @@ from service.index.base import (
 )
 from service.index.group_commit import GroupCommit
 from service.index.redis import RedisBackend, keys, lua, resp
-from service.index.redis.backend import _load_args
 from service.index.redis.keys import block_key, live_key, prov_marker
 from service.index.redis.lua import RawScript
 from service.index.redis.walk import walk
@@ -152,23 +150,9 @@ class ClusterBackend(RedisBackend):
                               gen=d.gen)
         return bool(int(had))
 
-    async def heartbeat(self, worker_id: str, load: WorkerLoad, reported_seq: int,
-                        now_ms: int, incarnation: int = 0) -> HeartbeatResult:
-        args = [now_ms, reported_seq, str(incarnation), *_load_args(load)]
-        for fresh in (False, True):
-            ns = await self._ns(worker_id, fresh)
-            if ns is None:
-                return HeartbeatResult(known=False)
-            async with self._guard():
-                status, seq, prev = await lanes.beat(self, ns, worker_id, args,
-                                                     load.total_blocks, load.tier_blocks)
-            if status:
-                break
-        if status == -1:
-            raise StaleIncarnation(worker_id, incarnation)
-        if not status:
-            return HeartbeatResult(known=False)
-        return HeartbeatResult(True, seq, prev)
+    async def _beat(self, ns: str, worker_id: str, args: list[Any], load: WorkerLoad
+                    ) -> tuple[int, int, int]:
+        return await lanes.beat(self, ns, worker_id, args, load.total_blocks, load.tier_blocks)
 
     async def purge_worker(self, worker_id: str, heartbeat_before_ms: int | None = None) -> bool:
         ns = await self._ns(worker_id, fresh=True)

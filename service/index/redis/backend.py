@@ -216,21 +216,27 @@ class RedisBackend(IndexBackend):
 
     async def heartbeat(self, worker_id: str, load: WorkerLoad, reported_seq: int,
                         now_ms: int, incarnation: int = 0) -> HeartbeatResult:
+        args = [now_ms, reported_seq, str(incarnation), *_load_args(load)]
         for fresh in (False, True):
             ns = await self._ns(worker_id, fresh)
             if ns is None:
                 return HeartbeatResult(known=False)
             async with self._guard():
-                known, seq, prev = await self._heartbeat(
-                    [worker_key(ns, worker_id)],
-                    [now_ms, reported_seq, str(incarnation), *_load_args(load)])
+                known, seq, prev = await self._beat(ns, worker_id, args, load)
             if known:
                 break
         if known == -1:
             raise StaleIncarnation(worker_id, incarnation)
         if not known:
             return HeartbeatResult(known=False)
-        return HeartbeatResult(True, int(seq), int(prev))
+        return HeartbeatResult(True, seq, prev)
+
+    async def _beat(self, ns: str, worker_id: str, args: list[Any], load: WorkerLoad
+                    ) -> tuple[int, int, int]:
+        """One heartbeat's write: (1 known, 0 unknown, -1 stale incarnation; the index's
+        last seq; the previous heartbeat's reported seq)."""
+        known, seq, prev = await self._heartbeat([worker_key(ns, worker_id)], args)
+        return int(known), int(seq), int(prev)
 
     async def apply_events(self, worker_id: str, events: Sequence[IndexEvent],
                            incarnation: int = 0, cap: BlockCap = BlockCap()) -> ApplyResult:
