@@ -145,8 +145,8 @@ def run(mib: int = 64, rounds: int = 5, repeats: int = 5, prompt_tokens: int = 5
                                     for f in wall[SEALED]},
         "curve_vs_plain_cpu_bound_by_frame": {f: cpu[SEALED][f] / cpu[DEFAULT_TRANSPORT][f]
                                               for f in cpu[SEALED]},
-        "models": {}, "fetch_over_recompute": {}, "crossover_tokens": {},
-        "prefill_threads": threads, "prompt_tokens": prompt_tokens,
+        "models": {}, "fetch_over_recompute": {}, "curve_fetch_over_recompute": {},
+        "crossover_tokens": {}, "prefill_threads": threads, "prompt_tokens": prompt_tokens,
     }
     key = str(DEFAULT_FRAME_BYTES) if str(DEFAULT_FRAME_BYTES) in wall["grpc"] else str(frames[0])
     out["default_vs_grpc"] = out["default_vs_grpc_by_frame"][key]
@@ -163,8 +163,7 @@ def run(mib: int = 64, rounds: int = 5, repeats: int = 5, prompt_tokens: int = 5
                             "block_bytes": sizes[m], "prefill_us_per_token": per_token,
                             "recompute_us_per_block": recompute, "fetch": fetch[m]}
         out["fetch_over_recompute"][m] = mine["us_per_block"] / recompute
-        out.setdefault("curve_fetch_over_recompute", {})[m] = (
-            fetch[m][SEALED]["us_per_block"] / recompute)
+        out["curve_fetch_over_recompute"][m] = fetch[m][SEALED]["us_per_block"] / recompute
         out["crossover_tokens"][m] = (None if math.isinf(blocks)
                                       else math.ceil(blocks) * block_size)
     ref = "8-layer" if "8-layer" in models else models[-1]

@@ -4,8 +4,10 @@ Form: ``<transport>://<host>:<port>/<key as 32 hex digits>[?curve=<64 hex digits
 is 16 random bytes drawn per offer; whoever holds the endpoint may pull the offer once, so the
 endpoint is a secret handed only to the requester (inside the fetch reply, after its ticket
 verified). ``curve`` is the source's CURVE public key when its zmq socket encrypts (a data
-plane on an address other hosts reach): the receiver learns it from that authenticated reply,
-so a man in the middle can neither read the bytes nor pose as the source.
+plane on an address other hosts reach): the receiver learns it from that reply, so when the
+worker RPCs run TLS a man in the middle can neither read the bytes nor pose as the source.
+Without TLS on the worker RPCs the reply, key and endpoint, crosses in the clear like the
+prompts it serves (docs/security.md: TLS is what protects the control channel).
 
 See docs/architecture.md#peer-kv-transfer-the-data-plane.
 """

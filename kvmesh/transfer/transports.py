@@ -45,16 +45,16 @@ class DataServer:
     address it binds and advertises in its endpoints: give the one peers reach it at).
     ``frame_bytes``: the size frames are cut to (whole blocks, at least one per frame);
     ``idle_s``: a zmq/shm receiver that sends no credit for that long is dropped.
-    ``encrypt``: CURVE on the zmq socket; by default exactly when ``host`` is not loopback
-    (the rule of the event sockets, :func:`kvmesh.ops.loopback.is_local`)."""
+    The zmq socket runs CURVE whenever ``host`` is not loopback (the rule of the event
+    sockets, :func:`kvmesh.ops.loopback.is_local`); ``encrypt`` turns it on for loopback too
+    (a benchmark's choice), never off."""
 
     def __init__(self, host: str = "127.0.0.1", *, frame_bytes: int = DEFAULT_FRAME_BYTES,
-                 idle_s: float = 30.0, encrypt: bool | None = None) -> None:
+                 idle_s: float = 30.0, encrypt: bool = False) -> None:
         if frame_bytes < 1:
             raise ValueError(f"frame_bytes must be >= 1, got {frame_bytes}")
         self.host = host
-        self.encrypt = not is_local(f"tcp://{Endpoint('', host, 0, b'').address}") \
-            if encrypt is None else encrypt
+        self.encrypt = encrypt or not is_local(f"tcp://{host}:0")
         # the grpc plane has no encryption of its own here: never served where it would leak
         self.transports = ("zmq", "shm") if self.encrypt else TRANSPORTS
         self.book = OfferBook()

@@ -28,7 +28,7 @@ __all__ = ["GEN", "SENTINELS", "Upkeep"]
 
 log = logging.getLogger(__name__)
 
-GEN = keys.CTL + "gen"
+GEN = shard_identity.GEN
 RECOVER = keys.CTL + "recover"
 RECOVER_MS = 60_000
 SENTINELS = shard_identity.SENTINELS

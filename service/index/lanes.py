@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.crc import key_slot
 
+from service.index import shard_identity
 from service.index.base import BlockCap
 from service.index.redis import keys, lua, resp
 
@@ -38,7 +39,7 @@ __all__ = ["APPLY_BEGIN", "APPLY_END", "BEAT", "HANDLE", "HEARTBEAT", "RESET", "
 (APPLY_BEGIN, APPLY_END, SYNC_END, RESET, BEAT, HANDLE, HEARTBEAT) = (
     lua.raw(f"cluster_{n}") for n in ("apply_begin", "apply_end", "sync_end", "lane_reset",
                                       "lane_beat", "handle", "heartbeat"))
-GEN = keys.CTL + "gen"
+GEN = shard_identity.GEN
 
 
 def lane(ns: str, worker_id: str) -> tuple[int, bytes]:

@@ -5,7 +5,7 @@ A batch touches up to 64 tags, but a cluster has a few primaries: one script cal
 cost every shard a script's fixed cost per tag per batch, whatever the entries. Here each
 node gets one call holding all of its tags' parts (``cluster_node_write``, and
 ``cluster_prov_keys`` for a route's provisional entries), so a shard's work per batch is
-one call plus a fence read per tag and a read and a write per key it holds.
+one call, one read per tag (its fences with its keys) and a write per key it holds.
 
 Contract: the grouping follows the client's slot map. A write call that meets a slot its
 node no longer serves fails before it changes anything (the script reads every key before

@@ -128,7 +128,7 @@ async def on_nodes(batch: Sequence[tuple[ClusterNode, bytes]], retry: bool = Fal
         per.setdefault(node, []).append(i)
     nodes = list(per)
     cmds = [[batch[i][1] for i in per[n]] for n in nodes]
-    conns: list[Connection | BaseException] = []
+    conns: list[Connection | BaseException | None] = []  # None: read (or handed back)
     out: list[Any] = [None] * len(batch)
     failed: BaseException | None = None
     try:
@@ -138,10 +138,11 @@ async def on_nodes(batch: Sequence[tuple[ClusterNode, bytes]], retry: bool = Fal
             except Exception as e:  # the others are still read (never pooled unread)
                 conns.append(e)
         for k, (n, c) in enumerate(zip(nodes, cmds, strict=True)):
-            conn, conns[k] = conns[k], rexc.ConnectionError("read")
+            conn, conns[k] = conns[k], None
             try:
                 if isinstance(conn, BaseException):
                     raise conn
+                assert conn is not None
                 res = await _recv(n, conn, len(c))
             except Exception as e:
                 if not retry or not isinstance(e, _NET):
@@ -156,7 +157,7 @@ async def on_nodes(batch: Sequence[tuple[ClusterNode, bytes]], retry: bool = Fal
                 out[i] = r
     finally:  # cancelled midway: the connections not read yet are closed, not pooled
         for n, conn in zip(nodes, conns, strict=False):  # short if cancelled while sending
-            if not isinstance(conn, BaseException):
+            if conn is not None and not isinstance(conn, BaseException):
                 await _drop(n, conn, asyncio.CancelledError())
     if failed is not None:
         raise failed

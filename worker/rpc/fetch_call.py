@@ -69,7 +69,7 @@ def check(request: worker_pb2.FetchBlocksRequest, key: bytes, worker_id: str,
     transport = request.transport or DEFAULT_TRANSPORT
     if transport not in TRANSPORTS:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "malformed",
-                      f"unknown transport {request.transport!r}; this worker serves "
+                      f"unknown transport {request.transport!r}; transports are "
                       f"{', '.join(TRANSPORTS)}")
     if not request.ticket:
         raise Refused(grpc.StatusCode.PERMISSION_DENIED, "no_ticket",

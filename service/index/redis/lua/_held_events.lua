@@ -1,7 +1,7 @@
 -- Fragment: apply_held(first), a wave's events on the keys of one node, after _prelude.
 -- KEYS: none read (those of the script that includes it). Needs, before it: `w` (KW, the
 -- bytes of one block key), `hs` (the wave's handles, 3 bytes each, one per batch),
--- `tickets` (per batch, its begin step's ticket).
+-- `tickets` (per batch, the ticket drawn with its handle: the lane's `tk`).
 -- ARGV[first..] = per event: 'S' (hold) or 'R' (unhold), batch index, tier bits, keys
 -- (concatenated; of any tags the node serves)
 -- Every command touches one slot (per tag one MGET of its fences '{T}#*', '{T}#<handle>'

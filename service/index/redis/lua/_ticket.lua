@@ -1,7 +1,7 @@
 -- Fragment: ticket(), the control slot's ticket counter (needs CTL before it).
 -- KEYS, ARGV: none of its own (those of the script that includes it).
--- A missing counter starts at the server time in microseconds, then one per begin step
--- (handle_fence.py).
+-- A missing counter starts at the server time in microseconds, then one per handle drawn
+-- (cluster_handle, cluster_register; handle_fence.py).
 
 local TICKET = CTL .. 'ticket'
 local function ticket()

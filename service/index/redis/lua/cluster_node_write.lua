@@ -3,8 +3,8 @@
 -- batches of several workers (group_commit.py): each batch has its handle and ticket.
 -- KEYS[1] = a key of one of the node's slots (it routes the call)
 -- ARGV[1] = KW (bytes of one block key), ARGV[2] = the wave's handles (3 bytes each, one
--- per batch: a handle may come twice), ARGV[3] = their tickets (each batch's begin step's;
--- comma-separated, in the same order), ARGV[4..] = the node's part of each event, batch
+-- per batch: a handle may come twice), ARGV[3] = their tickets (each batch's, drawn with
+-- its handle: the lane's `tk`; comma-separated, in the same order), ARGV[4..] = the node's part of each event, batch
 -- after batch, each batch in event order: 'S' (hold) or 'R' (unhold), batch index (1-based),
 -- tier bits, keys (concatenated; of any tags the node serves)
 -- One command per key, all reads before any write (_held_events). The events of a batch

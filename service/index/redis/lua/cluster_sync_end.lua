@@ -5,8 +5,6 @@
 -- Returns the blocks indexed; -1 no lane, -2 stale, -4 superseded (another snapshot or a
 -- registration replaced this one).
 
---@include lane
-
 local lk = KEYS[1]
 local f = redis.call('HMGET', lk, 'pend', 'inc', 'h')
 if not f[3] then return -1 end
