@@ -170,17 +170,18 @@ class ClusterBackend(RedisBackend):
         run applied by its lane's steps (see ``lanes.py``); answered as one batch."""
         if not events:
             return await super().apply_events(worker_id, events, incarnation, cap)
-        applied, last, run = 0, 0, []
-        for ev in [*events, None]:
-            if ev is not None and not isinstance(ev.op, IndexCleared):
-                run.append(ev)
-                continue
-            for part in ([run] if run else []) + ([[ev]] if ev is not None else []):
-                res = await self._apply_run(worker_id, part, incarnation, cap)
-                if res.status not in (ApplyStatus.OK, ApplyStatus.DUPLICATE):
-                    return res
-                applied, last = applied + res.applied, res.last_seq
-            run = []
+        runs: list[list[IndexEvent]] = [[]]
+        for ev in events:
+            if isinstance(ev.op, IndexCleared):
+                runs += [[ev], []]  # a run of its own
+            else:
+                runs[-1].append(ev)
+        applied, last = 0, 0
+        for run in filter(None, runs):
+            res = await self._apply_run(worker_id, run, incarnation, cap)
+            if res.status not in (ApplyStatus.OK, ApplyStatus.DUPLICATE):
+                return res
+            applied, last = applied + res.applied, res.last_seq
         return ApplyResult(ApplyStatus.OK if applied else ApplyStatus.DUPLICATE, applied, last)
 
     async def _apply_run(self, worker_id: str, events: Sequence[IndexEvent], incarnation: int,
