@@ -170,11 +170,14 @@ def test_a_fake_worker_never_receives_the_router_token(cluster: LocalCluster) ->
                                          total_blocks=64), metadata=bearer(SHARED))
             # heartbeats from its registration on: CI once routed to worker-0, the fake dead
             with heartbeating(stub, "fake", 99, bearer(SHARED)):
+                # it claims the prompt; the request is also pinned to it (worker_id): a
+                # route answered degraded (a Redis call past the service's 0.5 s timeout on
+                # a loaded host) ranks by load alone and once picked worker-0 in CI
                 stored = pb.KvEvent(seq=1, stored=pb.BlockStored(
                     block_hashes=block_hashes(tokens, BS), tier=pb.TIER_GPU))
                 stub.PublishEvents(pb.PublishEventsRequest(
                     worker_id="fake", incarnation=99, events=[stored]), metadata=bearer(SHARED))
-                res = client.generate(tokens, max_tokens=2)
+                res = client.generate(tokens, max_tokens=2, worker_id="fake")
                 client.worker_stats(fake_address)  # its id looked up at the service
                 alive = {w["worker_id"]: w["alive"] for w in client.stats()["workers"]}
         assert res.worker_id == "fake" and len(fake.metadata) == 2, alive

@@ -131,14 +131,15 @@ def test_a_hostile_worker_cannot_replay_what_it_was_routed(cluster: LocalCluster
                 hash_algo=ALGO, root_hash=none_hash(ALGO, resolve_seed(ALGO, None)),
                 incarnation=99, load=pb.WorkerLoad(free_blocks=64, total_blocks=64)),
                 metadata=md, timeout=10)
-            # it claims the tenant's prompt, so the index routes that prompt to it
+            # it claims the tenant's prompt, so the index routes that prompt to it (pinned
+            # too: a route answered degraded under load ranks by load alone)
             with heartbeating(stub, "gpu-9", 99, md):
                 stored = pb.KvEvent(seq=1, stored=pb.BlockStored(
                     block_hashes=block_hashes(prompt, BS, salt=salt), tier=pb.TIER_GPU))
                 stub.PublishEvents(pb.PublishEventsRequest(
                     worker_id="gpu-9", incarnation=99, events=[stored]), metadata=md, timeout=10)
                 with cluster.client() as client:
-                    res = client.generate(prompt, max_tokens=1, salt=salt)
+                    res = client.generate(prompt, max_tokens=1, salt=salt, worker_id="gpu-9")
         assert res.worker_id == "gpu-9" and rogue.requests
         captured = rogue.metadata[-1]["authorization"]
         assert captured == f"Bearer {worker_access_token(ROUTER, 'gpu-9')}"
